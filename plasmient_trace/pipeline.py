@@ -1,0 +1,121 @@
+"""The one pipeline every entry point runs: records -> costs and device specs -> stitch -> SpanBatch.
+
+`ingest_paths` is the offline path (Kineto files); live capture builds RecordSets itself and calls
+`stitch_records`, so both share the joins, metrics and exporters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from .conventions import DEFAULT_BASELINE_MFU, SpanBatch
+from .metrics import flops as flops_model
+from .metrics import hardware
+from .records import RecordSet
+from .sources.kineto import read_kineto
+from .stitch.joins import JoinedRank
+from .stitch.tree import DEFAULT_MAX_SPANS, DeviceSpec, RankInput, StitchOptions, stitch
+
+
+@dataclass
+class IngestOptions:
+    job_id: str = "default"
+    max_spans: int = DEFAULT_MAX_SPANS
+    baseline_mfu: float = DEFAULT_BASELINE_MFU
+    peak_tflops: float | None = None       # override the dense peak (TFLOP/s, for the op dtype)
+    bandwidth_gbs: float | None = None
+    gpu_price: float | None = None         # USD per GPU-hour
+    gpu_model: str | None = None           # name to look up when the trace names no device
+    ranks_per_node: int = 8
+    host: str | None = None
+    service_name: str | None = None
+    full_depth_steps: set[int] | None = None
+    extra_resource: dict[str, Any] = field(default_factory=dict)
+    # Spec used when a rank ran on the CPU only (live capture calibrates one; offline traces leave it unknown).
+    cpu_spec: Any = None
+
+
+@dataclass
+class IngestResult:
+    batch: SpanBatch
+    records: list[RecordSet]
+    joined: list[JoinedRank]
+    stats: dict[str, Any]
+
+
+def _main_device_props(records: RecordSet) -> dict[str, Any] | None:
+    if not records.devices:
+        return None
+    kernels = records.kernels
+    ordinal = records.devices[0].ordinal
+    if kernels.num_rows:
+        values, counts = np.unique(kernels.column("device").to_numpy(), return_counts=True)
+        ordinal = int(values[np.argmax(counts)])
+    for dev in records.devices:
+        if dev.ordinal == ordinal:
+            return dev.properties or {"name": dev.name}
+    return records.devices[0].properties or {"name": records.devices[0].name}
+
+
+def resolve_device(records: RecordSet, options: IngestOptions) -> DeviceSpec:
+    """The peak/bandwidth/price that apply to this rank, honest about what is unknown."""
+    on_cpu = records.kernels.num_rows == 0
+    if on_cpu:
+        spec = options.cpu_spec
+        device_type = "cpu"
+    else:
+        props = _main_device_props(records)
+        if options.gpu_model:
+            props = {**(props or {}), "name": options.gpu_model}
+        spec = hardware.lookup(props) if props else None
+        device_type = "gpu"
+    spec = hardware.apply_overrides(spec, peak_tflops=options.peak_tflops, bandwidth_gbs=options.bandwidth_gbs,
+                                    price=options.gpu_price)
+    if spec is None:
+        return DeviceSpec(model=None, device_type=device_type, peak_for=None, bandwidth=None,
+                          price_per_hour=options.gpu_price, source="unknown")
+    return DeviceSpec(model=spec.model, device_type=device_type, peak_for=spec.peak_flops,
+                      bandwidth=spec.memory_bandwidth, price_per_hour=spec.price_per_hour, source=spec.source)
+
+
+def rank_input(records: RecordSet, options: IngestOptions) -> RankInput:
+    costs = flops_model.model_ops(records.ops)
+    return RankInput(
+        records=records, spec=resolve_device(records, options),
+        op_flops=np.asarray(costs.flops, np.float64), op_bytes=np.asarray(costs.bytes, np.float64),
+        op_dtype=np.asarray(costs.dtype, dtype=object), op_model=np.asarray(costs.model, dtype=object),
+    )
+
+
+def stitch_records(record_sets: list[RecordSet], options: IngestOptions) -> IngestResult:
+    inputs = [rank_input(r, options) for r in record_sets]
+    result = stitch(inputs, StitchOptions(
+        job_id=options.job_id, max_spans=options.max_spans, baseline_mfu=options.baseline_mfu,
+        ranks_per_node=options.ranks_per_node, host=options.host, service_name=options.service_name,
+        full_depth_steps=options.full_depth_steps, extra_resource=dict(options.extra_resource),
+    ))
+    stats = dict(result.stats)
+    stats["unknown_devices"] = [r.source or f"rank {i}" for i, (r, inp) in enumerate(zip(record_sets, inputs))
+                                if inp.spec.source == "unknown"]
+    return IngestResult(batch=result.batch, records=record_sets, joined=result.joined, stats=stats)
+
+
+def ingest_paths(
+    paths: Iterable[str | Path],
+    options: IngestOptions,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> IngestResult:
+    """Read every file (one per rank), then stitch them into one trace per step."""
+    paths = [Path(p) for p in paths]
+    record_sets = []
+    for i, path in enumerate(paths):
+        if progress:
+            progress(f"reading {path.name}", i, len(paths))
+        record_sets.append(read_kineto(path))
+    if progress:
+        progress("stitching", len(paths), len(paths))
+    return stitch_records(record_sets, options)

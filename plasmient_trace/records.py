@@ -1,0 +1,186 @@
+"""Record tables: the normalised, source-independent form of everything a capture saw.
+
+Every source (offline Kineto JSON, live CUPTI + torch hooks, live torch.profiler) produces one
+:class:`RecordSet` per process (rank). The stitcher only ever reads these Arrow tables, so a new
+source needs to fill these schemas and nothing else. All timestamps are int64 nanoseconds on the
+CPU wall clock of the process (Unix epoch where the source knows it); GPU timestamps are mapped
+onto that clock by the stitcher (``stitch.clock``), never here.
+
+The schemas below are the single source of truth: ``schemas/records.json`` is generated from them
+(``python -m plasmient_trace.schemas``) and a test fails when the two drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+# One GPU activity: a kernel, a memcpy, a memset, or a collective kernel (NCCL/RCCL).
+GPU_ACTIVITY_KINDS = ("kernel", "memcpy", "memset", "collective")
+
+KERNELS = pa.schema(
+    [
+        pa.field("device", pa.int32(), nullable=False, metadata={"doc": "GPU ordinal within the process's node"}),
+        pa.field("stream", pa.int64(), metadata={"doc": "CUDA/HIP stream id"}),
+        pa.field("start_ns", pa.int64(), nullable=False, metadata={"doc": "start, ns, source clock of the GPU"}),
+        pa.field("end_ns", pa.int64(), nullable=False, metadata={"doc": "end, ns"}),
+        pa.field("name", pa.string(), nullable=False, metadata={"doc": "kernel symbol, or 'Memcpy HtoD ...'"}),
+        pa.field("kind", pa.string(), nullable=False, metadata={"doc": "kernel | memcpy | memset | collective"}),
+        pa.field("correlation_id", pa.int64(), metadata={"doc": "CUPTI/roctracer correlation id of the launch"}),
+        pa.field("external_id", pa.int64(), metadata={"doc": "external id recorded on the activity itself, if any"}),
+        pa.field("grid", pa.list_(pa.int32(), 3), metadata={"doc": "grid dims x,y,z"}),
+        pa.field("block", pa.list_(pa.int32(), 3), metadata={"doc": "block dims x,y,z"}),
+        pa.field("registers_per_thread", pa.int32()),
+        pa.field("shared_memory", pa.int64(), metadata={"unit": "By"}),
+        pa.field("graph_id", pa.int64(), metadata={"doc": "CUDA graph id when launched from a graph"}),
+        pa.field("bytes", pa.int64(), metadata={"unit": "By", "doc": "bytes moved (memcpy/memset)"}),
+    ]
+)
+
+LAUNCHES = pa.schema(
+    [
+        pa.field("pid", pa.int64(), nullable=False),
+        pa.field("tid", pa.int64(), nullable=False),
+        pa.field("start_ns", pa.int64(), nullable=False),
+        pa.field("end_ns", pa.int64(), nullable=False),
+        pa.field("name", pa.string(), nullable=False, metadata={"doc": "cudaLaunchKernel, cudaGraphLaunch, hipLaunchKernel, ..."}),
+        pa.field("correlation_id", pa.int64(), nullable=False),
+        pa.field("external_id", pa.int64(), metadata={"doc": "Kineto 'External id' of the launching op"}),
+    ]
+)
+
+EXTERNAL_CORRELATION = pa.schema(
+    [
+        pa.field("correlation_id", pa.int64(), nullable=False),
+        pa.field("external_id", pa.int64(), nullable=False),
+    ]
+)
+
+OPS = pa.schema(
+    [
+        pa.field("pid", pa.int64(), nullable=False),
+        pa.field("tid", pa.int64(), nullable=False),
+        pa.field("start_ns", pa.int64(), nullable=False),
+        pa.field("end_ns", pa.int64(), nullable=False),
+        pa.field("name", pa.string(), nullable=False),
+        pa.field("category", pa.string(), nullable=False, metadata={"doc": "cpu_op | user_annotation"}),
+        pa.field("external_id", pa.int64()),
+        pa.field("sequence_number", pa.int64(), metadata={"doc": "autograd sequence number"}),
+        pa.field("fwd_thread_id", pa.int64(), metadata={"doc": ">0 on backward ops: the forward thread"}),
+        pa.field("input_dims", pa.string(), metadata={"doc": "JSON list of input shapes"}),
+        pa.field("input_types", pa.string(), metadata={"doc": "JSON list of input dtypes"}),
+        pa.field("kineto_flops", pa.float64(), metadata={"doc": "Kineto's own 'flops' estimate (cross-check only)"}),
+        pa.field("concrete_inputs", pa.string(), metadata={"doc": "JSON list of Kineto 'Concrete Inputs': scalar args as strings, '' for tensors (conv stride, is_causal, ...)"}),
+    ]
+)
+
+MODULES = pa.schema(
+    [
+        pa.field("pid", pa.int64(), nullable=False),
+        pa.field("tid", pa.int64(), nullable=False),
+        pa.field("start_ns", pa.int64(), nullable=False),
+        pa.field("end_ns", pa.int64(), nullable=False),
+        pa.field("name", pa.string(), nullable=False, metadata={"doc": "module path (live) or class instance name (Kineto)"}),
+        pa.field("phase", pa.string(), nullable=False, metadata={"doc": "forward | backward"}),
+    ]
+)
+
+STEPS = pa.schema(
+    [
+        pa.field("step", pa.int64(), nullable=False),
+        pa.field("start_ns", pa.int64(), nullable=False),
+        pa.field("end_ns", pa.int64(), nullable=False),
+        pa.field("name", pa.string(), nullable=False),
+    ]
+)
+
+SAMPLES = pa.schema(
+    [
+        pa.field("timestamp_ns", pa.int64(), nullable=False),
+        pa.field("device", pa.int32(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False, metadata={"doc": "nvml.utilization.gpu, gpm.sm_active, ..."}),
+        pa.field("value", pa.float64(), nullable=False),
+    ]
+)
+
+TABLE_SCHEMAS: dict[str, pa.Schema] = {
+    "kernels": KERNELS,
+    "launches": LAUNCHES,
+    "external_correlation": EXTERNAL_CORRELATION,
+    "ops": OPS,
+    "modules": MODULES,
+    "steps": STEPS,
+    "samples": SAMPLES,
+}
+
+
+def empty_table(name: str) -> pa.Table:
+    return TABLE_SCHEMAS[name].empty_table()
+
+
+def table_from_columns(name: str, columns: dict[str, Any]) -> pa.Table:
+    """Build a record table from python/numpy columns, filling absent nullable columns with nulls."""
+    schema = TABLE_SCHEMAS[name]
+    length = None
+    for value in columns.values():
+        length = len(value)
+        break
+    if length is None:
+        return schema.empty_table()
+    arrays = []
+    for f in schema:
+        if f.name in columns:
+            arrays.append(pa.array(columns[f.name], type=f.type))
+        else:
+            arrays.append(pa.nulls(length, type=f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+@dataclass
+class DeviceInfo:
+    """What the source knows about one GPU of the process."""
+
+    ordinal: int
+    name: str
+    uuid: str | None = None
+    sm_count: int | None = None
+    memory_bytes: int | None = None
+    # Everything the source reported (Kineto deviceProperties, NVML fields): hardware lookup uses it.
+    properties: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RecordSet:
+    """All record tables of one process (one rank), plus what is known about where it ran.
+
+    ``resource`` holds OTel resource attributes already in their final names (service.name,
+    host.name, process.pid, k8s.*, plasmient.job.id, plasmient.rank, ...); ``source`` names the
+    input (file path or 'live:cupti'); ``clock`` says which clock the timestamps are on:
+    'epoch' (Unix ns, exportable as is) or 'relative' (no epoch anchor was recorded).
+    """
+
+    kernels: pa.Table = field(default_factory=lambda: empty_table("kernels"))
+    launches: pa.Table = field(default_factory=lambda: empty_table("launches"))
+    external_correlation: pa.Table = field(default_factory=lambda: empty_table("external_correlation"))
+    ops: pa.Table = field(default_factory=lambda: empty_table("ops"))
+    modules: pa.Table = field(default_factory=lambda: empty_table("modules"))
+    steps: pa.Table = field(default_factory=lambda: empty_table("steps"))
+    samples: pa.Table = field(default_factory=lambda: empty_table("samples"))
+    devices: list[DeviceInfo] = field(default_factory=list)
+    resource: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+    clock: str = "epoch"
+    # Counters the source wants on the step/rank span (e.g. CUPTI dropped records).
+    counters: dict[str, int] = field(default_factory=dict)
+
+    def tables(self) -> dict[str, pa.Table]:
+        return {name: getattr(self, name) for name in TABLE_SCHEMAS}
+
+    def validate(self) -> None:
+        """Raise ValueError when a table does not match its schema (a source bug, not user input)."""
+        for name, table in self.tables().items():
+            expected = TABLE_SCHEMAS[name]
+            if not table.schema.equals(expected, check_metadata=False):
+                raise ValueError(f"record table {name!r} has schema {table.schema}, expected {expected}")

@@ -1,0 +1,1 @@
+"""Capture sources: each turns what it sees into a records.RecordSet."""

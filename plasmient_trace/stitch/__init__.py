@@ -1,0 +1,1 @@
+"""Stitching: joins record tables into the vertical span tree with deterministic ids."""

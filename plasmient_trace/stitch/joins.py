@@ -1,0 +1,303 @@
+"""The joins of DESIGN.md for one process: kernel -> launch -> op -> module -> step, all vectorised.
+
+1. kernel -> launch: same correlation id (exact; a CUDA-graph launch owns many kernels).
+2. launch -> op: the op whose External id the launch carries, accepted only when that op is on the
+   launching thread and active at the launch (some exporters write the correlation id into the
+   External id field); otherwise the innermost op on the launching thread containing the launch.
+3. op -> module: innermost nn.Module interval on the op's thread (root ops; nested ops follow their
+   parent op). Backward ops map to the module of the forward op with the same autograd sequence
+   number, under a synthesized backward module span (the forward span ended long before).
+4. everything -> step by time; kernels take the step of the op that launched them.
+Kernel timestamps are shifted per device so that no kernel starts before its launch (stitch.clock).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..records import RecordSet
+from .nesting import innermost_enclosing
+
+# Tolerance for "the op is active at the launch": Kineto rounds to 1 ns (new) or 1 µs (old files).
+_ACTIVE_SLACK_NS = 1_000
+
+
+def _np(table: pa.Table, column: str, fill: int = -1) -> np.ndarray:
+    col = table.column(column)
+    if col.null_count:
+        col = pc.fill_null(col, fill)
+    return col.to_numpy().astype(np.int64, copy=False)
+
+
+def _lookup(sorted_keys: np.ndarray, sorted_pos: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """Index of each query in a sorted key array (via sorted_pos), -1 where absent."""
+    if len(sorted_keys) == 0:
+        return np.full(len(queries), -1, np.int64)
+    k = np.searchsorted(sorted_keys, queries)
+    k = np.minimum(k, len(sorted_keys) - 1)
+    hit = sorted_keys[k] == queries
+    return np.where(hit, sorted_pos[k], -1)
+
+
+@dataclass
+class JoinStats:
+    kernels: int = 0
+    kernels_with_launch: int = 0
+    launches_by_external_id: int = 0
+    launches_by_interval: int = 0
+    kernels_with_op: int = 0
+    kernels_by_external_id: int = 0
+    ops_outside_steps: int = 0
+    kernels_outside_steps: int = 0
+    backward_ops_mapped: int = 0
+    clock_offset_ns: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class JoinedRank:
+    """Join results for one RecordSet; every *_idx array indexes the matching record table."""
+
+    records: RecordSet
+    steps: np.ndarray          # step numbers, one per step row
+    step_start: np.ndarray
+    step_end: np.ndarray
+    op_parent: np.ndarray      # op -> parent op (-1)
+    op_module: np.ndarray      # op -> module row (-1); forward rows < n_modules, backward rows >= n_modules
+    op_step: np.ndarray        # op -> step row (-1: outside every step)
+    module_parent: np.ndarray  # module row -> parent module row (-1), over forward + backward rows
+    module_step: np.ndarray
+    module_path: list[str]
+    module_phase: list[str]
+    module_start: np.ndarray   # own interval (backward rows: empty, filled by the tree from children)
+    module_end: np.ndarray
+    kernel_start: np.ndarray   # mapped onto the CPU clock
+    kernel_end: np.ndarray
+    kernel_launch: np.ndarray  # kernel -> launch row (-1)
+    kernel_op: np.ndarray      # kernel -> launching op (-1)
+    kernel_step: np.ndarray    # kernel -> step row (-1)
+    stats: JoinStats
+
+
+def join_rank(records: RecordSet) -> JoinedRank:
+    stats = JoinStats()
+    ops, launches, kernels, modules = records.ops, records.launches, records.kernels, records.modules
+    o_start, o_end = _np(ops, "start_ns"), _np(ops, "end_ns")
+    o_tid, o_pid = _np(ops, "tid"), _np(ops, "pid")
+    o_ext = _np(ops, "external_id")
+    o_thread = o_pid * (1 << 32) + (o_tid & 0xFFFFFFFF)
+
+    # ---- ops nest on their thread
+    op_parent, _ = innermost_enclosing(o_thread, o_start, o_end)
+
+    # ---- steps
+    steps_t = records.steps
+    if steps_t.num_rows:
+        order = np.argsort(_np(steps_t, "start_ns"), kind="stable")
+        steps = _np(steps_t, "step")[order]
+        step_start = _np(steps_t, "start_ns")[order]
+        step_end = _np(steps_t, "end_ns")[order]
+    else:
+        starts = [a for a in (o_start, _np(kernels, "start_ns"), _np(launches, "start_ns")) if len(a)]
+        ends = [a for a in (o_end, _np(kernels, "end_ns"), _np(launches, "end_ns")) if len(a)]
+        lo = int(min(a.min() for a in starts)) if starts else 0
+        hi = int(max(a.max() for a in ends)) if ends else lo + 1
+        steps, step_start, step_end = np.array([0]), np.array([lo]), np.array([max(hi, lo + 1)])
+    # Steps are disjoint in time; any thread's event belongs to the step containing its start.
+    no_group = np.zeros(len(steps), np.int64)
+
+    def to_step(times: np.ndarray) -> np.ndarray:
+        _, idx = innermost_enclosing(no_group, step_start, step_end, np.zeros(len(times), np.int64), times)
+        return idx
+
+    op_step = to_step(o_start)
+    stats.ops_outside_steps = int((op_step < 0).sum())
+
+    # ---- modules: nesting, path, step
+    n_mod = modules.num_rows
+    m_start, m_end = _np(modules, "start_ns"), _np(modules, "end_ns")
+    m_thread = _np(modules, "pid") * (1 << 32) + (_np(modules, "tid") & 0xFFFFFFFF)
+    m_parent, _ = innermost_enclosing(m_thread, m_start, m_end)
+    m_names = modules.column("name").to_pylist()
+    m_path = _module_paths(m_names, m_parent)
+    m_step = to_step(m_start)
+
+    # ---- op -> module (root ops only), forward
+    op_module = np.full(len(o_start), -1, np.int64)
+    roots = np.nonzero(op_parent < 0)[0]
+    if n_mod and len(roots):
+        _, root_mod = innermost_enclosing(m_thread, m_start, m_end, o_thread[roots], o_start[roots])
+        op_module[roots] = root_mod
+
+    # ---- backward ops -> forward module via the autograd sequence number
+    fwd_tid = _np(ops, "fwd_thread_id", fill=0)
+    seq = _np(ops, "sequence_number")
+    names = ops.column("name")
+    is_bwd_name = pc.starts_with(names, "autograd::engine::evaluate_function").to_numpy(zero_copy_only=False) if len(o_start) else np.zeros(0, bool)
+    is_backward = (fwd_tid > 0) | is_bwd_name
+    bwd_parent = np.full(0, -1, np.int64)
+    bwd_rows = np.zeros(0, np.int64)
+    if n_mod and len(o_start):
+        fwd_with_seq = np.nonzero(~is_backward & (seq >= 0))[0]
+        # The forward op's module: its root op's module.
+        root_of = _root_of(op_parent)
+        fwd_mod = op_module[root_of[fwd_with_seq]]
+        keep = fwd_mod >= 0
+        fwd_seq, fwd_mod = seq[fwd_with_seq][keep], fwd_mod[keep]
+        # Innermost wins on duplicate sequence numbers: take the deepest module.
+        if len(fwd_seq):
+            depth = _depth(m_parent)[fwd_mod]
+            order = np.lexsort((-depth, fwd_seq))
+            fwd_seq, fwd_mod = fwd_seq[order], fwd_mod[order]
+            first = np.concatenate([[True], fwd_seq[1:] != fwd_seq[:-1]])
+            fwd_seq, fwd_mod = fwd_seq[first], fwd_mod[first]
+            bwd_roots = np.nonzero(is_backward & (op_parent < 0) & (seq >= 0))[0]
+            target = _lookup(fwd_seq, fwd_mod, seq[bwd_roots])
+            same_step = target >= 0
+            same_step[same_step] = m_step[target[same_step]] == op_step[bwd_roots[same_step]]
+            hit_ops, hit_mod = bwd_roots[same_step], target[same_step]
+            stats.backward_ops_mapped = int(len(hit_ops))
+            if len(hit_ops):
+                # A backward span for each module on the mapped modules' ancestor chains.
+                needed = np.zeros(n_mod, bool)
+                cur = np.unique(hit_mod)
+                while len(cur):
+                    needed[cur] = True
+                    cur = m_parent[cur]
+                    cur = np.unique(cur[(cur >= 0)])
+                    cur = cur[~needed[cur]]
+                bwd_rows = np.nonzero(needed)[0]
+                bwd_index = np.full(n_mod, -1, np.int64)
+                bwd_index[bwd_rows] = n_mod + np.arange(len(bwd_rows))
+                par = m_parent[bwd_rows]
+                bwd_parent = np.where(par >= 0, bwd_index[np.maximum(par, 0)], -1)
+                op_module[hit_ops] = bwd_index[hit_mod]
+
+    module_parent = np.concatenate([m_parent, bwd_parent])
+    module_step = np.concatenate([m_step, m_step[bwd_rows]])
+    module_path = m_path + [m_path[r] for r in bwd_rows]
+    module_phase = ["forward"] * n_mod + ["backward"] * len(bwd_rows)
+    # Backward spans have no interval of their own: the tree widens them around their children.
+    big = np.iinfo(np.int64).max
+    module_start = np.concatenate([m_start, np.full(len(bwd_rows), big, np.int64)])
+    module_end = np.concatenate([m_end, np.full(len(bwd_rows), -big, np.int64)])
+
+    # ---- launch -> op
+    n_l = launches.num_rows
+    l_start, l_tid, l_pid = _np(launches, "start_ns"), _np(launches, "tid"), _np(launches, "pid")
+    l_thread = l_pid * (1 << 32) + (l_tid & 0xFFFFFFFF)
+    l_ext = _np(launches, "external_id")
+    launch_op = np.full(n_l, -1, np.int64)
+    if n_l and len(o_start):
+        valid_ext = o_ext >= 0
+        ext_rows = np.nonzero(valid_ext)[0]
+        ext_order = np.argsort(o_ext[ext_rows], kind="stable")
+        cand = _lookup(o_ext[ext_rows][ext_order], ext_rows[ext_order], l_ext)
+        ok = cand >= 0
+        c = np.maximum(cand, 0)
+        ok &= (o_thread[c] == l_thread) & (o_start[c] <= l_start + _ACTIVE_SLACK_NS) & (l_start <= o_end[c] + _ACTIVE_SLACK_NS)
+        launch_op[ok] = cand[ok]
+        stats.launches_by_external_id = int(ok.sum())
+        rest = np.nonzero(~ok)[0]
+        if len(rest):
+            _, inner = innermost_enclosing(o_thread, o_start, o_end, l_thread[rest], l_start[rest])
+            launch_op[rest] = inner
+            stats.launches_by_interval = int((inner >= 0).sum())
+
+    # ---- kernel -> launch
+    n_k = kernels.num_rows
+    k_corr = _np(kernels, "correlation_id")
+    k_start, k_end = _np(kernels, "start_ns"), _np(kernels, "end_ns")
+    k_dev = _np(kernels, "device")
+    kernel_launch = np.full(n_k, -1, np.int64)
+    if n_k and n_l:
+        l_corr = _np(launches, "correlation_id")
+        l_order = np.argsort(l_corr, kind="stable")
+        kernel_launch = _lookup(l_corr[l_order], l_order, np.where(k_corr >= 0, k_corr, -2))
+    kernel_op = np.where(kernel_launch >= 0, launch_op[np.maximum(kernel_launch, 0)], -1) if n_k else np.zeros(0, np.int64)
+    if n_k and len(o_start):
+        # No recorded launch (trimmed trace, launch before the capture): the External id Kineto copied
+        # onto the activity itself still names the op exactly.
+        k_ext = _np(kernels, "external_id")
+        orphan = np.nonzero((kernel_op < 0) & (k_ext >= 0))[0]
+        if len(orphan):
+            ext_rows = np.nonzero(o_ext >= 0)[0]
+            ext_order = np.argsort(o_ext[ext_rows], kind="stable")
+            found = _lookup(o_ext[ext_rows][ext_order], ext_rows[ext_order], k_ext[orphan])
+            kernel_op[orphan] = found
+            stats.kernels_by_external_id = int((found >= 0).sum())
+    stats.kernels = n_k
+    stats.kernels_with_launch = int((kernel_launch >= 0).sum())
+    stats.kernels_with_op = int((kernel_op >= 0).sum())
+
+    # ---- clock: no kernel before its launch
+    if n_k and stats.kernels_with_launch:
+        joined = kernel_launch >= 0
+        lag = l_start[kernel_launch[joined]] - k_start[joined]
+        devs = k_dev[joined]
+        for dev in np.unique(devs):
+            shift = int(max(0, lag[devs == dev].max()))
+            stats.clock_offset_ns[int(dev)] = shift
+            if shift:
+                sel = k_dev == dev
+                k_start = k_start.copy() if not k_start.flags.writeable else k_start
+                k_start[sel] += shift
+                k_end[sel] += shift
+
+    # ---- kernel -> step: the launching op's step, else the launch's, else the kernel's own time
+    if n_k:
+        kernel_step = np.where(kernel_op >= 0, op_step[np.maximum(kernel_op, 0)], -1) if len(o_start) else np.full(n_k, -1)
+        need = kernel_step < 0
+        has_launch = need & (kernel_launch >= 0)
+        if has_launch.any():
+            kernel_step[has_launch] = to_step(l_start[kernel_launch[has_launch]])
+        need = kernel_step < 0
+        if need.any():
+            kernel_step[need] = to_step(k_start[need])
+        stats.kernels_outside_steps = int((kernel_step < 0).sum())
+    else:
+        kernel_step = np.zeros(0, np.int64)
+
+    return JoinedRank(
+        records=records, steps=steps, step_start=step_start, step_end=step_end,
+        op_parent=op_parent, op_module=op_module, op_step=op_step,
+        module_parent=module_parent, module_step=module_step, module_path=module_path,
+        module_phase=module_phase, module_start=module_start, module_end=module_end,
+        kernel_start=k_start, kernel_end=k_end, kernel_launch=kernel_launch, kernel_op=kernel_op,
+        kernel_step=kernel_step, stats=stats,
+    )
+
+
+def _root_of(parent: np.ndarray) -> np.ndarray:
+    root = np.arange(len(parent))
+    cur = parent.copy()
+    while True:
+        has = cur >= 0
+        if not has.any():
+            return root
+        root[has] = cur[has]
+        cur[has] = parent[cur[has]]
+
+
+def _depth(parent: np.ndarray) -> np.ndarray:
+    depth = np.zeros(len(parent), np.int64)
+    cur = parent.copy()
+    while True:
+        has = cur >= 0
+        if not has.any():
+            return depth
+        depth[has] += 1
+        cur[has] = parent[cur[has]]
+
+
+def _module_paths(names: list[str], parent: np.ndarray) -> list[str]:
+    """Dotted path from the outermost module; module events are few (one per forward call)."""
+    paths: list[str] = [""] * len(names)
+    order = np.argsort(_depth(parent), kind="stable")
+    for i in order:
+        p = parent[i]
+        paths[i] = names[i] if p < 0 else f"{paths[p]}.{names[i]}"
+    return paths
