@@ -298,7 +298,10 @@ def stitch(inputs: list[RankInput], options: StitchOptions) -> StitchResult:
     # ---- per-span device facts
     specs = [inp.spec for inp in inputs]
     ridge_rank = np.array([_ridge(s) for s in specs] + [np.nan])
-    price_rank = np.array([s.price_per_hour if s.price_per_hour is not None else np.nan for s in specs] + [np.nan])
+    prices = [s.price_per_hour if s.price_per_hour is not None else np.nan for s in specs]
+    # Fleet/node spans of a step with no kernels at all: charge one device at the ranks' price.
+    fallback_price = prices[0] if prices and all(p == prices[0] for p in prices) else np.nan
+    price_rank = np.array(prices + [fallback_price])
     ridge = ridge_rank[np.where(rankpos >= 0, rankpos, len(specs))]
     top = rankpos < 0
     if top.any() and len(specs):

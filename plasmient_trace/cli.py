@@ -1,0 +1,208 @@
+"""The `plasmient` command: ingest, link, report, run, replay.
+
+Errors a user can cause (bad trace file, unreachable collector, bad flags) print one line and exit
+non-zero; they never show a traceback. Exit status 2 = bad input, 1 = export failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from . import __version__
+from .stitch import ids
+
+EXIT_BAD_INPUT = 2
+EXIT_EXPORT_FAILED = 1
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be a positive integer")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be a positive number")
+    return value
+
+
+def _default_job_id() -> str | None:
+    for var in ("PLASMIENT_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
+        if os.environ.get(var):
+            return os.environ[var]
+    return None
+
+
+def add_stitch_arguments(p: argparse.ArgumentParser) -> None:
+    from .stitch.tree import DEFAULT_MAX_SPANS
+
+    p.add_argument("--job-id", default=_default_job_id(), help="job id the trace ids derive from (default: $PLASMIENT_JOB_ID, $SLURM_JOB_ID, else the first file's name)")
+    p.add_argument("--max-spans", type=_positive_int, default=DEFAULT_MAX_SPANS, help=f"span budget per trace; above it the least wasteful kernels are folded into their op (default {DEFAULT_MAX_SPANS})")
+    p.add_argument("--peak-tflops", type=_positive_float, help="override the device's dense peak, TFLOP/s")
+    p.add_argument("--bandwidth-gbs", type=_positive_float, help="override the device's memory bandwidth, GB/s")
+    p.add_argument("--gpu-price", type=_positive_float, help="USD per GPU-hour (default: the hardware table's list price)")
+    p.add_argument("--gpu-model", help="GPU model to assume when the trace names none (e.g. 'NVIDIA A100-SXM4-80GB')")
+    p.add_argument("--baseline-mfu", type=_positive_float, default=None, help="MFU counted as not wasted (default 0.46)")
+    p.add_argument("--ranks-per-node", type=_positive_int, default=8, help="ranks per node when the trace names no host (default 8)")
+    p.add_argument("--host", help="host name to record for a single-host ingest")
+
+
+def stitch_options_from_args(args: argparse.Namespace, job_id: str) -> Any:
+    from .conventions import DEFAULT_BASELINE_MFU
+    from .pipeline import IngestOptions
+
+    return IngestOptions(
+        job_id=job_id, max_spans=args.max_spans, peak_tflops=args.peak_tflops, bandwidth_gbs=args.bandwidth_gbs,
+        gpu_price=args.gpu_price, gpu_model=args.gpu_model,
+        baseline_mfu=args.baseline_mfu or DEFAULT_BASELINE_MFU, ranks_per_node=args.ranks_per_node, host=args.host,
+    )
+
+
+def _cmd_ingest(args: argparse.Namespace) -> int:
+    from .pipeline import ingest_paths
+    from .sources.kineto import TraceFormatError
+
+    console = None if args.quiet else _console()
+    job_id = args.job_id or Path(args.paths[0]).name.split(".")[0]
+    options = stitch_options_from_args(args, job_id)
+    try:
+        if console is not None:
+            from rich.progress import Progress
+
+            with Progress(transient=True, console=console) as bar:
+                task = bar.add_task("ingest", total=len(args.paths) + 1)
+
+                def progress(what: str, done: int, total: int) -> None:
+                    bar.update(task, completed=done, description=what)
+
+                result = ingest_paths(args.paths, options, progress=progress)
+        else:
+            result = ingest_paths(args.paths, options)
+    except TraceFormatError as err:
+        print(f"plasmient: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ValueError as err:
+        print(f"plasmient: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+    from .export import otlp, otlp_json, parquet
+    from .report.summary import render_summary
+
+    batch = result.batch
+    for source in result.stats.get("unknown_devices", []):
+        _say(args, f"plasmient: unknown device in {source}: no MFU on its spans (name it with --gpu-model or set --peak-tflops)")
+
+    config = otlp.OtlpConfig.from_env(endpoint=args.endpoint, protocol=args.protocol)
+    send = config.endpoint is not None and config.explicit
+    out = args.out
+    if out is None and not send:
+        out = "traces.jsonl"
+    status = 0
+    if out is not None:
+        lines = otlp_json.write_jsonl(batch, out)
+        _say(args, f"plasmient: wrote {lines} trace(s), {len(batch)} spans to {out}")
+    if send:
+        try:
+            stats = otlp.send_spans(batch, config)
+            _say(args, f"plasmient: sent {len(batch)} spans to {config.endpoint} ({config.protocol}){_fmt_stats(stats)}")
+        except otlp.ExportError as err:
+            print(f"plasmient: error: {err}", file=sys.stderr)
+            status = EXIT_EXPORT_FAILED
+    if args.parquet:
+        files = parquet.write_parquet(result.records, batch, args.parquet)
+        _say(args, f"plasmient: wrote {len(files)} Parquet files to {args.parquet}")
+    if console is not None:
+        render_summary(batch, console=console)
+    return status
+
+
+def _fmt_stats(stats: Any) -> str:
+    requests = getattr(stats, "requests", None)
+    return f", {requests} request(s)" if requests is not None else ""
+
+
+def _say(args: argparse.Namespace, line: str) -> None:
+    if not getattr(args, "quiet", False):
+        print(line, file=sys.stderr)
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=False)
+
+
+def _cmd_link(args: argparse.Namespace) -> int:
+    trace = ids.trace_id(args.job_id, args.step).hex()
+    if args.jaeger:
+        print(f"{args.jaeger.rstrip('/')}/trace/{trace}")
+    elif args.tempo:
+        from .export.links import tempo_link
+
+        print(tempo_link(args.tempo, trace, datasource=args.tempo_datasource))
+    else:
+        print(trace)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="plasmient", description="Vertical OpenTelemetry traces for GPU jobs, with MFU and cost on every span.")
+    parser.add_argument("--version", action="version", version=f"plasmient-trace {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    ingest = sub.add_parser("ingest", help="stitch Kineto trace files (one per rank) into one OTel trace per step")
+    ingest.add_argument("paths", nargs="+", help="Kineto Chrome-trace files (.json or .json.gz), one per rank")
+    ingest.add_argument("--out", help="write OTLP/JSON lines here (default traces.jsonl when no endpoint is configured)")
+    ingest.add_argument("--endpoint", help="OTLP endpoint (default $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / $OTEL_EXPORTER_OTLP_ENDPOINT)")
+    ingest.add_argument("--protocol", choices=("grpc", "http/protobuf", "http/json"), help="OTLP protocol (default $OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
+    ingest.add_argument("--parquet", metavar="DIR", help="also write every record table and the spans as Parquet")
+    ingest.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
+    add_stitch_arguments(ingest)
+    ingest.set_defaults(func=_cmd_ingest)
+
+    link = sub.add_parser("link", help="print the trace id (or a Jaeger/Tempo link) of a job's step")
+    link.add_argument("--job-id", required=True)
+    link.add_argument("--step", type=int, required=True)
+    link.add_argument("--jaeger", metavar="URL", help="Jaeger UI base URL, e.g. http://localhost:16686")
+    link.add_argument("--tempo", metavar="URL", help="Grafana base URL with a Tempo data source, e.g. http://localhost:3000")
+    link.add_argument("--tempo-datasource", default="tempo", help="Grafana data source uid of Tempo (default 'tempo')")
+    link.set_defaults(func=_cmd_link)
+
+    try:
+        from .report.cli import add_report_arguments, run_report
+
+        report = sub.add_parser("report", help="render an OTLP JSON lines file as a terminal summary or an HTML report")
+        add_report_arguments(report)
+        report.set_defaults(func=run_report)
+    except ImportError:
+        pass
+    for module, name in (("capture.cli", "run"), ("export.spill", "replay")):
+        try:
+            mod = __import__(f"plasmient_trace.{module}", fromlist=["register"])
+            mod.register(sub)
+        except ImportError:
+            pass
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("plasmient: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

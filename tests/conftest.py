@@ -1,0 +1,52 @@
+"""Shared fixtures: the real traces in ../shared/traces, ingested once per test session."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TRACES = REPO.parent / "shared" / "traces"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+ALL_TRACES = sorted(str(p.relative_to(TRACES)) for p in TRACES.glob("*/*.json.gz")) if TRACES.is_dir() else []
+
+
+def trace_path(name: str) -> Path:
+    path = TRACES / name
+    if not path.exists():
+        if os.environ.get("CI"):
+            raise FileNotFoundError(f"{path} missing: CI must have ../shared/traces beside the repo")
+        pytest.skip(f"{path} not present")
+    return path
+
+
+@lru_cache(maxsize=None)
+def raw_trace(name: str) -> dict:
+    """The trace as plain json, read independently of the project's parser."""
+    with gzip.open(trace_path(name), "rt") as f:
+        doc = json.load(f)
+    return doc if isinstance(doc, dict) else {"traceEvents": doc}
+
+
+@lru_cache(maxsize=None)
+def ingested(name: str, max_spans: int | None = None):
+    from plasmient_trace.pipeline import IngestOptions, ingest_paths
+
+    options = IngestOptions(job_id="test-job")
+    if max_spans is not None:
+        options.max_spans = max_spans
+    return ingest_paths([trace_path(name)], options)
+
+
+@pytest.fixture(scope="session")
+def traces_dir() -> Path:
+    if not TRACES.is_dir():
+        pytest.fail(f"{TRACES} is missing: the tests read the shared real traces")
+    return TRACES

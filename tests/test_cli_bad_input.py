@@ -1,0 +1,87 @@
+"""Bad input never gives a traceback: one line naming the file and the problem, exit status 2."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, trace_path
+
+from plasmient_trace.cli import main
+
+
+def _real_gzip_bytes() -> bytes:
+    return trace_path("h100/bert_small_inference.json.gz").read_bytes()
+
+
+def _write(tmp: Path, name: str, data: bytes) -> Path:
+    path = tmp / name
+    path.write_bytes(data)
+    return path
+
+
+def _kernel_without_ts() -> bytes:
+    doc = {"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "dur": 3, "args": {"correlation": 1}}]}
+    return json.dumps(doc).encode()
+
+
+def _dur_is_text() -> bytes:
+    doc = {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1.0, "dur": "long", "pid": 1, "tid": 1}]}
+    return json.dumps(doc).encode()
+
+
+BAD_INPUTS = {
+    "plain text": (lambda: b"this is not a trace\n", "not JSON"),
+    "truncated gzip": (lambda: _real_gzip_bytes()[: len(_real_gzip_bytes()) // 2], "truncated gzip"),
+    "corrupt gzip": (lambda: _real_gzip_bytes()[:20] + b"\x00" * 200 + _real_gzip_bytes()[220:], "gzip"),
+    "truncated json": (lambda: gzip.decompress(_real_gzip_bytes())[:5000], "invalid or truncated JSON"),
+    "json but no traceEvents": (lambda: b'{"foo": 1, "bar": [1, 2]}', "no 'traceEvents'"),
+    "json scalar": (lambda: b"42", "not a Chrome trace"),
+    "traceEvents not a list": (lambda: b'{"traceEvents": {"a": 1}}', "expected a list"),
+    "no events": (lambda: b'{"traceEvents": []}', "no events"),
+    "empty file": (lambda: b"", "empty"),
+    "kernel without ts": (_kernel_without_ts, "missing field 'ts'"),
+    "dur is text": (_dur_is_text, "unexpected field types"),
+    "png image": (lambda: b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, "not JSON"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_gives_one_clear_line_and_exit_2(case, tmp_path, capsys):
+    make, expected = BAD_INPUTS[case]
+    path = _write(tmp_path, f"bad_{case.replace(' ', '_')}.json.gz", make())
+    code = main(["ingest", str(path), "--out", str(tmp_path / "out.jsonl"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1, err
+    assert str(path) in err and expected in err, err
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_missing_file_and_directory(tmp_path, capsys):
+    assert main(["ingest", str(tmp_path / "nope.json.gz"), "--quiet"]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["ingest", str(tmp_path), "--quiet"]) == 2
+    assert "is a directory" in capsys.readouterr().err
+
+
+def test_console_script_reports_bad_input_without_traceback(tmp_path):
+    bad = _write(tmp_path, "cut.json.gz", _real_gzip_bytes()[:1000])
+    proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "ingest", str(bad), "--quiet"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("plasmient: error:") and "Traceback" not in proc.stderr
+    assert "truncated gzip" in proc.stderr
+
+
+def test_bad_flag_values_are_rejected_by_argparse(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["ingest", "x.json", "--max-spans", "0"])
+    assert exc.value.code == 2
+    assert "must be a positive integer" in capsys.readouterr().err
