@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
+from functools import lru_cache
 
 import numpy as np
 import pytest
@@ -15,8 +16,13 @@ KERNEL_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset
 OP_CATS = {"cpu_op", "Operator", "user_annotation"}
 
 
-def spans(name: str, **kw) -> list[dict]:
-    return ingested(name, **kw).batch.table.to_pylist()
+@lru_cache(maxsize=None)
+def _rows(name: str, max_spans: int | None) -> tuple[dict, ...]:
+    return tuple(ingested(name, max_spans).batch.table.to_pylist())
+
+
+def spans(name: str, max_spans: int | None = None) -> tuple[dict, ...]:
+    return _rows(name, max_spans)
 
 
 def by_id(rows: list[dict]) -> dict[tuple[bytes, int], dict]:
@@ -105,7 +111,7 @@ def test_kernel_parent_is_the_op_named_by_the_launch(name):
             assert parent["plasmient.op.external_id"] == ext
             assert parent["name"] in {c["name"] for c in candidates}
             checked_ext += 1
-        elif parent["plasmient.level"] == "op":
+        elif parent["plasmient.level"] == "op" and checked_interval < 300:  # the scan is O(ops): sample
             # External id absent or not an op (CUDA-graph traces copy the correlation id there):
             # the innermost op on the launching thread containing the launch.
             containing = [o for o in ops if o.get("tid") == launch.get("tid") and o["ts"] <= launch["ts"] <= o["ts"] + o["dur"]]
@@ -129,9 +135,9 @@ def test_every_kernel_is_kept_and_unjoined_ones_are_counted(name):
     folded = sum(r["plasmient.kernels.folded"] or 0 for r in rows)
     assert len(kernels) + folded + outside == n_gpu
     index = by_id(rows)
+    direct = Counter((k["trace_id"], k["parent_span_id"]) for k in kernels)
     for step in (r for r in rows if r["plasmient.level"] == "step"):
-        direct = sum(1 for k in kernels if k["trace_id"] == step["trace_id"] and k["parent_span_id"] == step["span_id"])
-        assert step["plasmient.unjoined_kernels"] == direct
+        assert step["plasmient.unjoined_kernels"] == direct[(step["trace_id"], step["span_id"])]
     assert all(index[(k["trace_id"], k["parent_span_id"])]["plasmient.level"] in ("op", "step") for k in kernels)
 
 
@@ -337,9 +343,9 @@ def test_ids_are_deterministic(name):
 
 def test_span_budget_keeps_the_most_wasteful_kernels_and_folds_the_rest():
     name = "a100/nccl_training_rank0_of2.json.gz"
-    full = ingested(name).batch.table.to_pylist()
+    full = spans(name)
     budget = 2000
-    small = ingested(name, max_spans=budget).batch.table.to_pylist()
+    small = spans(name, max_spans=budget)
     per_trace = Counter(r["trace_id"] for r in small)
     non_kernel = Counter(r["trace_id"] for r in small if r["plasmient.level"] != "kernel")
     for trace, count in per_trace.items():

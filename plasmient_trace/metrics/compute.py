@@ -145,7 +145,7 @@ def derive(
         ideal = np.where(over, sums.busy_s, ideal)
         mfu = np.where(device_s > 0, ideal / device_s, np.where(np.isnan(ideal), np.nan, 0.0))
         mfu = np.minimum(mfu, util)
-        stall = np.where(sums.busy_s > 0, 1.0 - ideal / sums.busy_s, np.nan)
+        stall = np.where(sums.busy_s > 0, np.clip(1.0 - ideal / sums.busy_s, 0.0, 1.0), np.nan)
         intensity = np.where(sums.bytes > 0, sums.flops / sums.bytes, np.nan)
         cost = price_sum * wall / 3600.0
         waste_share = np.maximum(0.0, 1.0 - mfu / baseline_mfu)

@@ -124,7 +124,7 @@ def stitch(inputs: list[RankInput], options: StitchOptions) -> StitchResult:
     k_synthetic, k_rankpos, k_row, k_waste_lbl = [], [], [], []
     k_name_parts: list[pa.Array] = []
     k_op_name_parts: list[pa.Array] = []
-    k_module_parts: list[list[str | None]] = []
+    k_module_parts: list[pa.Array] = []
     k_kind_parts: list[np.ndarray] = []
     layout: list[dict[str, int]] = []
     device_price: list[float] = []
@@ -258,15 +258,15 @@ def stitch(inputs: list[RankInput], options: StitchOptions) -> StitchResult:
             names = pa.concat_arrays([names.cast(pa.string()), ops_t.column("name").combine_chunks().take(pa.array(synth_ops)).cast(pa.string())])
         k_name_parts.append(names.cast(pa.string()))
         op_names = ops_t.column("name").combine_chunks().cast(pa.string()) if n_op else pa.array([], pa.string())
-        k_op_name_parts.append(op_names.take(pa.array(np.where(ko >= 0, ko, 0))).to_pylist() if n_op and n_ks else [None] * n_ks)
+        k_op_name_parts.append(op_names.take(pa.array(ko, mask=ko < 0)) if n_op and n_ks else pa.nulls(n_ks, pa.string()))
         # innermost module of each kernel: the module of the root of its launching op
         if n_op and n_mod and n_ks:
             root = _root_of(j.op_parent)[np.maximum(ko, 0)]
             mod = np.where(ko >= 0, j.op_module[root], -1)
-            labels = [_module_label(j, m) for m in range(n_mod)]
-            k_module_parts.append([labels[m] if m >= 0 else None for m in mod.tolist()])
+            labels = pa.array([_module_label(j, m) for m in range(n_mod)], pa.string())
+            k_module_parts.append(labels.take(pa.array(mod, mask=mod < 0)))
         else:
-            k_module_parts.append([None] * n_ks)
+            k_module_parts.append(pa.nulls(n_ks, pa.string()))
 
     level = np.concatenate(seg_level)
     parent = np.concatenate(seg_parent)
@@ -309,6 +309,10 @@ def stitch(inputs: list[RankInput], options: StitchOptions) -> StitchResult:
     gpus = np.maximum(sums.devices, 1)
     price_sum = np.where(sums.devices > 0, sums.device_price, price_rank[np.where(rankpos >= 0, rankpos, len(specs))])
     is_kernel = level == LEVEL_CODE["kernel"]
+    # Where a rank's peak is unknown its spans (and the node/fleet above) get no MFU, not MFU 0.
+    peak_known = np.array([s.peak_for is not None for s in specs] + [all(s.peak_for is not None for s in specs)])
+    unknown = ~peak_known[np.where(rankpos >= 0, rankpos, len(specs))]
+    sums.ideal_s[unknown] = np.nan
     met = mc.derive(sums, start, end, gpus, ridge, price_sum, is_kernel, options.baseline_mfu)
 
     # ---- culprits on step / rank / node / fleet spans
@@ -316,10 +320,9 @@ def stitch(inputs: list[RankInput], options: StitchOptions) -> StitchResult:
     waste_k = mc.kernel_waste_s(kernels.start, kernels.end, kernels.ideal_s, options.baseline_mfu)
     kernel_names = pa.concat_arrays(k_name_parts) if k_name_parts else pa.array([], pa.string())
     kernel_names = kernel_names.filter(pa.array(live_k)) if len(kernel_names) else kernel_names
-    op_names_k = [x for part in k_op_name_parts for x in part]
-    mod_names_k = [x for part in k_module_parts for x in part]
-    op_names_k = [x for x, keep in zip(op_names_k, live_k) if keep]
-    mod_names_k = [x for x, keep in zip(mod_names_k, live_k) if keep]
+    live_mask = pa.array(live_k)
+    op_names_k = pa.concat_arrays(k_op_name_parts).filter(live_mask) if k_op_name_parts else pa.array([], pa.string())
+    mod_names_k = pa.concat_arrays(k_module_parts).filter(live_mask) if k_module_parts else pa.array([], pa.string())
     kinds_k = _cat(k_kind_parts, object)[live_k] if k_kind_parts else np.zeros(0, object)
     culprit = _culprits(n, k_ancestors, waste_k, kernel_names, op_names_k, mod_names_k, kinds_k,
                         kernels.span, met, rank_arr, sums, level)
@@ -430,7 +433,7 @@ def _culprits(n, anc, waste, kernel_names, op_names, mod_names, kinds, k_span, m
     o_codes, o_dict = _codes(op_names)
     m_codes, m_dict = _codes(mod_names)
     r_codes = rank_arr[k_span] if len(k_span) else np.zeros(0, np.int64)
-    out: dict[str, list[Any]] = {key: [None] * n for key in ("kernel", "op", "module", "rank", "wasted_s", "bound", "suggestion")}
+    out: dict[str, np.ndarray] = {key: np.full(n, None, dtype=object) for key in ("kernel", "op", "module", "rank", "wasted_s", "bound", "suggestion")}
     mean_kernel = np.where(sums.kernels > 0, sums.kernel_s / np.maximum(sums.kernels, 1), 0.0)
     for lvl, group in anc.items():
         targets = np.nonzero(level == LEVEL_CODE[lvl])[0]
@@ -552,7 +555,8 @@ def _assemble(options, inputs, joined, ranks, nodes, step_values, node_keys, lay
     sel = np.nonzero(export)[0]
     sel_pa = pa.array(sel)
     cols: dict[str, Any] = {}
-    cols["trace_id"] = pa.array([trace_ids_by_step[s] for s in step[sel].tolist()], pa.binary(16))
+    step_list = np.array(step_values, np.int64)
+    cols["trace_id"] = pa.array([trace_ids_by_step[s] for s in step_values], pa.binary(16)).take(pa.array(np.searchsorted(step_list, step[sel])))
     cols["span_id"] = span_id[sel]
     cols["parent_span_id"] = np.where(parent[sel] >= 0, span_id[np.maximum(parent[sel], 0)], np.uint64(0)).astype(np.uint64)
     cols["resource_index"] = resource_index[sel]
@@ -561,14 +565,14 @@ def _assemble(options, inputs, joined, ranks, nodes, step_values, node_keys, lay
     cols["end_ns"] = end[sel]
     lv = level[sel]
     levels = np.array(cv.LEVELS, dtype=object)
-    cols["plasmient.level"] = levels[lv].tolist()
+    cols["plasmient.level"] = pa.array(list(cv.LEVELS), pa.string()).take(pa.array(lv.astype(np.int64)))
     cols["plasmient.job.id"] = pa.array([job], pa.string()).take(pa.array(np.zeros(len(sel), np.int64)))
     cols["plasmient.step"] = step[sel]
     cols["plasmient.rank"] = _masked(rank_arr[sel], lv <= LEVEL_CODE["node"])
     dev_type = np.array([inp.spec.device_type for inp in inputs] + ["gpu"], dtype=object)
     top_type = "cpu" if inputs and all(inp.spec.device_type == "cpu" for inp in inputs) else "gpu"
     dev_type[-1] = top_type
-    cols["plasmient.device.type"] = dev_type[np.where(rankpos[sel] >= 0, rankpos[sel], len(inputs))].tolist()
+    cols["plasmient.device.type"] = pa.array(dev_type.tolist(), pa.string()).take(pa.array(np.where(rankpos[sel] >= 0, rankpos[sel], len(inputs))))
     cols["plasmient.gpus"] = gpus[sel]
     cols["plasmient.wall_s"] = met.wall_s[sel]
     cols["plasmient.flops"] = sums.flops[sel]
@@ -580,7 +584,7 @@ def _assemble(options, inputs, joined, ranks, nodes, step_values, node_keys, lay
     cols["plasmient.idle_fraction"] = met.idle[sel]
     cols["plasmient.bytes"] = sums.bytes[sel]
     cols["plasmient.arithmetic_intensity"] = _nan_to_null(met.intensity[sel])
-    cols["plasmient.bound"] = met.bound[sel].tolist()
+    cols["plasmient.bound"] = pa.array(met.bound[sel], pa.string())
     cols["plasmient.cost.usd"] = _nan_to_null(met.cost[sel])
     cols["plasmient.cost.wasted_usd"] = _nan_to_null(met.wasted_usd[sel])
     cols["plasmient.wasted_s"] = _nan_to_null(met.wasted_s[sel])
@@ -597,13 +601,16 @@ def _assemble(options, inputs, joined, ranks, nodes, step_values, node_keys, lay
     offsets = np.zeros(len(sel), np.int64)
     peak_src: list[Any] = [None] * len(sel)
     peak_flops = np.full(len(sel), np.nan)
-    for out_i, span_i in enumerate(sel.tolist()):
+    peak_bw = np.full(len(sel), np.nan)
+    upper = np.nonzero(lv <= LEVEL_CODE["step"])[0]
+    for out_i, span_i in zip(upper.tolist(), sel[upper].tolist()):
         code = level[span_i]
         pos = rankpos[span_i]
         if pos < 0 or code > LEVEL_CODE["step"]:
             continue
         spec = inputs[pos].spec
         peak_flops[out_i] = spec.peak("bf16" if spec.device_type == "gpu" else "fp32")
+        peak_bw[out_i] = spec.bandwidth if spec.bandwidth else np.nan
         if code == LEVEL_CODE["rank"]:
             peak_src[out_i] = spec.source
             offsets[out_i] = max(joined[pos].stats.clock_offset_ns.values(), default=0)
@@ -624,14 +631,16 @@ def _assemble(options, inputs, joined, ranks, nodes, step_values, node_keys, lay
     cols["plasmient.unjoined_kernels"] = _masked(unjoined, ~is_step)
     cols["plasmient.kernels.over_peak"] = _masked(over_peak, ~is_step)
     cols["plasmient.peak_flops"] = _nan_to_null(np.where(lv <= LEVEL_CODE["step"], peak_flops, np.nan))
+    cols["plasmient.peak_bandwidth"] = _nan_to_null(peak_bw)
     cols["plasmient.peak.source"] = peak_src
     cols["plasmient.clock.offset_ns"] = _masked(offsets, lv != LEVEL_CODE["rank"])
     cols["plasmient.sampled_depth"] = _step_depth(step[sel], is_step, options.full_depth_steps)
     cpu_counter = [inp.records.counters.get("cupti.dropped_records") for inp in inputs]
     if any(c is not None for c in cpu_counter):
-        cols["plasmient.cupti.dropped_records"] = [cpu_counter[rankpos[i]] if is_step[k] else None for k, i in enumerate(sel.tolist())]
+        dropped = np.array([c if c is not None else -1 for c in cpu_counter] + [-1], np.int64)[np.where(rankpos[sel] >= 0, rankpos[sel], len(inputs))]
+        cols["plasmient.cupti.dropped_records"] = _masked(dropped, ~is_step | (dropped < 0))
     for key in ("kernel", "op", "module", "rank", "wasted_s", "bound", "suggestion"):
-        cols[f"plasmient.culprit.{key}"] = [culprit[key][i] for i in sel.tolist()]
+        cols[f"plasmient.culprit.{key}"] = pa.array(culprit[key][sel], cv.ATTRIBUTE_BY_NAME[f"plasmient.culprit.{key}"].type)
 
     _per_record_columns(cols, sel, level, rankpos, row, inputs, joined)
     return cv.SpanBatch(table=cv.span_table_from_columns(cols, len(sel)), resources=resources)
