@@ -141,6 +141,7 @@ def _records_from_events(path: Path, events: list[Any], meta: dict[str, Any]) ->
     o_pid: list[int] = []; o_tid: list[int] = []; o_ts: list[Any] = []; o_dur: list[Any] = []
     o_name: list[str] = []; o_cat: list[str] = []; o_ext: list[Any] = []; o_seq: list[Any] = []
     o_fwd: list[Any] = []; o_dims: list[Any] = []; o_types: list[Any] = []; o_flops: list[Any] = []
+    o_conc: list[Any] = []
     m_pid: list[int] = []; m_tid: list[int] = []; m_ts: list[Any] = []; m_dur: list[Any] = []; m_name: list[str] = []
     s_step: list[int] = []; s_ts: list[Any] = []; s_dur: list[Any] = []; s_name: list[str] = []
     dumps = orjson.dumps
@@ -168,6 +169,8 @@ def _records_from_events(path: Path, events: list[Any], meta: dict[str, Any]) ->
                 types = args.get("Input type")
                 o_types.append(dumps(types).decode() if types is not None else None)
                 o_flops.append(args.get("flops"))
+                concrete = args.get("Concrete Inputs")
+                o_conc.append(dumps(concrete).decode() if concrete is not None else None)
             elif cat in _KERNEL_CATS:
                 args = e.get("args") or {}
                 kind = _KERNEL_CATS[cat]
@@ -219,6 +222,7 @@ def _records_from_events(path: Path, events: list[Any], meta: dict[str, Any]) ->
             "name": o_name, "category": o_cat, "external_id": o_ext, "sequence_number": o_seq,
             "fwd_thread_id": o_fwd, "input_dims": o_dims, "input_types": o_types,
             "kineto_flops": [None if f is None else float(f) for f in o_flops],
+            "concrete_inputs": o_conc,
         }) if o_ts else records.ops
         m_start = _to_ns(m_ts, base_ns)
         records.modules = table_from_columns("modules", {

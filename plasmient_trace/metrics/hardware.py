@@ -1,0 +1,440 @@
+"""Peak FLOP/s, memory bandwidth and price of the device a trace ran on (GPU table, calibrated CPU).
+
+One job: answer "what could this device have done?" so MFU, ridge points and cost have a
+denominator. GPU numbers come from vendor datasheets, dense (no structured sparsity): where a
+datasheet only prints the 2:4-sparse figure (marked * there), the dense peak is half of it.
+
+Which peak applies to which dtype
+---------------------------------
+* ``fp32`` is the non-tensor FP32 peak on NVIDIA. Kineto records ``float`` whether or not TF32
+  ran, and torch's defaults let cuDNN convolutions use TF32 but not matmuls
+  (``torch.backends.cuda.matmul.allow_tf32 = False``), so the fp32 peak is the one that matches
+  what an fp32 matmul does by default. A TF32 conv can then claim more FLOPs than fp32 peak *
+  duration; the stitcher caps a kernel's flops at peak * duration and counts the capped kernels,
+  which is how that shows up. ``tf32`` is available for callers that know TF32 was on.
+* On AMD CDNA, ``fp32``/``fp64`` are the matrix-core (MFMA) peaks: those are full-precision IEEE
+  math, and what rocBLAS/hipBLASLt fp32 and fp64 GEMMs run on.
+* ``fp64`` on NVIDIA is the FP64 Tensor Core peak where the part has one (A100, H100, H200, B200).
+* A dtype the part has no units for falls back: tf32 -> fp32; bf16 -> fp16 -> fp32 (V100 has no
+  bf16 path); fp8 -> bf16 -> fp16 -> fp32; int8 -> fp32; anything else -> fp32.
+
+Prices are **assumptions**, not quotes: a rough public on-demand list price per GPU-hour (USD)
+with its basis next to it, meant to be overridden with ``--gpu-price``.
+
+Device matching (:func:`lookup`) is by exact, normalised device name only (a leading "NVIDIA " is
+optional, case and spacing are ignored), plus deviceProperties (compute capability, SM/CU count,
+memory) where the name is generic ('AMD Radeon Graphics') or covers two parts. A name that is not
+in the table returns None: no guessing from substrings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+__all__ = ["GpuSpec", "SPECS", "lookup", "apply_overrides", "cpu_spec", "DTYPES"]
+
+DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
+
+_FALLBACK: dict[str, tuple[str, ...]] = {
+    "tf32": ("fp32",),
+    "bf16": ("fp16", "fp32"),
+    "fp16": ("fp32",),
+    "fp8": ("bf16", "fp16", "fp32"),
+    "int8": ("fp32",),
+    "fp64": ("fp32",),
+}
+
+T = 1e12
+TB = 1e12
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """Peak numbers of one device model (per device as the trace sees it: one MI250 GCD is one)."""
+
+    model: str
+    peak: Mapping[str, float]            # FLOP/s per canonical dtype, dense
+    memory_bandwidth: float              # bytes/s
+    price_per_hour: float | None         # USD per device-hour (an assumption; None = unknown)
+    source: str                          # datasheet the peaks come from, or 'calibrated' / 'user'
+    price_source: str = ""
+    vendor: str = ""
+    device_type: str = "gpu"             # 'gpu' | 'cpu'
+    sm_count: int | None = None          # SMs (NVIDIA) / CUs (AMD) of the full part
+    memory_bytes: float | None = None    # nominal memory, bytes
+    notes: str = ""
+
+    def peak_flops(self, dtype: str = "fp32") -> float:
+        """Dense peak FLOP/s for a canonical dtype, following the documented fallback chain."""
+        if dtype in self.peak:
+            return self.peak[dtype]
+        for alt in _FALLBACK.get(dtype, ("fp32",)):
+            if alt in self.peak:
+                return self.peak[alt]
+        return self.peak.get("fp32", next(iter(self.peak.values())) if self.peak else float("nan"))
+
+    def ridge_point(self, dtype: str = "fp32") -> float:
+        """FLOP per byte where the roofline turns from memory- to compute-bound."""
+        bw = self.memory_bandwidth
+        return self.peak_flops(dtype) / bw if bw and bw > 0 else float("nan")
+
+
+def _spec(model: str, vendor: str, source: str, peak: dict[str, float], bw: float, price: float,
+          price_source: str, sms: int | None, mem_gb: float | None, notes: str = "") -> GpuSpec:
+    return GpuSpec(model=model, peak=MappingProxyType(dict(peak)), memory_bandwidth=bw, price_per_hour=price,
+                   source=source, price_source=price_source, vendor=vendor, sm_count=sms,
+                   memory_bytes=mem_gb * GB if mem_gb else None, notes=notes)
+
+
+_NV = "nvidia"
+_AMD = "amd"
+_AWS_2024 = "AWS on-demand us-east-1 list price (2024) / GPUs per instance; AWS cut P4/P5 prices in 2025"
+
+SPECS: Mapping[str, GpuSpec] = MappingProxyType({s.model: s for s in [
+    # ------------------------------------------------------------------------------ Volta
+    _spec("V100 SXM2", _NV, "NVIDIA Tesla V100 GPU Accelerator datasheet (SXM2 column)",
+          {"fp64": 7.8 * T, "fp32": 15.7 * T, "fp16": 125 * T}, 900 * GB,
+          3.06, "AWS p3.2xlarge (1x V100 16GB) on-demand us-east-1", 80, 32),
+    _spec("V100 PCIe", _NV, "NVIDIA Tesla V100 GPU Accelerator datasheet (PCIe column)",
+          {"fp64": 7.0 * T, "fp32": 14.0 * T, "fp16": 112 * T}, 900 * GB,
+          2.48, "GCP on-demand NVIDIA V100 GPU price per GPU-hour (VM extra)", 80, 32),
+    _spec("V100S PCIe", _NV, "NVIDIA V100S datasheet",
+          {"fp64": 8.2 * T, "fp32": 16.4 * T, "fp16": 130 * T}, 1134 * GB,
+          2.48, "priced as V100 PCIe (no hyperscaler V100S SKU)", 80, 32),
+    _spec("V100 DGXS", _NV,
+          "NVIDIA DGX Station datasheet (4x Tesla V100, 500 TFLOPS mixed precision = 125 per GPU); "
+          "the DGXS part is an NVLink V100 at the SXM2 boost clock, so SXM2 datasheet numbers",
+          {"fp64": 7.8 * T, "fp32": 15.7 * T, "fp16": 125 * T}, 900 * GB,
+          3.06, "priced as V100 SXM2 (DGX Station is not rented by the hour)", 80, 32),
+    # ------------------------------------------------------------------------------ Ampere
+    *[_spec(f"A100 {form} {mem}GB", _NV, f"NVIDIA A100 Tensor Core GPU datasheet ({mem}GB {form}); dense = sparse*/2",
+            {"fp64": 19.5 * T, "fp32": 19.5 * T, "tf32": 156 * T, "bf16": 312 * T, "fp16": 312 * T, "int8": 624 * T},
+            bw * GB, price, price_src, 108, mem,
+            notes="fp64 is the FP64 Tensor Core peak (9.7 TFLOP/s without tensor cores)")
+      for form, mem, bw, price, price_src in [
+          ("SXM4", 40, 1555, 4.10, f"{_AWS_2024}: p4d.24xlarge $32.77 / 8"),
+          ("SXM4", 80, 2039, 5.12, f"{_AWS_2024}: p4de.24xlarge $40.97 / 8"),
+          ("PCIe", 40, 1555, 3.67, "priced as the 80GB PCIe (no hyperscaler 40GB PCIe SKU)"),
+          ("PCIe", 80, 1935, 3.67, "Azure NC24ads A100 v4 (1x A100 80GB PCIe) on-demand, rounded"),
+      ]],
+    _spec("A10G", _NV,
+          "AWS-only part, no public NVIDIA datasheet: figures as published for the G5 instances "
+          "(NVIDIA A10 datasheet for memory); tensor rates are half the A10's",
+          {"fp64": 31.52 / 64 * T, "fp32": 31.52 * T, "tf32": 35 * T, "bf16": 70 * T, "fp16": 70 * T, "int8": 140 * T},
+          600 * GB, 1.01, "AWS g5.xlarge (1x A10G) on-demand us-east-1 $1.006", 80, 24,
+          notes="fp64 derived: GA102 runs FP64 at 1/64 of FP32 (not in any datasheet)"),
+    # ------------------------------------------------------------------------------ Ada
+    _spec("L4", _NV, "NVIDIA L4 Tensor Core GPU datasheet; dense = sparse*/2",
+          {"fp64": 30.3 / 64 * T, "fp32": 30.3 * T, "tf32": 60 * T, "bf16": 121 * T, "fp16": 121 * T,
+           "fp8": 242.5 * T, "int8": 242.5 * T}, 300 * GB,
+          0.80, "AWS g6.xlarge (1x L4) on-demand us-east-1 $0.805", 58, 24,
+          notes="fp64 derived: Ada runs FP64 at 1/64 of FP32 (not in the datasheet)"),
+    _spec("L40S", _NV, "NVIDIA L40S datasheet (dense column)",
+          {"fp64": 91.6 / 64 * T, "fp32": 91.6 * T, "tf32": 183 * T, "bf16": 362.05 * T, "fp16": 362.05 * T,
+           "fp8": 733 * T, "int8": 733 * T}, 864 * GB,
+          1.86, "AWS g6e.xlarge (1x L40S) on-demand us-east-1 $1.861", 142, 48,
+          notes="fp64 derived: Ada runs FP64 at 1/64 of FP32 (not in the datasheet)"),
+    # ------------------------------------------------------------------------------ Hopper
+    _spec("H100 SXM", _NV, "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column); dense = sparse*/2",
+          {"fp64": 67 * T, "fp32": 67 * T, "tf32": 494.5 * T, "bf16": 989.5 * T, "fp16": 989.5 * T,
+           "fp8": 1979 * T, "int8": 1979 * T}, 3.35 * TB,
+          12.29, f"{_AWS_2024}: p5.48xlarge $98.32 / 8", 132, 80,
+          notes="fp64 is the FP64 Tensor Core peak (34 TFLOP/s without)"),
+    _spec("H100 PCIe", _NV, "NVIDIA H100 Tensor Core GPU datasheet (H100 PCIe column); dense = sparse*/2",
+          {"fp64": 51 * T, "fp32": 51 * T, "tf32": 378 * T, "bf16": 756.5 * T, "fp16": 756.5 * T,
+           "fp8": 1513 * T, "int8": 1513 * T}, 2.0 * TB,
+          6.98, "priced as H100 NVL (no hyperscaler H100 PCIe SKU)", 114, 80,
+          notes="fp64 is the FP64 Tensor Core peak (26 TFLOP/s without)"),
+    _spec("H100 NVL", _NV, "NVIDIA H100 NVL datasheet (per GPU, 94GB); dense = sparse*/2",
+          {"fp64": 60 * T, "fp32": 60 * T, "tf32": 417.5 * T, "bf16": 835.5 * T, "fp16": 835.5 * T,
+           "fp8": 1670.5 * T, "int8": 1670.5 * T}, 3.9 * TB,
+          6.98, "Azure NC40ads H100 v5 (1x H100 NVL) on-demand, rounded", 132, 94,
+          notes="fp64 is the FP64 Tensor Core peak (30 TFLOP/s without)"),
+    _spec("H200 SXM", _NV, "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM column); dense = sparse*/2",
+          {"fp64": 67 * T, "fp32": 67 * T, "tf32": 494.5 * T, "bf16": 989.5 * T, "fp16": 989.5 * T,
+           "fp8": 1979 * T, "int8": 1979 * T}, 4.8 * TB,
+          10.60, "rough hyperscaler on-demand price per H200 (8-GPU instances ~ $85/h), rounded", 132, 141,
+          notes="fp64 is the FP64 Tensor Core peak (34 TFLOP/s without)"),
+    _spec("H200 NVL", _NV, "NVIDIA H200 Tensor Core GPU datasheet (H200 NVL column); dense = sparse*/2",
+          {"fp64": 60 * T, "fp32": 60 * T, "tf32": 417.5 * T, "bf16": 835.5 * T, "fp16": 835.5 * T,
+           "fp8": 1670.5 * T, "int8": 1670.5 * T}, 4.8 * TB,
+          10.60, "priced as H200 SXM", 132, 141,
+          notes="fp64 is the FP64 Tensor Core peak (30 TFLOP/s without)"),
+    # ------------------------------------------------------------------------------ Blackwell
+    _spec("B200", _NV, "NVIDIA HGX B200 datasheet (8-GPU figures / 8); dense = sparse*/2",
+          {"fp64": 37 * T, "fp32": 75 * T, "tf32": 1125 * T, "bf16": 2250 * T, "fp16": 2250 * T,
+           "fp8": 4500 * T, "int8": 4500 * T}, 8.0 * TB,
+          14.24, "AWS p6-b200.48xlarge on-demand $113.93 / 8", 148, 180,
+          notes="HGX B200 board (700-1000 W parts differ slightly); fp64 = FP64 Tensor Core"),
+    # ------------------------------------------------------------------------------ AMD CDNA2 (per GCD)
+    _spec("MI250X (per GCD)", _AMD,
+          "AMD Instinct MI250X datasheet, halved: each of the 2 GCDs is one device to HIP/Kineto",
+          {"fp64": 47.85 * T, "fp32": 47.85 * T, "bf16": 191.5 * T, "fp16": 191.5 * T, "int8": 191.5 * T},
+          1.6384 * TB, 1.10, "placeholder: no public on-demand list price; half of an assumed $2.20/card-hour",
+          110, 64, notes="card: 95.7 TF fp64/fp32 matrix, 383 TF fp16/bf16, 3.2768 TB/s, 128 GB"),
+    _spec("MI250 (per GCD)", _AMD,
+          "AMD Instinct MI250 datasheet, halved: each of the 2 GCDs is one device to HIP/Kineto",
+          {"fp64": 45.25 * T, "fp32": 45.25 * T, "bf16": 181.05 * T, "fp16": 181.05 * T, "int8": 181.05 * T},
+          1.6384 * TB, 1.00, "placeholder: no public on-demand list price; half of an assumed $2.00/card-hour",
+          104, 64, notes="card: 90.5 TF fp64/fp32 matrix, 362.1 TF fp16/bf16, 3.2768 TB/s, 128 GB"),
+    # ------------------------------------------------------------------------------ AMD CDNA3
+    _spec("MI300X", _AMD, "AMD Instinct MI300X datasheet (dense)",
+          {"fp64": 163.4 * T, "fp32": 163.4 * T, "tf32": 653.7 * T, "bf16": 1307.4 * T, "fp16": 1307.4 * T,
+           "fp8": 2614.9 * T, "int8": 2614.9 * T}, 5.3 * TB,
+          6.00, "Azure ND MI300X v5 on-demand $48 / 8", 304, 192),
+]})
+
+# Exact device names (normalised: lower case, single spaces, no leading 'nvidia ') -> model.
+_NAMES: dict[str, str] = {
+    "tesla v100-sxm2-16gb": "V100 SXM2", "tesla v100-sxm2-32gb": "V100 SXM2",
+    "tesla v100-pcie-16gb": "V100 PCIe", "tesla v100-pcie-32gb": "V100 PCIe",
+    "tesla v100s-pcie-32gb": "V100S PCIe",
+    "tesla v100-dgxs-16gb": "V100 DGXS", "tesla v100-dgxs-32gb": "V100 DGXS",
+    "a100-sxm4-40gb": "A100 SXM4 40GB", "a100-sxm4-80gb": "A100 SXM4 80GB",
+    "a100-pcie-40gb": "A100 PCIe 40GB", "a100 80gb pcie": "A100 PCIe 80GB", "a100-pcie-80gb": "A100 PCIe 80GB",
+    "a10g": "A10G", "l4": "L4", "l40s": "L40S",
+    "h100 80gb hbm3": "H100 SXM", "h100 pcie": "H100 PCIe", "h100 nvl": "H100 NVL",
+    "h200": "H200 SXM", "h200 nvl": "H200 NVL",
+    "b200": "B200",
+    "amd instinct mi250x": "MI250X (per GCD)", "amd instinct mi250": "MI250 (per GCD)",
+    "amd instinct mi300x": "MI300X", "amd instinct mi300x vf": "MI300X",
+}
+
+# Board part numbers some OEM/hyperscaler A100s report instead of a marketing name: PG509 is the
+# SXM4 board; the memory size, checked against totalGlobalMem, says which one.
+_BOARD_NAMES: dict[str, dict[int, str]] = {
+    "a100-pg509-200": {40: "A100 SXM4 40GB"},
+}
+
+# Generic or shared names resolved from (computeMajor, computeMinor, numSms/CUs, memory GB).
+_BY_PROPERTIES: dict[str, list[tuple[tuple[int, int], int, int, str]]] = {
+    # gfx90a reports 9.0; one MI250 GCD has 104 CUs and 64 GB, one MI250X GCD 110 CUs.
+    "amd radeon graphics": [((9, 0), 104, 64, "MI250 (per GCD)"), ((9, 0), 110, 64, "MI250X (per GCD)"),
+                            ((9, 4), 304, 192, "MI300X")],
+    "amd instinct mi250x/mi250": [((9, 0), 104, 64, "MI250 (per GCD)"), ((9, 0), 110, 64, "MI250X (per GCD)")],
+    "amd instinct mi250x / mi250": [((9, 0), 104, 64, "MI250 (per GCD)"), ((9, 0), 110, 64, "MI250X (per GCD)")],
+}
+
+
+def _normalise(name: str) -> str:
+    n = " ".join(name.strip().lower().split())
+    return n[len("nvidia "):] if n.startswith("nvidia ") else n
+
+
+def _mem_gb(props: Mapping[str, Any]) -> float | None:
+    mem = props.get("totalGlobalMem")
+    return float(mem) / GB if isinstance(mem, (int, float)) and mem > 0 else None
+
+
+def _close(mem_gb: float | None, nominal: int) -> bool:
+    # Usable memory is a little below nominal (ECC, reserved); 'GB' is 1e9 or 2^30 by vendor.
+    return mem_gb is not None and 0.85 * nominal <= mem_gb <= 1.15 * nominal * (2**30 / 1e9)
+
+
+def lookup(device_properties: Mapping[str, Any]) -> GpuSpec | None:
+    """The table entry for one Kineto ``deviceProperties`` entry, or None for an unknown device."""
+    name = device_properties.get("name")
+    if not isinstance(name, str) or not name.strip():
+        return None
+    key = _normalise(name)
+    if key in _NAMES:
+        return SPECS[_NAMES[key]]
+    mem = _mem_gb(device_properties)
+    if key in _BOARD_NAMES:
+        for nominal, model in _BOARD_NAMES[key].items():
+            if _close(mem, nominal):
+                return SPECS[model]
+        return None
+    if key in _BY_PROPERTIES:
+        cc = (device_properties.get("computeMajor"), device_properties.get("computeMinor"))
+        sms = device_properties.get("numSms")
+        for want_cc, want_sms, nominal, model in _BY_PROPERTIES[key]:
+            if cc == want_cc and sms == want_sms and _close(mem, nominal):
+                return SPECS[model]
+    return None
+
+
+def apply_overrides(spec: GpuSpec | None, peak_tflops: float | Mapping[str, float] | None = None,
+                    bandwidth_gbs: float | None = None, price: float | None = None) -> GpuSpec | None:
+    """A copy of ``spec`` with the user's numbers in place (``--peak-tflops``, ``--bandwidth-gbs``, ``--gpu-price``).
+
+    ``peak_tflops`` as one number replaces the peak of every dtype (the user states what their
+    device does); as a mapping it replaces only the dtypes it names. With ``spec=None`` a
+    user-defined spec is made when a peak is given (bandwidth NaN and price None unless given);
+    without a peak there is nothing to build and None comes back.
+    """
+    if spec is None:
+        if peak_tflops is None:
+            return None
+        spec = GpuSpec(model="user-specified", peak=MappingProxyType({}), memory_bandwidth=float("nan"),
+                       price_per_hour=None, source="user", price_source="")
+    changes: dict[str, Any] = {}
+    if peak_tflops is not None:
+        if isinstance(peak_tflops, Mapping):
+            peak = dict(spec.peak)
+            peak.update({k: float(v) * T for k, v in peak_tflops.items()})
+        else:
+            peak = {d: float(peak_tflops) * T for d in DTYPES}
+        changes["peak"] = MappingProxyType(peak)
+        changes["source"] = f"{spec.source}; peak overridden by user" if spec.source != "user" else "user"
+    if bandwidth_gbs is not None:
+        changes["memory_bandwidth"] = float(bandwidth_gbs) * GB
+    if price is not None:
+        changes["price_per_hour"] = float(price)
+        changes["price_source"] = "user (--gpu-price)"
+    return dataclasses.replace(spec, **changes) if changes else spec
+
+
+# --------------------------------------------------------------------------------------------- CPU
+# Default CPU price: USD per vCPU-hour times the threads torch uses. Basis: AWS m7i on-demand
+# us-east-1 ($0.2016/h for 4 vCPU = $0.0504/vCPU-h), rounded. PLASMIENT_CPU_PRICE (USD per hour
+# for the whole measured device) overrides it.
+CPU_PRICE_PER_THREAD_HOUR = 0.05
+
+# Calibration sizes (module constants so tests can shrink them).
+_GEMM_N = 1024
+_GEMM_RUNS = 5
+_COPY_BYTES = 256 * 2**20   # well above any L3, so the copy streams from DRAM
+_COPY_RUNS = 3
+_CACHE_FILE = "cpu_calibration.json"
+_clock = time.perf_counter   # looked up at call time so tests can substitute a fake clock
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown cpu"
+
+
+def _threads() -> int:
+    try:
+        import torch
+
+        return int(torch.get_num_threads())
+    except ImportError:
+        return os.cpu_count() or 1
+
+
+def _cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
+    if cache_dir is not None:
+        return Path(cache_dir)
+    env = os.environ.get("PLASMIENT_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "plasmient-trace"
+
+
+def _best_time(fn: Any, runs: int) -> float:
+    fn()  # warm-up: first call pays allocation, thread-pool start and cache misses
+    best = float("inf")
+    for _ in range(runs):
+        t0 = _clock()
+        fn()
+        best = min(best, _clock() - t0)
+    return best
+
+
+def _measure_gemm(dtype_name: str) -> float:
+    n = _GEMM_N
+    try:
+        import torch
+
+        dt = getattr(torch, dtype_name)
+        a = torch.randn(n, n, dtype=dt)
+        b = torch.randn(n, n, dtype=dt)
+        out = torch.empty(n, n, dtype=dt)
+        fn = lambda: torch.mm(a, b, out=out)  # noqa: E731
+    except ImportError:
+        import numpy as np
+
+        a = np.random.standard_normal((n, n)).astype(dtype_name)
+        b = np.random.standard_normal((n, n)).astype(dtype_name)
+        out = np.empty((n, n), dtype=dtype_name)
+        fn = lambda: np.matmul(a, b, out=out)  # noqa: E731
+    dt_s = _best_time(fn, _GEMM_RUNS)
+    return 2.0 * n * n * n / dt_s
+
+
+def _measure_copy() -> float:
+    import numpy as np
+
+    n = _COPY_BYTES // 8
+    src = np.ones(n, dtype=np.float64)
+    dst = np.empty_like(src)
+    dt_s = _best_time(lambda: np.copyto(dst, src), _COPY_RUNS)
+    return 2.0 * n * 8 / dt_s  # every byte read once and written once
+
+
+def _cpu_price(threads: int) -> tuple[float, str]:
+    env = os.environ.get("PLASMIENT_CPU_PRICE")
+    if env:
+        try:
+            return float(env), "PLASMIENT_CPU_PRICE"
+        except ValueError:
+            pass
+    return CPU_PRICE_PER_THREAD_HOUR * threads, (
+        f"default ${CPU_PRICE_PER_THREAD_HOUR}/vCPU-hour x {threads} threads (AWS m7i on-demand, rounded)")
+
+
+def cpu_spec(cache_dir: str | os.PathLike[str] | None = None) -> GpuSpec:
+    """The CPU as a device: fp32/fp64 GEMM peak and copy bandwidth, measured once and cached.
+
+    The cache is a JSON file under ``cache_dir`` (default ``$PLASMIENT_CACHE_DIR`` or
+    ``~/.cache/plasmient-trace``) keyed by CPU model and the thread count torch uses, so a second
+    call on the same machine and thread setting reads the file instead of timing anything.
+    """
+    model = _cpu_model()
+    threads = _threads()
+    key = f"{model}|threads={threads}"
+    path = _cache_dir(cache_dir) / _CACHE_FILE
+    cache: dict[str, Any] = {}
+    try:
+        cache = json.loads(path.read_text())
+        if not isinstance(cache, dict):
+            cache = {}
+    except (OSError, ValueError):
+        cache = {}
+    entry = cache.get(key)
+    if not (isinstance(entry, dict) and all(isinstance(entry.get(k), (int, float)) and entry[k] > 0
+                                            for k in ("fp32", "fp64", "bandwidth"))):
+        entry = {
+            "fp32": _measure_gemm("float32"),
+            "fp64": _measure_gemm("float64"),
+            "bandwidth": _measure_copy(),
+            "gemm_n": _GEMM_N,
+            "copy_bytes": _COPY_BYTES,
+            "measured_at": time.time(),
+        }
+        cache[key] = entry
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
+            tmp.replace(path)  # atomic, so concurrent ranks never read half a file
+        except OSError:
+            pass  # an unwritable cache only costs a re-measurement next time
+    price, price_source = _cpu_price(threads)
+    return GpuSpec(
+        model=f"{model} ({threads} threads)",
+        peak=MappingProxyType({"fp32": float(entry["fp32"]), "fp64": float(entry["fp64"])}),
+        memory_bandwidth=float(entry["bandwidth"]),
+        price_per_hour=price,
+        source="calibrated",
+        price_source=price_source,
+        vendor=platform.machine(),
+        device_type="cpu",
+        notes=f"best of {_GEMM_RUNS} {entry.get('gemm_n', _GEMM_N)}^3 GEMMs; "
+              f"copy of {entry.get('copy_bytes', _COPY_BYTES)} bytes; other dtypes use the fp32 peak",
+    )
