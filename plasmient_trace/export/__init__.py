@@ -1,0 +1,39 @@
+"""Exporters of a SpanBatch: OTLP/JSON lines file, OTLP protobuf, OTLP over gRPC/HTTP, Parquet.
+
+Submodules load lazily (``from plasmient_trace.export import send_spans`` imports grpc only then),
+so writing a JSON lines file never pays for the gRPC import.
+
+* :mod:`.otlp_json`  ``write_jsonl``, ``encode_jsonl_lines``, ``read_jsonl`` (Collector file-exporter format)
+* :mod:`.otlp_proto` ``encode_requests`` (serialized ExportTraceServiceRequest, split at a byte limit)
+* :mod:`.otlp`       ``OtlpConfig.from_env``, ``send_spans``, ``ExportError``, ``ExportStats``, ``OtlpClient``
+* :mod:`.parquet`    ``write_parquet``
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "write_jsonl": "otlp_json",
+    "encode_jsonl_lines": "otlp_json",
+    "read_jsonl": "otlp_json",
+    "batch_from_otlp_dicts": "otlp_json",
+    "encode_requests": "otlp_proto",
+    "DEFAULT_MAX_REQUEST_BYTES": "otlp_proto",
+    "OtlpConfig": "otlp",
+    "OtlpClient": "otlp",
+    "ExportError": "otlp",
+    "ExportStats": "otlp",
+    "send_spans": "otlp",
+    "write_parquet": "parquet",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -1,0 +1,631 @@
+"""Send a SpanBatch over OTLP (gRPC, http/protobuf or http/json), configured like every OTel SDK.
+
+Configuration follows the OTLP exporter spec's ``OTEL_EXPORTER_OTLP_*`` variables, signal-specific
+ones (``OTEL_EXPORTER_OTLP_TRACES_*``) taking precedence over the generic ones, explicit arguments
+over both. Choices where the spec leaves room, and why:
+
+* protocol default is ``grpc``: the spec says SDKs SHOULD default to http/protobuf unless they
+  have a reason, and the Python SDK (whose ``otlp`` entry point is the gRPC exporter) keeps grpc;
+  matching it means one set of variables configures a process's other telemetry and ours alike.
+* ``OTEL_EXPORTER_OTLP_TIMEOUT`` is read in milliseconds, as the spec says (the Python SDK reads
+  seconds, a known deviation: opentelemetry-python#4044). It bounds each request *including* its
+  retries, so a dead collector costs at most that long before :class:`ExportError`.
+* HTTP endpoints: the generic endpoint gets ``v1/<signal>`` appended to its path; the signal
+  endpoint is used as is (an empty path becomes ``/``). gRPC endpoints are targets; an ``http``
+  scheme means plaintext, ``https`` TLS, no scheme means ``OTEL_EXPORTER_OTLP_INSECURE`` decides.
+
+Retryable failures (gRPC CANCELLED, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED, OUT_OF_RANGE,
+UNAVAILABLE, DATA_LOSS; HTTP 429, 502, 503, 504; refused or dropped connections) are retried with
+exponential backoff and jitter, honouring gRPC RetryInfo and HTTP Retry-After, until the timeout.
+:class:`OtlpClient` is signal-generic (traces, metrics) so the metrics exporter reuses it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import logging
+import math
+import os
+import random
+import ssl
+import time
+import urllib.parse
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import orjson
+
+from plasmient_trace.conventions import SpanBatch
+from plasmient_trace.export.otlp_json import encode_jsonl_lines, package_version
+from plasmient_trace.export.otlp_proto import DEFAULT_MAX_REQUEST_BYTES, encode_requests
+
+__all__ = ["PROTOCOLS", "DEFAULT_PROTOCOL", "ExportError", "OtlpConfig", "ExportStats", "OtlpClient", "send_spans", "parse_headers"]
+
+log = logging.getLogger(__name__)
+
+PROTOCOLS = ("grpc", "http/protobuf", "http/json")
+DEFAULT_PROTOCOL = "grpc"
+DEFAULT_TIMEOUT_S = 10.0
+_DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
+_DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
+_RETRYABLE_HTTP = frozenset({429, 502, 503, 504})
+_GZIP_LEVEL = 5  # gzip -5: most of -9's ratio on OTLP payloads at a fraction of its CPU time
+
+# gRPC service and response message per signal.
+_SERVICES = {
+    "traces": ("opentelemetry.proto.collector.trace.v1.TraceService", "opentelemetry.proto.collector.trace.v1.trace_service_pb2", "ExportTraceServiceResponse"),
+    "metrics": ("opentelemetry.proto.collector.metrics.v1.MetricsService", "opentelemetry.proto.collector.metrics.v1.metrics_service_pb2", "ExportMetricsServiceResponse"),
+    "logs": ("opentelemetry.proto.collector.logs.v1.LogsService", "opentelemetry.proto.collector.logs.v1.logs_service_pb2", "ExportLogsServiceResponse"),
+}
+# Field of PartialSuccess holding the rejected count, in OTLP/JSON spelling.
+_REJECTED_JSON = {"traces": "rejectedSpans", "metrics": "rejectedDataPoints", "logs": "rejectedLogRecords"}
+
+
+class ExportError(RuntimeError):
+    """An OTLP export failed for good: one line naming endpoint, protocol and what happened."""
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+# --------------------------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------------------------
+
+
+def parse_headers(value: str) -> dict[str, str]:
+    """Parse ``OTEL_EXPORTER_OTLP_HEADERS``: comma-separated ``key=value``, values percent-decoded.
+
+    Keys are lower-cased (gRPC metadata requires it; HTTP headers are case-insensitive). Entries
+    without '=' or with an empty key are skipped with a warning, as the spec allows.
+    """
+    headers: dict[str, str] = {}
+    for item in value.split(","):
+        if not item.strip():
+            continue
+        key, sep, val = item.partition("=")
+        key = urllib.parse.unquote(key).strip().lower()
+        if not sep or not key:
+            log.warning("ignoring malformed OTLP header entry %r (expected key=value)", item.strip())
+            continue
+        headers[key] = urllib.parse.unquote(val).strip()
+    return headers
+
+
+def _parse_bool(name: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("true", "1", "yes", "on"):
+        return True
+    if v in ("false", "0", "no", "off", ""):
+        return False
+    raise ValueError(f"{name}={value!r}: expected true or false")
+
+
+def _http_signal_url(base: str, signal: str) -> str:
+    """Generic endpoint + ``v1/<signal>`` (spec: relative to the endpoint's path)."""
+    parts = urllib.parse.urlsplit(base)
+    path = parts.path.rstrip("/") + f"/v1/{signal}"
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, parts.fragment))
+
+
+def _as_is_url(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return url if parts.path else urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/", parts.query, parts.fragment))
+
+
+def _signal_endpoint(generic: str | None, protocol: str, signal: str) -> str:
+    if protocol.startswith("http"):
+        return _http_signal_url(generic or _DEFAULT_HTTP_ENDPOINT, signal)
+    return generic or _DEFAULT_GRPC_ENDPOINT
+
+
+@dataclass(frozen=True)
+class OtlpConfig:
+    """Where and how to send OTLP. ``endpoint`` is final: a full URL for HTTP, a target URL for gRPC."""
+
+    endpoint: str = _DEFAULT_GRPC_ENDPOINT
+    protocol: str = DEFAULT_PROTOCOL
+    headers: Mapping[str, str] = field(default_factory=dict)
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    compression: str | None = None  # "gzip" or None
+    insecure: bool = False  # gRPC only, for endpoints without http/https scheme
+    certificate: str | None = None  # PEM file of trusted roots
+    client_key: str | None = None
+    client_certificate: str | None = None
+    signal: str = "traces"
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    retry_initial_s: float = 0.5
+    retry_max_s: float = 5.0
+    # True when the endpoint was configured (argument or environment), False when it is the default:
+    # the CLI only sends when someone asked it to.
+    explicit: bool = False
+    # The generic endpoint (OTEL_EXPORTER_OTLP_ENDPOINT or the ``endpoint`` override), so the other
+    # signals' URLs can be derived from the same configuration (see for_signal).
+    generic_endpoint: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"OTLP protocol {self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
+        if self.compression not in (None, "gzip"):
+            raise ValueError(f"OTLP compression {self.compression!r} is not supported (gzip or none)")
+        if self.signal not in _SERVICES:
+            raise ValueError(f"OTLP signal {self.signal!r} is not one of {', '.join(_SERVICES)}")
+        if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
+            raise ValueError(f"OTLP timeout must be a positive number of seconds, got {self.timeout_s!r}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, *, signal: str = "traces", **overrides: Any) -> OtlpConfig:
+        """Configuration from ``OTEL_EXPORTER_OTLP_*`` (``env`` defaults to os.environ), then overrides.
+
+        Overrides (None = not given): ``endpoint`` (generic semantics: /v1/<signal> appended for
+        HTTP), ``signal_endpoint`` (used as is), ``protocol``, ``headers`` (dict or the env string
+        format), ``timeout_s`` (seconds), ``compression`` ("gzip"/"none"), ``insecure``,
+        ``certificate``, ``client_key``, ``client_certificate``, ``max_request_bytes``,
+        ``retry_initial_s``, ``retry_max_s``.
+        """
+        env = os.environ if env is None else env
+        known = {
+            "endpoint", "signal_endpoint", "protocol", "headers", "timeout_s", "compression", "insecure",
+            "certificate", "client_key", "client_certificate", "max_request_bytes", "retry_initial_s", "retry_max_s",
+        }  # fmt: skip
+        unknown = set(overrides) - known
+        if unknown:
+            raise TypeError(f"unknown OtlpConfig override(s): {', '.join(sorted(unknown))}")
+        given = {k: v for k, v in overrides.items() if v is not None}
+        sig = signal.upper()
+
+        def var(name: str) -> tuple[str, str] | None:
+            """(variable name, value) of the signal-specific variable, else the generic one."""
+            for full in (f"OTEL_EXPORTER_OTLP_{sig}_{name}", f"OTEL_EXPORTER_OTLP_{name}"):
+                value = env.get(full)
+                if value is not None and value.strip() != "":
+                    return full, value.strip()
+            return None
+
+        protocol = given.get("protocol") or (var("PROTOCOL") or (None, DEFAULT_PROTOCOL))[1]
+        protocol = protocol.strip().lower()
+        if protocol not in PROTOCOLS:
+            source = "protocol argument" if "protocol" in given else (var("PROTOCOL") or ("",))[0]
+            raise ValueError(f"{source}={protocol!r}: OTLP protocol must be one of {', '.join(PROTOCOLS)}")
+        is_http = protocol.startswith("http")
+
+        generic = given.get("endpoint") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or None
+        if "signal_endpoint" in given:
+            endpoint = _as_is_url(given["signal_endpoint"]) if is_http else given["signal_endpoint"]
+        elif "endpoint" not in given and env.get(f"OTEL_EXPORTER_OTLP_{sig}_ENDPOINT", "").strip():
+            value = env[f"OTEL_EXPORTER_OTLP_{sig}_ENDPOINT"].strip()
+            endpoint = _as_is_url(value) if is_http else value
+        else:
+            endpoint = _signal_endpoint(generic, protocol, signal)
+        explicit = "signal_endpoint" in given or generic is not None or bool(env.get(f"OTEL_EXPORTER_OTLP_{sig}_ENDPOINT", "").strip())
+
+        if "headers" in given:
+            h = given["headers"]
+            headers = parse_headers(h) if isinstance(h, str) else {str(k).lower(): str(v) for k, v in dict(h).items()}
+        else:
+            hv = var("HEADERS")
+            headers = parse_headers(hv[1]) if hv else {}
+
+        if "timeout_s" in given:
+            timeout_s = float(given["timeout_s"])
+        elif tv := var("TIMEOUT"):
+            try:
+                timeout_s = float(tv[1]) / 1000.0  # the spec's unit is milliseconds
+            except ValueError:
+                raise ValueError(f"{tv[0]}={tv[1]!r}: expected a timeout in milliseconds") from None
+            if not timeout_s > 0:
+                raise ValueError(f"{tv[0]}={tv[1]!r}: the timeout must be positive (milliseconds)")
+        else:
+            timeout_s = DEFAULT_TIMEOUT_S
+
+        if "compression" in given:
+            compression = str(given["compression"]).strip().lower()
+        else:
+            compression = (var("COMPRESSION") or (None, "none"))[1].lower()
+        if compression not in ("gzip", "none", ""):
+            raise ValueError(f"OTLP compression {compression!r} is not supported (gzip or none)")
+
+        if "insecure" in given:
+            insecure = bool(given["insecure"])
+        elif iv := var("INSECURE"):
+            insecure = _parse_bool(iv[0], iv[1])
+        else:
+            insecure = False
+
+        def path_var(key: str, name: str) -> str | None:
+            if key in given:
+                return str(given[key])
+            v = var(name)
+            return v[1] if v else None
+
+        kwargs: dict[str, Any] = {
+            k: given[k] for k in ("max_request_bytes", "retry_initial_s", "retry_max_s") if k in given
+        }
+        return cls(
+            endpoint=endpoint,
+            protocol=protocol,
+            headers=headers,
+            timeout_s=timeout_s,
+            compression="gzip" if compression == "gzip" else None,
+            insecure=insecure,
+            certificate=path_var("certificate", "CERTIFICATE"),
+            client_key=path_var("client_key", "CLIENT_KEY"),
+            client_certificate=path_var("client_certificate", "CLIENT_CERTIFICATE"),
+            signal=signal,
+            explicit=explicit,
+            generic_endpoint=generic,
+            **kwargs,
+        )
+
+    def for_signal(self, signal: str, env: Mapping[str, str] | None = None) -> OtlpConfig:
+        """The same settings for another signal (e.g. metrics): its own endpoint variable
+        (OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, used as is) wins, else the generic endpoint + /v1/<signal>."""
+        env = os.environ if env is None else env
+        own = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "").strip()
+        is_http = self.protocol.startswith("http")
+        if own:
+            endpoint = _as_is_url(own) if is_http else own
+        elif self.generic_endpoint is None and self.explicit and not is_http:
+            endpoint = self.endpoint  # a gRPC target serves every signal
+        else:
+            endpoint = _signal_endpoint(self.generic_endpoint, self.protocol, signal)
+        return replace(self, signal=signal, endpoint=endpoint)
+
+    def with_(self, **changes: Any) -> OtlpConfig:
+        """A copy with some fields changed (dataclasses.replace)."""
+        return replace(self, **changes)
+
+
+# --------------------------------------------------------------------------------------------
+# Transport
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ExportStats:
+    """What one send_spans call did."""
+
+    endpoint: str
+    protocol: str
+    spans: int = 0
+    requests: int = 0
+    bytes: int = 0  # serialized request bytes before compression
+    bytes_sent: int = 0  # request bodies as sent (after gzip)
+    retries: int = 0
+    rejected: int = 0  # partial_success.rejected_spans summed over requests
+    messages: list[str] = field(default_factory=list)  # partial_success error messages
+    seconds: float = 0.0
+
+
+class _Retry(Exception):
+    def __init__(self, what: str, after_s: float | None = None) -> None:
+        super().__init__(what)
+        self.what = what
+        self.after_s = after_s
+
+
+class _Fail(Exception):
+    pass
+
+
+class OtlpClient:
+    """One connection (gRPC channel or HTTP keep-alive connection) to an OTLP endpoint.
+
+    ``export(body)`` sends one serialized request (protobuf, or OTLP/JSON for http/json) with
+    retries inside ``config.timeout_s`` and returns (rejected count, partial-success message).
+    """
+
+    def __init__(self, config: OtlpConfig) -> None:
+        self.config = config
+        self.attempts = 0
+        service, module, response = _SERVICES[config.signal]
+        self._method_path = f"/{service}/Export"
+        self._response_module = module
+        self._response_name = response
+        self._channel: Any = None
+        self._grpc_call: Any = None
+        self._conn: http.client.HTTPConnection | None = None
+        self._user_agent = f"plasmient-trace/{package_version()}"
+        self.last_sent_bytes = 0
+        if config.protocol == "grpc":
+            self._open_grpc()
+        else:
+            url = urllib.parse.urlsplit(config.endpoint)
+            if url.scheme not in ("http", "https") or not url.hostname:
+                raise ValueError(f"OTLP/HTTP endpoint {config.endpoint!r} must be an http:// or https:// URL")
+            self._url = url
+            self._path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> OtlpClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the retry loop ----------------------------------------------------------------------
+
+    def export(self, body: bytes) -> tuple[int, str]:
+        cfg = self.config
+        # gRPC compresses on the wire itself (grpc-encoding: gzip); HTTP sends a gzip body.
+        http_gzip = cfg.compression == "gzip" and cfg.protocol != "grpc"
+        payload = gzip.compress(body, compresslevel=_GZIP_LEVEL) if http_gzip else body
+        self.last_sent_bytes = len(payload)
+        start = time.monotonic()
+        deadline = start + cfg.timeout_s
+        delay = cfg.retry_initial_s
+        attempts = 0
+        while True:
+            attempts += 1
+            self.attempts += 1
+            remaining = max(deadline - time.monotonic(), 0.001)
+            try:
+                if cfg.protocol == "grpc":
+                    return self._grpc_attempt(payload, remaining)
+                return self._http_attempt(payload, remaining)
+            except _Fail as exc:
+                raise ExportError(self._describe(str(exc), attempts, start)) from None
+            except _Retry as exc:
+                wait = exc.after_s if exc.after_s is not None else delay * random.uniform(0.8, 1.2)
+                delay = min(delay * 2, cfg.retry_max_s)
+                if time.monotonic() + wait >= deadline:
+                    raise ExportError(self._describe(exc.what, attempts, start)) from None
+                log.debug("OTLP export to %s: %s; retrying in %.2fs", cfg.endpoint, exc.what, wait)
+                time.sleep(wait)
+
+    def _describe(self, what: str, attempts: int, start: float) -> str:
+        cfg = self.config
+        return _one_line(
+            f"OTLP export to {cfg.endpoint} ({cfg.protocol}) failed: {what} "
+            f"[{attempts} attempt{'s' if attempts != 1 else ''} in {time.monotonic() - start:.1f}s, timeout {cfg.timeout_s:g}s]"
+        )
+
+    def _partial(self, response_bytes: bytes) -> tuple[int, str]:
+        import importlib
+
+        cls = getattr(importlib.import_module(self._response_module), self._response_name)
+        resp = cls.FromString(response_bytes or b"")
+        ps = resp.partial_success
+        rejected = next((v for f, v in ps.ListFields() if f.name.startswith("rejected_")), 0)
+        return int(rejected), ps.error_message
+
+    # -- gRPC --------------------------------------------------------------------------------
+
+    def _open_grpc(self) -> None:
+        import grpc
+
+        cfg = self.config
+        endpoint = cfg.endpoint.strip()
+        if "://" in endpoint:
+            parts = urllib.parse.urlsplit(endpoint)
+            if parts.scheme in ("http", "https"):
+                target, secure = parts.netloc, parts.scheme == "https"
+            else:  # unix:, dns:, ... : a gRPC target as is
+                target, secure = endpoint, not cfg.insecure
+        else:
+            target, secure = endpoint, not cfg.insecure
+        if not target:
+            raise ValueError(f"OTLP/gRPC endpoint {cfg.endpoint!r} has no host")
+        options = [
+            ("grpc.enable_retries", 0),  # retries are ours, bounded by the timeout
+            # A collector that restarts is found again within a second, not after gRPC's 2-minute cap.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+            ("grpc.primary_user_agent", self._user_agent),
+        ]
+        if secure:
+
+            def read(path: str | None) -> bytes | None:
+                if not path:
+                    return None
+                with open(path, "rb") as f:
+                    return f.read()
+
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=read(cfg.certificate),
+                private_key=read(cfg.client_key),
+                certificate_chain=read(cfg.client_certificate),
+            )
+            self._channel = grpc.secure_channel(target, creds, options=options)
+        else:
+            self._channel = grpc.insecure_channel(target, options=options)
+        # Bytes in, bytes out: the request is already serialized.
+        self._grpc_call = self._channel.unary_unary(self._method_path, request_serializer=None, response_deserializer=None)
+        self._metadata = tuple(cfg.headers.items())
+
+    def _grpc_attempt(self, payload: bytes, timeout: float) -> tuple[int, str]:
+        import grpc
+
+        compression = grpc.Compression.Gzip if self.config.compression == "gzip" else None
+        try:
+            response = self._grpc_call(payload, timeout=timeout, metadata=self._metadata, compression=compression)
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            details = exc.details() if hasattr(exc, "details") else str(exc)
+            what = f"{code.name if code else 'UNKNOWN'}: {details}"
+            retryable = {
+                grpc.StatusCode.CANCELLED,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                grpc.StatusCode.ABORTED,
+                grpc.StatusCode.OUT_OF_RANGE,
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.DATA_LOSS,
+            }
+            if code in retryable:
+                raise _Retry(what, _grpc_retry_delay(exc)) from None
+            raise _Fail(what) from None
+        return self._partial(response)
+
+    # -- HTTP --------------------------------------------------------------------------------
+
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        if self._conn is None:
+            url, cfg = self._url, self.config
+            if url.scheme == "https":
+                ctx = ssl.create_default_context(cafile=cfg.certificate)
+                if cfg.client_certificate:
+                    ctx.load_cert_chain(cfg.client_certificate, cfg.client_key)
+                self._conn = http.client.HTTPSConnection(url.hostname, url.port, timeout=timeout, context=ctx)
+            else:
+                self._conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
+        else:
+            self._conn.timeout = timeout
+            if self._conn.sock is not None:
+                self._conn.sock.settimeout(timeout)
+        return self._conn
+
+    def _http_attempt(self, payload: bytes, timeout: float) -> tuple[int, str]:
+        cfg = self.config
+        json_body = cfg.protocol == "http/json"
+        headers = {
+            "Content-Type": "application/json" if json_body else "application/x-protobuf",
+            "User-Agent": self._user_agent,
+            **cfg.headers,
+        }
+        if cfg.compression == "gzip":
+            headers["Content-Encoding"] = "gzip"
+        try:
+            conn = self._connection(timeout)
+            conn.request("POST", self._path, body=payload, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            # Refused, reset, timed out or a half-closed keep-alive connection: reconnect and retry.
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise _Retry(what) from None
+        status = resp.status
+        if resp.getheader("Connection", "").lower() == "close" and self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if 200 <= status < 300:
+            if json_body:
+                return self._partial_json(data)
+            ctype = resp.getheader("Content-Type", "")
+            return self._partial_json(data) if "json" in ctype else self._partial(data)
+        what = f"HTTP {status} {resp.reason}{_http_error_detail(data, resp.getheader('Content-Type', ''))}"
+        if status in _RETRYABLE_HTTP:
+            raise _Retry(what, _retry_after(resp.getheader("Retry-After")))
+        raise _Fail(what)
+
+    def _partial_json(self, data: bytes) -> tuple[int, str]:
+        if not data.strip():
+            return 0, ""
+        try:
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return 0, ""
+        if not isinstance(doc, dict):
+            return 0, ""
+        ps = doc.get("partialSuccess") or doc.get("partial_success") or {}
+        rejected = ps.get(_REJECTED_JSON[self.config.signal]) or 0
+        return int(rejected), str(ps.get("errorMessage") or "")
+
+
+def _grpc_retry_delay(exc: Any) -> float | None:
+    """RetryInfo.retry_delay from the status details of a gRPC error, if the server sent one."""
+    try:
+        from google.rpc import error_details_pb2, status_pb2
+
+        for key, value in exc.trailing_metadata() or ():
+            if key == "grpc-status-details-bin":
+                status = status_pb2.Status.FromString(value)
+                for detail in status.details:
+                    if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                        info = error_details_pb2.RetryInfo()
+                        detail.Unpack(info)
+                        return info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+    except Exception:  # details are advisory; a malformed one must not break the retry loop
+        return None
+    return None
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        from email.utils import parsedate_to_datetime
+
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except Exception:
+        return None
+
+
+def _http_error_detail(data: bytes, content_type: str) -> str:
+    """': <message>' from an OTLP error body (google.rpc.Status, protobuf or JSON), else a text snippet."""
+    if not data:
+        return ""
+    message = ""
+    try:
+        if "protobuf" in content_type:
+            from google.rpc import status_pb2
+
+            message = status_pb2.Status.FromString(data).message
+        elif "json" in content_type:
+            doc = orjson.loads(data)
+            message = str(doc.get("message", "")) if isinstance(doc, dict) else ""
+    except Exception:
+        message = ""
+    if not message:
+        message = data[:200].decode("utf-8", "replace")
+    return f": {_one_line(message)}"
+
+
+# --------------------------------------------------------------------------------------------
+# send_spans
+# --------------------------------------------------------------------------------------------
+
+
+def _payloads(batch: SpanBatch, config: OtlpConfig) -> Iterable[bytes]:
+    if config.protocol == "http/json":
+        for line in encode_jsonl_lines(batch, max_bytes=config.max_request_bytes):
+            yield line.rstrip(b"\n")
+    else:
+        yield from encode_requests(batch, max_bytes=config.max_request_bytes)
+
+
+def send_spans(batch: SpanBatch, config: OtlpConfig | None = None) -> ExportStats:
+    """Export every span of the batch; raises ExportError when a request cannot be delivered in time.
+
+    Requests are sent one after another (one per trace, split at ``config.max_request_bytes``);
+    the first one that fails for good stops the export. Partial-success rejections are counted in
+    the returned stats and logged, not raised: the collector accepted the request.
+    """
+    config = config or OtlpConfig.from_env()
+    stats = ExportStats(endpoint=config.endpoint, protocol=config.protocol, spans=len(batch))
+    start = time.monotonic()
+    with OtlpClient(config) as client:
+        for body in _payloads(batch, config):
+            rejected, message = client.export(body)
+            stats.requests += 1
+            stats.bytes += len(body)
+            stats.bytes_sent += client.last_sent_bytes
+            if rejected or message:
+                stats.rejected += rejected
+                stats.messages.append(message)
+                log.warning("OTLP endpoint %s rejected %d span(s): %s", config.endpoint, rejected, message or "(no message)")
+        stats.retries = client.attempts - stats.requests
+    stats.seconds = time.monotonic() - start
+    return stats
