@@ -99,7 +99,11 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     for source in result.stats.get("unknown_devices", []):
         _say(args, f"plasmient: unknown device in {source}: no MFU on its spans (name it with --gpu-model or set --peak-tflops)")
 
-    config = otlp.OtlpConfig.from_env(endpoint=args.endpoint, protocol=args.protocol)
+    try:
+        config = otlp.OtlpConfig.from_env(endpoint=args.endpoint, protocol=args.protocol)
+    except ValueError as err:
+        print(f"plasmient: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     send = config.endpoint is not None and config.explicit
     out = args.out
     if out is None and not send:
@@ -109,9 +113,13 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         lines = otlp_json.write_jsonl(batch, out)
         _say(args, f"plasmient: wrote {lines} trace(s), {len(batch)} spans to {out}")
     if send:
+        from .export import metrics
+
         try:
             stats = otlp.send_spans(batch, config)
             _say(args, f"plasmient: sent {len(batch)} spans to {config.endpoint} ({config.protocol}){_fmt_stats(stats)}")
+            metrics.send_metrics(batch, config)
+            _say(args, "plasmient: sent step metrics (MFU, util, stall, wasted $) with trace-id exemplars")
         except otlp.ExportError as err:
             print(f"plasmient: error: {err}", file=sys.stderr)
             status = EXIT_EXPORT_FAILED
@@ -140,12 +148,12 @@ def _console() -> Any:
 
 
 def _cmd_link(args: argparse.Namespace) -> int:
+    from .export.links import jaeger_link, tempo_link
+
     trace = ids.trace_id(args.job_id, args.step).hex()
     if args.jaeger:
-        print(f"{args.jaeger.rstrip('/')}/trace/{trace}")
+        print(jaeger_link(args.jaeger, trace))
     elif args.tempo:
-        from .export.links import tempo_link
-
         print(tempo_link(args.tempo, trace, datasource=args.tempo_datasource))
     else:
         print(trace)

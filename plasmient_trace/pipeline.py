@@ -17,6 +17,7 @@ from .metrics import flops as flops_model
 from .metrics import hardware
 from .records import RecordSet
 from .sources.kineto import read_kineto
+from .stitch.align import apply_offsets, estimate_alignment
 from .stitch.joins import JoinedRank
 from .stitch.tree import DEFAULT_MAX_SPANS, DeviceSpec, RankInput, StitchOptions, stitch
 
@@ -92,6 +93,11 @@ def rank_input(records: RecordSet, options: IngestOptions) -> RankInput:
 
 
 def stitch_records(record_sets: list[RecordSet], options: IngestOptions) -> IngestResult:
+    alignment = None
+    if len(record_sets) > 1:
+        # Ranks on different hosts have different clocks: align them on their collectives first.
+        alignment = estimate_alignment(record_sets)
+        record_sets = apply_offsets(record_sets, alignment.offsets)
     inputs = [rank_input(r, options) for r in record_sets]
     result = stitch(inputs, StitchOptions(
         job_id=options.job_id, max_spans=options.max_spans, baseline_mfu=options.baseline_mfu,
@@ -99,6 +105,9 @@ def stitch_records(record_sets: list[RecordSet], options: IngestOptions) -> Inge
         full_depth_steps=options.full_depth_steps, extra_resource=dict(options.extra_resource),
     ))
     stats = dict(result.stats)
+    if alignment is not None:
+        stats["clock_offsets_ns"] = alignment.offsets
+        stats["clock_alignment"] = alignment.method
     stats["unknown_devices"] = [r.source or f"rank {i}" for i, (r, inp) in enumerate(zip(record_sets, inputs))
                                 if inp.spec.source == "unknown"]
     return IngestResult(batch=result.batch, records=record_sets, joined=result.joined, stats=stats)

@@ -376,3 +376,27 @@ def test_cpu_only_trace_is_handled():
     rank = next(r for r in rows if r["plasmient.level"] == "rank")
     assert rank["plasmient.device.type"] == "cpu"
     assert all(r["plasmient.mfu"] is None for r in rows)  # no peak known for a foreign CPU
+
+
+def test_two_ranks_of_one_job_become_one_trace_per_step_with_node_and_fleet():
+    from plasmient_trace.pipeline import IngestOptions, ingest_paths
+    from conftest import trace_path
+
+    files = [trace_path("a100_multirank/rank-0.json.gz"), trace_path("a100_multirank/rank-1.json.gz")]
+    result = ingest_paths(files, IngestOptions(job_id="multi", gpu_model="NVIDIA A100-SXM4-80GB"))
+    rows = result.batch.table.to_pylist()
+    steps0 = profiler_steps(raw_trace("a100_multirank/rank-0.json.gz"))
+    assert len({r["trace_id"] for r in rows}) == len(steps0)
+    index = by_id(rows)
+    for trace in {r["trace_id"] for r in rows}:
+        levels = Counter(r["plasmient.level"] for r in rows if r["trace_id"] == trace)
+        assert levels["fleet"] == 1 and levels["node"] == 1 and levels["rank"] == 2 and levels["step"] == 2
+        fleet = next(r for r in rows if r["trace_id"] == trace and r["plasmient.level"] == "fleet")
+        ranks = [r for r in rows if r["trace_id"] == trace and r["plasmient.level"] == "rank"]
+        assert sorted(r["plasmient.rank"] for r in ranks) == [0, 1]
+        assert fleet["plasmient.gpus"] == 2
+        assert fleet["plasmient.flops"] == pytest.approx(sum(r["plasmient.flops"] for r in ranks))
+        assert fleet["plasmient.busy_s"] == pytest.approx(sum(r["plasmient.busy_s"] for r in ranks))
+        assert fleet["plasmient.culprit.rank"] in (0, 1)
+        assert 0 <= fleet["plasmient.mfu"] <= fleet["plasmient.util.resident"] <= 1
+    assert set(result.stats["clock_offsets_ns"]) == {0, 1}

@@ -1,0 +1,125 @@
+"""End to end: `plasmient ingest` of a real trace, over real OTLP (gRPC and HTTP) to a receiver on
+127.0.0.1, into the embedded-default JSONL file, and into Parquet; what arrived is parsed and compared."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+from conftest import ingested, trace_path
+from otlp_receiver import OtlpReceiver
+
+from plasmient_trace.cli import main
+
+TRACE = "h100/bert_small_inference.json.gz"
+MULTI = "a100/nccl_training_rank0_of2.json.gz"
+
+
+def _arrived(receiver: OtlpReceiver) -> dict[tuple[str, str], dict]:
+    spans = {}
+    for request in receiver.traces:
+        for rs in request.resource_spans:
+            res = {kv.key: kv.value for kv in rs.resource.attributes}
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    attrs = {kv.key: json_format.MessageToDict(kv.value) for kv in span.attributes}
+                    spans[(span.trace_id.hex(), span.span_id.hex())] = {"name": span.name, "attrs": attrs, "resource": res,
+                                                                      "parent": span.parent_span_id.hex(),
+                                                                      "start": span.start_time_unix_nano}
+    return spans
+
+
+def _expected(name: str) -> dict[tuple[str, str], dict]:
+    table = ingested(name).batch.table
+    out = {}
+    for row in table.select(["trace_id", "span_id", "parent_span_id", "name", "start_ns", "plasmient.level", "plasmient.mfu"]).to_pylist():
+        out[(row["trace_id"].hex(), f"{row['span_id']:016x}")] = row
+    return out
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf", "http/json"])
+def test_ingest_sends_every_span_over_real_otlp(protocol, tmp_path, monkeypatch, capsys):
+    with OtlpReceiver() as receiver:
+        endpoint = receiver.grpc_endpoint if protocol == "grpc" else receiver.http_endpoint
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+        monkeypatch.chdir(tmp_path)
+        code = main(["ingest", str(trace_path(MULTI)), "--job-id", "test-job", "--quiet"])
+        assert code == 0, capsys.readouterr().err
+        arrived = _arrived(receiver)
+        expected = _expected(MULTI)
+    assert set(arrived) == set(expected)
+    for key, row in expected.items():
+        got = arrived[key]
+        assert got["name"] == row["name"]
+        assert got["start"] == row["start_ns"]
+        assert got["parent"] == (f"{row['parent_span_id']:016x}" if row["parent_span_id"] else "")
+        assert got["attrs"]["plasmient.level"] == {"stringValue": row["plasmient.level"]}
+        if row["plasmient.mfu"] is not None:
+            assert got["attrs"]["plasmient.mfu"]["doubleValue"] == pytest.approx(row["plasmient.mfu"])
+    assert not (tmp_path / "traces.jsonl").exists()  # an endpoint was configured: no file fallback
+    # step metrics came too, and every exemplar names a trace that was sent
+    trace_ids = {t for t, _ in expected}
+    exemplar_traces = {ex.trace_id.hex() for req in receiver.metrics for rm in req.resource_metrics
+                       for sm in rm.scope_metrics for m in sm.metrics
+                       for dp in (list(m.gauge.data_points) + list(m.sum.data_points)) for ex in dp.exemplars}
+    assert exemplar_traces and exemplar_traces <= trace_ids
+    names = {m.name for req in receiver.metrics for rm in req.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    assert {"plasmient.step.mfu", "plasmient.step.util.resident", "plasmient.step.wasted_usd"} <= names
+
+
+def test_collector_down_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
+    with OtlpReceiver() as receiver:
+        dead = receiver.grpc_endpoint
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", dead)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2000")
+    code = main(["ingest", str(trace_path(TRACE)), "--job-id", "j", "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 1
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+    assert dead.split("//")[1] in err
+
+
+def test_embedded_default_writes_collector_file_format(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_EXPORTER_OTLP")}
+    proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "ingest", str(trace_path(TRACE)), "--job-id", "demo"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "traces.jsonl"
+    assert out.exists() and "traces.jsonl" in proc.stderr
+    lines = out.read_text().splitlines()
+    assert len(lines) == 1  # one step in this trace -> one ExportTraceServiceRequest line
+    request = json_format.Parse(lines[0], trace_service_pb2.ExportTraceServiceRequest())
+    spans = [s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    assert len(spans) == len(ingested(TRACE).batch)
+    raw = json.loads(lines[0])
+    first = raw["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    assert len(first["traceId"]) == 32 and all(c in "0123456789abcdef" for c in first["traceId"])
+    # `plasmient link` prints the same trace id
+    link = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "link", "--job-id", "demo", "--step", "6"],
+                          capture_output=True, text=True, timeout=60)
+    assert link.stdout.strip() == first["traceId"]
+    # the terminal summary ran
+    assert "MFU" in proc.stdout or "mfu" in proc.stdout.lower()
+
+
+def test_parquet_holds_every_record_even_when_spans_are_folded(tmp_path, capsys):
+    out = tmp_path / "pq"
+    code = main(["ingest", str(trace_path(MULTI)), "--job-id", "p", "--out", str(tmp_path / "t.jsonl"),
+                 "--parquet", str(out), "--max-spans", "500", "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    records = ingested(MULTI).records[0]
+    assert pq.read_table(out / "kernels.parquet").num_rows == records.kernels.num_rows
+    assert pq.read_table(out / "ops.parquet").num_rows == records.ops.num_rows
+    spans = pq.read_table(out / "spans.parquet")
+    lines = (tmp_path / "t.jsonl").read_text().splitlines()
+    exported = sum(len(s["spans"]) for line in lines for rs in json.loads(line)["resourceSpans"] for s in rs["scopeSpans"])
+    assert spans.num_rows == exported
+    assert exported < len(ingested(MULTI).batch)
