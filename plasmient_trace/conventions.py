@@ -173,7 +173,8 @@ def span_table_from_columns(columns: dict[str, Any], length: int) -> pa.Table:
                 raise ValueError(f"span column {f.name} is required")
             arrays.append(pa.nulls(length, type=f.type))
         elif isinstance(value, (pa.Array, pa.ChunkedArray)):
-            arrays.append(value.cast(f.type) if value.type != f.type else value)
+            value = value.cast(f.type) if value.type != f.type else value
+            arrays.append(value.combine_chunks() if isinstance(value, pa.ChunkedArray) else value)
         else:
             arrays.append(pa.array(value, type=f.type))
     return pa.Table.from_arrays(arrays, schema=SPAN_TABLE_SCHEMA)

@@ -88,7 +88,7 @@ def rank_input(records: RecordSet, options: IngestOptions) -> RankInput:
     return RankInput(
         records=records, spec=resolve_device(records, options),
         op_flops=np.asarray(costs.flops, np.float64), op_bytes=np.asarray(costs.bytes, np.float64),
-        op_dtype=np.asarray(costs.dtype, dtype=object), op_model=np.asarray(costs.model, dtype=object),
+        op_dtype=np.asarray(costs.dtype, dtype=str), op_model=np.asarray(costs.model, dtype=str),
     )
 
 

@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from otlp_receiver import OtlpReceiver, otlp_json_to_proto  # noqa: E402
+from otlp_receiver import OtlpReceiver, otlp_json_to_proto, trace_request_to_dict  # noqa: E402
 
 from plasmient_trace import records  # noqa: E402
 from plasmient_trace.conventions import SCOPE_NAME, SPAN_TABLE_SCHEMA, SpanBatch, span_table_from_columns  # noqa: E402
@@ -107,7 +107,7 @@ def expected_after_export(batch: SpanBatch) -> pa.Table:
 
 
 def spans_of(requests: list[ExportTraceServiceRequest]) -> SpanBatch:
-    return otlp_json.batch_from_otlp_dicts(json_format.MessageToDict(r) for r in requests)
+    return otlp_json.batch_from_otlp_dicts(trace_request_to_dict(r) for r in requests)
 
 
 def free_port() -> int:
@@ -265,6 +265,26 @@ def test_read_jsonl_names_file_and_line_of_a_bad_line(tmp_path: Path, content: b
     path.write_bytes(next(iter(otlp_json.encode_jsonl_lines(small_batch()))) + content)
     with pytest.raises(ValueError, match=message):
         otlp_json.read_jsonl(path)
+
+
+def test_read_jsonl_names_the_line_of_a_value_of_the_wrong_type(tmp_path: Path) -> None:
+    good = next(iter(otlp_json.encode_jsonl_lines(small_batch())))
+    bad = good.replace(b'{"intValue":"3"}', b'{"intValue":"three"}', 1)
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(good + bad)
+    with pytest.raises(ValueError, match=r"t.jsonl:2: attribute 'plasmient.step': expected an integer, got 'three'"):
+        otlp_json.read_jsonl(path)
+
+
+def test_protobuf_json_base64_ids_and_special_doubles_are_read() -> None:
+    # json_format.MessageToDict spells ids in base64 and non-finite doubles as strings.
+    request = ExportTraceServiceRequest.FromString(next(iter(otlp_proto.encode_requests(small_batch()))))
+    span = request.resource_spans[0].scope_spans[0].spans[0]
+    span.attributes.add(key="plasmient.busy_s").value.double_value = float("nan")
+    back = otlp_json.batch_from_otlp_dicts([json_format.MessageToDict(request)])
+    row = back.table.to_pylist()[0]
+    assert row["trace_id"] == TRACE_A and row["span_id"] == 1 and row["plasmient.step"] == 3
+    assert row["plasmient.busy_s"] is None  # NaN: absent, as the encoder treats it
 
 
 def test_empty_batch_writes_nothing(tmp_path: Path) -> None:
@@ -701,10 +721,11 @@ def test_parquet_without_spans_still_writes_the_span_schema(tmp_path: Path) -> N
 # --------------------------------------------------------------------------------------------
 
 
-def test_a_real_stitched_trace_survives_every_export(receiver: OtlpReceiver, tmp_path: Path) -> None:
+@pytest.mark.parametrize("trace", ["mi250/minitoy_train.json.gz", "h100/vit_image_classification.json.gz"])
+def test_a_real_stitched_trace_survives_every_export(receiver: OtlpReceiver, tmp_path: Path, trace: str) -> None:
     from conftest import ingested
 
-    result = ingested("a100/nccl_training_rank0_of2.json.gz")  # real A100 Kineto trace, 3 steps, NCCL
+    result = ingested(trace)  # real Kineto traces (AMD MI250 training steps; H100 ViT inference), stitched
     batch = result.batch
     expected = expected_after_export(batch)
 

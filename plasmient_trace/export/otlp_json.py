@@ -909,39 +909,82 @@ def any_value_py(value: dict[str, Any]) -> Any:
     return None
 
 
-def _converter(type_: pa.DataType) -> Callable[[Any], Any]:
-    kind = attribute_kind(type_)
-    if kind == "string":
+_VALUE_FIELD = {"string": "stringValue", "int": "intValue", "double": "doubleValue", "bool": "boolValue"}
 
-        def to_str(v: Any) -> str:
+
+class _Column:
+    """Raw values of one attribute as read (converted in bulk at the end), with their rows."""
+
+    __slots__ = ("name", "kind", "field", "type", "rows", "values")
+
+    def __init__(self, name: str, type_: pa.DataType) -> None:
+        self.name = name
+        self.kind = attribute_kind(type_)
+        self.field = _VALUE_FIELD[self.kind]
+        self.type = type_
+        self.rows: list[int] = []
+        self.values: list[Any] = []
+
+    def coerce(self, value: dict[str, Any]) -> Any:
+        """A value given as another AnyValue kind: convert when lossless, else raise; None skips it."""
+        v = any_value_py(value)
+        if v is None:
+            return None
+        if self.kind == "double" and isinstance(v, int) and not isinstance(v, bool):
+            return float(v)
+        if self.kind == "int" and isinstance(v, float) and v.is_integer():
+            return int(v)
+        raise ValueError(f"attribute {self.name!r}: expected a {self.kind} value, got {value!r}")
+
+    def one(self, v: Any) -> Any:
+        """Slow-path conversion of a single raw value (to find and name a bad one)."""
+        if self.kind == "string":
             if not isinstance(v, str):
                 raise ValueError(f"expected a string, got {v!r}")
             return v
+        if self.kind == "bool":
+            if not isinstance(v, bool):
+                raise ValueError(f"expected a bool, got {v!r}")
+            return v
+        if isinstance(v, bool):
+            raise ValueError(f"expected a number, got {v!r}")
+        if self.kind == "int":
+            try:
+                return int(v)  # OTLP/JSON int64s are decimal strings; numbers are accepted too
+            except (TypeError, ValueError):
+                raise ValueError(f"expected an integer, got {v!r}") from None
+        try:
+            return float(v)  # also protojson's "NaN"/"Infinity" strings
+        except (TypeError, ValueError):
+            raise ValueError(f"expected a number, got {v!r}") from None
 
-        return to_str
-    if kind == "int":
-
-        def to_int(v: Any) -> int:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
-                raise ValueError(f"expected an integer, got {v!r}")
-            return int(v)
-
-        return to_int
-    if kind == "double":
-
-        def to_float(v: Any) -> float:
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise ValueError(f"expected a number, got {v!r}")
-            return float(v)
-
-        return to_float
-
-    def to_bool(v: Any) -> bool:
-        if not isinstance(v, bool):
-            raise ValueError(f"expected a bool, got {v!r}")
-        return v
-
-    return to_bool
+    def array(self, locate: Callable[[int], str]) -> pa.Array:
+        """The values as an Arrow array of the column type; non-finite doubles become null."""
+        try:
+            if self.kind == "int":
+                arr = pa.array(self.values)
+                if not pa.types.is_integer(arr.type):
+                    arr = arr.cast(pa.int64())  # decimal strings parse in bulk
+            elif self.kind == "double":
+                arr = pa.array(self.values, pa.float64())
+            else:
+                arr = pa.array(self.values, self.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
+            converted = []
+            for row, v in zip(self.rows, self.values):
+                try:
+                    converted.append(self.one(v))
+                except ValueError as exc:
+                    raise ValueError(f"{locate(row)}: attribute {self.name!r}: {exc}") from None
+            arr = pa.array(converted, pa.float64() if self.kind == "double" else self.type)
+        if arr.type != self.type:
+            arr = arr.cast(self.type)
+        if self.kind == "double" and len(arr):
+            values = arr.to_numpy(zero_copy_only=False)
+            finite = np.isfinite(values)
+            if not finite.all():  # same rule as the encoder: non-finite means absent
+                arr = pa.array(values, self.type, mask=~finite)
+        return arr
 
 
 class _SpanAccumulator:
@@ -949,14 +992,8 @@ class _SpanAccumulator:
 
     def __init__(self) -> None:
         self.core: dict[str, list[Any]] = {name: [] for name in CORE_COLUMNS.names}
-        self.attr_rows: dict[str, list[int]] = {}
-        self.attr_values: dict[str, list[Any]] = {}
-        self.converters: dict[str, Callable[[Any], Any]] = {}
-        for f in SPAN_TABLE_SCHEMA:
-            if f.name not in _CORE_NAMES:
-                self.attr_rows[f.name] = []
-                self.attr_values[f.name] = []
-                self.converters[f.name] = _converter(f.type)
+        self.columns = {f.name: _Column(f.name, f.type) for f in SPAN_TABLE_SCHEMA if f.name not in _CORE_NAMES}
+        self.origin: list[int] = []  # where each span came from (line or request number)
         self.resources: list[dict[str, Any]] = []
         self._resource_keys: dict[str, int] = {}
 
@@ -968,15 +1005,18 @@ class _SpanAccumulator:
             self.resources.append(attributes)
         return idx
 
-    def add_request(self, request: dict[str, Any]) -> None:
+    def add_request(self, request: dict[str, Any], origin: int) -> None:
         core = self.core
+        columns = self.columns
+        names, trace_ids, span_ids, parents = core["name"], core["trace_id"], core["span_id"], core["parent_span_id"]
+        res_col, starts, ends = core["resource_index"], core["start_ns"], core["end_ns"]
         for rs in request.get("resourceSpans") or ():
             resource = rs.get("resource") or {}
             res_attrs = {kv["key"]: any_value_py(kv.get("value") or {}) for kv in resource.get("attributes") or ()}
             res_idx = self.resource_index(res_attrs)
             for ss in rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ():
                 for span in ss.get("spans") or ():
-                    row = len(core["name"])
+                    row = len(names)
                     trace_id = _decode_id(span.get("traceId"), 16)
                     if len(trace_id) != 16:
                         raise ValueError("span has no traceId")
@@ -985,38 +1025,37 @@ class _SpanAccumulator:
                         raise ValueError("span has no spanId")
                     parent = _decode_id(span.get("parentSpanId"), 8)
                     for kv in span.get("attributes") or ():
-                        key = kv.get("key")
-                        rows = self.attr_rows.get(key)
-                        if rows is None:
+                        col = columns.get(kv.get("key"))
+                        if col is None:
                             continue  # not one of our attributes
-                        value = any_value_py(kv.get("value") or {})
-                        if value is None:
+                        value = kv.get("value")
+                        if not value:
                             continue
-                        if isinstance(value, float) and not math.isfinite(value):
-                            continue  # same rule as the encoder: non-finite means absent
-                        try:
-                            self.attr_values[key].append(self.converters[key](value))
-                        except ValueError as exc:
-                            raise ValueError(f"attribute {key!r}: {exc}") from None
-                        rows.append(row)
-                    core["trace_id"].append(trace_id)
-                    core["span_id"].append(int.from_bytes(span_id, "big"))
-                    core["parent_span_id"].append(int.from_bytes(parent, "big") if parent else 0)
-                    core["resource_index"].append(res_idx)
-                    core["name"].append(span.get("name", ""))
-                    core["start_ns"].append(int(span.get("startTimeUnixNano") or 0))
-                    core["end_ns"].append(int(span.get("endTimeUnixNano") or 0))
+                        raw = value.get(col.field)
+                        if raw is None:
+                            raw = col.coerce(value)
+                            if raw is None:
+                                continue
+                        col.rows.append(row)
+                        col.values.append(raw)
+                    trace_ids.append(trace_id)
+                    span_ids.append(int.from_bytes(span_id, "big"))
+                    parents.append(int.from_bytes(parent, "big") if parent else 0)
+                    res_col.append(res_idx)
+                    names.append(span.get("name", ""))
+                    starts.append(int(span.get("startTimeUnixNano") or 0))
+                    ends.append(int(span.get("endTimeUnixNano") or 0))
+                    self.origin.append(origin)
 
-    def batch(self) -> SpanBatch:
+    def batch(self, locate: Callable[[int], str]) -> SpanBatch:
         n = len(self.core["name"])
         columns: dict[str, Any] = dict(self.core)
-        for name, rows in self.attr_rows.items():
-            if not rows:
+        for name, col in self.columns.items():
+            if not col.rows:
                 continue
-            f = SPAN_TABLE_SCHEMA.field(name)
-            values = pa.array(self.attr_values[name], type=f.type)
+            values = col.array(lambda row: locate(self.origin[row]))
             index = np.full(n, -1, dtype=np.int64)
-            index[np.asarray(rows, dtype=np.int64)] = np.arange(len(rows), dtype=np.int64)
+            index[np.asarray(col.rows, dtype=np.int64)] = np.arange(len(col.rows), dtype=np.int64)
             columns[name] = values.take(pa.array(index, mask=index < 0))
         return SpanBatch(span_table_from_columns(columns, n), self.resources)
 
@@ -1024,16 +1063,16 @@ class _SpanAccumulator:
 def batch_from_otlp_dicts(requests: Iterable[dict[str, Any]]) -> SpanBatch:
     """SpanBatch from ExportTraceServiceRequest dicts in OTLP/JSON (hex ids) or protobuf JSON (base64 ids).
 
-    ``MessageToDict`` of received protobuf requests works too, which is how tests compare what a
-    receiver got with what was sent. Attributes outside SPAN_TABLE_SCHEMA are ignored.
+    Attributes outside SPAN_TABLE_SCHEMA are ignored; a value of the wrong type raises ValueError
+    naming the request (its position in ``requests``).
     """
     acc = _SpanAccumulator()
     for i, request in enumerate(requests):
         try:
-            acc.add_request(request)
+            acc.add_request(request, i)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ValueError(f"request {i}: not a valid ExportTraceServiceRequest: {exc}") from None
-    return acc.batch()
+    return acc.batch(lambda i: f"request {i}")
 
 
 def _open_lines(path: str | os.PathLike[str] | IO[bytes]) -> tuple[str, IO[bytes], bool]:
@@ -1065,11 +1104,11 @@ def read_jsonl(path: str | os.PathLike[str] | IO[bytes]) -> SpanBatch:
                     continue
                 raise ValueError(f"{name}:{lineno}: not an OTLP ExportTraceServiceRequest (no 'resourceSpans' key)")
             try:
-                acc.add_request(request)
+                acc.add_request(request, lineno)
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
                 raise ValueError(f"{name}:{lineno}: invalid ExportTraceServiceRequest: {exc}") from None
     finally:
         if owned:
             f.close()
-    return acc.batch()
+    return acc.batch(lambda line: f"{name}:{line}")
 

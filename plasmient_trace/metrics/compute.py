@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..conventions import DEFAULT_BASELINE_MFU
+from ..conventions import BOUNDS, DEFAULT_BASELINE_MFU
 
 # Below this mean kernel duration a span's kernels are launch/latency-bound, whatever their intensity.
 LATENCY_BOUND_MEAN_KERNEL_S = 10e-6
@@ -116,7 +116,7 @@ class SpanMetrics:
     stall: np.ndarray          # NaN = absent
     idle: np.ndarray
     intensity: np.ndarray      # NaN = absent
-    bound: np.ndarray          # object array of strings
+    bound: np.ndarray          # int8 index into conventions.BOUNDS
     cost: np.ndarray           # NaN = absent
     wasted_usd: np.ndarray
     wasted_s: np.ndarray
@@ -153,13 +153,17 @@ def derive(
         wasted_s = np.maximum(0.0, device_s - ideal / baseline_mfu)
         mean_kernel = np.where(sums.kernels > 0, sums.kernel_s / np.maximum(sums.kernels, 1), 0.0)
         comm_share = np.where(sums.kernel_s > 0, sums.comm_s / sums.kernel_s, 0.0)
-    bound = np.where(
-        sums.kernels == 0, "idle",
-        np.where(comm_share > COMM_BOUND_SHARE, "communication",
-        np.where(~is_kernel & (util < IDLE_BOUND_UTIL), "idle",
-        np.where(mean_kernel < LATENCY_BOUND_MEAN_KERNEL_S, "latency",
-        np.where((sums.flops > 0) & ((sums.bytes == 0) | (intensity >= np.nan_to_num(ridge, nan=np.inf))), "compute",
-                 "memory"))))).astype(object)
+    codes = {name: i for i, name in enumerate(BOUNDS)}
+    ridge_or_inf = np.nan_to_num(ridge, nan=np.inf)
+    bound = np.select(
+        [sums.kernels == 0,
+         comm_share > COMM_BOUND_SHARE,
+         ~is_kernel & (util < IDLE_BOUND_UTIL),
+         mean_kernel < LATENCY_BOUND_MEAN_KERNEL_S,
+         (sums.flops > 0) & ((sums.bytes == 0) | (intensity >= ridge_or_inf))],
+        [codes["idle"], codes["communication"], codes["idle"], codes["latency"], codes["compute"]],
+        default=codes["memory"],
+    ).astype(np.int8)
     return SpanMetrics(wall, util, mfu, stall, 1.0 - util, intensity, bound, cost, wasted_usd, wasted_s, ideal, over)
 
 

@@ -25,6 +25,8 @@ from . import ids
 from .joins import JoinedRank, _root_of, join_rank
 
 LEVEL_CODE = {name: i for i, name in enumerate(cv.LEVELS)}
+KINDS = ("kernel", "memcpy", "memset", "collective")
+KIND_CODE = {name: i for i, name in enumerate(KINDS)}
 DEFAULT_MAX_SPANS = 10_000
 _BIG = np.iinfo(np.int64).max
 _NAME_LIMIT = 1024
@@ -66,8 +68,8 @@ class RankInput:
     spec: DeviceSpec
     op_flops: np.ndarray
     op_bytes: np.ndarray
-    op_dtype: np.ndarray   # object array of dtype strings
-    op_model: np.ndarray   # object array of model names ('none' = no model)
+    op_dtype: np.ndarray   # unicode array of dtype names
+    op_model: np.ndarray   # unicode array of model names ("none" = no model)
 
 
 @dataclass
@@ -201,8 +203,7 @@ def stitch(inputs: list[RankInput], options: StitchOptions) -> StitchResult:
         seg_rankpos.append(np.full(total, pos, np.int64))
 
         # ---- kernel facts: flops owner = innermost modelled op on the launching op's ancestor chain
-        kinds = np.concatenate([np.asarray(rs.kernels.column("kind").to_pylist(), dtype=object),
-                                np.full(len(synth_ops), "kernel", dtype=object)]) if n_ks else np.zeros(0, object)
+        kinds = _kind_codes(rs.kernels.column("kind"), len(synth_ops))
         has_model = (inp.op_model != "none") if n_op else np.zeros(0, bool)
         owner = ko.copy()
         for _ in range(256):
@@ -210,7 +211,7 @@ def stitch(inputs: list[RankInput], options: StitchOptions) -> StitchResult:
             if not climb.any():
                 break
             owner[climb] = j.op_parent[owner[climb]]
-        is_compute_kind = kinds == "kernel"
+        is_compute_kind = kinds == KIND_CODE["kernel"]
         owned = (owner >= 0) & is_compute_kind & k_alive
         dur = np.maximum(ke - ks, 0).astype(np.float64) + 1.0
         share = np.zeros(n_ks)
@@ -226,10 +227,13 @@ def stitch(inputs: list[RankInput], options: StitchOptions) -> StitchResult:
         kbytes = np.where(is_compute_kind, kbytes, rec_bytes)
         # peak per kernel from the owner's (else launching op's) dtype
         dtype_src = np.where(owner >= 0, owner, ko)
-        dtypes = np.where(dtype_src >= 0, inp.op_dtype[np.maximum(dtype_src, 0)], "fp32") if n_op else np.full(n_ks, "fp32", object)
-        peaks = np.full(n_ks, np.nan)
-        for dt in set(dtypes.tolist()) if n_ks else ():
-            peaks[dtypes == dt] = inp.spec.peak(str(dt))
+        peaks = np.full(n_ks, inp.spec.peak("fp32"))
+        if n_op and n_ks:
+            # peak per distinct dtype (a handful), mapped to kernels through integer codes
+            op_dtypes, op_dtype_code = np.unique(inp.op_dtype.astype(str), return_inverse=True)
+            peak_of_code = np.array([inp.spec.peak(str(d)) for d in op_dtypes])
+            has_src = dtype_src >= 0
+            peaks[has_src] = peak_of_code[op_dtype_code[dtype_src[has_src]]]
         ideal = np.where(flops > 0, flops / peaks, np.where(np.isnan(peaks), np.nan, 0.0))
         cap = (ke - ks) / 1e9
         over = ideal > cap
@@ -249,7 +253,7 @@ def stitch(inputs: list[RankInput], options: StitchOptions) -> StitchResult:
 
         k_span.append(base["kernel"] + np.arange(n_ks)); k_start.append(ks); k_end.append(ke)
         k_devkey.append(dkeys); k_flops.append(flops); k_bytes.append(kbytes); k_ideal.append(ideal)
-        k_comm.append(kinds == "collective"); k_synthetic.append(np.arange(n_ks) >= n_k)
+        k_comm.append(kinds == KIND_CODE["collective"]); k_synthetic.append(np.arange(n_ks) >= n_k)
         k_rankpos.append(np.full(n_ks, pos)); k_row.append(np.arange(n_ks)); k_kind_parts.append(kinds)
         k_alive_list = k_alive
         k_waste_lbl.append(k_alive_list)
@@ -323,7 +327,7 @@ def stitch(inputs: list[RankInput], options: StitchOptions) -> StitchResult:
     live_mask = pa.array(live_k)
     op_names_k = pa.concat_arrays(k_op_name_parts).filter(live_mask) if k_op_name_parts else pa.array([], pa.string())
     mod_names_k = pa.concat_arrays(k_module_parts).filter(live_mask) if k_module_parts else pa.array([], pa.string())
-    kinds_k = _cat(k_kind_parts, object)[live_k] if k_kind_parts else np.zeros(0, object)
+    kinds_k = _cat(k_kind_parts, np.int8)[live_k] if k_kind_parts else np.zeros(0, np.int8)
     culprit = _culprits(n, k_ancestors, waste_k, kernel_names, op_names_k, mod_names_k, kinds_k,
                         kernels.span, met, rank_arr, sums, level)
 
@@ -364,6 +368,14 @@ def stitch(inputs: list[RankInput], options: StitchOptions) -> StitchResult:
                       level, parent, start, end, step, rank_arr, rankpos, row, export, sums, met, gpus,
                       culprit, folded_n, folded_s, folded_fl, over_peak_by_step)
     return StitchResult(batch=batch, joined=joined, stats=stats)
+
+
+def _kind_codes(kind: pa.ChunkedArray, n_synthetic: int) -> np.ndarray:
+    codes = np.zeros(len(kind) + n_synthetic, np.int8)  # synthetic CPU kernels are 'kernel'
+    for name, code in KIND_CODE.items():
+        if code:
+            codes[:len(kind)][pc.equal(kind, name).fill_null(False).to_numpy(zero_copy_only=False)] = code
+    return codes
 
 
 def _cat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
@@ -458,8 +470,8 @@ def _culprits(n, anc, waste, kernel_names, op_names, mod_names, kinds, k_span, m
                 continue
             r = rep[t]
             kspan = k_span[r] if r >= 0 else -1
-            bound = met.bound[kspan] if kspan >= 0 else None
-            kind = kinds[r] if r >= 0 else None
+            bound = cv.BOUNDS[met.bound[kspan]] if kspan >= 0 else None
+            kind = KINDS[kinds[r]] if r >= 0 else None
             out["kernel"][t] = k_dict[kb[t]][:_NAME_LIMIT]
             out["op"][t] = o_dict[ob[t]] if ob[t] >= 0 else None
             out["module"][t] = m_dict[mb[t]] if mb[t] >= 0 else None
@@ -584,7 +596,7 @@ def _assemble(options, inputs, joined, ranks, nodes, step_values, node_keys, lay
     cols["plasmient.idle_fraction"] = met.idle[sel]
     cols["plasmient.bytes"] = sums.bytes[sel]
     cols["plasmient.arithmetic_intensity"] = _nan_to_null(met.intensity[sel])
-    cols["plasmient.bound"] = pa.array(met.bound[sel], pa.string())
+    cols["plasmient.bound"] = pa.array(list(cv.BOUNDS), pa.string()).take(pa.array(met.bound[sel].astype(np.int64)))
     cols["plasmient.cost.usd"] = _nan_to_null(met.cost[sel])
     cols["plasmient.cost.wasted_usd"] = _nan_to_null(met.wasted_usd[sel])
     cols["plasmient.wasted_s"] = _nan_to_null(met.wasted_s[sel])
@@ -642,7 +654,7 @@ def _assemble(options, inputs, joined, ranks, nodes, step_values, node_keys, lay
     for key in ("kernel", "op", "module", "rank", "wasted_s", "bound", "suggestion"):
         cols[f"plasmient.culprit.{key}"] = pa.array(culprit[key][sel], cv.ATTRIBUTE_BY_NAME[f"plasmient.culprit.{key}"].type)
 
-    _per_record_columns(cols, sel, level, rankpos, row, inputs, joined)
+    _per_record_columns(cols, sel, layout, inputs, joined, n)
     return cv.SpanBatch(table=cv.span_table_from_columns(cols, len(sel)), resources=resources)
 
 
@@ -661,100 +673,96 @@ def _nan_to_null(values: np.ndarray) -> pa.Array:
     return pa.array(values, mask=~np.isfinite(values))
 
 
-def _per_record_columns(cols, sel, level, rankpos, row, inputs, joined) -> None:
-    """Attributes that come straight from a record row (op shapes, kernel launch config, ...)."""
-    n = len(sel)
-    lv = level[sel]
-    rp = rankpos[sel]
-    rw = row[sel]
-    parts: dict[str, list[pa.Array]] = {}
-    out_index: list[np.ndarray] = []
+RECORD_ATTRIBUTES = (
+    "plasmient.op.external_id", "plasmient.op.sequence_number", "plasmient.op.input_dims", "plasmient.op.input_types",
+    "plasmient.op.dtype", "plasmient.op.flops_model", "plasmient.op.model_flops", "plasmient.op.kineto_flops",
+    "plasmient.op.cpu_s", "thread.id", "plasmient.module.path", "plasmient.module.phase", "plasmient.correlation_id",
+    "plasmient.kernel.kind", "plasmient.kernel.launch", "plasmient.gpu.device", "plasmient.gpu.stream",
+    "plasmient.kernel.grid", "plasmient.kernel.block", "plasmient.kernel.registers_per_thread",
+    "plasmient.kernel.shared_memory", "plasmient.kernel.graph_id",
+)
 
-    def add(name: str, arr: pa.Array) -> None:
-        parts.setdefault(name, []).append(arr)
 
-    pieces = []
-    for pos, inp in enumerate(inputs):
-        rs = inp.records
-        j = joined[pos]
-        for code, table_name in ((LEVEL_CODE["op"], "ops"), (LEVEL_CODE["module"], "modules"), (LEVEL_CODE["kernel"], "kernels")):
-            hit = np.nonzero((rp == pos) & (lv == code))[0]
-            if len(hit) == 0:
-                continue
-            rows = rw[hit]
-            pieces.append((code, pos, hit, rows))
-    columns: dict[str, list[Any]] = {}
-    for name in ("plasmient.op.external_id", "plasmient.op.sequence_number", "plasmient.op.input_dims",
-                 "plasmient.op.input_types", "plasmient.op.dtype", "plasmient.op.flops_model",
-                 "plasmient.op.model_flops", "plasmient.op.kineto_flops", "plasmient.op.cpu_s", "thread.id",
-                 "plasmient.module.path", "plasmient.module.phase", "plasmient.correlation_id",
-                 "plasmient.kernel.kind", "plasmient.kernel.launch", "plasmient.gpu.device", "plasmient.gpu.stream",
-                 "plasmient.kernel.grid", "plasmient.kernel.block", "plasmient.kernel.registers_per_thread",
-                 "plasmient.kernel.shared_memory", "plasmient.kernel.graph_id"):
-        columns[name] = []
-    index_parts = []
-    for code, pos, hit, rows in pieces:
-        inp, j = inputs[pos], joined[pos]
-        rs = inp.records
-        take = pa.array(rows)
-        index_parts.append(hit)
-        vals: dict[str, Any] = {}
-        if code == LEVEL_CODE["op"]:
-            t = rs.ops.take(take)
-            vals["plasmient.op.external_id"] = t.column("external_id")
-            vals["plasmient.op.sequence_number"] = t.column("sequence_number")
-            vals["plasmient.op.input_dims"] = t.column("input_dims")
-            vals["plasmient.op.input_types"] = t.column("input_types")
-            vals["plasmient.op.dtype"] = pa.array(inp.op_dtype[rows].tolist(), pa.string())
-            vals["plasmient.op.flops_model"] = pa.array(inp.op_model[rows].tolist(), pa.string())
-            vals["plasmient.op.model_flops"] = pa.array(inp.op_flops[rows], pa.float64())
-            vals["plasmient.op.kineto_flops"] = t.column("kineto_flops")
-            vals["plasmient.op.cpu_s"] = pc.divide(pc.subtract(t.column("end_ns"), t.column("start_ns")).cast(pa.float64()), 1e9)
-            vals["thread.id"] = t.column("tid")
-        elif code == LEVEL_CODE["module"]:
-            n_fwd = rs.modules.num_rows
-            vals["plasmient.module.path"] = pa.array([j.module_path[r] for r in rows.tolist()], pa.string())
-            vals["plasmient.module.phase"] = pa.array([j.module_phase[r] for r in rows.tolist()], pa.string())
-            fwd = rows < n_fwd
-            ms, me = j.module_start[rows], j.module_end[rows]
-            vals["plasmient.op.cpu_s"] = pa.array((me - ms) / 1e9, mask=~fwd)
-            tids = rs.modules.column("tid").to_numpy()[np.minimum(rows, max(n_fwd - 1, 0))] if n_fwd else np.zeros(len(rows), np.int64)
-            vals["thread.id"] = pa.array(tids, mask=~fwd)
+def _rows_of(table: pa.Table, columns: list[str], rows: np.ndarray, full: bool) -> pa.Table:
+    table = table.select(columns)
+    return table if full else table.take(pa.array(rows))
+
+
+def _record_values(kind: str, inp: RankInput, j: JoinedRank, rows: np.ndarray, full: bool) -> dict[str, Any]:
+    rs = inp.records
+    vals: dict[str, Any] = {}
+    if kind == "op":
+        t = _rows_of(rs.ops, ["external_id", "sequence_number", "input_dims", "input_types", "kineto_flops", "start_ns", "end_ns", "tid"], rows, full)
+        vals["plasmient.op.external_id"] = t.column("external_id")
+        vals["plasmient.op.sequence_number"] = t.column("sequence_number")
+        vals["plasmient.op.input_dims"] = t.column("input_dims")
+        vals["plasmient.op.input_types"] = t.column("input_types")
+        vals["plasmient.op.dtype"] = pa.array(inp.op_dtype[rows].astype(str), pa.string())
+        vals["plasmient.op.flops_model"] = pa.array(inp.op_model[rows].astype(str), pa.string())
+        vals["plasmient.op.model_flops"] = pa.array(inp.op_flops[rows], pa.float64())
+        vals["plasmient.op.kineto_flops"] = t.column("kineto_flops")
+        vals["plasmient.op.cpu_s"] = pc.divide(pc.subtract(t.column("end_ns"), t.column("start_ns")).cast(pa.float64()), 1e9)
+        vals["thread.id"] = t.column("tid")
+    elif kind == "module":
+        n_fwd = rs.modules.num_rows
+        vals["plasmient.module.path"] = pa.array([j.module_path[r] for r in rows.tolist()], pa.string())
+        vals["plasmient.module.phase"] = pa.array([j.module_phase[r] for r in rows.tolist()], pa.string())
+        fwd = rows < n_fwd
+        vals["plasmient.op.cpu_s"] = pa.array((j.module_end[rows] - j.module_start[rows]) / 1e9, mask=~fwd)
+        tids = rs.modules.column("tid").to_numpy()[np.minimum(rows, max(n_fwd - 1, 0))] if n_fwd else np.zeros(len(rows), np.int64)
+        vals["thread.id"] = pa.array(tids, mask=~fwd)
+    else:
+        t = _rows_of(rs.kernels, ["correlation_id", "kind", "device", "stream", "grid", "block", "registers_per_thread",
+                                  "shared_memory", "graph_id"], rows, full)
+        lrow = j.kernel_launch[rows]
+        if rs.launches.num_rows:
+            launch_names = rs.launches.column("name").take(pa.array(lrow, mask=lrow < 0))
         else:
-            n_real = rs.kernels.num_rows
-            real_rows = rows[rows < n_real]
-            t = rs.kernels.take(pa.array(real_rows))
-            lrow = j.kernel_launch[real_rows]
-            launch_names = rs.launches.column("name").combine_chunks().cast(pa.string()).take(pa.array(np.maximum(lrow, 0))) if rs.launches.num_rows else pa.nulls(len(real_rows), pa.string())
-            launch_names = pc.if_else(pa.array(lrow >= 0), launch_names, pa.nulls(len(real_rows), pa.string())) if len(real_rows) else launch_names
-            vals["plasmient.correlation_id"] = t.column("correlation_id")
-            vals["plasmient.kernel.kind"] = t.column("kind")
-            vals["plasmient.kernel.launch"] = launch_names
-            vals["plasmient.gpu.device"] = t.column("device").cast(pa.int64())
-            vals["plasmient.gpu.stream"] = t.column("stream")
-            vals["plasmient.kernel.grid"] = _dims_string(t.column("grid"))
-            vals["plasmient.kernel.block"] = _dims_string(t.column("block"))
-            vals["plasmient.kernel.registers_per_thread"] = t.column("registers_per_thread").cast(pa.int64())
-            vals["plasmient.kernel.shared_memory"] = t.column("shared_memory")
-            vals["plasmient.kernel.graph_id"] = t.column("graph_id")
-            index_parts[-1] = hit[rows < n_real]
-        length = len(index_parts[-1])
-        for name in columns:
-            v = vals.get(name)
-            if v is None:
-                columns[name].append(pa.nulls(length, cv.ATTRIBUTE_BY_NAME[name].type))
+            launch_names = pa.nulls(len(rows), pa.string())
+        vals["plasmient.correlation_id"] = t.column("correlation_id")
+        vals["plasmient.kernel.kind"] = t.column("kind")
+        vals["plasmient.kernel.launch"] = launch_names
+        vals["plasmient.gpu.device"] = t.column("device")
+        vals["plasmient.gpu.stream"] = t.column("stream")
+        vals["plasmient.kernel.grid"] = _dims_string(t.column("grid"))
+        vals["plasmient.kernel.block"] = _dims_string(t.column("block"))
+        vals["plasmient.kernel.registers_per_thread"] = t.column("registers_per_thread")
+        vals["plasmient.kernel.shared_memory"] = t.column("shared_memory")
+        vals["plasmient.kernel.graph_id"] = t.column("graph_id")
+    return vals
+
+
+def _per_record_columns(cols, sel, layout, inputs, joined, n_total) -> None:
+    """Attributes that come straight from a record row (op shapes, kernel launch config, ...).
+
+    Spans are laid out in blocks (per rank: rank/step, modules, ops, kernels) and `sel` is sorted, so
+    each block's exported rows are one contiguous run of the output: columns are concatenated block
+    by block, and a block exported whole is a zero-copy slice of its record table.
+    """
+    parts: dict[str, list[Any]] = {name: [] for name in RECORD_ATTRIBUTES}
+    blocks: list[tuple[int, int, str | None, int]] = [(0, layout[0]["rank"] if layout else n_total, None, -1)]
+    for pos, base in enumerate(layout):
+        hi = layout[pos + 1]["rank"] if pos + 1 < len(layout) else n_total
+        n_real = inputs[pos].records.kernels.num_rows
+        blocks += [(base["rank"], base["module"], None, pos), (base["module"], base["op"], "module", pos),
+                   (base["op"], base["kernel"], "op", pos), (base["kernel"], base["kernel"] + n_real, "kernel", pos),
+                   (base["kernel"] + n_real, hi, None, pos)]
+    for lo, hi, kind, pos in blocks:
+        a, b = np.searchsorted(sel, [lo, hi])
+        count = int(b - a)
+        if count == 0:
+            continue
+        vals = _record_values(kind, inputs[pos], joined[pos], sel[a:b] - lo, count == hi - lo) if kind else {}
+        for name in RECORD_ATTRIBUTES:
+            value = vals.get(name)
+            typ = cv.ATTRIBUTE_BY_NAME[name].type
+            if value is None:
+                parts[name].append(pa.nulls(count, typ))
             else:
-                v = v.combine_chunks() if isinstance(v, pa.ChunkedArray) else v
-                columns[name].append(v.cast(cv.ATTRIBUTE_BY_NAME[name].type))
-    if not index_parts:
-        return
-    where = np.concatenate(index_parts)
-    inverse = np.full(n, -1, np.int64)
-    inverse[where] = np.arange(len(where))
-    take_idx = pa.array(inverse, mask=inverse < 0)
-    for name, arrays in columns.items():
-        merged = pa.concat_arrays(arrays) if arrays else pa.nulls(0, cv.ATTRIBUTE_BY_NAME[name].type)
-        cols[name] = merged.take(take_idx)
+                value = value.combine_chunks() if isinstance(value, pa.ChunkedArray) else value
+                parts[name].append(value if value.type == typ else value.cast(typ))
+    for name, arrays in parts.items():
+        cols[name] = pa.chunked_array(arrays, cv.ATTRIBUTE_BY_NAME[name].type) if arrays else pa.nulls(0, cv.ATTRIBUTE_BY_NAME[name].type)
 
 
 def _dims_string(col: pa.ChunkedArray) -> pa.Array:
