@@ -123,7 +123,11 @@ def synthetic_batch(n: int, spans_per_trace: int = 10_000, seed: int = 0) -> Spa
             values = vocab[rng.integers(0, len(vocab), n)]
             columns[attr.name] = pa.array(values.tolist(), pa.string(), mask=~present)
         elif pa.types.is_integer(attr.type):
-            columns[attr.name] = pa.array(rng.integers(0, 1 << 40, n), pa.int64(), mask=~present)
+            if attr.name == "plasmient.clock.offset_ns":
+                ints = rng.integers(-(10**9), 10**9, n)  # signed: negative int64s are 10-byte varints
+            else:
+                ints = np.exp(rng.uniform(0, np.log(2**24), n)).astype(np.int64)  # steps, ranks, ids, counts
+            columns[attr.name] = pa.array(ints, pa.int64(), mask=~present)
         else:
             columns[attr.name] = pa.array(rng.random(n) * 10.0 ** rng.integers(-9, 15, n), pa.float64(), mask=~present)
     resources = [

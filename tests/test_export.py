@@ -538,6 +538,17 @@ def test_dead_endpoint_raises_one_clear_line_within_the_timeout(protocol: str) -
     assert "attempts" in message
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_collector_that_never_answers_costs_at_most_the_timeout(receiver: OtlpReceiver, protocol: str) -> None:
+    receiver.delay_s = 3.0
+    endpoint = receiver.grpc_endpoint if protocol == "grpc" else receiver.http_endpoint
+    config = OtlpConfig.from_env({"OTEL_EXPORTER_OTLP_TIMEOUT": "800"}, endpoint=endpoint, protocol=protocol)
+    start = time.monotonic()
+    with pytest.raises(ExportError, match="DEADLINE_EXCEEDED|timed out"):
+        send_spans(small_batch(), config)
+    assert time.monotonic() - start < 0.8 + 0.7
+
+
 def test_a_collector_that_comes_back_receives_the_rest(receiver: OtlpReceiver) -> None:
     receiver.stop()
     import threading

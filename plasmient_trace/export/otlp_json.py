@@ -291,9 +291,9 @@ def _varint_bytes(v: Varint, k: int, sel: np.ndarray | None = None) -> np.ndarra
     return byte
 
 
-def varint_array(values: np.ndarray) -> pa.Array:
+def varint_array(values: np.ndarray | Varint) -> pa.Array:
     """Protobuf varints of uint64 values as a large_binary array (no nulls)."""
-    v = Varint(values)
+    v = values if isinstance(values, Varint) else Varint(values)
     m = len(v.values)
     if m and int(v.lengths.max()) == 1:  # all below 128: the varint is the byte itself
         return pa.Array.from_buffers(LB, m, [None, pa.py_buffer(np.arange(m + 1, dtype=np.int64)), pa.py_buffer(v.values.astype(np.uint8))])
