@@ -52,16 +52,30 @@ def add_stitch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline-mfu", type=_positive_float, default=None, help="MFU counted as not wasted (default 0.46)")
     p.add_argument("--ranks-per-node", type=_positive_int, default=8, help="ranks per node when the trace names no host (default 8)")
     p.add_argument("--host", help="host name to record for a single-host ingest")
+    p.add_argument("--resource-from-env", action="store_true",
+                   help="add this machine's SLURM_*/torchrun/Kubernetes/host attributes to the resource "
+                        "(use when ingesting on the node that ran the job; the trace's own rank and world size win)")
 
 
 def stitch_options_from_args(args: argparse.Namespace, job_id: str) -> Any:
     from .conventions import DEFAULT_BASELINE_MFU
     from .pipeline import IngestOptions
 
+    from .sources.resource import parse_otel_resource_attributes, resource_from_env
+
+    # OTEL_RESOURCE_ATTRIBUTES always applies, as in any OTel SDK; the rest of the environment only on request.
+    extra: dict[str, Any] = parse_otel_resource_attributes(os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""))
+    host = args.host
+    if getattr(args, "resource_from_env", False):
+        env_res = resource_from_env()
+        host = host or env_res.get("host.name")
+        for key in ("process.pid", "plasmient.job.id", "plasmient.rank", "plasmient.world_size", "service.name"):
+            env_res.pop(key, None)  # the trace and the flags say these for the traced process
+        extra = {**env_res, **extra}
     return IngestOptions(
-        job_id=job_id, max_spans=args.max_spans, peak_tflops=args.peak_tflops, bandwidth_gbs=args.bandwidth_gbs,
+        job_id=job_id, max_spans=args.max_spans, extra_resource=extra, peak_tflops=args.peak_tflops, bandwidth_gbs=args.bandwidth_gbs,
         gpu_price=args.gpu_price, gpu_model=args.gpu_model,
-        baseline_mfu=args.baseline_mfu or DEFAULT_BASELINE_MFU, ranks_per_node=args.ranks_per_node, host=args.host,
+        baseline_mfu=args.baseline_mfu or DEFAULT_BASELINE_MFU, ranks_per_node=args.ranks_per_node, host=host,
     )
 
 

@@ -123,3 +123,23 @@ def test_parquet_holds_every_record_even_when_spans_are_folded(tmp_path, capsys)
     exported = sum(len(s["spans"]) for line in lines for rs in json.loads(line)["resourceSpans"] for s in rs["scopeSpans"])
     assert spans.num_rows == exported
     assert exported < len(ingested(MULTI).batch)
+
+
+def test_resource_comes_from_the_trace_and_on_request_from_the_environment(tmp_path, monkeypatch, capsys):
+    from plasmient_trace.export.otlp_json import read_jsonl
+
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test,team=ml")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("POD_NAME", "trainer-0")
+    out = tmp_path / "t.jsonl"
+    assert main(["ingest", str(trace_path(MULTI)), "--job-id", "r", "--out", str(out), "--quiet", "--resource-from-env"]) == 0
+    batch = read_jsonl(out)
+    rank_res = next(r for r in batch.resources if "plasmient.rank" in r)
+    assert rank_res["deployment.environment"] == "test" and rank_res["team"] == "ml"
+    assert rank_res["plasmient.slurm.job_id"] == "4242" and rank_res["k8s.pod.name"] == "trainer-0"
+    assert rank_res["plasmient.rank"] == 0 and rank_res["plasmient.world_size"] == 2  # from distributedInfo
+    assert rank_res["plasmient.job.id"] == "r"
+    out2 = tmp_path / "plain.jsonl"
+    assert main(["ingest", str(trace_path(MULTI)), "--job-id", "r", "--out", str(out2), "--quiet"]) == 0
+    plain = next(r for r in read_jsonl(out2).resources if "plasmient.rank" in r)
+    assert "k8s.pod.name" not in plain and plain["team"] == "ml"

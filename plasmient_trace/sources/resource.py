@@ -1,0 +1,77 @@
+"""OTel resource attributes of the running process, read from its environment.
+
+Live capture has no trace file to read the job, node and rank from, so they come from what the
+scheduler and launcher put into the environment: Slurm (SLURM_*), torchrun (RANK, WORLD_SIZE,
+LOCAL_RANK, TORCHELASTIC_RUN_ID), the Kubernetes downward API (POD_NAME, POD_NAMESPACE, NODE_NAME)
+and the standard OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES. Keys are the names listed in
+``conventions.RESOURCE_ATTRIBUTES``; values the OTel spec types (ints stay ints).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Mapping
+from urllib.parse import unquote
+
+DEFAULT_SERVICE_NAME = "plasmient-trace"
+
+# (attribute, environment variables in order of preference, value type)
+_FROM_ENV: tuple[tuple[str, tuple[str, ...], type], ...] = (
+    ("plasmient.job.id", ("PLASMIENT_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"), str),
+    ("plasmient.rank", ("RANK", "SLURM_PROCID"), int),
+    ("plasmient.world_size", ("WORLD_SIZE", "SLURM_NTASKS"), int),
+    ("plasmient.local_rank", ("LOCAL_RANK", "SLURM_LOCALID"), int),
+    ("plasmient.slurm.job_id", ("SLURM_JOB_ID",), str),
+    ("plasmient.slurm.step_id", ("SLURM_STEP_ID",), str),
+    ("k8s.pod.name", ("POD_NAME", "K8S_POD_NAME"), str),
+    ("k8s.namespace.name", ("POD_NAMESPACE", "K8S_NAMESPACE"), str),
+    ("k8s.node.name", ("NODE_NAME", "K8S_NODE_NAME"), str),
+)
+
+
+def parse_otel_resource_attributes(text: str) -> dict[str, str]:
+    """``key1=value1,key2=value2`` with percent-encoded values (OTel SDK environment spec).
+
+    Malformed members (no '=') are skipped, as the spec tells SDKs to do, rather than failing the job.
+    """
+    out: dict[str, str] = {}
+    for member in text.split(","):
+        key, sep, value = member.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            continue
+        out[unquote(key)] = unquote(value.strip())
+    return out
+
+
+def _first(environ: Mapping[str, str], names: tuple[str, ...], kind: type) -> Any:
+    """The first variable that is set and parses as ``kind``; a garbled one falls through to the next."""
+    for name in names:
+        value = environ.get(name)
+        if value in (None, ""):
+            continue
+        try:
+            return kind(value)
+        except ValueError:
+            continue  # a garbled launcher variable must not stop the job
+    return None
+
+
+def resource_from_env(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """Resource attributes of this process: scheduler, launcher, Kubernetes and OTEL_* variables.
+
+    Precedence follows the OTel SDK: OTEL_RESOURCE_ATTRIBUTES overrides what was detected, and
+    OTEL_SERVICE_NAME overrides a service.name given there.
+    """
+    res: dict[str, Any] = {"host.name": socket.gethostname(), "process.pid": os.getpid()}
+    for attr, names, kind in _FROM_ENV:
+        value = _first(environ, names, kind)
+        if value is not None:
+            res[attr] = value
+    res.update(parse_otel_resource_attributes(environ.get("OTEL_RESOURCE_ATTRIBUTES", "")))
+    service = environ.get("OTEL_SERVICE_NAME")
+    if service:
+        res["service.name"] = service
+    res.setdefault("service.name", DEFAULT_SERVICE_NAME)
+    return res
