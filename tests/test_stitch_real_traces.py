@@ -400,3 +400,17 @@ def test_two_ranks_of_one_job_become_one_trace_per_step_with_node_and_fleet():
         assert fleet["plasmient.culprit.rank"] in (0, 1)
         assert 0 <= fleet["plasmient.mfu"] <= fleet["plasmient.util.resident"] <= 1
     assert set(result.stats["clock_offsets_ns"]) == {0, 1}
+
+
+@pytest.mark.parametrize("name", ["a100/nccl_training_rank0_of2.json.gz", "mi300x/resnet_act_checkpoint_rank0_of8.json.gz",
+                                  "h100/vit_image_classification.json.gz"])
+def test_no_kernel_starts_before_its_launch(name):
+    result = ingested(name)
+    joined = result.joined[0]
+    records = result.records[0]
+    launch_start = records.launches.column("start_ns").to_numpy()
+    has = joined.kernel_launch >= 0
+    assert has.any()
+    assert (joined.kernel_start[has] >= launch_start[joined.kernel_launch[has]]).all()
+    rank = next(r for r in result.batch.table.to_pylist() if r["plasmient.level"] == "rank")
+    assert rank["plasmient.clock.offset_ns"] >= 0
