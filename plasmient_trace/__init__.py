@@ -9,3 +9,12 @@ Layout (each module has one job):
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # `with plasmient_trace.step():` without importing torch at package import time.
+    if name == "step":
+        from .capture import step
+
+        return step
+    raise AttributeError(f"module 'plasmient_trace' has no attribute {name!r}")

@@ -198,7 +198,11 @@ def join_rank(records: RecordSet) -> JoinedRank:
         cand = _lookup(o_ext[ext_rows][ext_order], ext_rows[ext_order], l_ext)
         ok = cand >= 0
         c = np.maximum(cand, 0)
-        ok &= (o_thread[c] == l_thread) & (o_start[c] <= l_start + _ACTIVE_SLACK_NS) & (l_start <= o_end[c] + _ACTIVE_SLACK_NS)
+        ok &= o_thread[c] == l_thread
+        if not records.source.startswith("live:"):
+            # Files may carry the correlation id in the External id field; a live capture pushed the
+            # id itself, so there it is exact even when the CUPTI and host clocks differ by microseconds.
+            ok &= (o_start[c] <= l_start + _ACTIVE_SLACK_NS) & (l_start <= o_end[c] + _ACTIVE_SLACK_NS)
         launch_op[ok] = cand[ok]
         stats.launches_by_external_id = int(ok.sum())
         rest = np.nonzero(~ok)[0]

@@ -1,0 +1,151 @@
+"""Step overhead of live capture on the tiny transformer (CPU), as ratios to the uninstrumented step.
+
+Configurations (each round times one sampling period, 10 steps, of each, interleaved so machine
+load drifts hit them alike):
+  base        uninstrumented
+  step-level  capture running, every step step-level only (PLASMIENT_EVERY huge)
+  sampled     capture with the default sampling (full depth every 10th step)
+  full        capture with every step at full depth (modules + ops)
+  profiler    torch.profiler(activities=[CPU], record_shapes=True) around the steps, recording only
+  profiler+   the same plus its share of the processing at exit (``key_averages()``), which a user
+              pays before seeing anything: the like-for-like comparison with a capture that delivers
+              finished traces (its export is inside its clocks)
+
+Three clocks, because a shared machine makes wall time noisy:
+  wall     what the job sees (includes the capture's background stitch/export competing for the
+           GIL and cores, and other processes' load)
+  thread   CPU time of the training thread only: the hooks' own cost, immune to other processes
+  process  CPU time of every thread of the process: the whole cost of tracing, export included
+For capture configurations a round also includes waiting, after its last step, until the background
+thread has exported everything, so no processing escapes the clocks. Step 0 of each session (always
+full depth, plus one-off warm-up) runs and is exported before timing.
+
+Targets (issue 3): step-level <= +3%, full depth <= +15%, and less than half of torch.profiler's.
+
+    python benchmarks/bench_capture_overhead.py [--rounds 6] [--steps 10] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import train_tiny_transformer as tiny  # noqa: E402
+
+from plasmient_trace.capture.session import CaptureConfig, CaptureSession, FileExporter  # noqa: E402
+
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time, "process": time.process_time}
+CONFIGS = ("base", "step-level", "sampled", "full", "profiler", "profiler+")
+
+
+class Clocks:
+    def __enter__(self) -> "Clocks":
+        self.t0 = {k: f() for k, f in CLOCKS.items()}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.spent = {k: f() - self.t0[k] for k, f in CLOCKS.items()}
+
+
+def steps(model, opt, data, n: int) -> None:
+    for _ in range(n):
+        tiny.train_step(model, opt, data)
+
+
+def run_base(model, opt, data, n: int) -> dict[str, float]:
+    with Clocks() as c:
+        steps(model, opt, data, n)
+    return c.spent
+
+
+def run_capture(model, opt, data, n: int, every: int, out_dir: str) -> dict[str, float]:
+    path = str(Path(out_dir) / f"bench-{every}.jsonl")
+    session = CaptureSession(CaptureConfig(every=every, job_id="bench", environ={}),
+                             exporters=[(path, FileExporter(path))]).start()
+    try:
+        steps(model, opt, data, 1)  # step 0 (always full depth) opens the run, not timed
+        session.flush(60)
+        with Clocks() as c:
+            steps(model, opt, data, n)
+            session.flush(60)
+        return c.spent
+    finally:
+        session.close(timeout=60)
+
+
+def run_profiler(model, opt, data, n: int) -> tuple[dict[str, float], float]:
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
+    prof.__enter__()
+    try:
+        steps(model, opt, data, 1)
+        with Clocks() as c:
+            steps(model, opt, data, n)
+    finally:
+        t = time.perf_counter()
+        prof.__exit__(None, None, None)
+        prof.key_averages()  # the processing every user of the profiler pays to see anything
+        post = time.perf_counter() - t
+    return c.spent, post
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--steps", type=int, default=10, help="steps per round (one sampling period)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model, opt, data = tiny.build()
+    steps(model, opt, data, 3)
+    spent: dict[str, list[dict[str, float]]] = {k: [] for k in CONFIGS}
+    post = []
+    with tempfile.TemporaryDirectory() as out_dir:
+        from plasmient_trace.metrics import hardware
+
+        hardware.cpu_spec()  # calibrate once, outside the timed runs (cached per machine)
+        for _ in range(args.rounds):
+            spent["base"].append(run_base(model, opt, data, args.steps))
+            spent["step-level"].append(run_capture(model, opt, data, args.steps, 10**9, out_dir))
+            spent["sampled"].append(run_capture(model, opt, data, args.steps, 10, out_dir))
+            spent["full"].append(run_capture(model, opt, data, args.steps, 1, out_dir))
+            s, x = run_profiler(model, opt, data, args.steps)
+            spent["profiler"].append(s)
+            # its exit processing covers the untimed first step too: charge the timed steps their share
+            share = x * args.steps / (args.steps + 1)
+            spent["profiler+"].append({k: v + share for k, v in s.items()})
+            post.append(x)
+    per_step = {cfg: {clk: statistics.median(r[clk] for r in rounds) / args.steps for clk in CLOCKS}
+                for cfg, rounds in spent.items()}
+    ratio = {cfg: {clk: round(v[clk] / per_step["base"][clk], 3) for clk in CLOCKS} for cfg, v in per_step.items()}
+    def vs(cfg: str, ref: str, clk: str) -> float | None:
+        extra = per_step[ref][clk] - per_step["base"][clk]
+        return round((per_step[cfg][clk] - per_step["base"][clk]) / extra, 2) if extra > 0 else None
+
+    vs_prof = {ref: {cfg: {clk: vs(cfg, ref, clk) for clk in CLOCKS} for cfg in ("step-level", "sampled", "full")}
+               for ref in ("profiler", "profiler+")}
+    res = {"step_ms": {c: {k: round(v * 1e3, 2) for k, v in d.items()} for c, d in per_step.items()},
+           "ratio_vs_base": ratio, "overhead_vs_profiler": vs_prof,
+           "profiler_processing_s": round(statistics.median(post), 3),
+           "rounds": args.rounds, "steps_per_round": args.steps, "threads": args.threads}
+    print(f"{'config':<12}" + "".join(f"{c + ' ms':>12}{'ratio':>8}" for c in CLOCKS))
+    for cfg in CONFIGS:
+        print(f"{cfg:<12}" + "".join(f"{per_step[cfg][c] * 1e3:>12.1f}{ratio[cfg][c]:>8.3f}" for c in CLOCKS))
+    print(f"overhead as a fraction of torch.profiler's: {vs_prof}")
+    print(f"torch.profiler processing at exit: {res['profiler_processing_s']} s (not in its ratios)")
+    print(json.dumps(res))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2))
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""Start the capture without touching the training script: PLASMIENT_TRACE=1, ``plasmient run``, the OTel launcher.
+
+``install()`` arms a one-shot import hook: the capture starts right after the program imports torch
+(a script that never imports torch pays nothing and gets no torch imported behind its back). It is
+what all three entry points call:
+
+* ``PLASMIENT_TRACE=1 python train.py`` runs it from ``plasmient_trace.pth`` in site-packages.
+  A pip/setuptools install cannot place a .pth portably (data_files would hard-code the
+  interpreter's site-packages path, and editable installs do not ship it), so the file is written
+  once with ``python -m plasmient_trace.capture.autostart --install`` (or ``plasmient run
+  --install-hook``); :func:`pth_line` is its content.
+* ``plasmient run -- cmd`` needs no installed hook: it puts a ``sitecustomize`` shim on PYTHONPATH
+  (chaining to any existing sitecustomize) for the child and every Python process it starts.
+* ``opentelemetry-instrument python train.py`` finds PlasmientInstrumentor through its entry point.
+
+DataLoader/multiprocessing children never start a capture of their own.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+PTH_NAME = "plasmient_trace.pth"
+_TRUTHY_OFF = ("", "0", "false", "no", "off")
+_installed = False
+
+
+def enabled(environ: Any = os.environ) -> bool:
+    return environ.get("PLASMIENT_TRACE", "").strip().lower() not in _TRUTHY_OFF
+
+
+def _is_child_process() -> bool:
+    try:
+        import multiprocessing
+
+        return multiprocessing.parent_process() is not None
+    except Exception:
+        return False
+
+
+def _start() -> None:
+    try:
+        from . import start
+
+        start()
+    except Exception as err:  # never into the job
+        try:
+            print(f"plasmient-trace: tracing not started: {err}", file=sys.stderr)
+        except Exception:
+            pass
+
+
+class _TorchWatcher(importlib.abc.MetaPathFinder):
+    """Lets the real finders locate torch, then starts the capture once torch's module has executed."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != "torch":
+            return None
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        spec = importlib.util.find_spec(fullname)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        original = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            original(module)
+            _start()
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def install() -> None:
+    """Arm the capture for this process (idempotent; a no-op in multiprocessing children)."""
+    global _installed
+    if _installed or _is_child_process():
+        return
+    _installed = True
+    if "torch" in sys.modules:
+        _start()
+    else:
+        sys.meta_path.insert(0, _TorchWatcher())
+
+
+def maybe_install() -> None:
+    """The .pth / sitecustomize entry: arms the capture only when PLASMIENT_TRACE is set."""
+    if enabled():
+        install()
+
+
+def pth_line() -> str:
+    # .pth lines starting with "import" are executed by site.py at startup: keep it to one cheap check.
+    return ("import os; os.environ.get('PLASMIENT_TRACE', '').strip().lower() not in ('', '0', 'false', 'no', 'off') "
+            "and __import__('plasmient_trace.capture.autostart', fromlist=['_']).install()\n")
+
+
+def install_pth(site_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Write plasmient_trace.pth into ``site_dir`` (default: this interpreter's site-packages)."""
+    target = Path(site_dir or sysconfig.get_paths()["purelib"]) / PTH_NAME
+    target.write_text(pth_line())
+    return target
+
+
+SHIM = '''"""plasmient run: start plasmient-trace in this interpreter, then run any other sitecustomize."""
+import importlib.machinery, importlib.util, os, sys
+try:
+    import plasmient_trace.capture.autostart as _plasmient_autostart
+    _plasmient_autostart.maybe_install()
+except Exception as _err:
+    print("plasmient-trace: tracing not started: %s" % (_err,), file=sys.stderr)
+_here = os.path.dirname(os.path.abspath(__file__))
+_rest = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+_spec = importlib.machinery.PathFinder.find_spec("sitecustomize", _rest)
+if _spec is not None and _spec.loader is not None:
+    _mod = importlib.util.module_from_spec(_spec)
+    sys.modules["sitecustomize"] = _mod
+    _spec.loader.exec_module(_mod)
+'''
+
+
+def write_shim(directory: str | os.PathLike[str]) -> Path:
+    path = Path(directory) / "sitecustomize.py"
+    path.write_text(SHIM)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m plasmient_trace.capture.autostart",
+                                description="install the PLASMIENT_TRACE=1 startup hook")
+    p.add_argument("--install", action="store_true", help=f"write {PTH_NAME} into site-packages")
+    p.add_argument("--site-dir", help="directory to write it to (default: this interpreter's site-packages)")
+    args = p.parse_args(argv)
+    if not args.install:
+        p.print_help()
+        return 2
+    path = install_pth(args.site_dir)
+    print(f"plasmient-trace: wrote {path}; PLASMIENT_TRACE=1 now traces any PyTorch program run by {sys.executable}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""``plasmient run [--out F] [--every N] [--job-id J] -- cmd ...``: trace a command's PyTorch processes.
+
+Flags become the PLASMIENT_* variables (so torchrun workers and other Python children inherit them),
+and a sitecustomize shim on PYTHONPATH starts the capture in each of them; the command's exit status
+is returned unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+from ..cli import _positive_float, _positive_int
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("run", help="run a command and trace its PyTorch steps live (one trace per step)",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", help="OTLP/JSON lines file (default traces.jsonl when no OTLP endpoint is configured)")
+    p.add_argument("--every", type=_positive_int, help="full depth (modules, ops, kernels) every N-th step (default 10)")
+    p.add_argument("--job-id", help="job id the trace ids derive from (default $PLASMIENT_JOB_ID, $SLURM_JOB_ID, ...)")
+    p.add_argument("--mfu-threshold", type=_positive_float, help="also trace at full depth after a step whose MFU falls below this")
+    p.add_argument("--peak-tflops", type=_positive_float, help="override the device peak, TFLOP/s")
+    p.add_argument("--gpu-price", type=_positive_float, help="USD per device-hour")
+    p.add_argument("--install-hook", action="store_true",
+                   help="also install plasmient_trace.pth so PLASMIENT_TRACE=1 works without this command")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the command to run, e.g. -- python train.py")
+    p.set_defaults(func=run_command)
+
+
+def child_env(args: argparse.Namespace, shim_dir: str, environ: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if environ is None else environ)
+    env["PLASMIENT_TRACE"] = "1"
+    for flag, var in (("out", "PLASMIENT_OUT"), ("every", "PLASMIENT_EVERY"), ("job_id", "PLASMIENT_JOB_ID"),
+                      ("mfu_threshold", "PLASMIENT_MFU_THRESHOLD"), ("peak_tflops", "PLASMIENT_PEAK_TFLOPS"),
+                      ("gpu_price", "PLASMIENT_GPU_PRICE")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            env[var] = os.path.abspath(value) if flag == "out" else str(value)
+    env["PYTHONPATH"] = os.pathsep.join([shim_dir] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from .autostart import install_pth, write_shim
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        print("plasmient: error: run needs a command after --, e.g. plasmient run -- python train.py", file=sys.stderr)
+        return 2
+    if args.install_hook:
+        print(f"plasmient: installed {install_pth()}", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="plasmient-run-") as shim_dir:
+        write_shim(shim_dir)
+        try:
+            proc = subprocess.Popen(cmd, env=child_env(args, shim_dir))
+        except OSError as err:
+            print(f"plasmient: error: cannot run {cmd[0]!r}: {err}", file=sys.stderr)
+            return 127
+        while True:
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:
+                continue  # the child got the same SIGINT; wait for it to flush and exit

@@ -1,0 +1,783 @@
+"""The live capture session: step boundaries, per-step RecordSets, and the hand-off to the one pipeline.
+
+On the training thread the session only flips hooks on and off at step boundaries and swaps record
+lists; a background thread turns each finished step into a RecordSet, runs
+``pipeline.stitch_records`` (the same joins, metrics and span tree as offline ingest) and exports.
+The queue between them is bounded: when the exporter falls behind (a dead collector) new steps are
+dropped and counted, never waited for, so tracing cannot slow or block a step. Every tracing error
+is caught, reported once on stderr, and never raised into the job.
+
+Sampling: every step gets a cheap step span (no op or module hooks); every ``every``-th step, and
+the step after one whose estimated MFU fell below ``mfu_threshold``, is captured at full depth
+(modules, ops, kernels). A step-level step has no op shapes, hence no FLOPs: its MFU-derived
+attributes are left absent rather than reported as zero (``plasmient.sampled_depth = step``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from time import perf_counter_ns
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..conventions import SpanBatch
+from ..records import DeviceInfo, RecordSet, table_from_columns
+
+Exporter = Callable[[SpanBatch], None]
+
+_PREFIX = "plasmient-trace:"
+_said: set[str] = set()
+_said_lock = threading.Lock()
+
+
+def say_once(key: str, message: str) -> None:
+    """One line on stderr per distinct ``key`` for the life of the process."""
+    with _said_lock:
+        if key in _said:
+            return
+        _said.add(key)
+    try:
+        print(f"{_PREFIX} {message}", file=sys.stderr, flush=True)
+    except Exception:
+        pass
+
+
+def _env_float(env: Mapping[str, str], name: str) -> float | None:
+    value = env.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        out = float(value)
+    except ValueError:
+        say_once(f"bad-{name}", f"ignoring {name}={value!r}: not a number")
+        return None
+    return out if out > 0 else None
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    value = env.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        out = int(value)
+        if out > 0:
+            return out
+    except ValueError:
+        pass
+    say_once(f"bad-{name}", f"ignoring {name}={value!r}: not a positive integer")
+    return default
+
+
+@dataclass
+class CaptureConfig:
+    """What the capture does; ``from_env`` reads the documented PLASMIENT_* and OTEL_* variables.
+
+    PLASMIENT_OUT           OTLP/JSON lines file (default traces.jsonl, traces.rank<R>.jsonl with ranks)
+    PLASMIENT_EVERY         full depth every N-th step (default 10; 1 = every step)
+    PLASMIENT_MFU_THRESHOLD capture the next step at full depth when a step's estimated MFU is below
+    PLASMIENT_JOB_ID        job id the trace ids derive from (else SLURM_JOB_ID, TORCHELASTIC_RUN_ID)
+    PLASMIENT_PEAK_TFLOPS   override the device peak (TFLOP/s); skips the CPU calibration
+    PLASMIENT_GPU_PRICE     USD per device-hour
+    PLASMIENT_CUPTI=0 / PLASMIENT_NVML=0   disable those sources
+    PLASMIENT_EXPORT_INTERVAL_S  how long finished steps are batched before one stitch+export (2 s)
+    PLASMIENT_FLUSH_TIMEOUT_S    the most the job waits at exit for queued steps (5 s)
+    OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_EXPORTER (otlp | console | none),
+    OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT / PROTOCOL / HEADERS / TIMEOUT: as in every OTel SDK.
+    """
+
+    out: str | None = None
+    every: int = 10
+    mfu_threshold: float | None = None
+    job_id: str | None = None
+    peak_tflops: float | None = None
+    gpu_price: float | None = None
+    service_name: str | None = None
+    traces_exporter: str = ""
+    cupti: bool = True
+    nvml: bool = True
+    queue_steps: int = 64
+    flush_timeout_s: float = 5.0
+    export_interval_s: float = 2.0
+    max_batch_steps: int = 64
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "CaptureConfig":
+        env = dict(os.environ if environ is None else environ)
+        job = env.get("PLASMIENT_JOB_ID") or env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or None
+        cfg = cls(
+            out=env.get("PLASMIENT_OUT") or None,
+            every=_env_int(env, "PLASMIENT_EVERY", 10),
+            mfu_threshold=_env_float(env, "PLASMIENT_MFU_THRESHOLD"),
+            job_id=job,
+            peak_tflops=_env_float(env, "PLASMIENT_PEAK_TFLOPS"),
+            gpu_price=_env_float(env, "PLASMIENT_GPU_PRICE"),
+            service_name=env.get("OTEL_SERVICE_NAME") or None,
+            traces_exporter=env.get("OTEL_TRACES_EXPORTER", "").strip().lower(),
+            cupti=env.get("PLASMIENT_CUPTI", "1") not in ("0", "false", "no"),
+            nvml=env.get("PLASMIENT_NVML", "1") not in ("0", "false", "no"),
+            flush_timeout_s=_env_float(env, "PLASMIENT_FLUSH_TIMEOUT_S") or 5.0,
+            export_interval_s=_env_float(env, "PLASMIENT_EXPORT_INTERVAL_S") or 2.0,
+            environ=env,
+        )
+        for k, v in overrides.items():
+            if v is not None:
+                setattr(cfg, k, v)
+        return cfg
+
+
+# ---------------------------------------------------------------------------------------------
+# Exporters
+
+
+class FileExporter:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, batch: SpanBatch) -> None:
+        from ..export.otlp_json import write_jsonl
+
+        write_jsonl(batch, self.path, append=True)
+
+
+class OtlpExporter:
+    def __init__(self, config: Any) -> None:
+        self.config = config
+
+    def __call__(self, batch: SpanBatch) -> None:
+        from ..export import otlp
+
+        otlp.send_spans(batch, self.config)
+
+
+class ConsoleExporter:
+    def __call__(self, batch: SpanBatch) -> None:
+        from ..export.otlp_json import write_jsonl
+
+        write_jsonl(batch, sys.stderr.buffer)
+        sys.stderr.flush()
+
+
+def default_out_path(resource: Mapping[str, Any]) -> str:
+    world = resource.get("plasmient.world_size")
+    rank = resource.get("plasmient.rank")
+    if isinstance(world, int) and world > 1 and isinstance(rank, int):
+        return f"traces.rank{rank}.jsonl"
+    return "traces.jsonl"
+
+
+def build_exporters(config: CaptureConfig, resource: Mapping[str, Any]) -> list[tuple[str, Exporter]]:
+    """The standard OTel choice: OTEL_TRACES_EXPORTER, else OTLP when an endpoint is configured, else
+    the embedded default (an OTLP/JSON lines file). PLASMIENT_OUT always adds the file."""
+    kinds = [k.strip() for k in config.traces_exporter.split(",") if k.strip()]
+    out: list[tuple[str, Exporter]] = []
+    otlp_cfg = None
+    if "none" in kinds:
+        kinds = []
+    want_otlp = "otlp" in kinds or not kinds
+    if want_otlp:
+        try:
+            from ..export import otlp
+
+            otlp_cfg = otlp.OtlpConfig.from_env(config.environ)
+        except Exception as err:
+            say_once("otlp-config", f"OTLP export disabled: {err}")
+            otlp_cfg = None
+        if otlp_cfg is not None and (otlp_cfg.explicit or "otlp" in kinds):
+            out.append((f"OTLP {otlp_cfg.protocol} {otlp_cfg.endpoint}", OtlpExporter(otlp_cfg)))
+    if "console" in kinds:
+        out.append(("stderr", ConsoleExporter()))
+    path = config.out
+    if path is None and not out and config.traces_exporter.strip().lower() != "none":
+        path = default_out_path(resource)
+    if path is not None:
+        # The local file goes first: a slow or dead collector must not delay it.
+        out.insert(0, (os.path.abspath(path), FileExporter(path)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Steps
+
+
+@dataclass
+class StepCapture:
+    """Everything one finished step left behind, handed to the worker thread."""
+
+    step: int
+    name: str
+    start_ns: int
+    end_ns: int
+    full: bool
+    ops: list[tuple] = field(default_factory=list)
+    modules: list[tuple] = field(default_factory=list)
+    cupti: Any = None          # cupti.ActivityBuffer
+    dropped: int = 0
+    samples: pa.Table | None = None
+
+
+_STEP_NAMES = {"optimizer": "optimizer.step#{n}", "profiler": "ProfilerStep#{n}", "explicit": "step#{n}"}
+_NULL_ON_SHALLOW = ("plasmient.flops", "plasmient.ideal_s", "plasmient.mfu", "plasmient.stall_fraction",
+                    "plasmient.wasted_s", "plasmient.cost.wasted_usd", "plasmient.bytes",
+                    "plasmient.arithmetic_intensity", "plasmient.bound", "plasmient.kernels.folded_flops",
+                    "plasmient.kernels.over_peak", "plasmient.culprit.module", "plasmient.culprit.op",
+                    "plasmient.culprit.kernel", "plasmient.culprit.rank", "plasmient.culprit.wasted_s",
+                    "plasmient.culprit.bound", "plasmient.culprit.suggestion")
+# On a CPU the ops are the device's work: without them busy time is unknown too.
+_NULL_ON_SHALLOW_CPU = ("plasmient.busy_s", "plasmient.util.resident", "plasmient.idle_fraction",
+                        "plasmient.kernels", "plasmient.kernels.folded", "plasmient.kernels.folded_s",
+                        "plasmient.unjoined_kernels")
+_SAMPLE_ATTRS = {"nvml.utilization.gpu": "plasmient.util.nvml", "gpm.sm_active": "plasmient.gpm.sm_active",
+                 "gpm.tensor_active": "plasmient.gpm.tensor_active", "gpm.dram_bw_util": "plasmient.gpm.dram_bw_util"}
+
+
+class CaptureSession:
+    """One process's live capture. ``start()`` installs the hooks; ``close()`` flushes and removes them."""
+
+    def __init__(self, config: CaptureConfig | None = None, exporters: list[tuple[str, Exporter]] | None = None) -> None:
+        self.config = config or CaptureConfig.from_env()
+        self._exporters = exporters
+        self.started = False
+        self.closed = False
+        self.failed = False
+        self.step_index = 0
+        self.stats = {"steps": 0, "steps_full": 0, "steps_dropped": 0, "exported_batches": 0, "export_errors": 0}
+        self._kind: str | None = None
+        self._open = False
+        self._full = False
+        self._force_full = False
+        self._step_start = 0
+        self._mode_entered = False
+        self._queue: queue.Queue = queue.Queue(maxsize=self.config.queue_steps)
+        self._worker: threading.Thread | None = None
+        self._flush_now = threading.Event()
+        self._lock = threading.RLock()
+        self._last_full: tuple[float, float] | None = None   # (flops, peak) of the latest full step
+        self._patched: list[tuple[Any, str, Any]] = []
+        self._opt_hook: Any = None
+        self._opt_clock: Any = None
+        self.cupti: Any = None
+        self.nvml: Any = None
+        self.devices: list[DeviceInfo] = []
+        self.on_gpu = False
+        self.cpu_spec: Any = None
+        self.resource: dict[str, Any] = {}
+        self.job_id = ""
+
+    # ---- lifecycle
+    def start(self) -> "CaptureSession":
+        if self.started:
+            return self
+        try:
+            self._start()
+        except Exception as err:
+            self._fail("start", err)
+        return self
+
+    def _start(self) -> None:
+        import torch
+
+        from ..sources.resource import resource_from_env
+        from . import torch_hooks
+
+        cfg = self.config
+        self.resource = resource_from_env(cfg.environ)
+        self.job_id = cfg.job_id or self.resource.get("plasmient.job.id") or \
+            f"{self.resource['host.name']}-{os.getpid()}-{time.strftime('%Y%m%dT%H%M%S')}"
+        self.resource["plasmient.job.id"] = self.job_id
+        # service.name travels as IngestOptions.service_name (OTEL_SERVICE_NAME, else the one
+        # OTEL_RESOURCE_ATTRIBUTES named); the stitcher puts it on every resource.
+        service = self.resource.pop("service.name", None)
+        if cfg.service_name is None and service and service != "plasmient-trace":
+            cfg.service_name = str(service)
+        self._epoch = torch_hooks.epoch_offset_ns()
+        self._pid = os.getpid()
+
+        # Devices are looked at when the first step begins, not here at `import torch`: touching
+        # CUDA now would initialise it before the script sets CUDA_VISIBLE_DEVICES or forks.
+        self._devices_pending = True
+        self._cpu_pending = False
+        self.resource["plasmient.source"] = "live:cpu"
+        self.ops = torch_hooks.OpRecorder()
+        self.modules = torch_hooks.ModuleRecorder(on_forward=self._on_forward)
+        self.modules.install()
+        self._install_step_hooks(torch)
+        if self._exporters is None:
+            self._exporters = build_exporters(cfg, self.resource)
+        for where, _ in self._exporters:
+            say_once(f"where-{where}", f"tracing job {self.job_id!r}: writing traces to {where}")
+        if not self._exporters:
+            say_once("no-exporter", "OTEL_TRACES_EXPORTER=none: traces are captured but not exported")
+        self._worker = threading.Thread(target=self._work, name="plasmient-export", daemon=True)
+        self._worker.start()
+        self.started = True
+
+    def _detect_devices(self) -> None:
+        """GPU path when the job has initialised CUDA (a CPU job on a GPU machine stays on the CPU
+        path); checked at each step start until CUDA appears, so a late `.cuda()` is picked up."""
+        import torch
+
+        if not torch.cuda.is_available():
+            self._devices_pending = False
+        elif torch.cuda.is_initialized():
+            self._devices_pending = False
+            self._init_gpu(torch)
+            if self.cupti is not None:
+                self.ops._push, self.ops._pop = self.cupti.push, self.cupti.pop
+        if not self.on_gpu and self.cpu_spec is None and self.config.peak_tflops is None:
+            self._cpu_pending = True
+        self.resource["plasmient.source"] = "live:cupti" if self.on_gpu else "live:cpu"
+
+    def _init_gpu(self, torch: Any) -> None:
+        from .cupti import CuptiCollector, CuptiUnavailable
+
+        count = torch.cuda.device_count()
+        for i in range(count):
+            p = torch.cuda.get_device_properties(i)
+            props = {"name": p.name, "totalGlobalMem": int(p.total_memory), "computeMajor": p.major,
+                     "computeMinor": p.minor, "numSms": p.multi_processor_count}
+            self.devices.append(DeviceInfo(ordinal=i, name=p.name, uuid=str(getattr(p, "uuid", "")) or None,
+                                           sm_count=p.multi_processor_count, memory_bytes=int(p.total_memory),
+                                           properties=props))
+        if self.config.cupti:
+            collector = CuptiCollector()
+            try:
+                collector.start()
+                self.cupti = collector
+                self.on_gpu = True
+            except CuptiUnavailable as err:
+                say_once("cupti", f"{err}; GPU kernels are not captured, spans carry CPU-side op times only "
+                                  "(use torch.profiler and `plasmient ingest` on its trace for kernel depth)")
+        if self.config.nvml and self.on_gpu:
+            from .nvml import NvmlSampler
+
+            sampler = NvmlSampler(list(range(count)))
+            if sampler.start():
+                self.nvml = sampler
+            else:
+                say_once("nvml", sampler.reason)
+
+    def _init_cpu(self) -> None:
+        # Called at the first step end, on the training thread: torch's thread count is the job's by
+        # then (the capture starts at `import torch`, before the script sets it), and the result
+        # is cached per CPU model and thread count, so later runs read a file.
+        self._cpu_pending = False
+        try:
+            from ..metrics import hardware
+
+            self.cpu_spec = hardware.cpu_spec()
+        except Exception as err:
+            say_once("cpu-spec", f"CPU peak calibration failed ({err}): no MFU on CPU spans")
+
+    def _install_step_hooks(self, torch: Any) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._opt_hook = register_optimizer_step_post_hook(self._optimizer_stepped)
+        prof_cls = torch.profiler.profile
+        original = prof_cls.step
+        session = self
+
+        def step(self_prof: Any, *args: Any, **kwargs: Any) -> Any:
+            out = original(self_prof, *args, **kwargs)
+            session.mark_step("profiler")
+            return out
+
+        prof_cls.step = step
+        self._patched.append((prof_cls, "step", original))
+        # One CUPTI activity client per process: while the user's torch.profiler (Kineto) runs,
+        # ours (if any) steps aside, and resumes when it stops. Those steps' kernels are in its trace.
+        for name, hook in (("start", self._suspend_cupti), ("stop", self._resume_cupti)):
+            orig = getattr(prof_cls, name)
+
+            def wrapped(self_prof: Any, *a: Any, _orig: Any = orig, _hook: Any = hook, _name: str = name, **k: Any) -> Any:
+                if _name == "start":
+                    _hook()
+                    return _orig(self_prof, *a, **k)
+                out = _orig(self_prof, *a, **k)
+                _hook()
+                return out
+
+            setattr(prof_cls, name, wrapped)
+            self._patched.append((prof_cls, name, orig))
+
+    def _suspend_cupti(self) -> None:
+        try:
+            if self.cupti is not None and self.cupti.available:
+                self.cupti.stop()
+                say_once("cupti-kineto", "torch.profiler started: CUPTI is Kineto's until it stops; steps meanwhile "
+                                         "carry no kernels here (ingest the profiler's trace for them)")
+        except Exception as err:
+            self._fail("cupti", err)
+
+    def _resume_cupti(self) -> None:
+        try:
+            if self.cupti is not None and not self.cupti.available:
+                self.cupti.start()
+        except Exception as err:
+            say_once("cupti-resume", f"CUPTI not resumed after torch.profiler: {err}")
+
+    def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        # With several optimizers (GANs, per-group optimizers) the first one that steps is the step
+        # clock, so one iteration is one step; a replacement optimizer takes over once it is gone.
+        try:
+            clock = self._opt_clock() if self._opt_clock is not None else None
+            if clock is None:
+                self._opt_clock = weakref.ref(optimizer)
+            elif clock is not optimizer:
+                return
+        except TypeError:
+            pass
+        self.mark_step("optimizer")
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop capturing, export what is queued (waiting at most ``timeout`` s), remove the hooks."""
+        if self.closed or not self.started:
+            self.closed = True
+            return
+        self.closed = True
+        try:
+            with self._lock:
+                self._exit_mode()
+                self._open = False
+                self.modules.enabled = False
+                self.modules.uninstall()
+                if self._opt_hook is not None:
+                    self._opt_hook.remove()
+                for owner, name, original in self._patched:
+                    setattr(owner, name, original)
+                self._patched = []
+            self.flush(timeout if timeout is not None else self.config.flush_timeout_s)
+            try:
+                self._queue.put_nowait(None)
+            except queue.Full:
+                pass  # the worker is a daemon: a wedged exporter dies with the process
+            if self.cupti is not None:
+                self.cupti.stop()
+            if self.nvml is not None:
+                self.nvml.stop()
+        except Exception as err:
+            self._fail("close", err)
+        if self.stats["steps_dropped"]:
+            say_once("dropped", f"{self.stats['steps_dropped']} step(s) were not exported: the exporter fell behind")
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every queued step is exported (True) or ``timeout`` passes (False)."""
+        self._flush_now.set()
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if self._queue.unfinished_tasks == 0:
+                    return True
+                time.sleep(0.005)
+            return self._queue.unfinished_tasks == 0
+        finally:
+            self._flush_now.clear()
+
+    def _fail(self, where: str, err: BaseException) -> None:
+        """A tracing error: say it once, stop tracing, keep the job running."""
+        self.failed = True
+        say_once(f"fail-{where}", f"tracing disabled after an error in {where}: {type(err).__name__}: {err}")
+        try:
+            self._exit_mode()
+            if hasattr(self, "modules"):
+                self.modules.enabled = False
+        except Exception:
+            pass
+
+    # ---- step boundaries (training thread)
+    def _on_forward(self) -> None:
+        # The first module forward opens step 0 (before it there is only setup: imports, model build).
+        if not self._open and self._kind != "explicit" and not self.failed and not self.closed:
+            try:
+                self._begin(perf_counter_ns())
+            except Exception as err:
+                self._fail("step", err)
+
+    def mark_step(self, kind: str) -> None:
+        """A step boundary of ``kind`` (optimizer | profiler): ends the open step, opens the next.
+
+        The first kind seen is the step clock; boundaries of another kind are ignored, so a loop that
+        calls both optimizer.step() and prof.step() still gets one trace per iteration."""
+        if self.failed or self.closed:
+            return
+        try:
+            with self._lock:
+                if self._kind is None:
+                    self._kind = kind
+                if kind != self._kind:
+                    return
+                now = perf_counter_ns()
+                if self._open:
+                    self._end(now)
+                self._begin(now)
+        except Exception as err:
+            self._fail("step", err)
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """``with plasmient_trace.step():`` - an explicit step (inference loops); explicit steps take
+        over from optimizer/profiler boundaries for the rest of the run."""
+        active = False
+        if not (self.failed or self.closed):
+            try:
+                with self._lock:
+                    if self._kind != "explicit":
+                        self._abort_open()
+                        self._kind = "explicit"
+                    if self._open:
+                        self._end(perf_counter_ns())
+                    self._begin(perf_counter_ns())
+                    active = True
+            except Exception as err:
+                self._fail("step", err)
+        try:
+            yield
+        finally:
+            if active and not (self.failed or self.closed):
+                try:
+                    with self._lock:
+                        if self._open:
+                            self._end(perf_counter_ns())
+                except Exception as err:
+                    self._fail("step", err)
+
+    def _abort_open(self) -> None:
+        if self._open:
+            self._exit_mode()
+            self.modules.enabled = False
+            self.ops.take()
+            self.modules.take()
+            self._open = False
+
+    def _begin(self, now: int) -> None:
+        if self._devices_pending:
+            self._detect_devices()
+        every = max(self.config.every, 1)
+        self._full = (self.step_index % every == 0) or self._force_full
+        self._force_full = False
+        self._step_start = now
+        self._open = True
+        if self._full:
+            self.modules.reset_stack()
+            self.modules.enabled = True
+            self._enter_mode()
+
+    def _end(self, now: int) -> None:
+        self._exit_mode()
+        if self._cpu_pending:
+            self._init_cpu()
+        self.modules.enabled = False
+        self._open = False
+        cap = StepCapture(step=self.step_index, name=_STEP_NAMES.get(self._kind or "explicit", "step#{n}").format(n=self.step_index),
+                          start_ns=self._step_start + self._epoch, end_ns=now + self._epoch, full=self._full,
+                          ops=self.ops.take() if self._full else [], modules=self.modules.take() if self._full else [])
+        for rec in (self.ops, self.modules):
+            if rec.failed is not None:
+                err, rec.failed = rec.failed, None
+                say_once("hook-error", f"a torch hook failed and its record was skipped: {type(err).__name__}: {err}")
+        if self.cupti is not None and self.cupti.available:
+            cap.cupti, cap.dropped = self.cupti.flush()  # buffers flushed at every step end
+        if self.nvml is not None:
+            cap.samples = self.nvml.take(cap.start_ns, cap.end_ns)
+        self.step_index += 1
+        self.stats["steps"] += 1
+        self.stats["steps_full"] += int(self._full)
+        try:
+            self._queue.put_nowait(cap)
+        except queue.Full:
+            self.stats["steps_dropped"] += 1
+
+    def _enter_mode(self) -> None:
+        if not self._mode_entered:
+            self.ops.__enter__()
+            self._mode_entered = True
+
+    def _exit_mode(self) -> None:
+        if self._mode_entered:
+            self._mode_entered = False
+            self.ops.__exit__(None, None, None)
+
+    # ---- worker thread
+    def _work(self) -> None:
+        try:  # import the pipeline now, while the job warms up, not at the first step end
+            from .. import pipeline  # noqa: F401
+            from ..export import otlp_json  # noqa: F401
+        except Exception:
+            pass
+        stop = False
+        while not stop:
+            item = self._queue.get()
+            if item is None:
+                self._queue.task_done()
+                return
+            items = [item]
+            # Collect for up to `export_interval_s` (or until a flush): one stitch and one export
+            # for many steps costs the job far less than one per step, as in OTel's batch processor.
+            deadline = time.monotonic() + self.config.export_interval_s
+            while len(items) < self.config.max_batch_steps and not self._flush_now.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    nxt = self._queue.get(timeout=min(remaining, 0.05))
+                except queue.Empty:
+                    continue
+                if nxt is None:
+                    self._queue.task_done()
+                    stop = True
+                    break
+                items.append(nxt)
+            try:
+                batch = self.process(items)
+                self._export(batch)
+            except Exception as err:
+                say_once("process", f"a step could not be traced ({type(err).__name__}: {err}); later steps continue")
+            finally:
+                for _ in items:
+                    self._queue.task_done()
+
+    def _export(self, batch: SpanBatch) -> None:
+        for where, exporter in self._exporters or []:
+            try:
+                exporter(batch)
+                self.stats["exported_batches"] += 1
+            except Exception as err:
+                self.stats["export_errors"] += 1
+                say_once(f"export-{where}", f"export to {where} failed ({type(err).__name__}: {err}); "
+                                            "the job continues, later steps are still attempted")
+
+    def record_set(self, items: list[StepCapture]) -> RecordSet:
+        from . import cupti as cupti_mod
+        from .torch_hooks import modules_table, ops_table
+
+        rs = RecordSet(devices=list(self.devices), resource=dict(self.resource),
+                       source="live:cupti" if self.on_gpu else "live:cpu")
+        rs.steps = table_from_columns("steps", {
+            "step": [c.step for c in items], "start_ns": [c.start_ns for c in items],
+            "end_ns": [c.end_ns for c in items], "name": [c.name for c in items]})
+        ops = [o for c in items for o in c.ops]
+        rs.ops = ops_table(ops, self._pid, self._epoch)
+        rs.modules = modules_table([m for c in items for m in c.modules], self._pid, self._epoch)
+        if self.on_gpu:
+            parts = [cupti_mod.tables(c.cupti, self.cupti.epoch_offset_ns) for c in items if c.cupti is not None]
+            for name in ("kernels", "launches", "external_correlation"):
+                tabs = [p[name] for p in parts if p[name].num_rows]
+                if tabs:
+                    setattr(rs, name, pa.concat_tables(tabs))
+            rs.counters["cupti.dropped_records"] = int(sum(c.dropped for c in items))
+        samples = [c.samples for c in items if c.samples is not None and c.samples.num_rows]
+        if samples:
+            rs.samples = pa.concat_tables(samples)
+        return rs
+
+    def process(self, items: list[StepCapture]) -> SpanBatch:
+        """Finished steps -> one SpanBatch through the shared pipeline (one trace per step)."""
+        from ..pipeline import IngestOptions, stitch_records
+
+        rs = self.record_set(items)
+        full = {c.step for c in items if c.full}
+        options = IngestOptions(job_id=self.job_id, peak_tflops=self.config.peak_tflops, gpu_price=self.config.gpu_price,
+                                service_name=self.config.service_name, full_depth_steps=full,
+                                cpu_spec=self.cpu_spec)
+        result = stitch_records([rs], options)
+        batch = result.batch
+        shallow = [c.step for c in items if not c.full]
+        table = batch.table
+        if shallow:
+            table = blank_unmeasured(table, shallow, on_gpu=self.on_gpu)
+        if rs.samples.num_rows:
+            table = step_sample_attributes(table, rs.samples)
+        if len(items) > 1 and self.on_gpu:
+            table = per_step_dropped(table, items)
+        self._update_threshold(table, items)
+        return SpanBatch(table=table, resources=batch.resources)
+
+    def _update_threshold(self, table: pa.Table, items: list[StepCapture]) -> None:
+        is_step = pc.equal(table.column("plasmient.level"), "step").to_numpy(zero_copy_only=False)
+        steps = table.column("plasmient.step").to_numpy()[is_step]
+        flops = table.column("plasmient.flops").to_numpy(zero_copy_only=False)[is_step]
+        peak = table.column("plasmient.peak_flops").fill_null(np.nan).to_numpy(zero_copy_only=False)[is_step]
+        wall = table.column("plasmient.wall_s").to_numpy(zero_copy_only=False)[is_step]
+        full = {c.step for c in items if c.full}
+        for s, f, p, w in sorted(zip(steps.tolist(), flops.tolist(), peak.tolist(), wall.tolist())):
+            if s in full:
+                if f == f and f > 0 and p == p and p > 0:
+                    self._last_full = (f, p)
+            elif self.config.mfu_threshold is not None and self._last_full is not None and w > 0:
+                # Same work as the last full step (fixed shapes), longer wall time: MFU fell.
+                lf, lp = self._last_full
+                if lf / (lp * w) < self.config.mfu_threshold:
+                    self._force_full = True
+
+
+def _null_where(column: pa.ChunkedArray, mask: np.ndarray) -> pa.Array:
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    return pc.if_else(pa.array(mask), pa.nulls(len(arr), arr.type), arr)
+
+
+def blank_unmeasured(table: pa.Table, shallow_steps: list[int], on_gpu: bool) -> pa.Table:
+    """Step-level steps ran without op hooks: drop the attributes that need ops (FLOPs and all that
+    derive from them; on a CPU also busy time) instead of exporting zeros that look measured."""
+    step = table.column("plasmient.step").to_numpy()
+    mask = np.isin(step, np.asarray(shallow_steps, np.int64))
+    if not mask.any():
+        return table
+    names = list(_NULL_ON_SHALLOW) + ([] if on_gpu else list(_NULL_ON_SHALLOW_CPU))
+    for name in names:
+        i = table.schema.get_field_index(name)
+        if i >= 0:
+            table = table.set_column(i, name, _null_where(table.column(name), mask))
+    return table
+
+
+def step_sample_attributes(table: pa.Table, samples: pa.Table) -> pa.Table:
+    """Mean of each NVML/GPM metric over every step span's window, as that step's attributes."""
+    level = table.column("plasmient.level").to_numpy(zero_copy_only=False)
+    rows = np.nonzero(level == "step")[0]
+    if not len(rows):
+        return table
+    start = table.column("start_ns").to_numpy()[rows]
+    end = table.column("end_ns").to_numpy()[rows]
+    ts = samples.column("timestamp_ns").to_numpy()
+    metric = samples.column("metric").to_numpy(zero_copy_only=False)
+    value = samples.column("value").to_numpy()
+    for sample_name, attr in _SAMPLE_ATTRS.items():
+        sel = metric == sample_name
+        if not sel.any():
+            continue
+        t, v = ts[sel], value[sel]
+        order = np.argsort(t, kind="stable")
+        t, v = t[order], v[order]
+        csum = np.concatenate([[0.0], np.cumsum(v)])
+        lo = np.searchsorted(t, start, side="left")
+        hi = np.searchsorted(t, end, side="right")
+        cnt = hi - lo
+        mean = np.where(cnt > 0, (csum[hi] - csum[lo]) / np.maximum(cnt, 1), np.nan)
+        col = np.full(table.num_rows, np.nan)
+        col[rows] = mean
+        i = table.schema.get_field_index(attr)
+        table = table.set_column(i, attr, pa.array(col, mask=~np.isfinite(col)))
+    return table
+
+
+def per_step_dropped(table: pa.Table, items: list[StepCapture]) -> pa.Table:
+    """The stitcher puts one RecordSet counter on every step; with several steps per batch, each step
+    span gets its own step's dropped-record count instead."""
+    name = "plasmient.cupti.dropped_records"
+    i = table.schema.get_field_index(name)
+    level = table.column("plasmient.level").to_numpy(zero_copy_only=False)
+    step = table.column("plasmient.step").to_numpy()
+    by_step = {c.step: c.dropped for c in items}
+    values = [by_step.get(int(s)) if lv == "step" else None for lv, s in zip(level.tolist(), step.tolist())]
+    return table.set_column(i, name, pa.array(values, pa.int64()))
+

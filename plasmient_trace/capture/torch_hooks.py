@@ -1,0 +1,346 @@
+"""Torch-side live capture: aten ops through a TorchDispatchMode, nn.Module calls through global hooks.
+
+Why these hooks: a TorchDispatchMode sees every aten op below autograd (forward and backward) with
+its real arguments, on the thread that runs it, and lets us push a CUPTI external correlation id
+around exactly the kernels that op launches; global module hooks see every ``nn.Module.__call__``
+without touching the model. Both only append tuples to a list on the hot path: turning them into
+Arrow record tables (names, JSON shapes, epoch timestamps) happens later, off the training thread,
+in :func:`ops_table` / :func:`modules_table`.
+
+Backward module spans are not recorded here: the stitcher rebuilds them from the autograd sequence
+number (a backward op carries the sequence number of the forward op that created its node), which
+needs no backward hooks and so leaves the autograd graph exactly as the user built it.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from time import perf_counter_ns
+from typing import Any, Callable
+
+import orjson
+import pyarrow as pa
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..records import table_from_columns
+
+_get_native_id = threading.get_native_id
+_current_node = torch._C._current_autograd_node
+_get_seq = torch._C._autograd._get_sequence_nr
+_Tensor = torch.Tensor
+_SEQ_NONE = 1 << 63  # AccumulateGrad and friends report UINT64_MAX: no forward op
+
+# Kineto's spelling of dtypes, which the FLOP model (metrics.flops) reads.
+_DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
+    torch.bfloat16: "c10::BFloat16", torch.int64: "long int", torch.int32: "int", torch.int16: "short int",
+    torch.int8: "signed char", torch.uint8: "unsigned char", torch.bool: "bool",
+    torch.complex64: "c10::complex<float>", torch.complex128: "c10::complex<double>",
+    torch.complex32: "c10::complex<c10::Half>",
+}
+for _name, _spelling in (("float8_e4m3fn", "c10::Float8_e4m3fn"), ("float8_e5m2", "c10::Float8_e5m2"),
+                         ("float8_e4m3fnuz", "c10::Float8_e4m3fnuz"), ("float8_e5m2fnuz", "c10::Float8_e5m2fnuz")):
+    if hasattr(torch, _name):
+        _DTYPE_NAMES[getattr(torch, _name)] = _spelling
+
+_TENSOR_LIST = "TensorList"
+
+
+def _meta(values: Any) -> list[Any]:
+    """What an op's arguments look like, without holding on to any tensor (that would pin memory)."""
+    out: list[Any] = []
+    for a in values:
+        if isinstance(a, _Tensor):
+            out.append((a.shape, a.dtype))
+        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], _Tensor):
+            out.append((_TENSOR_LIST, [tuple(t.shape) if isinstance(t, _Tensor) else () for t in a]))
+        elif a is None or isinstance(a, (bool, int, float, str)):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out.append(tuple(x if isinstance(x, (bool, int, float)) else str(x) for x in a))
+        else:
+            out.append(str(a))
+    return out
+
+
+class OpRecorder(TorchDispatchMode):
+    """Records every aten op that runs while it is entered; optionally brackets it with a CUPTI
+    external correlation id (``push(id)`` before, ``pop()`` after) so its kernels join to it exactly.
+
+    Record layout (one tuple per op): (func, start_ns, end_ns, thread, sequence_nr, backward,
+    external_id, args meta). Timestamps are ``perf_counter_ns``; :func:`ops_table` maps them to epoch.
+    """
+
+    def __init__(self, push: Callable[[int], Any] | None = None, pop: Callable[[], Any] | None = None) -> None:
+        super().__init__()
+        self.ops: list[tuple] = []
+        self._push = push
+        self._pop = pop
+        self._next_id = 1
+        self._last_seq = _get_seq()
+        self.failed: BaseException | None = None
+
+    def take(self) -> list[tuple]:
+        ops, self.ops = self.ops, []
+        return ops
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None,  # noqa: ANN001 - torch's signature
+                           _clock=perf_counter_ns, _node=_current_node, _seq=_get_seq, _tid=_get_native_id,
+                           _Tensor=_Tensor):
+        # Hot path (once per aten op): globals are bound as defaults, tensors reduced to (shape, dtype).
+        if kwargs is None:
+            kwargs = {}
+        eid = self._next_id
+        self._next_id = eid + 1
+        push = self._push
+        if push is not None:
+            push(eid)
+            try:
+                t0 = _clock()
+                out = func(*args, **kwargs)
+                t1 = _clock()
+            finally:
+                self._pop()
+        else:
+            t0 = _clock()
+            out = func(*args, **kwargs)
+            t1 = _clock()
+        # Bookkeeping errors must never reach the user's op: keep the first for the session to report
+        # once, and skip this op's record.
+        try:
+            node = _node()
+            if node is None:
+                # Autograd created this op's node (and took a sequence number) before dispatching to
+                # us; an op that needs no gradient took none, so an unchanged counter means "no node".
+                now = _seq()
+                seq = now - 1 if now != self._last_seq else -1
+                self._last_seq = now
+                backward = False
+            else:
+                seq = node._sequence_nr()
+                if seq >= _SEQ_NONE:
+                    seq = -1
+                backward = True
+            meta = []
+            add = meta.append
+            for a in args:
+                if isinstance(a, _Tensor):
+                    add((a.shape, a.dtype))
+                elif type(a) is list or type(a) is tuple:
+                    add(_meta((a,))[0])  # may hold tensors (cat, stack): never keep those alive
+                else:
+                    add(a)  # scalars, None, dtypes, devices: small, kept as they are
+            if kwargs:
+                meta += _meta(kwargs.values())
+            self.ops.append((func, t0, t1, _tid(), seq, backward, eid, meta))
+        except Exception as err:  # pragma: no cover - defensive, reported by the session
+            if self.failed is None:
+                self.failed = err
+        return out
+
+
+class ModuleRecorder:
+    """nn.Module forward calls as (thread, start, end, name) records, named by their path in the model.
+
+    The record's ``name`` is the path *relative to the enclosing recorded module*, because the
+    stitcher builds the full dotted path by nesting in time (parent path + '.' + name). The outermost
+    module of a model is named by its class (``TinyLM``), its children by ``named_modules()``
+    (``TinyLM.layers.0.attn`` in full).
+    """
+
+    def __init__(self, on_forward: Callable[[], None] | None = None) -> None:
+        self.records: list[tuple] = []
+        self.enabled = False
+        self._on_forward = on_forward
+        self._paths: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
+        self._local = threading.local()
+        self._handles: list[Any] = []
+        self.failed: BaseException | None = None
+
+    def install(self) -> None:
+        from torch.nn.modules import module as m
+
+        self._handles = [m.register_module_forward_pre_hook(self._pre),
+                         m.register_module_forward_hook(self._post, always_call=True)]
+
+    def uninstall(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def take(self) -> list[tuple]:
+        recs, self.records = self.records, []
+        return recs
+
+    def reset_stack(self) -> None:
+        self._local = threading.local()
+
+    def _stack(self) -> list:
+        st = getattr(self._local, "stack", None)
+        if st is None:
+            st = self._local.stack = []
+        return st
+
+    def path_of(self, module: torch.nn.Module, parent_path: str | None) -> str:
+        path = self._paths.get(module)
+        if path is not None:
+            return path
+        # First sight of a model (or of a module built on the fly): name its whole subtree once.
+        root = type(module).__name__ if parent_path is None else f"{parent_path}.{type(module).__name__}"
+        for name, sub in module.named_modules():
+            if sub not in self._paths:
+                self._paths[sub] = f"{root}.{name}" if name else root
+        return self._paths[module]
+
+    def _pre(self, module: torch.nn.Module, args: Any) -> None:
+        if self._on_forward is not None:
+            try:
+                self._on_forward()
+            except Exception as err:  # pragma: no cover - defensive
+                self.failed = self.failed or err
+        if not self.enabled:
+            return None
+        try:
+            st = self._stack()
+            parent = st[-1][1] if st else None
+            st.append((module, self.path_of(module, parent), perf_counter_ns(), parent))
+        except Exception as err:  # pragma: no cover - defensive
+            self.failed = self.failed or err
+        return None
+
+    def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if not self.enabled:
+            return None
+        try:
+            t1 = perf_counter_ns()
+            st = self._stack()
+            if not st or st[-1][0] is not module:
+                # Recording started inside this module's forward (or an exception unwound past us).
+                while st and st[-1][0] is not module:
+                    st.pop()
+                if not st:
+                    return None
+            _, path, t0, parent = st.pop()
+            if parent is not None and path.startswith(parent + "."):
+                name = path[len(parent) + 1:]
+            else:
+                name = path
+            self.records.append((_get_native_id(), t0, t1, name))
+        except Exception as err:  # pragma: no cover - defensive
+            self.failed = self.failed or err
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Records -> Arrow tables (off the training thread)
+
+_NAME_CACHE: dict[Any, str] = {}
+_SIGNATURE_CACHE: dict[tuple, tuple[str, str, str]] = {}
+_SIGNATURE_CACHE_MAX = 100_000
+
+
+def op_name(func: Any) -> str:
+    name = _NAME_CACHE.get(func)
+    if name is None:
+        try:
+            name = func._schema.name  # 'aten::mm' (the overload name stays out, as in Kineto)
+        except AttributeError:
+            name = str(func)
+        _NAME_CACHE[func] = name
+    return name
+
+
+def _arg_columns(meta: list[Any]) -> tuple[list[Any], list[str], list[str]]:
+    dims: list[Any] = []
+    types: list[str] = []
+    concrete: list[str] = []
+    for a in meta:
+        if type(a) is tuple and len(a) == 2 and isinstance(a[1], torch.dtype):
+            dims.append(list(a[0]))
+            types.append(_DTYPE_NAMES.get(a[1], str(a[1]).replace("torch.", "")))
+            concrete.append("")
+        elif type(a) is tuple and len(a) == 2 and a[0] == _TENSOR_LIST:
+            dims.append([list(s) for s in a[1]])
+            types.append(_TENSOR_LIST)
+            concrete.append("")
+        elif a is None:
+            dims.append([])
+            types.append("")
+            concrete.append("")
+        elif isinstance(a, (bool, int, float)):
+            dims.append([])
+            types.append("Scalar")
+            concrete.append(str(a))
+        elif isinstance(a, tuple):
+            dims.append([])
+            types.append("ScalarList")
+            concrete.append("[" + ", ".join(str(x) for x in a) + "]")
+        else:
+            dims.append([])
+            types.append("String")
+            concrete.append(str(a))
+    return dims, types, concrete
+
+
+def ops_table(ops: list[tuple], pid: int, epoch_offset_ns: int, with_external_id: bool = True) -> pa.Table:
+    """OpRecorder tuples -> the ``ops`` record table (one Python pass per op; ops are per full-depth
+    step only, a few thousand at most, so this stays off the per-kernel hot path)."""
+    n = len(ops)
+    if n == 0:
+        return table_from_columns("ops", {})
+    names, start, end, tid, seq, fwd, ext, dims, types, conc = [], [], [], [], [], [], [], [], [], []
+    for func, t0, t1, thread, s, backward, eid, meta in ops:
+        names.append(op_name(func))
+        start.append(t0 + epoch_offset_ns)
+        end.append(t1 + epoch_offset_ns)
+        tid.append(thread)
+        seq.append(s if s >= 0 else None)
+        # fwd_thread_id > 0 marks a backward op for the stitcher (Kineto's convention).
+        fwd.append(1 if backward else 0)
+        ext.append(eid)
+        # A training loop repeats the same op signatures every step: encode each once.
+        try:
+            key = (func, tuple(meta))
+            enc = _SIGNATURE_CACHE.get(key)
+        except TypeError:  # an unhashable argument
+            key, enc = None, None
+        if enc is None:
+            d, t, c = _arg_columns(meta)
+            enc = (orjson.dumps(d).decode(), orjson.dumps(t).decode(), orjson.dumps(c).decode())
+            if key is not None and len(_SIGNATURE_CACHE) < _SIGNATURE_CACHE_MAX:
+                _SIGNATURE_CACHE[key] = enc
+        dims.append(enc[0])
+        types.append(enc[1])
+        conc.append(enc[2])
+    cols: dict[str, Any] = {
+        "pid": [pid] * n, "tid": tid, "start_ns": start, "end_ns": end, "name": names,
+        "category": ["cpu_op"] * n, "sequence_number": seq, "fwd_thread_id": fwd,
+        "input_dims": dims, "input_types": types, "concrete_inputs": conc,
+    }
+    if with_external_id:
+        cols["external_id"] = ext
+    return table_from_columns("ops", cols)
+
+
+def modules_table(records: list[tuple], pid: int, epoch_offset_ns: int) -> pa.Table:
+    if not records:
+        return table_from_columns("modules", {})
+    tid, t0, t1, name = zip(*records)
+    return table_from_columns("modules", {
+        "pid": [pid] * len(records), "tid": list(tid),
+        "start_ns": [t + epoch_offset_ns for t in t0], "end_ns": [t + epoch_offset_ns for t in t1],
+        "name": list(name), "phase": ["forward"] * len(records),
+    })
+
+
+def epoch_offset_ns() -> int:
+    """perf_counter_ns + offset = Unix epoch ns (perf_counter is monotonic, so spans never run backwards)."""
+    import time
+
+    a = time.time_ns()
+    b = perf_counter_ns()
+    c = time.time_ns()
+    return (a + c) // 2 - b
+

@@ -1,0 +1,191 @@
+"""The examples run as users run them, in subprocesses: PLASMIENT_TRACE=1 (through the installed
+startup hook), the standard ``opentelemetry-instrument`` launcher, and ``plasmient run`` with a dead
+OTLP collector. The scripts are unchanged; the traces are read back from the OTLP/JSON lines files."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import orjson
+import pytest
+
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+BIN = Path(sys.executable).parent
+
+
+def _value(v: dict):
+    kind, value = next(iter(v.items()))
+    return int(value) if kind == "intValue" else value  # OTLP/JSON writes int64 as a string
+
+
+def spans_by_trace(path: Path) -> list[list[dict]]:
+    traces = []
+    for line in path.read_bytes().splitlines():
+        doc = orjson.loads(line)
+        spans = []
+        for rs in doc["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                for s in ss["spans"]:
+                    s["attrs"] = {a["key"]: _value(a["value"]) for a in s["attributes"]}
+                    spans.append(s)
+        traces.append(spans)
+    return traces
+
+
+def step_span(spans: list[dict]) -> dict:
+    return next(s for s in spans if s["attrs"]["plasmient.level"] == "step")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PLASMIENT_"))}
+    # One CPU calibration for the whole module (it is cached per machine, as for users).
+    e["PLASMIENT_CACHE_DIR"] = str(tmp_path_factory.mktemp("calibration"))
+    e["PYTHONUNBUFFERED"] = "1"
+    return e
+
+
+def run(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def hooked_python(tmp_path_factory) -> Path:
+    """A fresh interpreter environment seeing this project's packages, with the startup hook installed
+    the way users install it, so PLASMIENT_TRACE=1 is tested through real interpreter startup."""
+    venv = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site_dir = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                   capture_output=True, text=True, check=True).stdout.strip())
+    parent = sysconfig.get_paths()["purelib"]
+    # sorts before plasmient_trace.pth: the parent environment (and its editable install) comes first
+    (site_dir / "00_parent_env.pth").write_text(f"import site; site.addsitedir({parent!r})\n")
+    subprocess.run([str(python), "-m", "plasmient_trace.capture.autostart", "--install"], check=True,
+                   capture_output=True)
+    assert (site_dir / "plasmient_trace.pth").exists()
+    return python
+
+
+def test_plasmient_trace_1_traces_every_optimizer_step(hooked_python, env, tmp_path):
+    e = dict(env, PLASMIENT_TRACE="1", PLASMIENT_EVERY="2", PLASMIENT_JOB_ID="tiny")
+    proc = run([str(hooked_python), str(EXAMPLES / "train_tiny_transformer.py"), "--steps", "3"], e, tmp_path)
+    out = tmp_path / "traces.jsonl"  # the embedded default, in the working directory
+    assert proc.stderr.count("writing traces to") == 1 and str(out) in proc.stderr
+    traces = spans_by_trace(out)
+    assert len(traces) == 3  # one trace per optimizer step
+    assert sorted(step_span(t)["attrs"]["plasmient.step"] for t in traces) == [0, 1, 2]
+    full = next(t for t in traces if step_span(t)["attrs"]["plasmient.step"] == 0)
+    shallow = next(t for t in traces if step_span(t)["attrs"]["plasmient.step"] == 1)
+    assert {s["attrs"]["plasmient.level"] for s in shallow} == {"fleet", "node", "rank", "step"}
+    by_id = {s["spanId"]: s for s in full}
+    names = {s["name"] for s in full if s["attrs"]["plasmient.level"] == "module"}
+    assert {"TinyLM", "TinyLM.layers.0.attn", "TinyLM.layers.1.mlp.0", "TinyLM.head [backward]"} <= names
+    ops = [s for s in full if s["attrs"]["plasmient.level"] == "op"]
+    parent_level = {s["spanId"]: by_id[s["parentSpanId"]]["attrs"]["plasmient.level"] for s in ops}
+    model_ops = [s for s in ops if s["name"] in ("aten::addmm", "aten::native_layer_norm", "aten::embedding")]
+    assert model_ops and {parent_level[s["spanId"]] for s in model_ops} == {"module"}
+    # AdamW runs outside the model: its ops hang off the step itself
+    optimizer_ops = [s for s in ops if s["name"] in ("aten::addcdiv_", "aten::lerp_", "aten::_foreach_addcdiv_")]
+    assert optimizer_ops and {parent_level[s["spanId"]] for s in optimizer_ops} == {"step"}
+    for s in full:
+        assert "plasmient.mfu" in s["attrs"] and "plasmient.wall_s" in s["attrs"], s["name"]
+    step = step_span(full)["attrs"]
+    assert step["plasmient.device.type"] == "cpu" and 0 < step["plasmient.mfu"] < 1
+    rank = next(s for s in full if s["attrs"]["plasmient.level"] == "rank")["attrs"]
+    assert rank["plasmient.peak.source"] == "calibrated"
+
+
+def test_opentelemetry_instrument_finds_our_instrumentor(env, tmp_path):
+    out = tmp_path / "decode.jsonl"
+    e = dict(env, PLASMIENT_OUT=str(out), PLASMIENT_EVERY="1", OTEL_SERVICE_NAME="decode-demo")
+    run([str(BIN / "opentelemetry-instrument"), sys.executable, str(EXAMPLES / "decode_vs_gemm.py"), "--steps", "2"], e, tmp_path)
+    traces = spans_by_trace(out)
+    assert len(traces) == 4  # 2 decode steps + 2 GEMM steps, explicit `with step():`
+    steps = sorted((step_span(t) for t in traces), key=lambda s: s["attrs"]["plasmient.step"])
+    decode, gemm = steps[:2], steps[2:]
+    doc = orjson.loads(out.read_bytes().splitlines()[0])
+    services = {a["value"]["stringValue"] for rs in doc["resourceSpans"] for a in rs["resource"]["attributes"] if a["key"] == "service.name"}
+    assert services == {"decode-demo"}
+    # Both keep the device busy; the decode loop does far less useful math per busy second.
+    assert min(s["attrs"]["plasmient.util.resident"] for s in gemm) > 0.9
+    assert min(s["attrs"]["plasmient.util.resident"] for s in decode) > 0.5
+    assert all(s["attrs"]["plasmient.bound"] == "memory" for s in decode)
+    ratio = min(s["attrs"]["plasmient.mfu"] for s in gemm) / max(s["attrs"]["plasmient.mfu"] for s in decode)
+    assert ratio > 2, ratio
+
+
+def test_plasmient_run_with_a_dead_collector_never_hurts_the_job(env, tmp_path):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "run.jsonl"
+    e = dict(env, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}", OTEL_EXPORTER_OTLP_TIMEOUT="300")
+    proc = run([str(BIN / "plasmient"), "run", "--out", str(out), "--every", "1", "--job-id", "dead", "--",
+                sys.executable, str(EXAMPLES / "train_tiny_transformer.py"), "--steps", "2"], e, tmp_path)
+    assert proc.stdout.count("loss") == 2  # the job ran to the end
+    assert proc.stderr.count("export to OTLP") == 1  # said once, not per step
+    assert "Connection refused" in proc.stderr or "UNAVAILABLE" in proc.stderr
+    traces = spans_by_trace(out)  # --out still gets every step
+    assert len(traces) == 2
+    assert {s["attrs"]["plasmient.job.id"] for t in traces for s in t} == {"dead"}
+
+
+def test_startup_hook_costs_nothing_when_off_and_never_imports_torch_itself(hooked_python, env, tmp_path):
+    probe = "import sys; print('torch' in sys.modules, any(type(f).__name__ == '_TorchWatcher' for f in sys.meta_path))"
+    off = subprocess.run([str(hooked_python), "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert off.stdout.split() == ["False", "False"]
+    on = subprocess.run([str(hooked_python), "-c", probe], env=dict(env, PLASMIENT_TRACE="1"),
+                        capture_output=True, text=True, check=True)
+    assert on.stdout.split() == ["False", "True"]  # armed, waiting for the program to import torch
+    assert on.stderr == ""
+
+
+def test_run_shim_chains_an_existing_sitecustomize(env, tmp_path):
+    from plasmient_trace.capture.autostart import write_shim
+
+    shim, user = tmp_path / "shim", tmp_path / "user"
+    shim.mkdir()
+    user.mkdir()
+    write_shim(shim)
+    (user / "sitecustomize.py").write_text("import builtins; builtins.USER_SITECUSTOMIZE_RAN = True\n")
+    probe = ("import builtins, sys; print(getattr(builtins, 'USER_SITECUSTOMIZE_RAN', False), "
+             "any(type(f).__name__ == '_TorchWatcher' for f in sys.meta_path))")
+    e = dict(env, PLASMIENT_TRACE="1", PYTHONPATH=os.pathsep.join([str(shim), str(user)]))
+    out = subprocess.run([sys.executable, "-c", probe], env=e, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"]
+
+
+def test_plasmient_run_flags_become_child_variables_and_a_missing_command_is_an_error(tmp_path):
+    import argparse
+
+    from plasmient_trace.capture.cli import child_env, register
+    from plasmient_trace.cli import main
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["run", "--out", "t.jsonl", "--every", "5", "--job-id", "j1", "--", "python", "x.py"])
+    e = child_env(args, "/shim", environ={"PYTHONPATH": "/mine"})
+    assert e["PLASMIENT_TRACE"] == "1" and e["PLASMIENT_EVERY"] == "5" and e["PLASMIENT_JOB_ID"] == "j1"
+    assert e["PLASMIENT_OUT"] == os.path.abspath("t.jsonl")
+    assert e["PYTHONPATH"] == os.pathsep.join(["/shim", "/mine"])
+    assert args.cmd[-2:] == ["python", "x.py"]
+    assert main(["run"]) == 2
+
+
+def test_launch_module_runs_a_script_as_main(env, tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("import sys\nprint(__name__, sys.argv[1:])\n")
+    out = subprocess.run([sys.executable, "-m", "plasmient_trace.capture.launch", str(script), "a", "b"],
+                         env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "__main__ ['a', 'b']"

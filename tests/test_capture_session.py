@@ -1,0 +1,469 @@
+"""The live capture session in-process: steps, module/op spans, backward mapping, sampling, and
+that nothing tracing does can break or block the job."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import torch
+
+from plasmient_trace.capture import torch_hooks
+from plasmient_trace.capture.session import (CaptureConfig, CaptureSession, blank_unmeasured,
+                                             step_sample_attributes)
+from plasmient_trace.conventions import SpanBatch
+from plasmient_trace.records import table_from_columns
+from plasmient_trace.stitch import ids
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import train_tiny_transformer as tiny  # noqa: E402
+
+
+class Collect:
+    def __init__(self) -> None:
+        self.batches: list[SpanBatch] = []
+
+    def __call__(self, batch: SpanBatch) -> None:
+        self.batches.append(batch)
+
+    def rows(self) -> list[dict]:
+        return [r for b in self.batches for r in b.table.to_pylist()]
+
+
+def run(steps: int = 3, every: int = 1, exporters=None, **cfg) -> tuple[CaptureSession, Collect]:
+    sink = Collect()
+    config = CaptureConfig(every=every, peak_tflops=0.05, job_id="test-job", environ={}, **cfg)
+    session = CaptureSession(config, exporters=exporters if exporters is not None else [("memory", sink)]).start()
+    try:
+        model, opt, data = tiny.build(dim=32, layers=2, heads=2, vocab=64, seq=8, batch=2)
+        for _ in range(steps):
+            tiny.train_step(model, opt, data)
+    finally:
+        session.close(timeout=30)
+    return session, sink
+
+
+@pytest.fixture(scope="module")
+def traced() -> tuple[CaptureSession, list[dict]]:
+    session, sink = run(steps=3, every=2)
+    return session, sink.rows()
+
+
+def test_one_trace_per_optimizer_step_with_deterministic_ids(traced):
+    session, rows = traced
+    steps = [r for r in rows if r["plasmient.level"] == "step"]
+    assert sorted(r["plasmient.step"] for r in steps) == [0, 1, 2]
+    assert [r["name"] for r in sorted(steps, key=lambda r: r["plasmient.step"])] == [f"optimizer.step#{i}" for i in range(3)]
+    for r in rows:
+        assert r["trace_id"] == ids.trace_id("test-job", r["plasmient.step"])
+    assert session.stats["steps"] == 3 and session.stats["steps_dropped"] == 0 and not session.failed
+
+
+def test_every_nth_step_is_full_depth_the_others_step_level(traced):
+    _, rows = traced
+    depth = {r["plasmient.step"]: r["plasmient.sampled_depth"] for r in rows if r["plasmient.level"] == "step"}
+    assert depth == {0: "full", 1: "step", 2: "full"}
+    levels = {s: {r["plasmient.level"] for r in rows if r["plasmient.step"] == s} for s in depth}
+    assert levels[1] == {"fleet", "node", "rank", "step"}
+    assert {"module", "op", "kernel"} - levels[0] == {"kernel"}  # CPU: the leaf ops are the device's kernels
+
+
+def _parents(rows: list[dict], step: int) -> tuple[dict, dict]:
+    rows = [r for r in rows if r["plasmient.step"] == step]
+    return {r["span_id"]: r for r in rows}, rows
+
+
+def _module_of(span: dict, by_id: dict) -> str | None:
+    cur = span
+    while cur is not None and cur["plasmient.level"] not in ("module", "step"):
+        cur = by_id.get(cur["parent_span_id"])
+    return cur["name"] if cur is not None and cur["plasmient.level"] == "module" else None
+
+
+def test_module_spans_are_named_by_path_and_hold_their_ops(traced):
+    _, rows = traced
+    by_id, rows0 = _parents(rows, 0)
+    modules = {r["name"] for r in rows0 if r["plasmient.level"] == "module" and r["plasmient.module.phase"] == "forward"}
+    expected = {"TinyLM", "TinyLM.embed", "TinyLM.norm", "TinyLM.head"} | {
+        f"TinyLM.layers.{i}.{p}" for i in range(2) for p in ("norm1", "attn", "norm2", "mlp", "mlp.0", "mlp.1", "mlp.2")}
+    assert expected <= modules
+    for r in rows0:
+        if r["plasmient.level"] == "module":
+            assert r["plasmient.module.path"] == r["name"].removesuffix(" [backward]")
+    # nesting follows the model: mlp.0 sits in mlp, which sits in layers.1, in TinyLM
+    mlp0 = next(r for r in rows0 if r["name"] == "TinyLM.layers.1.mlp.0")
+    chain = []
+    cur = by_id[mlp0["parent_span_id"]]
+    while cur["plasmient.level"] == "module":
+        chain.append(cur["name"])
+        cur = by_id[cur["parent_span_id"]]
+    assert chain == ["TinyLM.layers.1.mlp", "TinyLM.layers.1", "TinyLM"]
+    ops_in_linear = {r["name"] for r in rows0 if r["plasmient.level"] == "op" and by_id[r["parent_span_id"]]["name"] == "TinyLM.layers.1.mlp.0"}
+    assert ops_in_linear & {"aten::addmm", "aten::mm", "aten::linear"}
+    gelu = [r for r in rows0 if r["plasmient.level"] == "op" and r["name"] == "aten::gelu"]
+    assert gelu and all(_module_of(r, by_id) == "TinyLM.layers.0.mlp.1" or _module_of(r, by_id) == "TinyLM.layers.1.mlp.1" for r in gelu)
+
+
+def test_op_spans_carry_shapes_dtypes_thread_and_sequence_numbers(traced):
+    _, rows = traced
+    addmm = [r for r in rows if r["plasmient.level"] == "op" and r["name"] == "aten::addmm"]
+    assert addmm
+    r = addmm[0]
+    assert r["plasmient.op.input_types"].startswith('["float"')
+    assert r["plasmient.op.input_dims"].count("[") >= 4
+    assert r["thread.id"] == threading.get_native_id()
+    assert r["plasmient.op.sequence_number"] is not None
+    assert r["plasmient.op.flops_model"] == "gemm" and r["plasmient.op.model_flops"] > 0
+
+
+def test_backward_ops_land_under_the_backward_span_of_their_forward_module(traced):
+    _, rows = traced
+    by_id, rows0 = _parents(rows, 0)
+    gelu_bwd = [r for r in rows0 if r["plasmient.level"] == "op" and r["name"] == "aten::gelu_backward"]
+    assert gelu_bwd
+    assert {_module_of(r, by_id) for r in gelu_bwd} == {"TinyLM.layers.0.mlp.1 [backward]", "TinyLM.layers.1.mlp.1 [backward]"}
+    emb_bwd = [r for r in rows0 if r["plasmient.level"] == "op" and r["name"].startswith("aten::embedding_dense_backward")]
+    assert emb_bwd and {_module_of(r, by_id) for r in emb_bwd} == {"TinyLM.embed [backward]"}
+
+
+def test_metrics_on_every_span_and_mfu_on_every_full_depth_span(traced):
+    _, rows = traced
+    for r in rows:
+        assert r["plasmient.wall_s"] is not None and r["plasmient.device.type"] == "cpu"
+        assert r["plasmient.cost.usd"] is None or r["plasmient.cost.usd"] >= 0
+        if r["plasmient.step"] != 1 and r["plasmient.level"] != "kernel":
+            assert r["plasmient.mfu"] is not None and r["plasmient.util.resident"] is not None, r["name"]
+    shallow = next(r for r in rows if r["plasmient.step"] == 1 and r["plasmient.level"] == "step")
+    # a step-level step ran without op hooks: its FLOPs are unknown, not zero
+    assert shallow["plasmient.flops"] is None and shallow["plasmient.mfu"] is None and shallow["plasmient.busy_s"] is None
+    full = next(r for r in rows if r["plasmient.step"] == 0 and r["plasmient.level"] == "step")
+    assert 0 < full["plasmient.mfu"] and full["plasmient.flops"] > 0
+
+
+def test_explicit_step_context_for_inference_loops():
+    sink = Collect()
+    session = CaptureSession(CaptureConfig(every=1, peak_tflops=0.05, job_id="infer", environ={}),
+                             exporters=[("memory", sink)]).start()
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU())
+        with torch.no_grad():
+            model(torch.randn(2, 16))           # outside any explicit step: not traced
+            for _ in range(2):
+                with session.step():
+                    model(torch.randn(2, 16))
+    finally:
+        session.close(timeout=30)
+    rows = sink.rows()
+    steps = sorted((r["plasmient.step"], r["name"]) for r in rows if r["plasmient.level"] == "step")
+    assert steps == [(0, "step#0"), (1, "step#1")]
+    assert {r["name"] for r in rows if r["plasmient.level"] == "module"} == {"Sequential", "Sequential.0", "Sequential.1"}
+
+
+def test_profiler_step_calls_are_step_boundaries_and_coexist_with_torch_profiler():
+    sink = Collect()
+    session = CaptureSession(CaptureConfig(every=1, peak_tflops=0.05, job_id="prof", environ={}),
+                             exporters=[("memory", sink)]).start()
+    try:
+        model = torch.nn.Linear(8, 8)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(3):
+                model(torch.randn(4, 8)).sum().backward()
+                prof.step()
+        user_events = prof.key_averages()
+    finally:
+        session.close(timeout=30)
+    names = sorted(r["name"] for r in sink.rows() if r["plasmient.level"] == "step")
+    assert names == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
+    assert any(e.key == "aten::addmm" for e in user_events)  # the user's profiler still saw everything
+
+
+def test_a_failing_exporter_is_reported_once_and_the_job_continues(capsys):
+    calls = []
+
+    def broken(batch):
+        calls.append(len(batch))
+        raise ConnectionRefusedError("collector down")
+
+    session, _ = run(steps=3, every=1, exporters=[("collector", broken)])
+    err = capsys.readouterr().err
+    assert calls and session.stats["export_errors"] == len(calls)
+    assert err.count("export to collector failed") == 1
+
+
+def test_a_blocked_exporter_never_blocks_a_step():
+    release = threading.Event()
+    sink = Collect()
+
+    def stuck(batch):
+        release.wait(60)
+        sink(batch)
+
+    config = CaptureConfig(every=1, peak_tflops=0.05, job_id="stuck", environ={}, queue_steps=2)
+    session = CaptureSession(config, exporters=[("stuck", stuck)]).start()
+    try:
+        model = torch.nn.Linear(8, 8)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def one_step():
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+
+        one_step()
+        assert not session.flush(0.5)  # the worker is now stuck inside the exporter
+        for _ in range(8):
+            one_step()
+        # All 9 steps returned although the exporter never did: the full queue dropped steps instead.
+        assert session.stats["steps"] == 9 and session.stats["steps_dropped"] == 8 - 2
+    finally:
+        release.set()
+        session.close(timeout=30)
+    assert sorted(r["plasmient.step"] for r in sink.rows() if r["plasmient.level"] == "step") == [0, 1, 2]
+
+
+def test_a_broken_hook_never_changes_what_the_op_returns(monkeypatch, capsys):
+    def losses(session: CaptureSession | None) -> list[float]:
+        model, opt, data = tiny.build(dim=32, layers=2, heads=2, vocab=64, seq=8, batch=2)
+        try:
+            return [tiny.train_step(model, opt, data) for _ in range(2)]
+        finally:
+            if session is not None:
+                session.close(timeout=30)
+
+    untraced = losses(None)
+
+    def boom(values):
+        raise RuntimeError("bookkeeping bug")
+
+    monkeypatch.setattr(torch_hooks, "_meta", boom)
+    session = CaptureSession(CaptureConfig(every=1, peak_tflops=0.05, job_id="boom", environ={}),
+                             exporters=[("memory", Collect())]).start()
+    assert losses(session) == untraced
+    assert capsys.readouterr().err.count("torch hook failed") == 1
+    assert session.stats["steps"] == 2
+
+
+def test_low_mfu_step_triggers_full_depth_on_a_later_step():
+    # MFU can never reach 2.0, so every step-level step looks slow: the next one is captured fully.
+    sink = Collect()
+    config = CaptureConfig(every=1000, peak_tflops=0.05, job_id="thr", environ={}, mfu_threshold=2.0)
+    session = CaptureSession(config, exporters=[("memory", sink)]).start()
+    try:
+        model, opt, data = tiny.build(dim=32, layers=1, heads=2, vocab=64, seq=8, batch=2)
+        for _ in range(4):
+            tiny.train_step(model, opt, data)
+            session.flush(30)  # let the worker judge each step before the next begins
+    finally:
+        session.close(timeout=30)
+    depth = {r["plasmient.step"]: r["plasmient.sampled_depth"] for r in sink.rows() if r["plasmient.level"] == "step"}
+    assert depth[0] == "full" and depth[1] == "step"
+    assert "full" in (depth[2], depth[3])
+
+
+def test_hooks_are_removed_on_close():
+    from torch.nn.modules import module as m
+    from torch.optim import optimizer as o
+
+    before = (len(m._global_forward_pre_hooks), len(m._global_forward_hooks), len(o._global_optimizer_post_hooks))
+    prof_step = torch.profiler.profile.step
+    run(steps=1)
+    assert (len(m._global_forward_pre_hooks), len(m._global_forward_hooks), len(o._global_optimizer_post_hooks)) == before
+    assert torch.profiler.profile.step is prof_step
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    assert _get_current_dispatch_mode() is None
+
+
+def test_blank_unmeasured_only_touches_step_level_steps():
+    cols = {"plasmient.step": [0, 1], "plasmient.flops": [1.0, 2.0], "plasmient.busy_s": [0.5, 0.5]}
+    table = pa.table({k: pa.array(v) for k, v in cols.items()})
+    out = blank_unmeasured(table, [1], on_gpu=False).to_pydict()
+    assert out["plasmient.flops"] == [1.0, None] and out["plasmient.busy_s"] == [0.5, None]
+    out = blank_unmeasured(table, [1], on_gpu=True).to_pydict()
+    assert out["plasmient.flops"] == [1.0, None] and out["plasmient.busy_s"] == [0.5, 0.5]
+
+
+def test_nvml_samples_are_averaged_over_each_step_window():
+    spans = pa.table({"plasmient.level": ["step", "step", "op"], "start_ns": [0, 100, 0], "end_ns": [100, 200, 50],
+                      "plasmient.util.nvml": pa.nulls(3, pa.float64()), "plasmient.gpm.sm_active": pa.nulls(3, pa.float64())})
+    samples = table_from_columns("samples", {"timestamp_ns": [10, 50, 150, 160, 170], "device": [0] * 5,
+                                             "metric": ["nvml.utilization.gpu"] * 4 + ["gpm.sm_active"],
+                                             "value": [1.0, 0.5, 0.2, 0.4, 0.3]})
+    out = step_sample_attributes(spans, samples).to_pydict()
+    assert out["plasmient.util.nvml"] == [pytest.approx(0.75), pytest.approx(0.3), None]
+    assert out["plasmient.gpm.sm_active"] == [None, pytest.approx(0.3), None]
+
+
+def test_resource_comes_from_the_environment():
+    env = {"OTEL_RESOURCE_ATTRIBUTES": "service.name=from-attrs,team=ml", "RANK": "0", "WORLD_SIZE": "1",
+           "SLURM_JOB_ID": "77"}
+    sink = Collect()
+    session = CaptureSession(CaptureConfig.from_env(env, peak_tflops=0.05), exporters=[("memory", sink)]).start()
+    try:
+        model = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    finally:
+        session.close(timeout=30)
+    rank_res = sink.batches[0].resources[-1]
+    assert rank_res["service.name"] == "from-attrs" and rank_res["team"] == "ml"
+    assert rank_res["plasmient.job.id"] == "77" and rank_res["plasmient.slurm.job_id"] == "77"
+    assert rank_res["plasmient.rank"] == 0 and rank_res["plasmient.source"] == "live:cpu"
+    assert {r["plasmient.job.id"] for r in sink.rows()} == {"77"}
+
+
+def test_exporter_choice_follows_the_otel_variables(tmp_path):
+    from plasmient_trace.capture.session import build_exporters
+
+    def kinds(env, **cfg):
+        return [type(e).__name__ for _, e in build_exporters(CaptureConfig.from_env(env, **cfg), {})]
+
+    assert kinds({}) == ["FileExporter"]  # the embedded default: no server needed
+    assert build_exporters(CaptureConfig.from_env({}), {"plasmient.world_size": 4, "plasmient.rank": 3})[0][0].endswith("traces.rank3.jsonl")
+    assert kinds({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}) == ["OtlpExporter"]
+    assert kinds({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317", "PLASMIENT_OUT": str(tmp_path / "t.jsonl")}) == ["FileExporter", "OtlpExporter"]
+    assert kinds({"OTEL_TRACES_EXPORTER": "otlp"}) == ["OtlpExporter"]  # the spec's default endpoint
+    assert kinds({"OTEL_TRACES_EXPORTER": "console"}) == ["ConsoleExporter"]
+    assert kinds({"OTEL_TRACES_EXPORTER": "none"}) == []
+
+
+def test_config_reads_the_documented_variables_and_ignores_garbage(capsys):
+    cfg = CaptureConfig.from_env({"PLASMIENT_EVERY": "5", "PLASMIENT_MFU_THRESHOLD": "0.2", "PLASMIENT_PEAK_TFLOPS": "312",
+                                  "PLASMIENT_GPU_PRICE": "2.5", "PLASMIENT_JOB_ID": "j", "OTEL_SERVICE_NAME": "svc",
+                                  "PLASMIENT_OUT": "o.jsonl", "PLASMIENT_CUPTI": "0"})
+    assert (cfg.every, cfg.mfu_threshold, cfg.peak_tflops, cfg.gpu_price, cfg.job_id, cfg.service_name, cfg.out, cfg.cupti) == \
+        (5, 0.2, 312.0, 2.5, "j", "svc", "o.jsonl", False)
+    bad = CaptureConfig.from_env({"PLASMIENT_EVERY": "often", "PLASMIENT_PEAK_TFLOPS": "fast"})
+    assert bad.every == 10 and bad.peak_tflops is None
+    err = capsys.readouterr().err
+    assert "PLASMIENT_EVERY" in err and "PLASMIENT_PEAK_TFLOPS" in err
+
+
+def test_two_optimizers_stepping_each_iteration_make_one_step_per_iteration():
+    sink = Collect()
+    session = CaptureSession(CaptureConfig(every=1, peak_tflops=0.05, job_id="gan", environ={}),
+                             exporters=[("memory", sink)]).start()
+    try:
+        g, d = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+        opt_g, opt_d = torch.optim.SGD(g.parameters(), lr=0.1), torch.optim.SGD(d.parameters(), lr=0.1)
+        for _ in range(3):
+            d(g(torch.randn(2, 4))).sum().backward()
+            opt_d.step()
+            opt_g.step()
+    finally:
+        session.close(timeout=30)
+    assert sorted(r["plasmient.step"] for r in sink.rows() if r["plasmient.level"] == "step") == [0, 1, 2]
+
+
+def test_nvml_sampler_fails_soft_without_a_driver_and_cuts_samples_per_window():
+    from plasmient_trace.capture.nvml import UTIL_METRIC, NvmlSampler
+
+    sampler = NvmlSampler([0])
+    if not torch.cuda.is_available():
+        assert sampler.start() is False and "NVML unavailable" in sampler.reason
+    sampler.stop()
+    for ts in (10, 20, 30, 40):
+        sampler.samples.append((ts, 0, UTIL_METRIC, ts / 100))
+    window = sampler.take(15, 30)
+    assert window.column("timestamp_ns").to_pylist() == [20, 30]
+    assert window.column("value").to_pylist() == [0.2, 0.3]
+    assert [s[0] for s in sampler.samples] == [20, 30, 40]  # older than the window: discarded
+
+
+class FakeCupti:
+    """Stands in for CuptiCollector on a machine without a GPU: every op the hooks bracket with
+    push/pop 'launches' one kernel, recorded the way CUPTI would (launch on the op's thread inside
+    the op, kernel after it, an EXTERNAL_CORRELATION record tying the two to the op's id)."""
+
+    def __init__(self, epoch: int) -> None:
+        from plasmient_trace.capture import cupti as cu
+
+        self.cu = cu
+        self.available = True
+        self.epoch_offset_ns = epoch
+        self.buffer = cu.ActivityBuffer()
+        self.stack: list[tuple[int, int]] = []
+        self.corr = 0
+        self.flushes = 0
+
+    def push(self, eid: int) -> None:
+        self.stack.append((eid, torch_hooks.perf_counter_ns()))
+
+    def pop(self) -> None:
+        from types import SimpleNamespace as Rec
+
+        eid, t_push = self.stack.pop()
+        t_pop = torch_hooks.perf_counter_ns()
+        self.corr += 1
+        mid = (t_push + t_pop) // 2
+        cu = self.cu
+        self.buffer.add([
+            Rec(kind=cu.KIND_RUNTIME, cbid=211, process_id=1, thread_id=threading.get_native_id(), start=mid, end=mid + 1,
+                correlation_id=self.corr),
+            Rec(kind=cu.KIND_CONCURRENT_KERNEL, name=f"kernel_{eid}", device_id=0, stream_id=7, start=t_pop + 1_000,
+                end=t_pop + 3_000, correlation_id=self.corr, grid_x=1, grid_y=1, grid_z=1, block_x=128, block_y=1,
+                block_z=1, registers_per_thread=32, static_shared_memory=0, dynamic_shared_memory=0, graph_id=0),
+            Rec(kind=cu.KIND_EXTERNAL_CORRELATION, external_kind=cu.EXTERNAL_KIND_CUSTOM0, external_id=eid,
+                correlation_id=self.corr),
+        ])
+
+    def flush(self):
+        self.flushes += 1
+        return self.buffer.take(), 10 * self.flushes  # dropped records: 10, 20, ... per step
+
+    def stop(self) -> None:
+        self.available = False
+
+
+def test_gpu_path_wiring_with_a_stand_in_cupti(monkeypatch):
+    """The session's GPU path end to end without a GPU: push/pop around every op, buffers flushed at
+    each step end, kernels joined to their ops through external correlation, dropped counts and
+    NVML samples on each step span."""
+    from plasmient_trace.capture import nvml as nvml_mod
+    from plasmient_trace.records import DeviceInfo
+
+    sink = Collect()
+    session = CaptureSession(CaptureConfig(every=1, job_id="gpu", environ={}), exporters=[("memory", sink)])
+
+    def detect(self=session):
+        self._devices_pending = False
+        self.on_gpu = True
+        self.devices = [DeviceInfo(ordinal=0, name="NVIDIA H100 80GB HBM3",
+                                   properties={"name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85_000_000_000})]
+        self.cupti = FakeCupti(self._epoch)
+        self.ops._push, self.ops._pop = self.cupti.push, self.cupti.pop
+        sampler = nvml_mod.NvmlSampler([0])
+        sampler.samples.extend((t, 0, nvml_mod.UTIL_METRIC, 0.97) for t in range(self._epoch + torch_hooks.perf_counter_ns(),
+                                                                              self._epoch + torch_hooks.perf_counter_ns() + 60 * 10**9, 10**7))
+        self.nvml = sampler
+        self.resource["plasmient.source"] = "live:cupti"
+
+    monkeypatch.setattr(session, "_detect_devices", detect)
+    session.start()
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            model(torch.randn(8, 16)).sum().backward()
+            opt.step()
+    finally:
+        session.close(timeout=30)
+    rows = sink.rows()
+    by_id = {r["span_id"]: r for r in rows}
+    steps = {r["plasmient.step"]: r for r in rows if r["plasmient.level"] == "step"}
+    assert sorted(steps) == [0, 1]
+    assert [steps[s]["plasmient.cupti.dropped_records"] for s in (0, 1)] == [10, 20]
+    assert all(s["plasmient.device.type"] == "gpu" and s["plasmient.unjoined_kernels"] == 0 for s in steps.values())
+    assert all(s["plasmient.util.nvml"] == pytest.approx(0.97) for s in steps.values())
+    kernels = [r for r in rows if r["plasmient.level"] == "kernel"]
+    ops = [r for r in rows if r["plasmient.level"] == "op"]
+    assert kernels and len(kernels) == len(ops)  # one kernel per op, each under exactly its op
+    for k in kernels:
+        op = by_id[k["parent_span_id"]]
+        assert op["plasmient.level"] == "op" and k["name"] == f"kernel_{op['plasmient.op.external_id']}"
+    addmm = next(r for r in ops if r["name"] == "aten::addmm")
+    assert by_id[addmm["parent_span_id"]]["name"] == "Sequential.0"
+    assert addmm["plasmient.flops"] > 0 and addmm["plasmient.mfu"] is not None
