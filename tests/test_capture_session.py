@@ -436,8 +436,9 @@ def test_gpu_path_wiring_with_a_stand_in_cupti(monkeypatch):
         self.cupti = FakeCupti(self._epoch)
         self.ops._push, self.ops._pop = self.cupti.push, self.cupti.pop
         sampler = nvml_mod.NvmlSampler([0])
-        sampler.samples.extend((t, 0, nvml_mod.UTIL_METRIC, 0.97) for t in range(self._epoch + torch_hooks.perf_counter_ns(),
-                                                                              self._epoch + torch_hooks.perf_counter_ns() + 60 * 10**9, 10**7))
+        # a sample every ms from 1 s before now: every step window holds some, however the load stretches it
+        now = self._epoch + torch_hooks.perf_counter_ns()
+        sampler.samples.extend((t, 0, nvml_mod.UTIL_METRIC, 0.97) for t in range(now - 10**9, now + 60 * 10**9, 10**6))
         self.nvml = sampler
         self.resource["plasmient.source"] = "live:cupti"
 
