@@ -124,9 +124,10 @@ def stitch(inputs: list[RankInput], options: StitchOptions) -> StitchResult:
 
     k_span, k_start, k_end, k_devkey, k_flops, k_bytes, k_ideal, k_comm = [], [], [], [], [], [], [], []
     k_synthetic, k_rankpos, k_row, k_waste_lbl = [], [], [], []
-    k_name_parts: list[pa.Array] = []
-    k_op_name_parts: list[pa.Array] = []
-    k_module_parts: list[pa.Array] = []
+    k_name_parts: list[np.ndarray] = []
+    k_op_name_parts: list[np.ndarray] = []
+    k_module_parts: list[np.ndarray] = []
+    kernel_labels, op_labels, module_labels = _Labels(), _Labels(), _Labels()
     k_kind_parts: list[np.ndarray] = []
     layout: list[dict[str, int]] = []
     device_price: list[float] = []
@@ -257,20 +258,20 @@ def stitch(inputs: list[RankInput], options: StitchOptions) -> StitchResult:
         k_rankpos.append(np.full(n_ks, pos)); k_row.append(np.arange(n_ks)); k_kind_parts.append(kinds)
         k_alive_list = k_alive
         k_waste_lbl.append(k_alive_list)
-        names = rs.kernels.column("name").combine_chunks() if n_k else pa.array([], pa.string())
-        if len(synth_ops):
-            names = pa.concat_arrays([names.cast(pa.string()), ops_t.column("name").combine_chunks().take(pa.array(synth_ops)).cast(pa.string())])
-        k_name_parts.append(names.cast(pa.string()))
-        op_names = ops_t.column("name").combine_chunks().cast(pa.string()) if n_op else pa.array([], pa.string())
-        k_op_name_parts.append(op_names.take(pa.array(ko, mask=ko < 0)) if n_op and n_ks else pa.nulls(n_ks, pa.string()))
+        # Culprit labels travel as integer codes into one job-wide dictionary per kind of label.
+        op_local, op_dict = _codes(ops_t.column("name").combine_chunks()) if n_op else (np.zeros(0, np.int64), [])
+        op_of_kernel = np.where(ko >= 0, op_local[np.maximum(ko, 0)], -1) if n_op else np.full(n_ks, -1, np.int64)
+        k_local, k_dict = _codes(rs.kernels.column("name").combine_chunks()) if n_k else (np.zeros(0, np.int64), [])
+        k_local = np.concatenate([k_local, op_local[synth_ops] + len(k_dict)]) if len(synth_ops) else k_local
+        k_name_parts.append(kernel_labels.add(k_dict + (op_dict if len(synth_ops) else []), k_local))
+        k_op_name_parts.append(op_labels.add(op_dict, op_of_kernel))
         # innermost module of each kernel: the module of the root of its launching op
         if n_op and n_mod and n_ks:
             root = _root_of(j.op_parent)[np.maximum(ko, 0)]
             mod = np.where(ko >= 0, j.op_module[root], -1)
-            labels = pa.array([_module_label(j, m) for m in range(n_mod)], pa.string())
-            k_module_parts.append(labels.take(pa.array(mod, mask=mod < 0)))
+            k_module_parts.append(module_labels.add([_module_label(j, m) for m in range(n_mod)], mod))
         else:
-            k_module_parts.append(pa.nulls(n_ks, pa.string()))
+            k_module_parts.append(np.full(n_ks, -1, np.int64))
 
     level = np.concatenate(seg_level)
     parent = np.concatenate(seg_parent)
@@ -322,14 +323,10 @@ def stitch(inputs: list[RankInput], options: StitchOptions) -> StitchResult:
     # ---- culprits on step / rank / node / fleet spans
     k_ancestors = _ancestors_at(parent, kernels.span, level, ("step", "rank", "node", "fleet"))
     waste_k = mc.kernel_waste_s(kernels.start, kernels.end, kernels.ideal_s, options.baseline_mfu)
-    kernel_names = pa.concat_arrays(k_name_parts) if k_name_parts else pa.array([], pa.string())
-    kernel_names = kernel_names.filter(pa.array(live_k)) if len(kernel_names) else kernel_names
-    live_mask = pa.array(live_k)
-    op_names_k = pa.concat_arrays(k_op_name_parts).filter(live_mask) if k_op_name_parts else pa.array([], pa.string())
-    mod_names_k = pa.concat_arrays(k_module_parts).filter(live_mask) if k_module_parts else pa.array([], pa.string())
+    labels = [(_cat(parts, np.int64)[live_k], table.names) for parts, table in
+              ((k_name_parts, kernel_labels), (k_op_name_parts, op_labels), (k_module_parts, module_labels))]
     kinds_k = _cat(k_kind_parts, np.int8)[live_k] if k_kind_parts else np.zeros(0, np.int8)
-    culprit = _culprits(n, k_ancestors, waste_k, kernel_names, op_names_k, mod_names_k, kinds_k,
-                        kernels.span, met, rank_arr, sums, level)
+    culprit = _culprits(n, k_ancestors, waste_k, labels, kinds_k, kernels.span, met, rank_arr, sums, level)
 
     # ---- span budget: keep the most wasteful kernels of each trace, fold the rest into the parent
     export = alive.copy()
@@ -433,6 +430,26 @@ def _ancestors_at(parent: np.ndarray, spans: np.ndarray, level: np.ndarray, name
     return out
 
 
+class _Labels:
+    """A job-wide dictionary of labels fed with per-rank dictionaries (a few thousand names, not per kernel)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self._index: dict[str, int] = {}
+
+    def add(self, local_names: list[str], local_codes: np.ndarray) -> np.ndarray:
+        """Global codes for local codes into local_names (-1 stays -1)."""
+        mapping = np.empty(len(local_names) + 1, np.int64)
+        for i, name in enumerate(local_names):
+            code = self._index.get(name)
+            if code is None:
+                code = self._index[name] = len(self.names)
+                self.names.append(name)
+            mapping[i] = code
+        mapping[-1] = -1
+        return mapping[np.where(local_codes >= 0, local_codes, len(local_names))]
+
+
 def _codes(values: list[str | None] | pa.Array) -> tuple[np.ndarray, list[str]]:
     arr = values if isinstance(values, pa.Array) else pa.array(values, pa.string())
     enc = arr.dictionary_encode()
@@ -440,10 +457,8 @@ def _codes(values: list[str | None] | pa.Array) -> tuple[np.ndarray, list[str]]:
     return codes, enc.dictionary.to_pylist()
 
 
-def _culprits(n, anc, waste, kernel_names, op_names, mod_names, kinds, k_span, met, rank_arr, sums, level):
-    k_codes, k_dict = _codes(kernel_names)
-    o_codes, o_dict = _codes(op_names)
-    m_codes, m_dict = _codes(mod_names)
+def _culprits(n, anc, waste, labels, kinds, k_span, met, rank_arr, sums, level):
+    (k_codes, k_dict), (o_codes, o_dict), (m_codes, m_dict) = labels
     r_codes = rank_arr[k_span] if len(k_span) else np.zeros(0, np.int64)
     out: dict[str, np.ndarray] = {key: np.full(n, None, dtype=object) for key in ("kernel", "op", "module", "rank", "wasted_s", "bound", "suggestion")}
     mean_kernel = np.where(sums.kernels > 0, sums.kernel_s / np.maximum(sums.kernels, 1), 0.0)
@@ -560,7 +575,8 @@ def _assemble(options, inputs, joined, ranks, nodes, step_values, node_keys, lay
         kn = rs.kernels.column("name").combine_chunks().cast(pa.string()) if rs.kernels.num_rows else pa.array([], pa.string())
         if n_ks > len(kn):
             kn = pa.concat_arrays([kn, pa.array(["cpu"] * (n_ks - len(kn)), pa.string())])
-        name_parts.append(pc.utf8_slice_codeunits(kn, 0, _NAME_LIMIT))
+        too_long = len(kn) and pc.max(pc.binary_length(kn)).as_py() > _NAME_LIMIT
+        name_parts.append(pc.utf8_slice_codeunits(kn, 0, _NAME_LIMIT) if too_long else kn)
     all_names = pa.concat_arrays(name_parts)
     trace_ids_by_step = {s: ids.trace_id(job, s) for s in step_values}
 
