@@ -50,3 +50,12 @@ def traces_dir() -> Path:
     if not TRACES.is_dir():
         pytest.fail(f"{TRACES} is missing: the tests read the shared real traces")
     return TRACES
+
+
+def ingest_batch(paths: list[Path], job_id: str):
+    """SpanBatch of real shared traces through the real pipeline (one file per rank)."""
+    from plasmient_trace.pipeline import IngestOptions, ingest_paths
+
+    for p in paths:
+        assert p.is_file(), f"missing shared trace {p}"
+    return ingest_paths([str(p) for p in paths], IngestOptions(job_id=job_id)).batch

@@ -12,6 +12,8 @@ import numpy as np
 import orjson
 import pytest
 
+from conftest import ingest_batch
+
 from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.export.otlp_json import write_jsonl
 from plasmient_trace.report import html as report_html
@@ -320,14 +322,7 @@ def test_a_hundred_thousand_spans_still_give_a_page_that_loads(browser, tmp_path
 # ---- real traces through the real pipeline ----------------------------------------------------------
 
 
-def ingest(paths: list[Path], job_id: str) -> SpanBatch:
-    try:
-        from plasmient_trace.pipeline import IngestOptions, ingest_paths
-    except ImportError as exc:  # the pipeline is being written; nothing else may skip these
-        pytest.skip(f"plasmient_trace.pipeline not importable yet: {exc}")
-    for p in paths:
-        assert p.is_file(), f"missing shared trace {p}"
-    return ingest_paths([str(p) for p in paths], IngestOptions(job_id=job_id)).batch
+ingest = ingest_batch  # shared with the other report tests (conftest)
 
 
 def test_real_h100_trace_page_from_the_span_file(browser, tmp_path):

@@ -8,6 +8,8 @@ import math
 from pathlib import Path
 
 import pytest
+
+from conftest import ingest_batch
 from rich.console import Console
 
 from plasmient_trace.conventions import SpanBatch
@@ -225,14 +227,7 @@ def test_progress_draws_on_a_terminal_and_quiet_silences_it():
 # ---- real traces through the real pipeline ----------------------------------------------------------
 
 
-def ingest(paths: list[Path], job_id: str) -> SpanBatch:
-    try:
-        from plasmient_trace.pipeline import IngestOptions, ingest_paths
-    except ImportError as exc:  # the pipeline is being written; nothing else may skip these
-        pytest.skip(f"plasmient_trace.pipeline not importable yet: {exc}")
-    for p in paths:
-        assert p.is_file(), f"missing shared trace {p}"
-    return ingest_paths([str(p) for p in paths], IngestOptions(job_id=job_id)).batch
+ingest = ingest_batch  # shared with the other report tests (conftest)
 
 
 def test_real_h100_trace_summary_matches_its_fleet_spans():
