@@ -65,6 +65,7 @@ SPAN_ATTRIBUTES: tuple[SpanAttribute, ...] = (
     SpanAttribute("plasmient.kernels.over_peak", _I, "{kernel}", ("step",), "kernels whose modelled flops exceeded peak * duration and were capped"),
     SpanAttribute("plasmient.unjoined_kernels", _I, "{kernel}", ("step",), "kernels with no launch or no op; kept, parented to the step"),
     SpanAttribute("plasmient.peak_flops", _F, "{flop}/s", ("fleet", "node", "rank", "step"), "dense peak of the device for its dominant dtype"),
+    SpanAttribute("plasmient.fleet.ranks_missing", _I, "{rank}", ("fleet", "node"), "live multi-rank: ranks whose step summary had not arrived within PLASMIENT_FLEET_WAIT_S"),
     SpanAttribute("plasmient.peak_bandwidth", _F, "By/s", ("fleet", "node", "rank", "step"), "memory bandwidth of the device (roofline slope)"),
     SpanAttribute("plasmient.peak.source", _S, "", ("rank",), "table:<model> | override | calibrated | unknown"),
     SpanAttribute("plasmient.clock.offset_ns", _I, "ns", ("rank",), "shift applied to GPU timestamps so no kernel starts before its launch"),

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 
 from ..conventions import SpanBatch
 from ..records import DeviceInfo, RecordSet, table_from_columns
+from . import distributed
 
 Exporter = Callable[[SpanBatch], None]
 
@@ -456,7 +457,12 @@ class CaptureSession:
                 for owner, name, original in self._patched:
                     setattr(owner, name, original)
                 self._patched = []
-            self.flush(timeout if timeout is not None else self.config.flush_timeout_s)
+            if timeout is None:
+                timeout = self.config.flush_timeout_s
+                if distributed.active():
+                    # rank 0 may still be waiting for the slowest rank's last summary
+                    timeout = max(timeout, distributed.wait_s(self.config.environ) + 2.0)
+            self.flush(timeout)
             try:
                 self._queue.put_nowait(None)
             except queue.Full:
@@ -589,6 +595,7 @@ class CaptureSession:
             cap.cupti, cap.dropped = self.cupti.flush()  # buffers flushed at every step end
         if self.nvml is not None:
             cap.samples = self.nvml.take(cap.start_ns, cap.end_ns)
+        distributed.remember()  # the store handle, while the process group surely exists
         self.step_index += 1
         self.stats["steps"] += 1
         self.stats["steps_full"] += int(self._full)
@@ -700,7 +707,12 @@ class CaptureSession:
         if len(items) > 1 and self.on_gpu:
             table = per_step_dropped(table, items)
         self._update_threshold(table, items)
-        return SpanBatch(table=table, resources=batch.resources)
+        from ..stitch.tree import StitchOptions
+
+        # Multi-rank: this rank's fleet/node rows give way to ones built from every rank's summary.
+        return distributed.coordinate(SpanBatch(table=table, resources=batch.resources), self.job_id,
+                                      StitchOptions(job_id=self.job_id, baseline_mfu=options.baseline_mfu,
+                                                    service_name=self.config.service_name), say_once)
 
     def _update_threshold(self, table: pa.Table, items: list[StepCapture]) -> None:
         is_step = pc.equal(table.column("plasmient.level"), "step").to_numpy(zero_copy_only=False)

@@ -1,0 +1,236 @@
+"""Live multi-rank traces: ranks exchange per-step summaries so one fleet span and one node span per host
+are emitted for each step, instead of every rank emitting its own partial copies.
+
+Each rank stitches only its own records, so its batch carries fleet and node rows holding its numbers
+alone, under the ids every rank computes. Here (on the capture's background thread, after the stitch)
+those rows are dropped, this rank's :class:`~plasmient_trace.stitch.fleet.RankSummary` of each step is
+published as JSON to the default process group's c10d store (``plasmient/{job}/{step}/{rank}``), and:
+
+* global rank 0 waits, bounded by PLASMIENT_FLEET_WAIT_S (default 10 s), for all world_size summaries of
+  the step and emits the fleet span;
+* the lowest rank of each host (LOCAL_RANK 0 under torchrun; by host.name, so a simulated second node
+  through OTEL_RESOURCE_ATTRIBUTES works too) emits that host's node span from its host's summaries.
+
+The store is a key-value service (TCPStore) reached over its own socket: it works the same under gloo
+and NCCL and needs no collective, so nothing is put on the training stream and the training thread never
+waits. The store handle is taken on the training thread at a step end (a dict lookup) because a script may
+destroy the process group before the last batch is processed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..conventions import SpanBatch
+
+if TYPE_CHECKING:
+    from ..stitch.tree import StitchOptions
+
+DEFAULT_WAIT_S = 10.0
+_POLL_S = 0.02
+_PREFIX = "plasmient"
+
+
+@dataclass
+class Group:
+    """This process's place in the job and the store the ranks exchange summaries through."""
+
+    store: Any
+    rank: int
+    world_size: int
+    backend: str | None
+    hosts: dict[int, str] = field(default_factory=dict)   # rank -> host, as published
+    published_host: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_group: Group | None = None
+_checked_off = False  # torch.distributed unavailable: stop looking
+
+
+def remember() -> None:
+    """Take the default group's store once torch.distributed is initialised (training thread, cheap)."""
+    global _group, _checked_off
+    if _group is not None or _checked_off:
+        return
+    try:
+        _remember()
+    except Exception:
+        _checked_off = True  # tracing must never break the step; this process stays single-rank
+
+
+def _remember() -> None:
+    global _group, _checked_off
+    try:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+    except Exception:
+        _checked_off = True
+        return
+    if not dist.is_available():
+        _checked_off = True
+        return
+    if not dist.is_initialized():
+        return
+    world = dist.get_world_size()
+    if world <= 1:
+        _checked_off = True
+        return
+    try:
+        backend = str(dist.get_backend())
+    except Exception:
+        backend = None
+    _group = Group(store=c10d._get_default_store(), rank=dist.get_rank(), world_size=world, backend=backend)
+
+
+def active() -> bool:
+    return _group is not None
+
+
+def wait_s(environ: Any = os.environ) -> float:
+    try:
+        value = float(environ.get("PLASMIENT_FLEET_WAIT_S", DEFAULT_WAIT_S))
+    except ValueError:
+        return DEFAULT_WAIT_S
+    return value if value >= 0 else DEFAULT_WAIT_S
+
+
+def _key(job: str, *parts: Any) -> str:
+    return "/".join([_PREFIX, job, *map(str, parts)])
+
+
+def _wait_keys(store: Any, keys: list[str], deadline: float) -> list[str]:
+    """Poll until every key exists or the deadline passes; the keys that exist."""
+    pending = list(keys)
+    while pending:
+        pending = [k for k in pending if not store.check([k])]
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(_POLL_S)
+    missing = set(pending)
+    return [k for k in keys if k not in missing]
+
+
+def _with_missing(top: SpanBatch, missing_by_step: dict[int, int]) -> SpanBatch:
+    """plasmient.fleet.ranks_missing on each fleet/node row: ranks whose summary had not arrived."""
+    if top.table.num_rows == 0:
+        return top
+    name = "plasmient.fleet.ranks_missing"
+    steps = top.table.column("plasmient.step").to_pylist()
+    values = pa.array([missing_by_step.get(s, 0) for s in steps], pa.int64())
+    idx = top.table.schema.get_field_index(name)
+    return SpanBatch(table=top.table.set_column(idx, top.table.schema.field(idx), values), resources=top.resources)
+
+
+def _without_top_rows(batch: SpanBatch) -> SpanBatch:
+    level = batch.table.column("plasmient.level")
+    keep = pc.invert(pc.is_in(level, value_set=pa.array(["fleet", "node"])))
+    return SpanBatch(table=batch.table.filter(keep), resources=batch.resources)
+
+
+def _append(batch: SpanBatch, top: SpanBatch) -> SpanBatch:
+    if top.table.num_rows == 0:
+        return batch
+    offset = len(batch.resources)
+    idx = top.table.schema.get_field_index("resource_index")
+    shifted = pc.add(top.table.column("resource_index"), pa.scalar(offset, pa.int32())).cast(pa.int32())
+    table = top.table.set_column(idx, top.table.schema.field(idx), shifted)
+    # Top rows first: the fleet span is the root of each trace.
+    return SpanBatch(table=pa.concat_tables([table, batch.table]), resources=list(batch.resources) + list(top.resources))
+
+
+def coordinate(batch: SpanBatch, job_id: str, options: "StitchOptions", say: Any = None,
+               environ: Any = os.environ, group: "Group | None" = None) -> SpanBatch:
+    """This rank's stitched batch -> the batch to export: its own rank subtree, plus the fleet span
+    (global rank 0) and its host's node span (lowest rank of the host) built from every rank's summary.
+    A no-op outside a multi-rank torch.distributed job. ``group`` defaults to the one :func:`remember`
+    found (tests pass their own, over any c10d Store)."""
+    group = group or _group
+    if group is None:
+        return batch
+    with group.lock:
+        return _coordinate(group, batch, job_id, options, say, wait_s(environ))
+
+
+def _coordinate(group: Group, batch: SpanBatch, job_id: str, options: "StitchOptions", say: Any, wait: float) -> SpanBatch:
+    from ..stitch import fleet  # the stitcher is loaded by the worker anyway; keep `import torch` light
+
+    store = group.store
+    mine = fleet.summaries_from_batch(batch, options.baseline_mfu)
+    own = _without_top_rows(batch)
+    if not mine:
+        return own
+    host = mine[0].host
+    try:
+        if not group.published_host:
+            store.set(_key(job_id, "host", group.rank), host)
+            group.published_host = True
+        for s in mine:
+            store.set(_key(job_id, s.step, s.rank), json.dumps(s.to_json()))
+    except Exception as err:
+        if say:
+            say("fleet-publish", f"could not publish step summaries to the c10d store ({type(err).__name__}: {err}); "
+                                 "this rank's spans are exported without the fleet/node spans")
+        return own
+
+    deadline = time.monotonic() + wait
+    group.hosts[group.rank] = host
+    # Leader of a host = its lowest rank: decided from the hosts of the ranks below this one. Until
+    # they are all known, stay quiet: a missing node span is better than two with the same id.
+    unknown = [r for r in range(group.rank) if r not in group.hosts]
+    for k in _wait_keys(store, [_key(job_id, "host", r) for r in unknown], deadline):
+        group.hosts[int(k.rsplit("/", 1)[1])] = store.get(k).decode()
+    is_root = group.rank == 0
+    still_unknown = [r for r in range(group.rank) if r not in group.hosts]
+    is_leader = not still_unknown and not any(group.hosts[r] == host for r in range(group.rank))
+    if still_unknown and say:
+        say("fleet-hosts", f"the hosts of rank(s) {still_unknown} were not published within {wait:g} s: "
+                           f"rank {group.rank} emits no node span for {host!r} until they are")
+    if not (is_leader or is_root):
+        return own
+
+    if not is_root:
+        # the ranks above this one that share its host (once: hosts do not change)
+        upper = [r for r in range(group.rank + 1, group.world_size) if r not in group.hosts]
+        for k in _wait_keys(store, [_key(job_id, "host", r) for r in upper], deadline):
+            group.hosts[int(k.rsplit("/", 1)[1])] = store.get(k).decode()
+    # rank 0 reads every summary; a node leader those of its host (and of ranks whose host it does not know)
+    wanted = [r for r in range(group.world_size) if is_root or group.hosts.get(r, host) == host]
+    gathered: list[fleet.RankSummary] = []
+    missing_by_step: dict[int, int] = {}
+    for step in sorted({s.step for s in mine}):
+        keys = [_key(job_id, step, r) for r in wanted]
+        present = _wait_keys(store, keys, deadline)
+        missing_by_step[step] = len(keys) - len(present)
+        for k in present:
+            summary = fleet.RankSummary.from_json(json.loads(store.get(k)))
+            if is_root or summary.host == host:
+                gathered.append(summary)
+                _release(store, k, readers=1 if summary.host == host and is_root else 2)
+    missing_total = sum(missing_by_step.values())
+    if missing_total and say:
+        say("fleet-missing", f"{missing_total} rank summary(ies) had not arrived after {wait:g} s "
+                             "(PLASMIENT_FLEET_WAIT_S): fleet/node spans were built from the ranks that did")
+    top = fleet.top_spans(gathered, options, local_hosts={host} if is_leader else set(), include_fleet=is_root)
+    top = _with_missing(top, missing_by_step)
+    own = _append(own, top)
+    return own
+
+
+def _release(store: Any, key: str, readers: int) -> None:
+    """Delete a summary once everyone who reads it has (rank 0 and its host's leader: one reader when
+    they are the same process), so the store does not grow with the length of the job."""
+    try:
+        if store.add(key + "/reads", 1) >= readers:
+            store.delete_key(key)
+            store.delete_key(key + "/reads")
+    except Exception:
+        pass  # a store without delete_key keeps the (small) key

@@ -1,0 +1,194 @@
+"""Live multi-rank tracing: every rank writes its own file, and together the files hold one trace per
+step with exactly one fleet span and one node span per host, built from all ranks' numbers.
+
+The exchange itself is tested in-process over a c10d HashStore with two real ranks' traces (the result
+must equal the offline stitch of both); the whole path runs under ``torchrun`` as users run it:
+``plasmient run -- torchrun --standalone --nproc_per_node=2 examples/ddp_tiny.py`` over gloo, once on
+one host and once with a simulated second node (host.name from OTEL_RESOURCE_ATTRIBUTES per rank).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from plasmient_trace import pipeline
+from plasmient_trace.capture import distributed
+from plasmient_trace.export.otlp_json import read_jsonl
+from plasmient_trace.stitch import ids
+from plasmient_trace.stitch.tree import StitchOptions
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT.parent / "shared" / "traces" / "a100_multirank"
+BIN = Path(sys.executable).parent
+OPTIONS = pipeline.IngestOptions(job_id="x", gpu_model="NVIDIA A100-SXM4-80GB")
+
+
+def _levels(table: pa.Table, *levels: str) -> list[dict]:
+    return table.filter(pc.is_in(table.column("plasmient.level"), value_set=pa.array(list(levels)))).to_pylist()
+
+
+# ---------------------------------------------------------------------------------------------
+# The exchange, in-process
+
+
+@pytest.fixture(scope="module")
+def a100():
+    alone = [pipeline.ingest_paths([TRACES / f"rank-{r}.json.gz"], OPTIONS).batch for r in (0, 1)]
+    joint = pipeline.ingest_paths([TRACES / "rank-0.json.gz", TRACES / "rank-1.json.gz"], OPTIONS).batch
+    return alone, joint
+
+
+def _run_ranks(batches, hosts=None, wait="5"):
+    """Each batch coordinated by its own 'rank', concurrently, over one shared store."""
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    said: list[tuple[str, str]] = []
+    out: list = [None] * len(batches)
+
+    def rank(r: int) -> None:
+        batch = batches[r]
+        if hosts:
+            for res in batch.resources:
+                if "plasmient.rank" in res:  # the rank's own resource: where its host comes from
+                    res["host.name"] = hosts[r]
+        group = distributed.Group(store=store, rank=r, world_size=2, backend="gloo")
+        out[r] = distributed.coordinate(batch, "x", StitchOptions(job_id="x"), say=lambda k, m: said.append((k, m)),
+                                        environ={"PLASMIENT_FLEET_WAIT_S": wait}, group=group)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(batches))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return out, said, store
+
+
+def test_ranks_exchange_summaries_into_the_offline_fleet_and_node_spans(a100):
+    alone, joint = a100
+    (b0, b1), said, store = _run_ranks(alone)
+    assert said == []
+    # rank 1 shares rank 0's host: it exports its own subtree only
+    assert {r["plasmient.level"] for r in _levels(b1.table, "fleet", "node")} == set()
+    mine = {r["span_id"]: r for r in _levels(b0.table, "fleet", "node")}
+    ref = {r["span_id"]: r for r in _levels(joint.table, "fleet", "node")}
+    assert set(mine) == set(ref)
+    for span_id, row in mine.items():
+        for name in ("parent_span_id", "trace_id", "start_ns", "end_ns", "plasmient.gpus", "plasmient.kernels",
+                     "plasmient.culprit.rank"):
+            assert row[name] == ref[span_id][name], name
+        for name in ("plasmient.flops", "plasmient.busy_s", "plasmient.mfu", "plasmient.util.resident",
+                     "plasmient.cost.usd", "plasmient.cost.wasted_usd"):
+            assert row[name] == pytest.approx(ref[span_id][name], rel=1e-9), name
+        assert b0.resources[row["resource_index"]] == joint.resources[ref[span_id]["resource_index"]]
+    # every rank span still points at its node span, now exported once (by rank 0)
+    for batch in (b0, b1):
+        for rank_row in _levels(batch.table, "rank"):
+            assert rank_row["parent_span_id"] in mine
+    # summaries read by all their readers are deleted: the store does not grow with the job
+    assert not any(store.check([f"plasmient/x/{step}/{r}"]) for step in (551, 552) for r in (0, 1))
+
+
+def test_each_host_leader_emits_its_node_span(a100):
+    alone, _ = a100
+    (b0, b1), said, _ = _run_ranks([pa_copy(b) for b in alone], hosts=["host-a", "host-b"])
+    assert said == []
+    assert Counter(r["name"] for r in _levels(b0.table, "fleet", "node")) == \
+        Counter({"fleet step 551": 1, "fleet step 552": 1, "node host-a": 2})
+    node_b = _levels(b1.table, "fleet", "node")
+    assert {r["name"] for r in node_b} == {"node host-b"} and all(r["plasmient.gpus"] == 1 for r in node_b)
+    fleets = {r["plasmient.step"]: r["span_id"] for r in _levels(b0.table, "fleet")}
+    assert all(r["parent_span_id"] == fleets[r["plasmient.step"]] for r in node_b)
+
+
+def test_a_missing_rank_leaves_a_fleet_span_of_the_ranks_that_arrived(a100):
+    alone, _ = a100
+    (b0,), said, _ = _run_ranks([pa_copy(alone[0])], wait="0.2")
+    fleets = _levels(b0.table, "fleet")
+    assert len(fleets) == 2 and all(r["plasmient.gpus"] == 1 for r in fleets)
+    assert all(r["plasmient.fleet.ranks_missing"] == 1 for r in fleets)  # one rank of two per step
+    assert [k for k, _ in said] == ["fleet-missing"] and "2 rank summary" in said[0][1]
+
+
+def pa_copy(batch):
+    """A batch whose resources can be edited without touching the module fixture."""
+    return type(batch)(table=batch.table, resources=[dict(r) for r in batch.resources])
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole path under torchrun
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PLASMIENT_", "TORCHELASTIC_"))}
+    e["PLASMIENT_CACHE_DIR"] = str(tmp_path_factory.mktemp("calibration"))  # one CPU calibration
+    e["PLASMIENT_EVERY"] = "1"  # every step at full depth: the flops sums are checked on each
+    e["PLASMIENT_FLUSH_TIMEOUT_S"] = "60"  # let rank 0 wait for rank 1 at exit
+    e["PYTHONUNBUFFERED"] = "1"
+    return e
+
+
+def _torchrun(worker: list[str], env: dict[str, str], cwd: Path) -> list[pa.Table]:
+    cmd = [str(BIN / "plasmient"), "run", "--", str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", *worker]
+    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "could not" not in proc.stderr, proc.stderr[-3000:]
+    files = sorted(cwd.glob("traces.rank*.jsonl"))
+    assert [f.name for f in files] == ["traces.rank0.jsonl", "traces.rank1.jsonl"]
+    return [read_jsonl(f) for f in files]
+
+
+def _check_one_tree_per_step(batches, steps: int, hosts: int) -> tuple[list[dict], list[dict], list[dict]]:
+    table = pa.concat_tables([b.table for b in batches])
+    fleets, nodes, ranks = (_levels(table, lv) for lv in ("fleet", "node", "rank"))
+    job = ranks[0]["plasmient.job.id"]
+    assert {r["plasmient.job.id"] for r in ranks} == {job}  # TORCHELASTIC_RUN_ID, shared by the ranks
+    for step in range(steps):
+        in_step = [r for r in table.select(["trace_id", "plasmient.step"]).to_pylist() if r["plasmient.step"] == step]
+        assert {r["trace_id"] for r in in_step} == {ids.trace_id(job, step)}
+        fleet = [r for r in fleets if r["plasmient.step"] == step]
+        node = [r for r in nodes if r["plasmient.step"] == step]
+        rank = [r for r in ranks if r["plasmient.step"] == step]
+        assert len(fleet) == 1 and len(node) == hosts and sorted(r["plasmient.rank"] for r in rank) == [0, 1]
+        f = fleet[0]
+        assert f["parent_span_id"] == 0 and f["span_id"] == ids.fleet_span_id(job, step)
+        assert all(n["parent_span_id"] == f["span_id"] for n in node)
+        node_ids = {n["span_id"] for n in node}
+        assert all(r["parent_span_id"] in node_ids for r in rank)
+        assert f["plasmient.gpus"] == 2 and sum(n["plasmient.gpus"] for n in node) == 2
+        assert f["plasmient.flops"] == pytest.approx(sum(r["plasmient.flops"] for r in rank)) and f["plasmient.flops"] > 0
+        assert f["plasmient.busy_s"] == pytest.approx(sum(r["plasmient.busy_s"] for r in rank))
+        assert f["plasmient.culprit.rank"] in {0, 1}
+        assert 0 < f["plasmient.mfu"] <= f["plasmient.util.resident"] <= 1
+        assert f["start_ns"] == min(r["start_ns"] for r in rank) and f["end_ns"] == max(r["end_ns"] for r in rank)
+    return fleets, nodes, ranks
+
+
+def test_torchrun_two_ranks_one_node(env, tmp_path):
+    batches = _torchrun([str(ROOT / "examples" / "ddp_tiny.py"), "--steps", "3"], env, tmp_path)
+    _check_one_tree_per_step(batches, steps=3, hosts=1)
+    # rank 0 exported the fleet and the node span; rank 1 only its own subtree
+    assert {r["plasmient.level"] for r in _levels(batches[1].table, "fleet", "node")} == set()
+
+
+def test_torchrun_simulated_second_node(env, tmp_path):
+    # each worker names its own host, as a second machine would: rank 1 becomes node sim-1's leader
+    worker = ["--no-python", "sh", "-c", f'OTEL_RESOURCE_ATTRIBUTES=host.name=sim-$RANK exec "{sys.executable}" '
+                                         f'"{ROOT / "examples" / "ddp_tiny.py"}" --steps 2']
+    batches = _torchrun(worker, env, tmp_path)
+    _, nodes, _ = _check_one_tree_per_step(batches, steps=2, hosts=2)
+    for r, batch in enumerate(batches):
+        node_rows = _levels(batch.table, "node")
+        assert {n["name"] for n in node_rows} == {f"node sim-{r}"}
+        assert {batch.resources[n["resource_index"]]["host.name"] for n in node_rows} == {f"sim-{r}"}
+    assert all(n["plasmient.gpus"] == 1 for n in nodes)
