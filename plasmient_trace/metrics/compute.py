@@ -49,8 +49,13 @@ class SpanSums:
 
 
 def _grouped_union_ns(group: np.ndarray, start: np.ndarray, end: np.ndarray, n_groups_hint: int) -> tuple[np.ndarray, np.ndarray]:
-    """Union length of intervals per group. Returns (unique group keys, union ns)."""
-    order = np.lexsort((start, group))
+    """Union length of intervals per group. Returns (unique group keys, union ns).
+
+    The intervals must come sorted by start: a stable sort by group then keeps them in start order
+    within each group, and on kernels (whose groups are runs of neighbours in time) timsort is
+    close to linear.
+    """
+    order = np.argsort(group, kind="stable")
     g, s, e = group[order], start[order], end[order]
     new = np.empty(len(g), bool)
     new[:1] = True
@@ -84,6 +89,8 @@ def aggregate(parent: np.ndarray, depth: np.ndarray, kernels: KernelFacts, devic
                    np.zeros(n, np.int64), np.zeros(n))
     if len(kernels.span) == 0:
         return out
+    by_start = np.argsort(kernels.start, kind="stable")
+    kernels = KernelFacts(*(getattr(kernels, f)[by_start] for f in KernelFacts.__dataclass_fields__))
     dur_s = np.maximum(kernels.end - kernels.start, 0) / 1e9
     comm_s = np.where(kernels.is_comm, dur_s, 0.0)
     n_dev = int(kernels.device_key.max()) + 1

@@ -72,8 +72,11 @@ def innermost_enclosing(
     iv_depth_order = np.lexsort((positions, np.where(sorted_is_iv, depth, -1)))
     depth_sorted = np.where(sorted_is_iv, depth, -1)[iv_depth_order]
     bounds = np.searchsorted(depth_sorted, np.arange(-1, max_depth + 2), side="left")
+    # all items grouped by depth once (stable: positions stay ascending inside a depth)
+    by_depth = np.argsort(depth, kind="stable")
+    depth_bounds = np.searchsorted(depth[by_depth], np.arange(0, max_depth + 2), side="left")
     for d in range(1, max_depth + 1):
-        want = np.nonzero(depth == d)[0]
+        want = by_depth[depth_bounds[d]:depth_bounds[d + 1]]
         if len(want) == 0:
             continue
         lo, hi = bounds[d], bounds[d + 1]  # intervals of depth d-1 (offset by the -1 bucket)
