@@ -189,14 +189,24 @@ def top_label_per_group(group: np.ndarray, label: np.ndarray, weight: np.ndarray
     if not ok.any():
         return best_label, best_weight
     g, lab, w = group[ok], label[ok], weight[ok]
+    # Groups are few (steps, ranks, nodes): densify them so (group, label) fits a bincount.
+    targets, g_dense = np.unique(g, return_inverse=True)
     n_lab = int(lab.max()) + 1
-    key = g * n_lab + lab
+    if len(targets) * n_lab <= 1 << 26:
+        sums = np.bincount(g_dense * n_lab + lab, weights=w, minlength=len(targets) * n_lab).reshape(len(targets), n_lab)
+        present = np.bincount(g_dense * n_lab + lab, minlength=len(targets) * n_lab).reshape(len(targets), n_lab) > 0
+        sums = np.where(present, sums, -np.inf)
+        top = np.argmax(sums, axis=1)
+        best_label[targets] = top
+        best_weight[targets] = sums[np.arange(len(targets)), top]
+        return best_label, best_weight
+    key = g_dense.astype(np.int64) * n_lab + lab
     uniq, inv = np.unique(key, return_inverse=True)
     sums = np.bincount(inv, weights=w)
     ug, ul = uniq // n_lab, uniq % n_lab
     order = np.lexsort((-sums, ug))
     ug, ul, sums = ug[order], ul[order], sums[order]
     first = np.concatenate([[True], ug[1:] != ug[:-1]])
-    best_label[ug[first]] = ul[first]
-    best_weight[ug[first]] = sums[first]
+    best_label[targets[ug[first]]] = ul[first]
+    best_weight[targets[ug[first]]] = sums[first]
     return best_label, best_weight

@@ -627,7 +627,7 @@ def _assemble(options, inputs, joined, ranks, nodes, step_values, node_keys, lay
     unjoined = np.zeros(len(sel), np.int64)
     over_peak = np.zeros(len(sel), np.int64)
     offsets = np.zeros(len(sel), np.int64)
-    peak_src: list[Any] = [None] * len(sel)
+    peak_src = np.full(len(sel), None, dtype=object)
     peak_flops = np.full(len(sel), np.nan)
     peak_bw = np.full(len(sel), np.nan)
     upper = np.nonzero(lv <= LEVEL_CODE["step"])[0]
@@ -660,7 +660,7 @@ def _assemble(options, inputs, joined, ranks, nodes, step_values, node_keys, lay
     cols["plasmient.kernels.over_peak"] = _masked(over_peak, ~is_step)
     cols["plasmient.peak_flops"] = _nan_to_null(np.where(lv <= LEVEL_CODE["step"], peak_flops, np.nan))
     cols["plasmient.peak_bandwidth"] = _nan_to_null(peak_bw)
-    cols["plasmient.peak.source"] = peak_src
+    cols["plasmient.peak.source"] = pa.array(peak_src, pa.string())
     cols["plasmient.clock.offset_ns"] = _masked(offsets, lv != LEVEL_CODE["rank"])
     cols["plasmient.sampled_depth"] = _step_depth(step[sel], is_step, options.full_depth_steps)
     cpu_counter = [inp.records.counters.get("cupti.dropped_records") for inp in inputs]
@@ -674,10 +674,13 @@ def _assemble(options, inputs, joined, ranks, nodes, step_values, node_keys, lay
     return cv.SpanBatch(table=cv.span_table_from_columns(cols, len(sel)), resources=resources)
 
 
-def _step_depth(steps: np.ndarray, is_step: np.ndarray, full: set[int] | None) -> list[Any]:
+def _step_depth(steps: np.ndarray, is_step: np.ndarray, full: set[int] | None) -> pa.Array:
+    values = pa.array(["full", "step"], pa.string())
     if full is None:
-        return ["full" if s else None for s in is_step.tolist()]
-    return [("full" if int(v) in full else "step") if s else None for v, s in zip(steps.tolist(), is_step.tolist())]
+        codes = np.zeros(len(steps), np.int64)
+    else:
+        codes = np.where(np.isin(steps, np.fromiter(full, np.int64, len(full))), 0, 1)
+    return values.take(pa.array(codes, mask=~is_step))
 
 
 def _masked(values: np.ndarray, mask_null: np.ndarray) -> pa.Array:
