@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, trace_path
+from conftest import trace_path
 
 from plasmient_trace.cli import main
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections import Counter, defaultdict
 from functools import lru_cache
 
@@ -198,7 +197,6 @@ def test_every_span_has_the_metrics_in_range(name):
 
 @pytest.mark.parametrize("name", ALL_TRACES)
 def test_busy_time_is_the_union_of_kernel_intervals(name):
-    doc = raw_trace(name)
     rows = spans(name)
     for step in (r for r in rows if r["plasmient.level"] == "step"):
         ks = sorted((k["start_ns"], k["end_ns"]) for k in rows if k["trace_id"] == step["trace_id"] and k["plasmient.level"] == "kernel")
@@ -248,7 +246,6 @@ def test_gemm_flops_are_2mnk_from_the_recorded_shapes(name):
 
 def test_kernel_flops_come_from_the_op_that_launched_them():
     rows = spans("h100/bert_small_inference.json.gz")
-    index = by_id(rows)
     kids = children_of(rows)
     gemm_ops = [r for r in rows if r["plasmient.level"] == "op" and r["name"] in ("aten::addmm", "aten::mm") and r["plasmient.op.model_flops"]]
     assert gemm_ops
@@ -387,7 +384,6 @@ def test_two_ranks_of_one_job_become_one_trace_per_step_with_node_and_fleet():
     rows = result.batch.table.to_pylist()
     steps0 = profiler_steps(raw_trace("a100_multirank/rank-0.json.gz"))
     assert len({r["trace_id"] for r in rows}) == len(steps0)
-    index = by_id(rows)
     for trace in {r["trace_id"] for r in rows}:
         levels = Counter(r["plasmient.level"] for r in rows if r["trace_id"] == trace)
         assert levels["fleet"] == 1 and levels["node"] == 1 and levels["rank"] == 2 and levels["step"] == 2

@@ -123,7 +123,7 @@ def stitch(inputs: list[RankInput], options: StitchOptions) -> StitchResult:
     seg_alive = [np.ones(n_top, bool)]
 
     k_span, k_start, k_end, k_devkey, k_flops, k_bytes, k_ideal, k_comm = [], [], [], [], [], [], [], []
-    k_synthetic, k_rankpos, k_row, k_waste_lbl = [], [], [], []
+    k_synthetic, k_alive_parts = [], []
     k_name_parts: list[np.ndarray] = []
     k_op_name_parts: list[np.ndarray] = []
     k_module_parts: list[np.ndarray] = []
@@ -255,9 +255,8 @@ def stitch(inputs: list[RankInput], options: StitchOptions) -> StitchResult:
         k_span.append(base["kernel"] + np.arange(n_ks)); k_start.append(ks); k_end.append(ke)
         k_devkey.append(dkeys); k_flops.append(flops); k_bytes.append(kbytes); k_ideal.append(ideal)
         k_comm.append(kinds == KIND_CODE["collective"]); k_synthetic.append(np.arange(n_ks) >= n_k)
-        k_rankpos.append(np.full(n_ks, pos)); k_row.append(np.arange(n_ks)); k_kind_parts.append(kinds)
-        k_alive_list = k_alive
-        k_waste_lbl.append(k_alive_list)
+        k_kind_parts.append(kinds)
+        k_alive_parts.append(k_alive)
         # Culprit labels travel as integer codes into one job-wide dictionary per kind of label.
         op_local, op_dict = _codes(ops_t.column("name").combine_chunks()) if n_op else (np.zeros(0, np.int64), [])
         op_of_kernel = np.where(ko >= 0, op_local[np.maximum(ko, 0)], -1) if n_op else np.full(n_ks, -1, np.int64)
@@ -288,7 +287,7 @@ def stitch(inputs: list[RankInput], options: StitchOptions) -> StitchResult:
         device_key=_cat(k_devkey, np.int64), flops=_cat(k_flops, np.float64), bytes=_cat(k_bytes, np.float64),
         ideal_s=_cat(k_ideal, np.float64), is_comm=_cat(k_comm, bool),
     )
-    k_alive_all = _cat(k_waste_lbl, bool)
+    k_alive_all = _cat(k_alive_parts, bool)
     k_synth = _cat(k_synthetic, bool)
 
     # Dead spans (outside every step) take no part: detach their kernels.
@@ -592,7 +591,6 @@ def _assemble(options, inputs, joined, ranks, nodes, step_values, node_keys, lay
     cols["start_ns"] = start[sel]
     cols["end_ns"] = end[sel]
     lv = level[sel]
-    levels = np.array(cv.LEVELS, dtype=object)
     cols["plasmient.level"] = pa.array(list(cv.LEVELS), pa.string()).take(pa.array(lv.astype(np.int64)))
     cols["plasmient.job.id"] = pa.array([job], pa.string()).take(pa.array(np.zeros(len(sel), np.int64)))
     cols["plasmient.step"] = step[sel]
