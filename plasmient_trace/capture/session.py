@@ -90,6 +90,8 @@ class CaptureConfig:
     PLASMIENT_PEAK_TFLOPS   override the device peak (TFLOP/s); skips the CPU calibration
     PLASMIENT_GPU_PRICE     USD per device-hour
     PLASMIENT_CUPTI=0 / PLASMIENT_NVML=0   disable those sources
+    PLASMIENT_CUPTI=kineto  kernels through torch.profiler (Kineto) instead of cupti-python, which is
+                            also the fallback when cupti-python is missing or CUPTI is taken
     PLASMIENT_EXPORT_INTERVAL_S  how long finished steps are batched before one stitch+export (2 s)
     PLASMIENT_FLUSH_TIMEOUT_S    the most the job waits at exit for queued steps (5 s)
     OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_EXPORTER (otlp | console | none),
@@ -105,6 +107,7 @@ class CaptureConfig:
     service_name: str | None = None
     traces_exporter: str = ""
     cupti: bool = True
+    kineto: bool = False   # force the Kineto fallback (PLASMIENT_CUPTI=kineto)
     nvml: bool = True
     queue_steps: int = 64
     flush_timeout_s: float = 5.0
@@ -126,6 +129,7 @@ class CaptureConfig:
             service_name=env.get("OTEL_SERVICE_NAME") or None,
             traces_exporter=env.get("OTEL_TRACES_EXPORTER", "").strip().lower(),
             cupti=env.get("PLASMIENT_CUPTI", "1") not in ("0", "false", "no"),
+            kineto=env.get("PLASMIENT_CUPTI", "").strip().lower() == "kineto",
             nvml=env.get("PLASMIENT_NVML", "1") not in ("0", "false", "no"),
             flush_timeout_s=_env_float(env, "PLASMIENT_FLUSH_TIMEOUT_S") or 5.0,
             export_interval_s=_env_float(env, "PLASMIENT_EXPORT_INTERVAL_S") or 2.0,
@@ -223,6 +227,7 @@ class StepCapture:
     ops: list[tuple] = field(default_factory=list)
     modules: list[tuple] = field(default_factory=list)
     cupti: Any = None          # cupti.ActivityBuffer
+    kineto: str | None = None  # this step's exported torch.profiler trace (Kineto fallback)
     dropped: int = 0
     samples: pa.Table | None = None
 
@@ -268,6 +273,8 @@ class CaptureSession:
         self._opt_hook: Any = None
         self._opt_clock: Any = None
         self.cupti: Any = None
+        self.kineto: Any = None    # kineto_fallback.KinetoCollector, when cupti-python is not used
+        self._user_profilers = 0   # the job's own torch.profiler runs now active
         self.nvml: Any = None
         self.devices: list[DeviceInfo] = []
         self.on_gpu = False
@@ -330,6 +337,10 @@ class CaptureSession:
 
         if not torch.cuda.is_available():
             self._devices_pending = False
+            if self.config.kineto and self.config.cupti:
+                say_once("kineto-forced", "PLASMIENT_CUPTI=kineto: full-depth steps are profiled with torch.profiler "
+                                          "(no CUDA here: ops only)")
+                self._use_kineto(cuda=False)
         elif torch.cuda.is_initialized():
             self._devices_pending = False
             self._init_gpu(torch)
@@ -337,7 +348,18 @@ class CaptureSession:
                 self.ops._push, self.ops._pop = self.cupti.push, self.cupti.pop
         if not self.on_gpu and self.cpu_spec is None and self.config.peak_tflops is None:
             self._cpu_pending = True
-        self.resource["plasmient.source"] = "live:cupti" if self.on_gpu else "live:cpu"
+        self.resource["plasmient.source"] = self._source()
+
+    def _source(self) -> str:
+        if not self.on_gpu:
+            return "live:cpu"
+        return "live:kineto" if self.kineto is not None else "live:cupti"
+
+    def _use_kineto(self, cuda: bool) -> None:
+        from .kineto_fallback import KinetoCollector
+
+        self.kineto = KinetoCollector(cuda=cuda)
+        self.on_gpu = self.on_gpu or cuda
 
     def _init_gpu(self, torch: Any) -> None:
         from .cupti import CuptiCollector, CuptiUnavailable
@@ -350,15 +372,19 @@ class CaptureSession:
             self.devices.append(DeviceInfo(ordinal=i, name=p.name, uuid=str(getattr(p, "uuid", "")) or None,
                                            sm_count=p.multi_processor_count, memory_bytes=int(p.total_memory),
                                            properties=props))
-        if self.config.cupti:
+        if self.config.cupti and self.config.kineto:
+            say_once("kineto-forced", "PLASMIENT_CUPTI=kineto: GPU kernels come from torch.profiler on full-depth steps")
+            self._use_kineto(cuda=True)
+        elif self.config.cupti:
             collector = CuptiCollector()
             try:
                 collector.start()
                 self.cupti = collector
                 self.on_gpu = True
             except CuptiUnavailable as err:
-                say_once("cupti", f"{err}; GPU kernels are not captured, spans carry CPU-side op times only "
-                                  "(use torch.profiler and `plasmient ingest` on its trace for kernel depth)")
+                say_once("cupti", f"{err}; falling back to torch.profiler (Kineto) for GPU kernels "
+                                  "on full-depth steps")
+                self._use_kineto(cuda=True)
         if self.config.nvml and self.on_gpu:
             from .nvml import NvmlSampler
 
@@ -401,6 +427,8 @@ class CaptureSession:
             orig = getattr(prof_cls, name)
 
             def wrapped(self_prof: Any, *a: Any, _orig: Any = orig, _hook: Any = hook, _name: str = name, **k: Any) -> Any:
+                if getattr(self_prof, "_plasmient_own", False):  # our Kineto fallback's own run
+                    return _orig(self_prof, *a, **k)
                 if _name == "start":
                     _hook()
                     return _orig(self_prof, *a, **k)
@@ -412,6 +440,9 @@ class CaptureSession:
             self._patched.append((prof_cls, name, orig))
 
     def _suspend_cupti(self) -> None:
+        self._user_profilers += 1
+        if self.kineto is not None:
+            self._yield_kineto()
         try:
             if self.cupti is not None and self.cupti.available:
                 self.cupti.stop()
@@ -421,11 +452,26 @@ class CaptureSession:
             self._fail("cupti", err)
 
     def _resume_cupti(self) -> None:
+        self._user_profilers = max(self._user_profilers - 1, 0)
         try:
             if self.cupti is not None and not self.cupti.available:
                 self.cupti.start()
         except Exception as err:
             say_once("cupti-resume", f"CUPTI not resumed after torch.profiler: {err}")
+
+    def _yield_kineto(self) -> None:
+        """The job's torch.profiler is starting: Kineto is one per process, so ours stands aside (the
+        open step keeps its ops through the dispatch hooks, without kernels)."""
+        say_once("kineto-user", "torch.profiler started by the job: the Kineto fallback stands aside until it "
+                                "stops; full-depth steps meanwhile carry ops without kernels (ingest its trace for them)")
+        try:
+            with self._lock:
+                if self.kineto.running:
+                    self.kineto.abort()
+                    if self._open and self._full and not self.failed:
+                        self._enter_mode()
+        except Exception as err:
+            self._fail("kineto", err)
 
     def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # With several optimizers (GANs, per-group optimizers) the first one that steps is the step
@@ -449,6 +495,8 @@ class CaptureSession:
         try:
             with self._lock:
                 self._exit_mode()
+                if self.kineto is not None:
+                    self.kineto.abort()
                 self._open = False
                 self.modules.enabled = False
                 self.modules.uninstall()
@@ -495,6 +543,8 @@ class CaptureSession:
         say_once(f"fail-{where}", f"tracing disabled after an error in {where}: {type(err).__name__}: {err}")
         try:
             self._exit_mode()
+            if self.kineto is not None:
+                self.kineto.abort()
             if hasattr(self, "modules"):
                 self.modules.enabled = False
         except Exception:
@@ -560,6 +610,8 @@ class CaptureSession:
     def _abort_open(self) -> None:
         if self._open:
             self._exit_mode()
+            if self.kineto is not None:
+                self.kineto.abort()
             self.modules.enabled = False
             self.ops.take()
             self.modules.take()
@@ -576,9 +628,35 @@ class CaptureSession:
         if self._full:
             self.modules.reset_stack()
             self.modules.enabled = True
-            self._enter_mode()
+            if not self._start_kineto():
+                self._enter_mode()
+
+    def _start_kineto(self) -> bool:
+        """Profile this full-depth step with torch.profiler (its ops replace the dispatch hooks');
+        False when there is no Kineto fallback, the job's own profiler holds Kineto, or it failed."""
+        if self.kineto is None:
+            return False
+        if self._user_profilers:
+            say_once("kineto-user", "torch.profiler started by the job: the Kineto fallback stands aside until it "
+                                    "stops; full-depth steps meanwhile carry ops without kernels (ingest its trace for them)")
+            return False
+        try:
+            self.kineto.start_step()
+            return True
+        except Exception as err:
+            say_once("kineto-start", f"torch.profiler could not start ({type(err).__name__}: {err}); "
+                                     "full-depth steps carry ops without kernels")
+            self.kineto.abort()
+            return False
 
     def _end(self, now: int) -> None:
+        trace = None
+        if self.kineto is not None and self.kineto.running:
+            try:
+                trace = self.kineto.end_step()
+            except Exception as err:
+                say_once("kineto-export", f"torch.profiler trace of a step not exported ({type(err).__name__}: "
+                                          f"{err}); such steps carry modules only")
         self._exit_mode()
         if self._cpu_pending:
             self._init_cpu()
@@ -586,7 +664,8 @@ class CaptureSession:
         self._open = False
         cap = StepCapture(step=self.step_index, name=_STEP_NAMES.get(self._kind or "explicit", "step#{n}").format(n=self.step_index),
                           start_ns=self._step_start + self._epoch, end_ns=now + self._epoch, full=self._full,
-                          ops=self.ops.take() if self._full else [], modules=self.modules.take() if self._full else [])
+                          ops=self.ops.take() if self._full else [], modules=self.modules.take() if self._full else [],
+                          kineto=trace)
         for rec in (self.ops, self.modules):
             if rec.failed is not None:
                 err, rec.failed = rec.failed, None
@@ -667,13 +746,20 @@ class CaptureSession:
         from . import cupti as cupti_mod
         from .torch_hooks import modules_table, ops_table
 
-        rs = RecordSet(devices=list(self.devices), resource=dict(self.resource),
-                       source="live:cupti" if self.on_gpu else "live:cpu")
+        rs = RecordSet(devices=list(self.devices), resource=dict(self.resource), source=self._source())
         rs.steps = table_from_columns("steps", {
             "step": [c.step for c in items], "start_ns": [c.start_ns for c in items],
             "end_ns": [c.end_ns for c in items], "name": [c.name for c in items]})
         ops = [o for c in items for o in c.ops]
         rs.ops = ops_table(ops, self._pid, self._epoch)
+        traced = self._kineto_records(items)
+        for name in ("ops", "kernels", "launches"):
+            # Kineto's ops carry the External ids its launches and kernels point to: they stand in
+            # for the dispatch hooks' ops on the steps it profiled, which keeps the join exact.
+            tabs = [getattr(rs, name)] + [getattr(r, name) for r in traced]
+            tabs = [t for t in tabs if t.num_rows]
+            if tabs:
+                setattr(rs, name, pa.concat_tables(tabs, promote_options="default") if len(tabs) > 1 else tabs[0])
         rs.modules = modules_table([m for c in items for m in c.modules], self._pid, self._epoch)
         if self.on_gpu:
             parts = [cupti_mod.tables(c.cupti, self.cupti.epoch_offset_ns) for c in items if c.cupti is not None]
@@ -681,11 +767,27 @@ class CaptureSession:
                 tabs = [p[name] for p in parts if p[name].num_rows]
                 if tabs:
                     setattr(rs, name, pa.concat_tables(tabs))
-            rs.counters["cupti.dropped_records"] = int(sum(c.dropped for c in items))
+            if self.cupti is not None:  # the Kineto fallback does not report its dropped records
+                rs.counters["cupti.dropped_records"] = int(sum(c.dropped for c in items))
         samples = [c.samples for c in items if c.samples is not None and c.samples.num_rows]
         if samples:
             rs.samples = pa.concat_tables(samples)
         return rs
+
+    def _kineto_records(self, items: list[StepCapture]) -> list[RecordSet]:
+        from ..sources.kineto import TraceFormatError
+        from .kineto_fallback import read_step
+
+        out = []
+        for c in items:
+            if c.kineto is None:
+                continue
+            path, c.kineto = c.kineto, None
+            try:
+                out.append(_shift_ids(read_step(path), (c.step + 1) << _STEP_ID_BITS))
+            except TraceFormatError:
+                pass  # a step with no profiled events (nothing ran between its boundaries)
+        return out
 
     def process(self, items: list[StepCapture]) -> SpanBatch:
         """Finished steps -> one SpanBatch through the shared pipeline (one trace per step)."""
@@ -704,7 +806,7 @@ class CaptureSession:
             table = blank_unmeasured(table, shallow, on_gpu=self.on_gpu)
         if rs.samples.num_rows:
             table = step_sample_attributes(table, rs.samples)
-        if len(items) > 1 and self.on_gpu:
+        if len(items) > 1 and self.cupti is not None:
             table = per_step_dropped(table, items)
         self._update_threshold(table, items)
         from ..stitch.tree import StitchOptions
@@ -730,6 +832,24 @@ class CaptureSession:
                 lf, lp = self._last_full
                 if lf / (lp * w) < self.config.mfu_threshold:
                     self._force_full = True
+
+
+# The live joins look External ids and correlation ids up across the whole batch, without a time
+# check. Each profiler run numbers its External ids afresh (from 1, as the dispatch hooks do), so
+# every profiled step gets its own id range above any the dispatch hooks hand out.
+_STEP_ID_BITS = 40
+
+
+def _shift_ids(records: RecordSet, offset: int) -> RecordSet:
+    for name, columns in (("ops", ("external_id",)), ("launches", ("external_id", "correlation_id")),
+                          ("kernels", ("external_id", "correlation_id"))):
+        table = getattr(records, name)
+        for col in columns:
+            i = table.schema.get_field_index(col)
+            if i >= 0 and table.num_rows:
+                table = table.set_column(i, table.schema.field(i), pc.add(table.column(i), offset))
+        setattr(records, name, table)
+    return records
 
 
 def _null_where(column: pa.ChunkedArray, mask: np.ndarray) -> pa.Array:
