@@ -6,9 +6,7 @@ On this CPU machine the profiler runs with the CPU activity only: ops, no kernel
 
 from __future__ import annotations
 
-import sys
 import tempfile
-from pathlib import Path
 
 import orjson
 import pytest
@@ -16,21 +14,8 @@ import torch
 
 from plasmient_trace.capture import session as session_mod
 from plasmient_trace.capture.session import CaptureConfig, CaptureSession
-from plasmient_trace.conventions import SpanBatch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-import train_tiny_transformer as tiny  # noqa: E402
-
-
-class Collect:
-    def __init__(self) -> None:
-        self.batches: list[SpanBatch] = []
-
-    def __call__(self, batch: SpanBatch) -> None:
-        self.batches.append(batch)
-
-    def rows(self) -> list[dict]:
-        return [r for b in self.batches for r in b.table.to_pylist()]
+from capture_helpers import Collect, tiny  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -3,9 +3,7 @@ that nothing tracing does can break or block the job."""
 
 from __future__ import annotations
 
-import sys
 import threading
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -14,23 +12,10 @@ import torch
 from plasmient_trace.capture import torch_hooks
 from plasmient_trace.capture.session import (CaptureConfig, CaptureSession, blank_unmeasured,
                                              step_sample_attributes)
-from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.records import table_from_columns
 from plasmient_trace.stitch import ids
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-import train_tiny_transformer as tiny  # noqa: E402
-
-
-class Collect:
-    def __init__(self) -> None:
-        self.batches: list[SpanBatch] = []
-
-    def __call__(self, batch: SpanBatch) -> None:
-        self.batches.append(batch)
-
-    def rows(self) -> list[dict]:
-        return [r for b in self.batches for r in b.table.to_pylist()]
+from capture_helpers import Collect, tiny  # noqa: E402
 
 
 def run(steps: int = 3, every: int = 1, exporters=None, **cfg) -> tuple[CaptureSession, Collect]:
