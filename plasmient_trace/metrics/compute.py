@@ -48,7 +48,7 @@ class SpanSums:
     device_price: np.ndarray  # USD/hour summed over those devices (NaN: a price is unknown)
 
 
-def _grouped_union_ns(group: np.ndarray, start: np.ndarray, end: np.ndarray, n_groups_hint: int) -> tuple[np.ndarray, np.ndarray]:
+def _grouped_union_ns(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Union length of intervals per group. Returns (unique group keys, union ns).
 
     The intervals must come sorted by start: a stable sort by group then keeps them in start order
@@ -107,7 +107,7 @@ def aggregate(parent: np.ndarray, depth: np.ndarray, kernels: KernelFacts, devic
         out.kernels += np.bincount(c, minlength=n)
         out.kernel_s += np.bincount(c, weights=dur_s[live], minlength=n)
         out.comm_s += np.bincount(c, weights=comm_s[live], minlength=n)
-        keys, union_ns = _grouped_union_ns(c * n_dev + kernels.device_key[live], kernels.start[live], kernels.end[live], n)
+        keys, union_ns = _grouped_union_ns(c * n_dev + kernels.device_key[live], kernels.start[live], kernels.end[live])
         owner = keys // n_dev
         out.busy_s += np.bincount(owner, weights=union_ns / 1e9, minlength=n)
         out.devices += np.bincount(owner, minlength=n)

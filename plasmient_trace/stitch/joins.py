@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..records import RecordSet
-from .nesting import innermost_enclosing
+from .nesting import innermost_enclosing, tree_depth, tree_root
 
 # Tolerance for "the op is active at the launch": Kineto rounds to 1 ns (new) or 1 µs (old files).
 _ACTIVE_SLACK_NS = 1_000
@@ -143,13 +143,13 @@ def join_rank(records: RecordSet) -> JoinedRank:
     if n_mod and len(o_start):
         fwd_with_seq = np.nonzero(~is_backward & (seq >= 0))[0]
         # The forward op's module: its root op's module.
-        root_of = _root_of(op_parent)
+        root_of = tree_root(op_parent)
         fwd_mod = op_module[root_of[fwd_with_seq]]
         keep = fwd_mod >= 0
         fwd_seq, fwd_mod = seq[fwd_with_seq][keep], fwd_mod[keep]
         # Innermost wins on duplicate sequence numbers: take the deepest module.
         if len(fwd_seq):
-            depth = _depth(m_parent)[fwd_mod]
+            depth = tree_depth(m_parent)[fwd_mod]
             order = np.lexsort((-depth, fwd_seq))
             fwd_seq, fwd_mod = fwd_seq[order], fwd_mod[order]
             first = np.concatenate([[True], fwd_seq[1:] != fwd_seq[:-1]])
@@ -191,11 +191,12 @@ def join_rank(records: RecordSet) -> JoinedRank:
     l_thread = l_pid * (1 << 32) + (l_tid & 0xFFFFFFFF)
     l_ext = _np(launches, "external_id")
     launch_op = np.full(n_l, -1, np.int64)
+    # ops by External id, sorted once: launches and launch-less kernels both look up here
+    ext_rows = np.nonzero(o_ext >= 0)[0]
+    ext_rows = ext_rows[np.argsort(o_ext[ext_rows], kind="stable")]
+    ext_keys = o_ext[ext_rows]
     if n_l and len(o_start):
-        valid_ext = o_ext >= 0
-        ext_rows = np.nonzero(valid_ext)[0]
-        ext_order = np.argsort(o_ext[ext_rows], kind="stable")
-        cand = _lookup(o_ext[ext_rows][ext_order], ext_rows[ext_order], l_ext)
+        cand = _lookup(ext_keys, ext_rows, l_ext)
         ok = cand >= 0
         c = np.maximum(cand, 0)
         ok &= o_thread[c] == l_thread
@@ -228,9 +229,7 @@ def join_rank(records: RecordSet) -> JoinedRank:
         k_ext = _np(kernels, "external_id")
         orphan = np.nonzero((kernel_op < 0) & (k_ext >= 0))[0]
         if len(orphan):
-            ext_rows = np.nonzero(o_ext >= 0)[0]
-            ext_order = np.argsort(o_ext[ext_rows], kind="stable")
-            found = _lookup(o_ext[ext_rows][ext_order], ext_rows[ext_order], k_ext[orphan])
+            found = _lookup(ext_keys, ext_rows, k_ext[orphan])
             kernel_op[orphan] = found
             stats.kernels_by_external_id = int((found >= 0).sum())
     stats.kernels = n_k
@@ -275,32 +274,10 @@ def join_rank(records: RecordSet) -> JoinedRank:
     )
 
 
-def _root_of(parent: np.ndarray) -> np.ndarray:
-    root = np.arange(len(parent))
-    cur = parent.copy()
-    while True:
-        has = cur >= 0
-        if not has.any():
-            return root
-        root[has] = cur[has]
-        cur[has] = parent[cur[has]]
-
-
-def _depth(parent: np.ndarray) -> np.ndarray:
-    depth = np.zeros(len(parent), np.int64)
-    cur = parent.copy()
-    while True:
-        has = cur >= 0
-        if not has.any():
-            return depth
-        depth[has] += 1
-        cur[has] = parent[cur[has]]
-
-
 def _module_paths(names: list[str], parent: np.ndarray) -> list[str]:
     """Dotted path from the outermost module; module events are few (one per forward call)."""
     paths: list[str] = [""] * len(names)
-    order = np.argsort(_depth(parent), kind="stable")
+    order = np.argsort(tree_depth(parent), kind="stable")
     for i in order:
         p = parent[i]
         paths[i] = names[i] if p < 0 else f"{paths[p]}.{names[i]}"

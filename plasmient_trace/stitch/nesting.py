@@ -66,12 +66,8 @@ def innermost_enclosing(
     # Intervals before it that belong to earlier groups are all closed; both counts include them.
     depth = iv_before - closed
 
-    positions = np.arange(len(order))
     parent_pos = np.full(len(order), -1, np.int64)
     max_depth = int(depth.max()) if len(depth) else 0
-    iv_depth_order = np.lexsort((positions, np.where(sorted_is_iv, depth, -1)))
-    depth_sorted = np.where(sorted_is_iv, depth, -1)[iv_depth_order]
-    bounds = np.searchsorted(depth_sorted, np.arange(-1, max_depth + 2), side="left")
     # all items grouped by depth once (stable: positions stay ascending inside a depth)
     by_depth = np.argsort(depth, kind="stable")
     depth_bounds = np.searchsorted(depth[by_depth], np.arange(0, max_depth + 2), side="left")
@@ -79,8 +75,8 @@ def innermost_enclosing(
         want = by_depth[depth_bounds[d]:depth_bounds[d + 1]]
         if len(want) == 0:
             continue
-        lo, hi = bounds[d], bounds[d + 1]  # intervals of depth d-1 (offset by the -1 bucket)
-        candidates = iv_depth_order[lo:hi]
+        above = by_depth[depth_bounds[d - 1]:depth_bounds[d]]
+        candidates = above[sorted_is_iv[above]]  # intervals one level up, in position order
         if len(candidates) == 0:
             continue
         k = np.searchsorted(candidates, want, side="left") - 1
@@ -102,3 +98,27 @@ def innermost_enclosing(
     iv_parent[:] = out[:n_iv]
     pt_parent[:] = out[n_iv:]
     return iv_parent, pt_parent
+
+
+def tree_depth(parent: np.ndarray) -> np.ndarray:
+    """Number of ancestors of every node of a parent-index forest (-1 = root), one pass per level."""
+    depth = np.zeros(len(parent), np.int64)
+    cur = parent.copy()
+    live = np.nonzero(cur >= 0)[0]
+    while len(live):
+        depth[live] += 1
+        cur[live] = parent[cur[live]]
+        live = live[cur[live] >= 0]
+    return depth
+
+
+def tree_root(parent: np.ndarray) -> np.ndarray:
+    """Index of every node's root in a parent-index forest (-1 = root), one pass per level."""
+    root = np.arange(len(parent))
+    cur = parent.copy()
+    live = np.nonzero(cur >= 0)[0]
+    while len(live):
+        root[live] = cur[live]
+        cur[live] = parent[cur[live]]
+        live = live[cur[live] >= 0]
+    return root

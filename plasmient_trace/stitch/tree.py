@@ -22,7 +22,8 @@ from ..metrics import compute as mc
 from ..metrics.culprit import suggestion
 from ..records import RecordSet
 from . import ids
-from .joins import JoinedRank, _root_of, join_rank
+from .joins import JoinedRank, join_rank
+from .nesting import tree_depth, tree_root
 
 LEVEL_CODE = {name: i for i, name in enumerate(cv.LEVELS)}
 KINDS = ("kernel", "memcpy", "memset", "collective")
@@ -266,7 +267,7 @@ def stitch(inputs: list[RankInput], options: StitchOptions) -> StitchResult:
         k_op_name_parts.append(op_labels.add(op_dict, op_of_kernel))
         # innermost module of each kernel: the module of the root of its launching op
         if n_op and n_mod and n_ks:
-            root = _root_of(j.op_parent)[np.maximum(ko, 0)]
+            root = tree_root(j.op_parent)[np.maximum(ko, 0)]
             mod = np.where(ko >= 0, j.op_module[root], -1)
             k_module_parts.append(module_labels.add([_module_label(j, m) for m in range(n_mod)], mod))
         else:
@@ -295,7 +296,7 @@ def stitch(inputs: list[RankInput], options: StitchOptions) -> StitchResult:
     kernels = mc.KernelFacts(*(getattr(kernels, f)[live_k] for f in ("span", "start", "end", "device_key", "flops", "bytes", "ideal_s", "is_comm")))
     parent = np.where(alive, parent, -1)
 
-    depth = _depth(parent)
+    depth = tree_depth(parent)
     start, end = _widen(parent, depth, start, end, alive)
     sums = mc.aggregate(parent, depth, kernels, np.asarray(device_price, np.float64) if device_price else np.zeros(0))
 
@@ -382,21 +383,15 @@ def _module_label(j: JoinedRank, m: int) -> str:
     return j.module_path[m] + (" [backward]" if j.module_phase[m] == "backward" else "")
 
 
+def _headline_peak(spec: DeviceSpec) -> float:
+    """The peak quoted for a device as a whole: bf16 tensor math on a GPU, fp32 on a CPU."""
+    return spec.peak("bf16" if spec.device_type == "gpu" else "fp32")
+
+
 def _ridge(spec: DeviceSpec) -> float:
     if spec.peak_for is None or not spec.bandwidth:
         return np.nan
-    return spec.peak("bf16" if spec.device_type == "gpu" else "fp32") / spec.bandwidth
-
-
-def _depth(parent: np.ndarray) -> np.ndarray:
-    depth = np.zeros(len(parent), np.int64)
-    cur = parent.copy()
-    live = np.nonzero(cur >= 0)[0]
-    while len(live):
-        depth[live] += 1
-        cur[live] = parent[cur[live]]
-        live = live[cur[live] >= 0]
-    return depth
+    return _headline_peak(spec) / spec.bandwidth
 
 
 def _widen(parent: np.ndarray, depth: np.ndarray, start: np.ndarray, end: np.ndarray, alive: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -635,7 +630,7 @@ def _assemble(options, inputs, joined, ranks, nodes, step_values, node_keys, lay
         if pos < 0 or code > LEVEL_CODE["step"]:
             continue
         spec = inputs[pos].spec
-        peak_flops[out_i] = spec.peak("bf16" if spec.device_type == "gpu" else "fp32")
+        peak_flops[out_i] = _headline_peak(spec)
         peak_bw[out_i] = spec.bandwidth if spec.bandwidth else np.nan
         if code == LEVEL_CODE["rank"]:
             peak_src[out_i] = spec.source
