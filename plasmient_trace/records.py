@@ -132,7 +132,13 @@ def table_from_columns(name: str, columns: dict[str, Any]) -> pa.Table:
     arrays = []
     for f in schema:
         if f.name in columns:
-            arrays.append(pa.array(columns[f.name], type=f.type))
+            value = columns[f.name]
+            if isinstance(value, pa.ChunkedArray):
+                value = value.combine_chunks()
+            if isinstance(value, pa.Array):
+                arrays.append(value if value.type == f.type else value.cast(f.type))
+            else:
+                arrays.append(pa.array(value, type=f.type))
         else:
             arrays.append(pa.nulls(length, type=f.type))
     return pa.Table.from_arrays(arrays, schema=schema)

@@ -154,8 +154,19 @@ def join_rank(records: RecordSet) -> JoinedRank:
             fwd_seq, fwd_mod = fwd_seq[order], fwd_mod[order]
             first = np.concatenate([[True], fwd_seq[1:] != fwd_seq[:-1]])
             fwd_seq, fwd_mod = fwd_seq[first], fwd_mod[first]
-            bwd_roots = np.nonzero(is_backward & (op_parent < 0) & (seq >= 0))[0]
-            target = _lookup(fwd_seq, fwd_mod, seq[bwd_roots])
+            # Kineto and RecordFunction put the sequence number on the autograd node's op
+            # ('MmBackward0'), inside an 'autograd::engine::evaluate_function' root that has none:
+            # a backward root takes the sequence number of its outermost node op.
+            root_seq = np.where(op_parent < 0, seq, -1)
+            nodes = np.nonzero((fwd_tid > 0) & (seq >= 0) & (op_parent >= 0))[0]
+            if len(nodes):
+                nodes = nodes[np.argsort(tree_depth(op_parent)[nodes], kind="stable")[::-1]]
+                roots_of_nodes = root_of[nodes]
+                unset = root_seq[roots_of_nodes] < 0
+                # Fancy assignment keeps the last write: deepest first, so the outermost node wins.
+                root_seq[roots_of_nodes[unset]] = seq[nodes[unset]]
+            bwd_roots = np.nonzero(is_backward & (op_parent < 0) & (root_seq >= 0))[0]
+            target = _lookup(fwd_seq, fwd_mod, root_seq[bwd_roots])
             same_step = target >= 0
             same_step[same_step] = m_step[target[same_step]] == op_step[bwd_roots[same_step]]
             hit_ops, hit_mod = bwd_roots[same_step], target[same_step]

@@ -90,10 +90,56 @@ def _node_of(records: RecordSet, rank: int, options: StitchOptions) -> str:
     return str(host) if host else f"node-{rank // max(options.ranks_per_node, 1)}"
 
 
-def _leaf_ops(op_parent: np.ndarray) -> np.ndarray:
-    is_parent = np.zeros(len(op_parent), bool)
+_GEMM_LIKE = ("gemm", "conv", "attention")
+
+
+def _yields_flops(op_parent: np.ndarray, op_model: np.ndarray) -> np.ndarray:
+    """Per op: is its work already modelled by an op below it of the same class? aten::linear
+    (gemm) over aten::addmm (gemm), aten::layer_norm over aten::native_layer_norm (norm): the outer
+    op yields, so its FLOPs are not counted twice. GEMM, convolution and attention form one class
+    (scaled_dot_product_attention over bmm); an op over a different class keeps its FLOPs (addmm
+    over the copy_ of its bias). One numpy step per tree level."""
+    n = len(op_parent)
+    yields = np.zeros(n, bool)
+    if n == 0:
+        return yields
+    model = op_model.astype(str)
+    classes, cls = np.unique(np.where(np.isin(model, _GEMM_LIKE), "gemm-like", model), return_inverse=True)
+    k = len(classes)
+    modelled = model != "none"
+    seen = np.zeros(n * k, bool)
+    node, c = op_parent[modelled], cls[modelled]
+    for _ in range(256):
+        keep = node >= 0
+        key = np.unique(node[keep] * k + c[keep])
+        key = key[~seen[key]]
+        if not len(key):
+            break
+        seen[key] = True
+        node, c = key // k, key % k
+        yields[node[cls[node] == c]] = True
+        node = op_parent[node]
+    return yields
+
+
+def _cpu_kernel_ops(op_parent: np.ndarray, owns: np.ndarray) -> np.ndarray:
+    """The ops that stand for kernels when the CPU is the device: each outermost op that owns
+    FLOPs (its whole interval, children included, is its work: the BLAS call inside aten::addmm
+    is addmm's own time), and every leaf op not inside one. Flat op lists (the dispatch hook) are
+    all leaves; nested ones (Kineto, the native observer) get one kernel per unit of work, not one
+    per aten::as_strided."""
+    n = len(op_parent)
+    is_parent = np.zeros(n, bool)
     is_parent[op_parent[op_parent >= 0]] = True
-    return np.nonzero(~is_parent)[0]
+    inside_owner = np.zeros(n, bool)
+    cur = op_parent.copy()
+    for _ in range(256):
+        up = cur >= 0
+        if not up.any():
+            break
+        inside_owner[up] |= owns[cur[up]]
+        cur[up] = op_parent[cur[up]]
+    return np.nonzero((owns | ~is_parent) & ~inside_owner)[0]
 
 
 def stitch(inputs: list[RankInput], options: StitchOptions) -> StitchResult:
@@ -141,9 +187,11 @@ def stitch(inputs: list[RankInput], options: StitchOptions) -> StitchResult:
         n_steps, n_mod, n_op = len(j.steps), len(j.module_parent), len(j.op_parent)
         synth_ops = np.zeros(0, np.int64)
         n_k = len(j.kernel_start)
+        has_model = (inp.op_model != "none") if n_op else np.zeros(0, bool)
+        yields = _yields_flops(j.op_parent, inp.op_model) if n_op else np.zeros(0, bool)
         if n_k == 0 and n_op:
-            # No device activity: the CPU is the device and the leaf ops are its kernels.
-            synth_ops = _leaf_ops(j.op_parent)
+            # No device activity: the CPU is the device and its ops are the kernels.
+            synth_ops = _cpu_kernel_ops(j.op_parent, has_model & ~yields)
             synth_ops = synth_ops[j.op_step[synth_ops] >= 0]
         n_ks = n_k + len(synth_ops)
         base = {"rank": cursor, "step": cursor + n_steps, "module": cursor + 2 * n_steps,
@@ -206,7 +254,6 @@ def stitch(inputs: list[RankInput], options: StitchOptions) -> StitchResult:
 
         # ---- kernel facts: flops owner = innermost modelled op on the launching op's ancestor chain
         kinds = _kind_codes(rs.kernels.column("kind"), len(synth_ops))
-        has_model = (inp.op_model != "none") if n_op else np.zeros(0, bool)
         owner = ko.copy()
         for _ in range(256):
             climb = (owner >= 0) & ~has_model[np.maximum(owner, 0)] if n_op else np.zeros(n_ks, bool)
@@ -215,6 +262,10 @@ def stitch(inputs: list[RankInput], options: StitchOptions) -> StitchResult:
             owner[climb] = j.op_parent[owner[climb]]
         is_compute_kind = kinds == KIND_CODE["kernel"]
         owned = (owner >= 0) & is_compute_kind & k_alive
+        if n_op:
+            # aten::linear's FLOPs are counted on its aten::addmm's kernels, not again on a kernel
+            # that climbs to linear from one of its other children.
+            owned &= ~yields[np.maximum(owner, 0)]
         dur = np.maximum(ke - ks, 0).astype(np.float64) + 1.0
         share = np.zeros(n_ks)
         if owned.any():
