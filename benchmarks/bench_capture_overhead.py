@@ -5,7 +5,9 @@ load drifts hit them alike):
   base        uninstrumented
   step-level  capture running, every step step-level only (PLASMIENT_EVERY huge)
   sampled     capture with the default sampling (full depth every 10th step)
-  full        capture with every step at full depth (modules + ops)
+  full        capture with every step at full depth (modules + ops), ops through the native
+              RecordFunction observer (the default op hook)
+  full-dispatch  the same with PLASMIENT_OP_HOOK=dispatch (the Python TorchDispatchMode fallback)
   profiler    torch.profiler(activities=[CPU], record_shapes=True) around the steps, recording only
   profiler+   the same plus its share of the processing at exit (``key_averages()``), which a user
               pays before seeing anything: the like-for-like comparison with a capture that delivers
@@ -43,7 +45,7 @@ import train_tiny_transformer as tiny  # noqa: E402
 from plasmient_trace.capture.session import CaptureConfig, CaptureSession, FileExporter  # noqa: E402
 
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time, "process": time.process_time}
-CONFIGS = ("base", "step-level", "sampled", "full", "profiler", "profiler+")
+CONFIGS = ("base", "step-level", "sampled", "full", "full-dispatch", "profiler", "profiler+")
 
 
 class Clocks:
@@ -66,9 +68,9 @@ def run_base(model, opt, data, n: int) -> dict[str, float]:
     return c.spent
 
 
-def run_capture(model, opt, data, n: int, every: int, out_dir: str) -> dict[str, float]:
-    path = str(Path(out_dir) / f"bench-{every}.jsonl")
-    session = CaptureSession(CaptureConfig(every=every, job_id="bench", environ={}),
+def run_capture(model, opt, data, n: int, every: int, out_dir: str, op_hook: str = "native") -> dict[str, float]:
+    path = str(Path(out_dir) / f"bench-{every}-{op_hook}.jsonl")
+    session = CaptureSession(CaptureConfig(every=every, job_id="bench", op_hook=op_hook, environ={}),
                              exporters=[(path, FileExporter(path))]).start()
     try:
         steps(model, opt, data, 1)  # step 0 (always full depth) opens the run, not timed
@@ -112,11 +114,16 @@ def main(argv: list[str] | None = None) -> dict:
         from plasmient_trace.metrics import hardware
 
         hardware.cpu_spec()  # calibrate once, outside the timed runs (cached per machine)
+        from plasmient_trace.capture import native
+
+        if native.load() is None:  # build outside the timed runs; without it "full" would be dispatch
+            sys.exit(f"native op observer unavailable: {native.failure()}")
         for _ in range(args.rounds):
             spent["base"].append(run_base(model, opt, data, args.steps))
             spent["step-level"].append(run_capture(model, opt, data, args.steps, 10**9, out_dir))
             spent["sampled"].append(run_capture(model, opt, data, args.steps, 10, out_dir))
             spent["full"].append(run_capture(model, opt, data, args.steps, 1, out_dir))
+            spent["full-dispatch"].append(run_capture(model, opt, data, args.steps, 1, out_dir, "dispatch"))
             s, x = run_profiler(model, opt, data, args.steps)
             spent["profiler"].append(s)
             # its exit processing covers the untimed first step too: charge the timed steps their share
@@ -130,15 +137,16 @@ def main(argv: list[str] | None = None) -> dict:
         extra = per_step[ref][clk] - per_step["base"][clk]
         return round((per_step[cfg][clk] - per_step["base"][clk]) / extra, 2) if extra > 0 else None
 
-    vs_prof = {ref: {cfg: {clk: vs(cfg, ref, clk) for clk in CLOCKS} for cfg in ("step-level", "sampled", "full")}
+    vs_prof = {ref: {cfg: {clk: vs(cfg, ref, clk) for clk in CLOCKS}
+                     for cfg in ("step-level", "sampled", "full", "full-dispatch")}
                for ref in ("profiler", "profiler+")}
     res = {"step_ms": {c: {k: round(v * 1e3, 2) for k, v in d.items()} for c, d in per_step.items()},
            "ratio_vs_base": ratio, "overhead_vs_profiler": vs_prof,
            "profiler_processing_s": round(statistics.median(post), 3),
            "rounds": args.rounds, "steps_per_round": args.steps, "threads": args.threads}
-    print(f"{'config':<12}" + "".join(f"{c + ' ms':>12}{'ratio':>8}" for c in CLOCKS))
+    print(f"{'config':<14}" + "".join(f"{c + ' ms':>12}{'ratio':>8}" for c in CLOCKS))
     for cfg in CONFIGS:
-        print(f"{cfg:<12}" + "".join(f"{per_step[cfg][c] * 1e3:>12.1f}{ratio[cfg][c]:>8.3f}" for c in CLOCKS))
+        print(f"{cfg:<14}" + "".join(f"{per_step[cfg][c] * 1e3:>12.1f}{ratio[cfg][c]:>8.3f}" for c in CLOCKS))
     print(f"overhead as a fraction of torch.profiler's: {vs_prof}")
     print(f"torch.profiler processing at exit: {res['profiler_processing_s']} s (not in its ratios)")
     print(json.dumps(res))

@@ -59,3 +59,16 @@ def ingest_batch(paths: list[Path], job_id: str):
     for p in paths:
         assert p.is_file(), f"missing shared trace {p}"
     return ingest_paths([str(p) for p in paths], IngestOptions(job_id=job_id)).batch
+
+
+@pytest.fixture(scope="session", autouse=True)
+def native_observer():
+    """The native op observer, built (or read from the cache) before any capture test runs, so every
+    session and example subprocess under the default PLASMIENT_OP_HOOK=auto starts on it; the test
+    machines have a C++ compiler, so a failed build is a failure, not a skip."""
+    from plasmient_trace.capture import native
+
+    observer = native.load()
+    if observer is None:
+        pytest.fail(f"the native op observer did not build: {native.failure()}")
+    return observer

@@ -132,8 +132,10 @@ def test_cupti_unavailable_on_a_gpu_falls_back_to_kineto_once(monkeypatch, capsy
     assert err.count("falling back to torch.profiler") == 1 and "in use by another subscriber" in err
 
 
-def test_the_jobs_own_profiler_makes_ours_stand_aside_without_breaking_it(capsys):
-    config = CaptureConfig.from_env({"PLASMIENT_CUPTI": "kineto"}, every=1, peak_tflops=0.05, job_id="user-prof")
+@pytest.mark.parametrize("op_hook", ["dispatch", "native"])
+def test_the_jobs_own_profiler_makes_ours_stand_aside_without_breaking_it(capsys, op_hook, native_observer):
+    config = CaptureConfig.from_env({"PLASMIENT_CUPTI": "kineto", "PLASMIENT_OP_HOOK": op_hook}, every=1,
+                                    peak_tflops=0.05, job_id="user-prof")
     session, rows, user = _train(config, user_profiler=True)
     err = capsys.readouterr().err
     assert err.count("stands aside") == 1
@@ -141,17 +143,21 @@ def test_the_jobs_own_profiler_makes_ours_stand_aside_without_breaking_it(capsys
     # the user's profile is whole
     keys = {e.key for e in user}
     assert {"aten::addmm", "aten::mm"} <= keys
-    # our steps still carry ops, from the dispatch hooks (no profiler annotations among them)
+    # our steps still carry ops, from our own op hook beside the job's profiler
     by_id = {r["span_id"]: r for r in rows}
     addmm = [r for r in rows if r["plasmient.level"] == "op" and r["name"] == "aten::addmm"]
     assert {r["plasmient.step"] for r in addmm} == {0, 1, 2}
     assert all(_module_of(r, by_id) for r in addmm)
-    assert not any(r["name"].startswith("Optimizer.") for r in rows if r["plasmient.level"] == "op")
+    annotated = any(r["name"].startswith("Optimizer.") for r in rows if r["plasmient.level"] == "op")
+    # record_function scopes: the native observer sees them as Kineto does, a dispatch mode cannot
+    assert annotated == (op_hook == "native")
 
 
 def test_the_fallback_resumes_after_the_jobs_profiler_stops(capsys):
     sink = Collect()
-    config = CaptureConfig.from_env({"PLASMIENT_CUPTI": "kineto"}, every=1, peak_tflops=0.05, job_id="resume")
+    # the dispatch hook, which cannot see record_function scopes: they mark the steps ours profiled
+    config = CaptureConfig.from_env({"PLASMIENT_CUPTI": "kineto", "PLASMIENT_OP_HOOK": "dispatch"}, every=1,
+                                    peak_tflops=0.05, job_id="resume")
     session = CaptureSession(config, exporters=[("memory", sink)]).start()
     try:
         model, opt, data = tiny.build(dim=32, layers=1, heads=2, vocab=64, seq=8, batch=2)

@@ -3,6 +3,7 @@ that nothing tracing does can break or block the job."""
 
 from __future__ import annotations
 
+import ctypes
 import threading
 
 import pyarrow as pa
@@ -223,7 +224,7 @@ def test_a_broken_hook_never_changes_what_the_op_returns(monkeypatch, capsys):
         raise RuntimeError("bookkeeping bug")
 
     monkeypatch.setattr(torch_hooks, "_meta", boom)
-    session = CaptureSession(CaptureConfig(every=1, peak_tflops=0.05, job_id="boom", environ={}),
+    session = CaptureSession(CaptureConfig(every=1, peak_tflops=0.05, job_id="boom", op_hook="dispatch", environ={}),
                              exporters=[("memory", Collect())]).start()
     assert losses(session) == untraced
     assert capsys.readouterr().err.count("torch hook failed") == 1
@@ -395,6 +396,25 @@ class FakeCupti:
                 correlation_id=self.corr),
         ])
 
+    def native_correlation(self) -> tuple[int, int]:
+        """C entry points shaped like cuptiActivityPush/PopExternalCorrelationId, for the native
+        observer to call (ctypes takes the GIL around them): the same bookkeeping as push/pop."""
+        push_t = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_uint64)
+        pop_t = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_uint64))
+
+        def push(kind, eid):
+            assert kind == self.cu.EXTERNAL_KIND_CUSTOM0
+            self.push(int(eid))
+            return 0
+
+        def pop(kind, out):
+            out[0] = self.stack[-1][0]
+            self.pop()
+            return 0
+
+        self._c_callbacks = (push_t(push), pop_t(pop))  # kept alive as long as the observer may call them
+        return tuple(ctypes.cast(f, ctypes.c_void_p).value for f in self._c_callbacks)
+
     def flush(self):
         self.flushes += 1
         return self.buffer.take(), 10 * self.flushes  # dropped records: 10, 20, ... per step
@@ -403,15 +423,18 @@ class FakeCupti:
         self.available = False
 
 
-def test_gpu_path_wiring_with_a_stand_in_cupti(monkeypatch):
-    """The session's GPU path end to end without a GPU: push/pop around every op, buffers flushed at
-    each step end, kernels joined to their ops through external correlation, dropped counts and
-    NVML samples on each step span."""
+@pytest.mark.parametrize("op_hook", ["native", "dispatch"])
+def test_gpu_path_wiring_with_a_stand_in_cupti(monkeypatch, op_hook):
+    """The session's GPU path end to end without a GPU: push/pop around every op (through C entry
+    points for the native observer, through Python for the dispatch hook), buffers flushed at each
+    step end, kernels joined to their ops through external correlation, dropped counts and NVML
+    samples on each step span."""
     from plasmient_trace.capture import nvml as nvml_mod
     from plasmient_trace.records import DeviceInfo
 
     sink = Collect()
-    session = CaptureSession(CaptureConfig(every=1, job_id="gpu", environ={}), exporters=[("memory", sink)])
+    session = CaptureSession(CaptureConfig(every=1, job_id="gpu", op_hook=op_hook, environ={}),
+                             exporters=[("memory", sink)])
 
     def detect(self=session):
         self._devices_pending = False
@@ -419,7 +442,7 @@ def test_gpu_path_wiring_with_a_stand_in_cupti(monkeypatch):
         self.devices = [DeviceInfo(ordinal=0, name="NVIDIA H100 80GB HBM3",
                                    properties={"name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85_000_000_000})]
         self.cupti = FakeCupti(self._epoch)
-        self.ops._push, self.ops._pop = self.cupti.push, self.cupti.pop
+        self._correlate()
         sampler = nvml_mod.NvmlSampler([0])
         # a sample every ms from 1 s before now: every step window holds some, however the load stretches it
         now = self._epoch + torch_hooks.perf_counter_ns()
@@ -446,10 +469,16 @@ def test_gpu_path_wiring_with_a_stand_in_cupti(monkeypatch):
     assert all(s["plasmient.util.nvml"] == pytest.approx(0.97) for s in steps.values())
     kernels = [r for r in rows if r["plasmient.level"] == "kernel"]
     ops = [r for r in rows if r["plasmient.level"] == "op"]
-    assert kernels and len(kernels) == len(ops)  # one kernel per op, each under exactly its op
+    # one kernel per op that can launch one (shape-only ops get no correlation id), under exactly its op
+    bracketed = [r for r in ops if r["name"] not in torch_hooks.SHAPE_ONLY_OPS] if op_hook == "native" else ops
+    assert kernels and len(kernels) == len(bracketed)
     for k in kernels:
         op = by_id[k["parent_span_id"]]
         assert op["plasmient.level"] == "op" and k["name"] == f"kernel_{op['plasmient.op.external_id']}"
     addmm = next(r for r in ops if r["name"] == "aten::addmm")
-    assert by_id[addmm["parent_span_id"]]["name"] == "Sequential.0"
+    module = by_id[addmm["parent_span_id"]]
+    while module["plasmient.level"] == "op":  # the native observer also sees aten::linear around it
+        module = by_id[module["parent_span_id"]]
+    assert module["name"] == "Sequential.0"
+    assert isinstance(session.ops, torch_hooks.NativeOpRecorder) == (op_hook == "native")
     assert addmm["plasmient.flops"] > 0 and addmm["plasmient.mfu"] is not None

@@ -259,6 +259,24 @@ class CuptiCollector:
             except Exception:
                 self.available = False
 
+    def native_correlation(self) -> tuple[int, int] | None:
+        """Addresses of ``cuptiActivityPush/PopExternalCorrelationId`` in the libcupti cupti-python
+        loaded, for the native op observer to call without Python; None where they cannot be found
+        (the session then brackets ops through :meth:`push`/:meth:`pop` instead)."""
+        if not self.available:
+            return None
+        try:
+            path = next((line.split()[-1] for line in open("/proc/self/maps")
+                         if "libcupti.so" in line and line.split()[-1].startswith("/")), None)
+            if path is None:
+                return None
+            lib = ctypes.CDLL(path)  # the already-loaded library: dlopen hands back the same handle
+            push = ctypes.cast(lib.cuptiActivityPushExternalCorrelationId, ctypes.c_void_p).value
+            pop = ctypes.cast(lib.cuptiActivityPopExternalCorrelationId, ctypes.c_void_p).value
+            return (int(push), int(pop)) if push and pop else None
+        except (OSError, AttributeError, ValueError):
+            return None
+
     def flush(self) -> tuple[ActivityBuffer, int]:
         """Deliver every completed and pending record; returns them and the records dropped since."""
         cupti = self._cupti

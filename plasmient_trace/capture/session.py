@@ -92,6 +92,10 @@ class CaptureConfig:
     PLASMIENT_CUPTI=0 / PLASMIENT_NVML=0   disable those sources
     PLASMIENT_CUPTI=kineto  kernels through torch.profiler (Kineto) instead of cupti-python, which is
                             also the fallback when cupti-python is missing or CUPTI is taken
+    PLASMIENT_OP_HOOK       how full-depth steps see ops: auto (default: the native RecordFunction
+                            observer, built once in the background, the dispatch hook until it is
+                            ready), native (build it now, before the first step), dispatch (the
+                            Python TorchDispatchMode only)
     PLASMIENT_EXPORT_INTERVAL_S  how long finished steps are batched before one stitch+export (2 s)
     PLASMIENT_FLUSH_TIMEOUT_S    the most the job waits at exit for queued steps (5 s)
     OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_EXPORTER (otlp | console | none),
@@ -109,6 +113,7 @@ class CaptureConfig:
     cupti: bool = True
     kineto: bool = False   # force the Kineto fallback (PLASMIENT_CUPTI=kineto)
     nvml: bool = True
+    op_hook: str = "auto"  # auto | native | dispatch (PLASMIENT_OP_HOOK)
     queue_steps: int = 64
     flush_timeout_s: float = 5.0
     export_interval_s: float = 2.0
@@ -131,6 +136,7 @@ class CaptureConfig:
             cupti=env.get("PLASMIENT_CUPTI", "1") not in ("0", "false", "no"),
             kineto=env.get("PLASMIENT_CUPTI", "").strip().lower() == "kineto",
             nvml=env.get("PLASMIENT_NVML", "1") not in ("0", "false", "no"),
+            op_hook=(env.get("PLASMIENT_OP_HOOK") or "auto").strip().lower(),
             flush_timeout_s=_env_float(env, "PLASMIENT_FLUSH_TIMEOUT_S") or 5.0,
             export_interval_s=_env_float(env, "PLASMIENT_EXPORT_INTERVAL_S") or 2.0,
             environ=env,
@@ -224,7 +230,8 @@ class StepCapture:
     start_ns: int
     end_ns: int
     full: bool
-    ops: list[tuple] = field(default_factory=list)
+    ops: Any = None            # the op recorder's chunk for this step (see torch_hooks)
+    op_recorder: Any = None    # the recorder that made it, whose .table() reads it
     modules: list[tuple] = field(default_factory=list)
     cupti: Any = None          # cupti.ActivityBuffer
     kineto: str | None = None  # this step's exported torch.profiler trace (Kineto fallback)
@@ -316,7 +323,9 @@ class CaptureSession:
         self._devices_pending = True
         self._cpu_pending = False
         self.resource["plasmient.source"] = "live:cpu"
-        self.ops = torch_hooks.OpRecorder()
+        self.ops: Any = torch_hooks.OpRecorder()
+        self._native_pending = False
+        self._choose_op_recorder()
         self.modules = torch_hooks.ModuleRecorder(on_forward=self._on_forward)
         self.modules.install()
         self._install_step_hooks(torch)
@@ -329,6 +338,73 @@ class CaptureSession:
         self._worker = threading.Thread(target=self._work, name="plasmient-export", daemon=True)
         self._worker.start()
         self.started = True
+
+    def _choose_op_recorder(self) -> None:
+        """The native observer when it is built (or, with PLASMIENT_OP_HOOK=native, once built now);
+        under auto a first build runs in the background and :meth:`_begin` switches when it lands."""
+        from . import native
+
+        hook = self.config.op_hook
+        if hook not in ("auto", "native", "dispatch"):
+            say_once("op-hook", f"PLASMIENT_OP_HOOK={hook!r} is not auto, native or dispatch: using auto")
+            hook = "auto"
+        if hook == "dispatch":
+            return
+        observer = native.load(build_if_missing=(hook == "native"))
+        if observer is not None:
+            self._use_native(observer)
+        elif hook == "native" or native.failure() is not None:
+            self._native_unavailable()
+        else:
+            say_once("native-build", f"building the native op observer once, in the background (cached in "
+                                     f"{native.cache_dir()}); full-depth steps use the slower dispatch hook until then")
+            native.build_async()
+            self._native_pending = True
+
+    def _use_native(self, observer: Any) -> None:
+        from . import torch_hooks
+
+        recorder = torch_hooks.NativeOpRecorder(observer)
+        recorder.next_id = max(recorder.next_id, self.ops.next_id)  # external ids stay unique per rank
+        self.ops = recorder
+        if self.cupti is not None:
+            self._correlate()
+
+    def _native_unavailable(self) -> None:
+        from . import native
+
+        say_once("native-failed", f"native op observer unavailable ({native.failure()}); full-depth steps use "
+                                  "the Python dispatch hook, which costs far more per op")
+
+    def _poll_native(self) -> None:
+        from . import native
+
+        observer = native.loaded()
+        if observer is not None:
+            self._native_pending = False
+            self._use_native(observer)
+        elif native.failure() is not None:
+            self._native_pending = False
+            self._native_unavailable()
+
+    def _correlate(self) -> None:
+        """Bracket every op with a CUPTI external correlation id (exact kernel -> op join). The
+        native observer needs libcupti's C entry points; without them the dispatch hook, which
+        calls cupti-python, takes over so the join stays exact."""
+        from . import torch_hooks
+
+        if isinstance(self.ops, torch_hooks.NativeOpRecorder):
+            addresses = self.cupti.native_correlation()
+            if addresses is not None:
+                self.ops.set_correlation(*addresses)
+                return
+            say_once("native-cupti", "libcupti's external-correlation entry points were not found for the native "
+                                     "op observer; ops are recorded by the dispatch hook so kernels still join exactly")
+            fallback = torch_hooks.OpRecorder()
+            fallback.next_id = self.ops.next_id
+            self.ops = fallback
+            self._native_pending = False
+        self.ops.set_correlation(self.cupti.push, self.cupti.pop)
 
     def _detect_devices(self) -> None:
         """GPU path when the job has initialised CUDA (a CPU job on a GPU machine stays on the CPU
@@ -345,7 +421,7 @@ class CaptureSession:
             self._devices_pending = False
             self._init_gpu(torch)
             if self.cupti is not None:
-                self.ops._push, self.ops._pop = self.cupti.push, self.cupti.pop
+                self._correlate()
         if not self.on_gpu and self.cpu_spec is None and self.config.peak_tflops is None:
             self._cpu_pending = True
         self.resource["plasmient.source"] = self._source()
@@ -495,6 +571,9 @@ class CaptureSession:
         try:
             with self._lock:
                 self._exit_mode()
+                # The native observer is process-wide and outlives us: it must not keep calling
+                # into this session's CUPTI after close.
+                self.ops.set_correlation(None, None)
                 if self.kineto is not None:
                     self.kineto.abort()
                 self._open = False
@@ -620,6 +699,8 @@ class CaptureSession:
     def _begin(self, now: int) -> None:
         if self._devices_pending:
             self._detect_devices()
+        if self._native_pending:
+            self._poll_native()
         every = max(self.config.every, 1)
         self._full = (self.step_index % every == 0) or self._force_full
         self._force_full = False
@@ -664,12 +745,14 @@ class CaptureSession:
         self._open = False
         cap = StepCapture(step=self.step_index, name=_STEP_NAMES.get(self._kind or "explicit", "step#{n}").format(n=self.step_index),
                           start_ns=self._step_start + self._epoch, end_ns=now + self._epoch, full=self._full,
-                          ops=self.ops.take() if self._full else [], modules=self.modules.take() if self._full else [],
-                          kineto=trace)
+                          ops=self.ops.take() if self._full else None, op_recorder=self.ops,
+                          modules=self.modules.take() if self._full else [], kineto=trace)
         for rec in (self.ops, self.modules):
             if rec.failed is not None:
                 err, rec.failed = rec.failed, None
                 say_once("hook-error", f"a torch hook failed and its record was skipped: {type(err).__name__}: {err}")
+        if getattr(self.ops, "notice", None):
+            say_once("op-notice", self.ops.notice)
         if self.cupti is not None and self.cupti.available:
             cap.cupti, cap.dropped = self.cupti.flush()  # buffers flushed at every step end
         if self.nvml is not None:
@@ -744,14 +827,20 @@ class CaptureSession:
 
     def record_set(self, items: list[StepCapture]) -> RecordSet:
         from . import cupti as cupti_mod
-        from .torch_hooks import modules_table, ops_table
+        from .torch_hooks import modules_table
 
         rs = RecordSet(devices=list(self.devices), resource=dict(self.resource), source=self._source())
         rs.steps = table_from_columns("steps", {
             "step": [c.step for c in items], "start_ns": [c.start_ns for c in items],
             "end_ns": [c.end_ns for c in items], "name": [c.name for c in items]})
-        ops = [o for c in items for o in c.ops]
-        rs.ops = ops_table(ops, self._pid, self._epoch)
+        by_recorder: dict[int, tuple[Any, list]] = {}
+        for c in items:
+            if c.ops is not None:
+                by_recorder.setdefault(id(c.op_recorder), (c.op_recorder, []))[1].append(c.ops)
+        op_tables = [r.table(chunks, self._pid, self._epoch) for r, chunks in by_recorder.values()]
+        op_tables = [t for t in op_tables if t.num_rows]
+        rs.ops = (pa.concat_tables(op_tables) if len(op_tables) > 1 else op_tables[0]) if op_tables \
+            else table_from_columns("ops", {})
         traced = self._kineto_records(items)
         for name in ("ops", "kernels", "launches"):
             # Kineto's ops carry the External ids its launches and kernels point to: they stand in

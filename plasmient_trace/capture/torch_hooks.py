@@ -1,11 +1,19 @@
-"""Torch-side live capture: aten ops through a TorchDispatchMode, nn.Module calls through global hooks.
+"""Torch-side live capture: ops through the native RecordFunction observer (or, where it cannot be
+built, a TorchDispatchMode), nn.Module calls through global hooks.
 
-Why these hooks: a TorchDispatchMode sees every aten op below autograd (forward and backward) with
-its real arguments, on the thread that runs it, and lets us push a CUPTI external correlation id
-around exactly the kernels that op launches; global module hooks see every ``nn.Module.__call__``
-without touching the model. Both only append tuples to a list on the hot path: turning them into
-Arrow record tables (names, JSON shapes, epoch timestamps) happens later, off the training thread,
-in :func:`ops_table` / :func:`modules_table`.
+Two op recorders with one interface (``__enter__``/``__exit__`` around a full-depth step,
+``take()`` at its end, ``table(chunks, pid, epoch)`` on the worker thread, ``failed``):
+
+* :class:`NativeOpRecorder` (default): the C++ ``at::RecordFunction`` callback of
+  ``op_observer.cpp``, which sees every op Kineto sees (composite and aten ops, autograd nodes with
+  their sequence numbers, ``record_function`` scopes) for about a microsecond each.
+* :class:`OpRecorder`: a TorchDispatchMode, which sees every aten op below autograd with its real
+  arguments but costs tens of microseconds of Python per op; used where no C++ compiler is found.
+
+Both can bracket each op with a CUPTI external correlation id so the kernels it launches join to it
+exactly. Global module hooks see every ``nn.Module.__call__`` without touching the model. On the hot
+path everything only appends records; turning them into Arrow tables (names, JSON shapes, epoch
+timestamps) happens later, off the training thread, in the ``table`` methods / :func:`modules_table`.
 
 Backward module spans are not recorded here: the stitcher rebuilds them from the autograd sequence
 number (a backward op carries the sequence number of the forward op that created its node), which
@@ -19,6 +27,7 @@ import weakref
 from time import perf_counter_ns
 from typing import Any, Callable
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import torch
@@ -86,6 +95,21 @@ class OpRecorder(TorchDispatchMode):
         ops, self.ops = self.ops, []
         return ops
 
+    def set_correlation(self, push: Callable[[int], Any] | None, pop: Callable[[], Any] | None) -> None:
+        self._push, self._pop = push, pop
+
+    @property
+    def next_id(self) -> int:
+        return self._next_id
+
+    @next_id.setter
+    def next_id(self, value: int) -> None:
+        self._next_id = value
+
+    @staticmethod
+    def table(chunks: list[list[tuple]], pid: int, epoch_offset_ns: int) -> pa.Table:
+        return ops_table([o for c in chunks for o in c], pid, epoch_offset_ns)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None,  # noqa: ANN001 - torch's signature
                            _clock=perf_counter_ns, _node=_current_node, _seq=_get_seq, _tid=_get_native_id,
                            _Tensor=_Tensor):
@@ -139,6 +163,109 @@ class OpRecorder(TorchDispatchMode):
             if self.failed is None:
                 self.failed = err
         return out
+
+
+# Ops that only make a new view or an uninitialised allocation: they launch no kernel on any device and
+# cost no FLOPs, yet are about 40% of what RecordFunction sees in a training step (aten::t ->
+# aten::transpose -> aten::as_strided under every aten::linear). Live capture leaves them out of its
+# op spans (their time stays inside their parent op) unless autograd numbered them; anything they
+# enclose that does work is kept.
+SHAPE_ONLY_OPS = frozenset(f"aten::{n}" for n in (
+    "as_strided", "view", "_unsafe_view", "_reshape_alias", "t", "transpose", "permute", "expand", "expand_as",
+    "view_as", "unsqueeze", "squeeze", "select", "slice", "narrow", "unflatten", "alias", "detach", "lift_fresh",
+    "resolve_conj", "resolve_neg", "empty", "empty_like", "empty_strided", "split", "chunk", "unbind",
+)) | {"detach"}
+
+
+class NativeOpRecorder:
+    """Ops through the native observer (``native.load()``'s module): a global RecordFunction callback
+    added when a full-depth step begins and removed when it ends, so other steps cost nothing.
+
+    A chunk (``take()``) is the observer's packed columns; signatures (name, JSON dims/types/
+    concrete inputs) are numbered once by the observer and fetched here as they appear, so a step's
+    table is a ``take`` on the signature table, not a string per op. Ops in
+    :data:`SHAPE_ONLY_OPS` are dropped there.
+    """
+
+    def __init__(self, observer: Any) -> None:
+        self._obs = observer
+        self._errors_seen = observer.errors()
+        self.failed: BaseException | None = None
+        self.notice: str | None = None  # something the session should say once (not an error)
+        self._sig_lock = threading.Lock()
+        self._signatures: list[pa.Array] = [pa.array([], pa.string()) for _ in range(4)]
+        self._shape_only = np.zeros(0, bool)
+
+    def __enter__(self) -> "NativeOpRecorder":
+        self._obs.start(True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._obs.stop()
+        errors = self._obs.errors()
+        if errors > self._errors_seen and self.failed is None:
+            self.failed = RuntimeError(f"{errors - self._errors_seen} op records skipped: {self._obs.first_error()}")
+        self._errors_seen = errors
+        if self.notice is None and self._obs.unspelled():
+            self.notice = (f"over {self._obs.MAX_SIGNATURES} distinct op signatures (shapes keep changing): "
+                           "ops with new signatures are recorded by name only, without shapes or FLOPs")
+
+    def take(self) -> dict[str, bytes]:
+        return self._obs.take()
+
+    def set_correlation(self, push_address: int | None, pop_address: int | None) -> None:
+        """C function pointers (``cuptiActivityPush/PopExternalCorrelationId``); None clears them."""
+        self._obs.set_correlation(push_address or 0, pop_address or 0)
+
+    @property
+    def next_id(self) -> int:
+        return int(self._obs.next_id())
+
+    @next_id.setter
+    def next_id(self, value: int) -> None:
+        self._obs.set_next_id(int(value))
+
+    def _signature_columns(self) -> list[pa.Array]:
+        with self._sig_lock:
+            have = len(self._signatures[0])
+            new = self._obs.signatures(have)
+            if new:
+                cols = list(zip(*new))
+                self._signatures = [pa.concat_arrays([old, pa.array(col, pa.string())])
+                                    for old, col in zip(self._signatures, cols)]
+                self._shape_only = np.concatenate([self._shape_only, [n in SHAPE_ONLY_OPS for n in cols[0]]])
+            return self._signatures
+
+    def table(self, chunks: list[dict[str, bytes]], pid: int, epoch_offset_ns: int) -> pa.Table:
+        chunks = [c for c in chunks if c and len(c["signature"])]
+        if not chunks:
+            return table_from_columns("ops", {})
+
+        signature_columns = self._signature_columns()
+        sig_all = np.concatenate([np.frombuffer(c["signature"], np.uint32) for c in chunks])
+        seq_all = np.concatenate([np.frombuffer(c["sequence_number"], np.int64) for c in chunks])
+        # one that made an autograd node stays: its sequence number maps the node's backward ops
+        # to their forward module
+        keep = ~self._shape_only[sig_all] | (seq_all >= 0)
+
+        def col(name: str, dtype: Any) -> np.ndarray:
+            return np.concatenate([np.frombuffer(c[name], dtype) for c in chunks])[keep]
+
+        sig = pa.array(sig_all[keep])
+        names, dims, types, concrete = (s.take(sig) for s in signature_columns)
+        seq = col("sequence_number", np.int64)
+        scope = col("scope", np.uint8)
+        n = len(seq)
+        return table_from_columns("ops", {
+            "pid": pa.array(np.full(n, pid, np.int64)), "tid": col("tid", np.int64),
+            "start_ns": col("start_ns", np.int64) + epoch_offset_ns,
+            "end_ns": col("end_ns", np.int64) + epoch_offset_ns,
+            "name": names,
+            "category": pa.array(np.where(scope == self._obs.SCOPE_USER, "user_annotation", "cpu_op")),
+            "sequence_number": pa.array(seq, mask=seq < 0), "fwd_thread_id": col("fwd_thread_id", np.int64),
+            "input_dims": dims, "input_types": types, "concrete_inputs": concrete,
+            "external_id": col("external_id", np.int64),
+        })
 
 
 class ModuleRecorder:

@@ -1,0 +1,474 @@
+// Native op observer: a global at::RecordFunction callback that records every torch op (forward,
+// backward and user scopes, on every thread) as Kineto would, without the Python round trip a
+// TorchDispatchMode costs per op.
+//
+// Hot path (start/end callbacks, no Python, no lock in the common case): an op's signature (name,
+// input shapes, dtypes, scalar values) is hashed and looked up in a per-thread cache of signature
+// ids; only a signature never seen before is spelled out in Kineto's JSON ("Input Dims", "Input
+// type", "Concrete Inputs"), once. A training loop repeats its signatures every step, so a record
+// is a handful of integers: signature id, CLOCK_MONOTONIC start/end (the clock time.perf_counter_ns
+// reads on Linux), thread, autograd sequence number, forward thread, external correlation id.
+// When a CUPTI push/pop pair was handed in, each op is bracketed with its external correlation id
+// so the kernels it launches join to it exactly.
+//
+// take() hands the finished records to Python as packed column bytes (numpy reads them without a
+// copy) and signatures() the signature strings added since a given id; both run off the hot path.
+#include <ATen/core/ivalue.h>
+#include <ATen/record_function.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+struct OpRecord {
+  int64_t start_ns;
+  int64_t end_ns;
+  int64_t tid;
+  int64_t sequence_nr;
+  int64_t fwd_thread_id;
+  int64_t external_id;
+  uint32_t signature;
+  uint8_t scope;
+};
+
+struct Signature {
+  std::string name, dims, types, concrete;
+};
+
+// Signature ids carry this bit in the per-thread caches when the op is one that never launches
+// device work (set_unbracketed): it gets no external correlation id, so anything launched inside it
+// joins to the enclosing op, which is the one whose span exists.
+constexpr uint32_t kUnbracketed = 0x80000000u;
+
+struct Context : at::ObserverContext {
+  OpRecord rec;
+  bool bracketed = false;  // an external correlation id was pushed for it
+};
+
+// Finished records of one thread; take() swaps every buffer out under its own (uncontended) lock.
+struct ThreadBuffer {
+  std::mutex mutex;
+  std::vector<OpRecord> records;
+};
+
+// CUptiResult (*)(CUpti_ExternalCorrelationKind, uint64_t) and its pop twin, resolved in Python.
+using PushFn = int (*)(int, uint64_t);
+using PopFn = int (*)(int, uint64_t*);
+constexpr int kExternalKindCustom0 = 3;
+// A run whose shapes keep changing (a decode loop's growing KV cache) would grow the signature table
+// without end: past this many, new signatures are recorded by name alone, and counted.
+constexpr size_t kMaxSignatures = 1 << 18;
+
+std::mutex g_mutex;  // guards the buffer registry, the signature table and g_first_error
+std::vector<std::shared_ptr<ThreadBuffer>> g_buffers;
+std::vector<Signature> g_signatures;
+std::unordered_map<uint64_t, uint32_t> g_signature_ids;
+std::string g_first_error;
+std::unordered_set<std::string> g_unbracketed_names;
+
+at::CallbackHandle g_handle = 0;
+std::atomic<bool> g_record_inputs{true};
+std::atomic<uint64_t> g_next_id{1};
+std::atomic<PushFn> g_push{nullptr};
+std::atomic<PopFn> g_pop{nullptr};
+std::atomic<uint64_t> g_errors{0};
+std::atomic<uint64_t> g_unspelled{0};  // records that got a name-only signature (table full)
+
+void note_error(const char* what) {
+  if (g_errors.fetch_add(1, std::memory_order_relaxed) == 0) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_first_error = what;
+  }
+}
+
+inline int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+struct ThreadState {
+  int64_t tid = static_cast<int64_t>(syscall(SYS_gettid));
+  std::shared_ptr<ThreadBuffer> buffer;
+  std::unordered_map<uint64_t, uint32_t> signature_ids;  // this thread's cache of g_signature_ids
+  ThreadState() : buffer(std::make_shared<ThreadBuffer>()) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_buffers.push_back(buffer);
+  }
+};
+
+inline ThreadState& thread_state() {
+  thread_local ThreadState state;
+  return state;
+}
+
+// ---- signature hashing (hot path): 64-bit FNV-1a over the facts the JSON spells out
+
+struct Hasher {
+  uint64_t h = 1469598103934665603ULL;
+  inline void add(uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ULL;
+    }
+  }
+  inline void add(const char* s) {
+    for (; *s; ++s) {
+      h ^= static_cast<unsigned char>(*s);
+      h *= 1099511628211ULL;
+    }
+    add(0xffULL);
+  }
+};
+
+void hash_input(const c10::IValue& v, Hasher& h) {
+  h.add(static_cast<uint64_t>(v.tag));
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) return h.add(0xdeadULL);
+    h.add(static_cast<uint64_t>(t.scalar_type()));
+    h.add(static_cast<uint64_t>(t.dim()));
+    for (int64_t s : t.sizes()) h.add(static_cast<uint64_t>(s));
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList().vec()) {
+      h.add(t.defined() ? static_cast<uint64_t>(t.dim()) : 0xdeadULL);
+      if (t.defined()) for (int64_t s : t.sizes()) h.add(static_cast<uint64_t>(s));
+    }
+  } else if (v.isInt()) {
+    h.add(static_cast<uint64_t>(v.toInt()));
+  } else if (v.isBool()) {
+    h.add(v.toBool() ? 1 : 0);
+  } else if (v.isIntList()) {
+    for (int64_t x : v.toIntList().vec()) h.add(static_cast<uint64_t>(x));
+  } else if (v.isString()) {
+    h.add(v.toStringRef().c_str());
+  }
+}
+
+// ---- signature spelling (once per new signature)
+
+void append_int(std::string& s, int64_t v) { s.append(std::to_string(v)); }
+
+void append_shape(std::string& s, c10::IntArrayRef sizes) {
+  s.push_back('[');
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (i) s.push_back(',');
+    append_int(s, sizes[i]);
+  }
+  s.push_back(']');
+}
+
+void append_json_string(std::string& s, const std::string& v) {
+  s.push_back('"');
+  for (char c : v) {
+    if (c == '"' || c == '\\') {
+      s.push_back('\\');
+      s.push_back(c);
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      s.append(buf);
+    } else {
+      s.push_back(c);
+    }
+  }
+  s.push_back('"');
+}
+
+// One scalar as Python's str() spells it, which is what metrics.flops parses back. Floating-point
+// scalars stay unrecorded (""): optimizers pass step-dependent ones (AdamW's -lr/bias_correction),
+// which would make every step's signatures new, and no cost model reads them.
+std::string scalar_text(const c10::IValue& v) {
+  if (v.isBool()) return v.toBool() ? "True" : "False";
+  if (v.isInt()) return std::to_string(v.toInt());
+  return "";
+}
+
+void spell_input(const c10::IValue& v, Signature& sig) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (t.defined()) {
+      append_shape(sig.dims, t.sizes());
+      sig.types.push_back('"');
+      sig.types.append(std::string(t.dtype().name()));
+      sig.types.push_back('"');
+    } else {
+      sig.dims.append("[]");
+      sig.types.append("\"\"");
+    }
+    sig.concrete.append("\"\"");
+    return;
+  }
+  if (v.isTensorList()) {
+    sig.dims.push_back('[');
+    bool first = true;
+    for (const at::Tensor& t : v.toTensorList().vec()) {
+      if (!first) sig.dims.push_back(',');
+      first = false;
+      if (t.defined()) append_shape(sig.dims, t.sizes()); else sig.dims.append("[]");
+    }
+    sig.dims.push_back(']');
+    sig.types.append("\"TensorList\"");
+    sig.concrete.append("\"\"");
+    return;
+  }
+  const char* type = "";  // None, devices, generic lists: an empty type, as Kineto leaves them
+  std::string conc;
+  if (v.isBool() || v.isInt() || v.isDouble()) {
+    type = "Scalar";
+    conc = scalar_text(v);
+  } else if (v.isIntList()) {
+    type = "ScalarList";
+    conc.push_back('[');
+    bool first = true;
+    for (int64_t x : v.toIntList().vec()) {
+      if (!first) conc.append(", ");
+      first = false;
+      conc.append(std::to_string(x));
+    }
+    conc.push_back(']');
+  } else if (v.isDoubleList() || v.isBoolList()) {
+    type = "ScalarList";
+  } else if (v.isString()) {
+    type = "String";
+    conc = v.toStringRef();
+  }
+  sig.dims.append("[]");
+  sig.types.push_back('"');
+  sig.types.append(type);
+  sig.types.push_back('"');
+  append_json_string(sig.concrete, conc);
+}
+
+Signature spell(const at::RecordFunction& fn, bool with_inputs) {
+  Signature sig;
+  sig.name = fn.name();
+  sig.dims = "[";
+  sig.types = "[";
+  sig.concrete = "[";
+  if (with_inputs) {
+    bool first = true;
+    for (const c10::IValue& v : fn.inputs()) {
+      if (!first) {
+        sig.dims.push_back(',');
+        sig.types.push_back(',');
+        sig.concrete.push_back(',');
+      }
+      first = false;
+      spell_input(v, sig);
+    }
+  }
+  sig.dims.push_back(']');
+  sig.types.push_back(']');
+  sig.concrete.push_back(']');
+  return sig;
+}
+
+// Returns the signature id, with kUnbracketed set for ops named in set_unbracketed.
+uint32_t signature_id(const at::RecordFunction& fn, ThreadState& ts, bool table_full = false) {
+  const bool with_inputs = !table_full && g_record_inputs.load(std::memory_order_relaxed) && fn.needsInputs();
+  Hasher h;
+  h.add(fn.name());
+  h.add(with_inputs ? 1 : 0);
+  if (with_inputs)
+    for (const c10::IValue& v : fn.inputs()) hash_input(v, h);
+  auto hit = ts.signature_ids.find(h.h);
+  if (hit != ts.signature_ids.end()) return hit->second;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto known = g_signature_ids.find(h.h);
+    if (known != g_signature_ids.end()) {
+      ts.signature_ids.emplace(h.h, known->second);
+      return known->second;
+    }
+    if (with_inputs && g_signatures.size() >= kMaxSignatures) table_full = true;
+  }
+  if (table_full && with_inputs) {
+    g_unspelled.fetch_add(1, std::memory_order_relaxed);
+    return signature_id(fn, ts, true);
+  }
+  Signature sig = spell(fn, with_inputs);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  uint32_t id = static_cast<uint32_t>(g_signatures.size());
+  if (g_unbracketed_names.count(sig.name)) id |= kUnbracketed;
+  auto [it, inserted] = g_signature_ids.emplace(h.h, id);
+  if (inserted) g_signatures.push_back(std::move(sig));
+  ts.signature_ids.emplace(h.h, it->second);
+  return it->second;
+}
+
+// ---- callbacks
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  try {
+    ThreadState& ts = thread_state();
+    auto ctx = std::make_unique<Context>();
+    OpRecord& r = ctx->rec;
+    const uint32_t sig = signature_id(fn, ts);
+    r.signature = sig & ~kUnbracketed;
+    r.tid = ts.tid;
+    r.sequence_nr = fn.seqNr();
+    r.fwd_thread_id = static_cast<int64_t>(fn.forwardThreadId());
+    r.scope = static_cast<uint8_t>(fn.scope());
+    r.external_id = static_cast<int64_t>(g_next_id.fetch_add(1, std::memory_order_relaxed));
+    ctx->bracketed = false;
+    PushFn push = g_push.load(std::memory_order_relaxed);
+    if (push != nullptr && !(sig & kUnbracketed)) {
+      push(kExternalKindCustom0, static_cast<uint64_t>(r.external_id));
+      ctx->bracketed = true;
+    }
+    r.start_ns = now_ns();
+    return ctx;
+  } catch (const std::exception& err) {
+    note_error(err.what());
+  } catch (...) {
+    note_error("unknown exception");
+  }
+  return nullptr;
+}
+
+void on_end(const at::RecordFunction& /*fn*/, at::ObserverContext* base) {
+  if (base == nullptr) return;
+  const int64_t end = now_ns();
+  try {
+    auto* ctx = static_cast<Context*>(base);
+    PopFn pop = g_pop.load(std::memory_order_relaxed);
+    if (ctx->bracketed && pop != nullptr) {
+      uint64_t ignored = 0;
+      pop(kExternalKindCustom0, &ignored);
+    }
+    ctx->rec.end_ns = end;
+    // The thread that ends an op files it (an async op may end elsewhere than it started).
+    ThreadBuffer& buf = *thread_state().buffer;
+    std::lock_guard<std::mutex> lock(buf.mutex);
+    buf.records.push_back(ctx->rec);
+  } catch (const std::exception& err) {
+    note_error(err.what());
+  } catch (...) {
+    note_error("unknown exception");
+  }
+}
+
+// ---- Python API
+
+void start(bool record_inputs) {
+  if (g_handle != 0) return;
+  g_record_inputs.store(record_inputs);
+  auto cb = at::RecordFunctionCallback(on_start, on_end)
+                .needsInputs(record_inputs)
+                .needsIds(true)
+                .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
+                         at::RecordScope::USER_SCOPE});
+  g_handle = at::addGlobalCallback(cb);
+}
+
+void stop() {
+  if (g_handle == 0) return;
+  at::removeCallback(g_handle);
+  g_handle = 0;
+}
+
+void set_correlation(uintptr_t push, uintptr_t pop) {
+  // An op pops only what it pushed; set pop before push so a push never lacks its pop. Clearing
+  // both leaves ops already bracketed to pop through the old pointer: the caller keeps it valid
+  // until the step that set it has ended (the session clears it only between steps).
+  if (push == 0 || pop == 0) {
+    g_push.store(nullptr);
+    return;
+  }
+  g_pop.store(reinterpret_cast<PopFn>(pop));
+  g_push.store(reinterpret_cast<PushFn>(push));
+}
+
+void set_unbracketed(const std::vector<std::string>& names) {
+  // Applies to signatures first seen after the call: native.load() makes it before any recording.
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_unbracketed_names = std::unordered_set<std::string>(names.begin(), names.end());
+}
+
+template <typename T, typename F>
+py::bytes column(const std::vector<OpRecord>& recs, F get) {
+  std::string out(recs.size() * sizeof(T), '\0');
+  T* p = reinterpret_cast<T*>(out.data());
+  for (size_t i = 0; i < recs.size(); ++i) p[i] = get(recs[i]);
+  return py::bytes(out);
+}
+
+py::dict take() {
+  std::vector<OpRecord> recs;
+  std::vector<std::shared_ptr<ThreadBuffer>> buffers;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    buffers = g_buffers;
+  }
+  for (auto& b : buffers) {
+    std::vector<OpRecord> mine;
+    {
+      std::lock_guard<std::mutex> lock(b->mutex);
+      mine.swap(b->records);
+    }
+    recs.insert(recs.end(), mine.begin(), mine.end());
+  }
+  py::dict out;
+  out["start_ns"] = column<int64_t>(recs, [](const OpRecord& r) { return r.start_ns; });
+  out["end_ns"] = column<int64_t>(recs, [](const OpRecord& r) { return r.end_ns; });
+  out["tid"] = column<int64_t>(recs, [](const OpRecord& r) { return r.tid; });
+  out["sequence_number"] = column<int64_t>(recs, [](const OpRecord& r) { return r.sequence_nr; });
+  out["fwd_thread_id"] = column<int64_t>(recs, [](const OpRecord& r) { return r.fwd_thread_id; });
+  out["external_id"] = column<int64_t>(recs, [](const OpRecord& r) { return r.external_id; });
+  out["signature"] = column<uint32_t>(recs, [](const OpRecord& r) { return r.signature; });
+  out["scope"] = column<uint8_t>(recs, [](const OpRecord& r) { return r.scope; });
+  return out;
+}
+
+py::list signatures(size_t from) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  py::list out;
+  for (size_t i = from; i < g_signatures.size(); ++i) {
+    const Signature& s = g_signatures[i];
+    out.append(py::make_tuple(s.name, s.dims, s.types, s.concrete));
+  }
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_plasmient_op_observer, m) {
+  m.doc() = "plasmient-trace native op observer (a global at::RecordFunction callback)";
+  m.def("start", &start, py::arg("record_inputs") = true);
+  m.def("stop", &stop);
+  m.def("active", []() { return g_handle != 0; });
+  m.def("take", &take);
+  m.def("signatures", &signatures, py::arg("start") = 0);
+  m.def("errors", []() { return g_errors.load(); });
+  m.def("unspelled", []() { return g_unspelled.load(); });
+  m.attr("MAX_SIGNATURES") = kMaxSignatures;
+  m.def("first_error", []() {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    return g_first_error;
+  });
+  m.def("set_correlation", &set_correlation, py::arg("push"), py::arg("pop"));
+  m.def("set_unbracketed", &set_unbracketed, py::arg("names"));
+  m.def("now_ns", &now_ns);
+  m.def("next_id", []() { return g_next_id.load(); });
+  m.def("set_next_id", [](uint64_t v) { g_next_id.store(v); }, py::arg("value"));
+  m.attr("SCOPE_FUNCTION") = static_cast<int>(at::RecordScope::FUNCTION);
+  m.attr("SCOPE_BACKWARD_FUNCTION") = static_cast<int>(at::RecordScope::BACKWARD_FUNCTION);
+  m.attr("SCOPE_USER") = static_cast<int>(at::RecordScope::USER_SCOPE);
+}
