@@ -145,8 +145,13 @@ def test_a_session_switches_to_the_native_observer_when_its_background_build_lan
 
 
 def test_without_a_compiler_capture_says_why_once_and_keeps_the_dispatch_hook(tmp_path):
+    from plasmient_trace.capture.autostart import write_shim
+
     out = tmp_path / "traces.jsonl"
-    env = dict(os.environ, PLASMIENT_TRACE="1", PLASMIENT_OUT=str(out), PLASMIENT_EVERY="1",
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    write_shim(shim)  # what `plasmient run` puts on PYTHONPATH: PLASMIENT_TRACE=1 without an install step
+    env = dict(os.environ, PLASMIENT_TRACE="1", PLASMIENT_OUT=str(out), PLASMIENT_EVERY="1", PYTHONPATH=str(shim),
                PLASMIENT_CACHE_DIR=str(tmp_path / "cache"), CXX=str(tmp_path / "no-such-c++"),
                PLASMIENT_PEAK_TFLOPS="0.05")
     code = ("import sys; sys.path.insert(0, 'examples'); import train_tiny_transformer as t; "
