@@ -83,7 +83,6 @@ std::string g_first_error;
 std::unordered_set<std::string> g_unbracketed_names;
 
 at::CallbackHandle g_handle = 0;
-std::atomic<bool> g_record_inputs{true};
 std::atomic<uint64_t> g_next_id{1};
 std::atomic<PushFn> g_push{nullptr};
 std::atomic<PopFn> g_pop{nullptr};
@@ -282,7 +281,7 @@ Signature spell(const at::RecordFunction& fn, bool with_inputs) {
 
 // Returns the signature id, with kUnbracketed set for ops named in set_unbracketed.
 uint32_t signature_id(const at::RecordFunction& fn, ThreadState& ts, bool table_full = false) {
-  const bool with_inputs = !table_full && g_record_inputs.load(std::memory_order_relaxed) && fn.needsInputs();
+  const bool with_inputs = !table_full && fn.needsInputs();
   Hasher h;
   h.add(fn.name());
   h.add(with_inputs ? 1 : 0);
@@ -367,11 +366,10 @@ void on_end(const at::RecordFunction& /*fn*/, at::ObserverContext* base) {
 
 // ---- Python API
 
-void start(bool record_inputs) {
+void start() {
   if (g_handle != 0) return;
-  g_record_inputs.store(record_inputs);
   auto cb = at::RecordFunctionCallback(on_start, on_end)
-                .needsInputs(record_inputs)
+                .needsInputs(true)
                 .needsIds(true)
                 .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
                          at::RecordScope::USER_SCOPE});
@@ -386,8 +384,8 @@ void stop() {
 
 void set_correlation(uintptr_t push, uintptr_t pop) {
   // An op pops only what it pushed; set pop before push so a push never lacks its pop. Clearing
-  // both leaves ops already bracketed to pop through the old pointer: the caller keeps it valid
-  // until the step that set it has ended (the session clears it only between steps).
+  // clears push only: an op bracketed before still pops through the old pop pointer, which the
+  // caller keeps valid (libcupti stays loaded; the session clears only between steps).
   if (push == 0 || pop == 0) {
     g_push.store(nullptr);
     return;
@@ -418,12 +416,9 @@ py::dict take() {
     buffers = g_buffers;
   }
   for (auto& b : buffers) {
-    std::vector<OpRecord> mine;
-    {
-      std::lock_guard<std::mutex> lock(b->mutex);
-      mine.swap(b->records);
-    }
-    recs.insert(recs.end(), mine.begin(), mine.end());
+    std::lock_guard<std::mutex> lock(b->mutex);
+    recs.insert(recs.end(), b->records.begin(), b->records.end());
+    b->records.clear();
   }
   py::dict out;
   out["start_ns"] = column<int64_t>(recs, [](const OpRecord& r) { return r.start_ns; });
@@ -451,9 +446,8 @@ py::list signatures(size_t from) {
 
 PYBIND11_MODULE(_plasmient_op_observer, m) {
   m.doc() = "plasmient-trace native op observer (a global at::RecordFunction callback)";
-  m.def("start", &start, py::arg("record_inputs") = true);
+  m.def("start", &start);
   m.def("stop", &stop);
-  m.def("active", []() { return g_handle != 0; });
   m.def("take", &take);
   m.def("signatures", &signatures, py::arg("start") = 0);
   m.def("errors", []() { return g_errors.load(); });
@@ -465,10 +459,7 @@ PYBIND11_MODULE(_plasmient_op_observer, m) {
   });
   m.def("set_correlation", &set_correlation, py::arg("push"), py::arg("pop"));
   m.def("set_unbracketed", &set_unbracketed, py::arg("names"));
-  m.def("now_ns", &now_ns);
   m.def("next_id", []() { return g_next_id.load(); });
   m.def("set_next_id", [](uint64_t v) { g_next_id.store(v); }, py::arg("value"));
-  m.attr("SCOPE_FUNCTION") = static_cast<int>(at::RecordScope::FUNCTION);
-  m.attr("SCOPE_BACKWARD_FUNCTION") = static_cast<int>(at::RecordScope::BACKWARD_FUNCTION);
   m.attr("SCOPE_USER") = static_cast<int>(at::RecordScope::USER_SCOPE);
 }

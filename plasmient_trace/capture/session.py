@@ -751,7 +751,7 @@ class CaptureSession:
             if rec.failed is not None:
                 err, rec.failed = rec.failed, None
                 say_once("hook-error", f"a torch hook failed and its record was skipped: {type(err).__name__}: {err}")
-        if getattr(self.ops, "notice", None):
+        if self.ops.notice:
             say_once("op-notice", self.ops.notice)
         if self.cupti is not None and self.cupti.available:
             cap.cupti, cap.dropped = self.cupti.flush()  # buffers flushed at every step end
@@ -833,14 +833,8 @@ class CaptureSession:
         rs.steps = table_from_columns("steps", {
             "step": [c.step for c in items], "start_ns": [c.start_ns for c in items],
             "end_ns": [c.end_ns for c in items], "name": [c.name for c in items]})
-        by_recorder: dict[int, tuple[Any, list]] = {}
-        for c in items:
-            if c.ops is not None:
-                by_recorder.setdefault(id(c.op_recorder), (c.op_recorder, []))[1].append(c.ops)
-        op_tables = [r.table(chunks, self._pid, self._epoch) for r, chunks in by_recorder.values()]
-        op_tables = [t for t in op_tables if t.num_rows]
-        rs.ops = (pa.concat_tables(op_tables) if len(op_tables) > 1 else op_tables[0]) if op_tables \
-            else table_from_columns("ops", {})
+        rs.ops = pa.concat_tables([table_from_columns("ops", {})] + [
+            c.op_recorder.table([c.ops], self._pid, self._epoch) for c in items if c.ops is not None])
         traced = self._kineto_records(items)
         for name in ("ops", "kernels", "launches"):
             # Kineto's ops carry the External ids its launches and kernels point to: they stand in

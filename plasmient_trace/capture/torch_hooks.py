@@ -2,7 +2,7 @@
 built, a TorchDispatchMode), nn.Module calls through global hooks.
 
 Two op recorders with one interface (``__enter__``/``__exit__`` around a full-depth step,
-``take()`` at its end, ``table(chunks, pid, epoch)`` on the worker thread, ``failed``):
+``take()`` at its end, ``table(chunks, pid, epoch)`` on the worker thread, ``failed``, ``notice``):
 
 * :class:`NativeOpRecorder` (default): the C++ ``at::RecordFunction`` callback of
   ``op_observer.cpp``, which sees every op Kineto sees (composite and aten ops, autograd nodes with
@@ -90,6 +90,7 @@ class OpRecorder(TorchDispatchMode):
         self._next_id = 1
         self._last_seq = _get_seq()
         self.failed: BaseException | None = None
+        self.notice: str | None = None  # the dispatch hook has nothing to say once; see NativeOpRecorder
 
     def take(self) -> list[tuple]:
         ops, self.ops = self.ops, []
@@ -177,6 +178,12 @@ SHAPE_ONLY_OPS = frozenset(f"aten::{n}" for n in (
 )) | {"detach"}
 
 
+# The packed columns of a native chunk (op_observer.cpp's take()) and their dtypes.
+_NATIVE_COLUMNS = (("start_ns", np.int64), ("end_ns", np.int64), ("tid", np.int64), ("sequence_number", np.int64),
+                   ("fwd_thread_id", np.int64), ("external_id", np.int64), ("signature", np.uint32),
+                   ("scope", np.uint8))
+
+
 class NativeOpRecorder:
     """Ops through the native observer (``native.load()``'s module): a global RecordFunction callback
     added when a full-depth step begins and removed when it ends, so other steps cost nothing.
@@ -197,7 +204,7 @@ class NativeOpRecorder:
         self._shape_only = np.zeros(0, bool)
 
     def __enter__(self) -> "NativeOpRecorder":
-        self._obs.start(True)
+        self._obs.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -242,29 +249,22 @@ class NativeOpRecorder:
             return table_from_columns("ops", {})
 
         signature_columns = self._signature_columns()
-        sig_all = np.concatenate([np.frombuffer(c["signature"], np.uint32) for c in chunks])
-        seq_all = np.concatenate([np.frombuffer(c["sequence_number"], np.int64) for c in chunks])
+        col = {name: np.concatenate([np.frombuffer(c[name], dtype) for c in chunks])
+               for name, dtype in _NATIVE_COLUMNS}
         # one that made an autograd node stays: its sequence number maps the node's backward ops
         # to their forward module
-        keep = ~self._shape_only[sig_all] | (seq_all >= 0)
-
-        def col(name: str, dtype: Any) -> np.ndarray:
-            return np.concatenate([np.frombuffer(c[name], dtype) for c in chunks])[keep]
-
-        sig = pa.array(sig_all[keep])
-        names, dims, types, concrete = (s.take(sig) for s in signature_columns)
-        seq = col("sequence_number", np.int64)
-        scope = col("scope", np.uint8)
-        n = len(seq)
+        keep = ~self._shape_only[col["signature"]] | (col["sequence_number"] >= 0)
+        col = {name: values[keep] for name, values in col.items()}
+        names, dims, types, concrete = (s.take(pa.array(col["signature"])) for s in signature_columns)
+        seq = col["sequence_number"]
         return table_from_columns("ops", {
-            "pid": pa.array(np.full(n, pid, np.int64)), "tid": col("tid", np.int64),
-            "start_ns": col("start_ns", np.int64) + epoch_offset_ns,
-            "end_ns": col("end_ns", np.int64) + epoch_offset_ns,
+            "pid": pa.array(np.full(len(seq), pid, np.int64)), "tid": col["tid"],
+            "start_ns": col["start_ns"] + epoch_offset_ns, "end_ns": col["end_ns"] + epoch_offset_ns,
             "name": names,
-            "category": pa.array(np.where(scope == self._obs.SCOPE_USER, "user_annotation", "cpu_op")),
-            "sequence_number": pa.array(seq, mask=seq < 0), "fwd_thread_id": col("fwd_thread_id", np.int64),
+            "category": pa.array(np.where(col["scope"] == self._obs.SCOPE_USER, "user_annotation", "cpu_op")),
+            "sequence_number": pa.array(seq, mask=seq < 0), "fwd_thread_id": col["fwd_thread_id"],
             "input_dims": dims, "input_types": types, "concrete_inputs": concrete,
-            "external_id": col("external_id", np.int64),
+            "external_id": col["external_id"],
         })
 
 
