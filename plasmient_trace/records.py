@@ -36,6 +36,11 @@ KERNELS = pa.schema(
         pa.field("shared_memory", pa.int64(), metadata={"unit": "By"}),
         pa.field("graph_id", pa.int64(), metadata={"doc": "CUDA graph id when launched from a graph"}),
         pa.field("bytes", pa.int64(), metadata={"unit": "By", "doc": "bytes moved (memcpy/memset)"}),
+        pa.field("model_flops", pa.float64(), metadata={"doc": "FLOPs of this kernel where a source knows them per kernel (Inductor's kernel_flop arg, a CUDA-graph capture pairing); null = not known per kernel (the owning op's model decides)"}),
+        pa.field("model_bytes", pa.float64(), metadata={"unit": "By", "doc": "ideal device-memory bytes of this kernel, where known per kernel (Inductor's kernel_num_gb, a capture pairing)"}),
+        pa.field("model_dtype", pa.string(), metadata={"doc": "canonical dtype of the kernel's math where known per kernel (fp32 | tf32 | bf16 | fp16 | fp8 | int8 | fp64 | other)"}),
+        pa.field("capture_op", pa.string(), metadata={"doc": "CUDA/HIP graph replay: name of the op that launched this kernel when the graph was captured"}),
+        pa.field("capture_module", pa.string(), metadata={"doc": "CUDA/HIP graph replay: nn.Module path of that capture-time op, where known"}),
     ]
 )
 
