@@ -46,6 +46,7 @@ class IngestResult:
     records: list[RecordSet]
     joined: list[JoinedRank]
     stats: dict[str, Any]
+    summaries: list[Any] = field(default_factory=list)  # stitch.fleet.RankSummary per (step, rank)
 
 
 def _main_device_props(records: RecordSet) -> dict[str, Any] | None:
@@ -110,7 +111,8 @@ def stitch_records(record_sets: list[RecordSet], options: IngestOptions) -> Inge
         stats["clock_alignment"] = alignment.method
     stats["unknown_devices"] = [r.source or f"rank {i}" for i, (r, inp) in enumerate(zip(record_sets, inputs))
                                 if inp.spec.source == "unknown"]
-    return IngestResult(batch=result.batch, records=record_sets, joined=result.joined, stats=stats)
+    return IngestResult(batch=result.batch, records=record_sets, joined=result.joined, stats=stats,
+                        summaries=result.summaries)
 
 
 def ingest_paths(

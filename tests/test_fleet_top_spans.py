@@ -20,10 +20,10 @@ OPTIONS = pipeline.IngestOptions(job_id="x", gpu_model="NVIDIA A100-SXM4-80GB")
 # Equal within float rounding: the joint stitch sums kernels in a different order.
 FLOAT_ATTRS = ("plasmient.flops", "plasmient.busy_s", "plasmient.mfu", "plasmient.util.resident", "plasmient.cost.usd",
                "plasmient.cost.wasted_usd", "plasmient.wasted_s", "plasmient.ideal_s", "plasmient.bytes",
-               "plasmient.culprit.wasted_s")
+               "plasmient.culprit.wasted_s", "plasmient.device.window_s", "plasmient.idle_s")
 EXACT_ATTRS = ("trace_id", "parent_span_id", "resource_index", "name", "plasmient.level", "plasmient.step",
                "plasmient.gpus", "plasmient.kernels", "plasmient.bound", "plasmient.device.type",
-               "plasmient.culprit.rank", "plasmient.culprit.kernel", "plasmient.culprit.op")
+               "plasmient.culprit.rank", "plasmient.culprit.kernel", "plasmient.culprit.op", "plasmient.device.start_ns")
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +44,16 @@ def test_summaries_are_one_per_rank_span(ingested):
     rank_rows = alone[0].batch.table.filter(pc.equal(alone[0].batch.table.column("plasmient.level"), "rank"))
     assert sorted(s.step for s in summaries) == sorted(rank_rows.column("plasmient.step").to_pylist())
     first = summaries[0]
-    assert first.rank == 0 and first.host == "node-0" and first.devices == 1
-    assert first.price_per_hour_sum > 0 and first.kernels > 0
-    # comm share is re-summed from the collective kernel spans (these steps are all-to-all heavy)
+    assert first.rank == 0 and first.host == "node-0" and first.gpus == 1
+    assert first.price_per_hour > 0 and first.kernels > 0
+    # these steps are all-to-all heavy: the rank span carries the collective seconds
     assert 0 < first.comm_s < first.kernel_s
+    # the summaries read back from the exported spans are the ones the stitcher reduced
+    direct = [s for s in alone[0].summaries]
+    for a, b in zip(sorted(summaries, key=lambda s: s.step), sorted(direct, key=lambda s: s.step)):
+        for name in ("flops", "busy_s", "wasted_s", "kernels", "window_start_ns", "window_end_ns", "idle_s"):
+            assert getattr(a, name) == pytest.approx(getattr(b, name), rel=1e-9, abs=1e-9), name
+        assert a.culprits == b.culprits
     # the wire form survives JSON (NaN travels as null)
     assert fleet.RankSummary.from_json(first.to_json()) == first
 

@@ -1,9 +1,10 @@
-"""Per-span metrics of DESIGN.md, computed for every span at once from the kernels under it.
+"""The arithmetic of DESIGN.md's metrics over a span tree, for every span at once.
 
-Each kernel carries flops, bytes, ideal seconds (flops / peak for its dtype) and its device. One pass
-per tree depth maps every kernel to its ancestor at that depth; sums go through np.bincount and the
-resident time (union of kernel intervals per device) through one grouped sweep per pass, so the cost is
-O(kernels * depth) numpy work, no Python loop per kernel or per span.
+Inputs are flat arrays: a parent index per span and per-kernel facts. Additive quantities (FLOPs, bytes,
+ideal seconds, busy device-seconds, wasted device-seconds, cost) are rolled up the tree with one bincount
+per depth level, so every parent's total is the sum of its children's (nothing counted twice). Resident
+time (the union of kernel intervals per device) and the device extent of a subtree go through one grouped
+sweep per depth level. No Python loop per kernel or per span.
 """
 
 from __future__ import annotations
@@ -19,42 +20,31 @@ LATENCY_BOUND_MEAN_KERNEL_S = 10e-6
 # Below this resident utilisation the device mostly waited: the span is idle-bound.
 IDLE_BOUND_UTIL = 0.5
 COMM_BOUND_SHARE = 0.5
+# compute/memory are only claimed when this share of the busy time has known FLOPs.
+BOUND_EVIDENCE_COVERAGE = 0.5
+BOUND_CODE = {name: i for i, name in enumerate(BOUNDS)}
 
 
-@dataclass
-class KernelFacts:
-    """Per-kernel inputs, all arrays of the same length (kernels of every rank, concatenated)."""
-
-    span: np.ndarray       # span index of the kernel's own span
-    start: np.ndarray
-    end: np.ndarray
-    device_key: np.ndarray  # unique per (rank, device)
-    flops: np.ndarray
-    bytes: np.ndarray
-    ideal_s: np.ndarray    # NaN where the peak is unknown
-    is_comm: np.ndarray    # bool
-
-
-@dataclass
-class SpanSums:
-    flops: np.ndarray
-    bytes: np.ndarray
-    ideal_s: np.ndarray
-    busy_s: np.ndarray
-    kernels: np.ndarray
-    kernel_s: np.ndarray   # summed kernel durations (not a union)
-    comm_s: np.ndarray
-    devices: np.ndarray    # distinct devices under the span
-    device_price: np.ndarray  # USD/hour summed over those devices (NaN: a price is unknown)
+def rollup(parent: np.ndarray, depth: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Inclusive subtree sums of per-span values (rows = spans, any trailing columns), deepest level first."""
+    total = np.array(values, dtype=np.float64, copy=True)
+    if len(parent) == 0:
+        return total
+    order = np.argsort(-depth, kind="stable")
+    bounds = np.searchsorted(-depth[order], np.arange(-int(depth.max()), 1), side="left")
+    flat = total.reshape(len(parent), -1)
+    for level_i in range(len(bounds) - 1):
+        rows = order[bounds[level_i]:bounds[level_i + 1]]
+        rows = rows[parent[rows] >= 0]
+        if len(rows) == 0:
+            continue
+        for c in range(flat.shape[1]):
+            flat[:, c] += np.bincount(parent[rows], weights=flat[rows, c], minlength=len(parent))
+    return total
 
 
-def _grouped_union_ns(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Union length of intervals per group. Returns (unique group keys, union ns).
-
-    The intervals must come sorted by start: a stable sort by group then keeps them in start order
-    within each group, and on kernels (whose groups are runs of neighbours in time) timsort is
-    close to linear.
-    """
+def _grouped_union_ns(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per group: (keys, union length, min start, max end). Intervals must come sorted by start."""
     order = np.argsort(group, kind="stable")
     g, s, e = group[order], start[order], end[order]
     new = np.empty(len(g), bool)
@@ -74,111 +64,84 @@ def _grouped_union_ns(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> 
     prev[:1] = np.iinfo(np.int64).min
     prev[1:] = running[:-1]
     contrib = np.clip(e2 - np.maximum(s2, prev), 0, None)
-    return g[first], np.add.reduceat(contrib, first)
+    return g[first], np.add.reduceat(contrib, first), gmin, gmax
 
 
-def aggregate(parent: np.ndarray, depth: np.ndarray, kernels: KernelFacts, device_price: np.ndarray) -> SpanSums:
-    """Sum kernel facts into every ancestor span (the kernel's own span included).
+@dataclass
+class DeviceStats:
+    union_s: np.ndarray    # resident seconds (union of kernel intervals per device, summed over devices)
+    devices: np.ndarray    # distinct devices under the span
+    ext_start: np.ndarray  # first kernel start under the span (int64 max where none)
+    ext_end: np.ndarray    # last kernel end under the span (int64 min where none)
+
+
+def subtree_device_stats(parent: np.ndarray, depth: np.ndarray, k_span: np.ndarray, k_start: np.ndarray,
+                         k_end: np.ndarray, k_device: np.ndarray) -> DeviceStats:
+    """Resident time, device count and device extent of every span's subtree.
 
     Passes go by absolute tree depth, deepest first, so every span receives all kernels of its subtree
     in one pass: that is what makes the per-device union (and the distinct-device count) exact.
-    device_price[k] is the USD/hour of device key k.
     """
     n = len(parent)
-    out = SpanSums(*(np.zeros(n) for _ in range(3)), np.zeros(n), np.zeros(n, np.int64), np.zeros(n), np.zeros(n),
-                   np.zeros(n, np.int64), np.zeros(n))
-    if len(kernels.span) == 0:
+    out = DeviceStats(np.zeros(n), np.zeros(n, np.int64), np.full(n, np.iinfo(np.int64).max, np.int64),
+                      np.full(n, np.iinfo(np.int64).min, np.int64))
+    if len(k_span) == 0:
         return out
-    by_start = np.argsort(kernels.start, kind="stable")
-    kernels = KernelFacts(*(getattr(kernels, f)[by_start] for f in KernelFacts.__dataclass_fields__))
-    dur_s = np.maximum(kernels.end - kernels.start, 0) / 1e9
-    comm_s = np.where(kernels.is_comm, dur_s, 0.0)
-    n_dev = int(kernels.device_key.max()) + 1
-    cur = kernels.span.astype(np.int64).copy()
+    by_start = np.argsort(k_start, kind="stable")
+    k_span, k_start, k_end = k_span[by_start], k_start[by_start], k_end[by_start]
+    dev_codes, dev = np.unique(k_device, return_inverse=True)
+    n_dev = len(dev_codes)
+    cur = k_span.astype(np.int64).copy()
     k_depth = depth[cur]
     for d in range(int(k_depth.max()), -1, -1):
         deeper = depth[cur] > d
         cur[deeper] = parent[cur[deeper]]
         live = np.nonzero(k_depth >= d)[0]
-        c = cur[live]
-        out.flops += np.bincount(c, weights=kernels.flops[live], minlength=n)
-        out.bytes += np.bincount(c, weights=kernels.bytes[live], minlength=n)
-        out.ideal_s += np.bincount(c, weights=kernels.ideal_s[live], minlength=n)
-        out.kernels += np.bincount(c, minlength=n)
-        out.kernel_s += np.bincount(c, weights=dur_s[live], minlength=n)
-        out.comm_s += np.bincount(c, weights=comm_s[live], minlength=n)
-        keys, union_ns = _grouped_union_ns(c * n_dev + kernels.device_key[live], kernels.start[live], kernels.end[live])
+        keys, union_ns, gmin, gmax = _grouped_union_ns(cur[live] * n_dev + dev[live], k_start[live], k_end[live])
         owner = keys // n_dev
-        out.busy_s += np.bincount(owner, weights=union_ns / 1e9, minlength=n)
+        out.union_s += np.bincount(owner, weights=union_ns / 1e9, minlength=n)
         out.devices += np.bincount(owner, minlength=n)
-        out.device_price += np.bincount(owner, weights=device_price[keys % n_dev], minlength=n)
+        np.minimum.at(out.ext_start, owner, gmin)
+        np.maximum.at(out.ext_end, owner, gmax)
     return out
 
 
-@dataclass
-class SpanMetrics:
-    wall_s: np.ndarray
-    util: np.ndarray
-    mfu: np.ndarray            # NaN = absent
-    stall: np.ndarray          # NaN = absent
-    idle: np.ndarray
-    intensity: np.ndarray      # NaN = absent
-    bound: np.ndarray          # int8 index into conventions.BOUNDS
-    cost: np.ndarray           # NaN = absent
-    wasted_usd: np.ndarray
-    wasted_s: np.ndarray
-    ideal_s: np.ndarray        # capped at busy
-    over_peak: np.ndarray      # bool: the model claimed more than peak * busy
+def kernel_waste_s(share_s: np.ndarray, ideal_s: np.ndarray, baseline_mfu: float = DEFAULT_BASELINE_MFU) -> np.ndarray:
+    """Device-seconds a kernel held without doing baseline-MFU work: its share of the device minus
+    ideal/baseline. A kernel whose FLOPs or peak are unknown has no proven useful work: all of it."""
+    ideal = np.where(np.isnan(ideal_s), 0.0, ideal_s)
+    return np.maximum(0.0, share_s - ideal / baseline_mfu)
 
 
-def derive(
-    sums: SpanSums,
-    start: np.ndarray,
-    end: np.ndarray,
-    gpus: np.ndarray,
-    ridge: np.ndarray,
-    price_sum: np.ndarray,
-    is_kernel: np.ndarray,
-    baseline_mfu: float = DEFAULT_BASELINE_MFU,
-) -> SpanMetrics:
-    """Ratios, bound and cost from the sums. ridge: flop/byte of the span's device (NaN unknown);
-    price_sum: USD per hour summed over the span's devices (NaN unknown)."""
-    wall = np.maximum(end - start, 0) / 1e9
-    device_s = wall * gpus
+def bound_codes(*, has_device: np.ndarray, is_kernel: np.ndarray, util: np.ndarray, kernels: np.ndarray,
+                kernel_s: np.ndarray, comm_s: np.ndarray, copy_s: np.ndarray, flops: np.ndarray, bytes_: np.ndarray,
+                coverage: np.ndarray, ridge: np.ndarray) -> np.ndarray:
+    """What limits each span, from evidence only (-1 = absent: the span has no device time).
+
+    communication: collectives are most of its kernel time; idle: the device mostly waited in its window;
+    latency: tiny kernels; compute/memory: only with known FLOPs (coverage), bytes and the device's ridge
+    point; copies are memory-bound by nature; anything else is ``unknown``.
+    """
     with np.errstate(divide="ignore", invalid="ignore"):
-        util = np.where(device_s > 0, np.minimum(sums.busy_s / device_s, 1.0), 0.0)
-        ideal = sums.ideal_s.copy()
-        over = ideal > sums.busy_s * (1 + 1e-9)
-        ideal = np.where(over, sums.busy_s, ideal)
-        mfu = np.where(device_s > 0, ideal / device_s, np.where(np.isnan(ideal), np.nan, 0.0))
-        mfu = np.minimum(mfu, util)
-        stall = np.where(sums.busy_s > 0, np.clip(1.0 - ideal / sums.busy_s, 0.0, 1.0), np.nan)
-        intensity = np.where(sums.bytes > 0, sums.flops / sums.bytes, np.nan)
-        cost = price_sum * wall / 3600.0
-        waste_share = np.maximum(0.0, 1.0 - mfu / baseline_mfu)
-        wasted_usd = cost * waste_share
-        wasted_s = np.maximum(0.0, device_s - ideal / baseline_mfu)
-        mean_kernel = np.where(sums.kernels > 0, sums.kernel_s / np.maximum(sums.kernels, 1), 0.0)
-        comm_share = np.where(sums.kernel_s > 0, sums.comm_s / sums.kernel_s, 0.0)
-    codes = {name: i for i, name in enumerate(BOUNDS)}
-    ridge_or_inf = np.nan_to_num(ridge, nan=np.inf)
-    bound = np.select(
-        [sums.kernels == 0,
+        mean_kernel = np.where(kernels > 0, kernel_s / np.maximum(kernels, 1), 0.0)
+        comm_share = np.where(kernel_s > 0, comm_s / kernel_s, 0.0)
+        copy_share = np.where(kernel_s > 0, copy_s / kernel_s, 0.0)
+        intensity = np.where(bytes_ > 0, flops / bytes_, np.nan)
+    evidence = (coverage >= BOUND_EVIDENCE_COVERAGE) & (bytes_ > 0) & np.isfinite(ridge)
+    code = np.select(
+        [~has_device,
+         kernels == 0,
          comm_share > COMM_BOUND_SHARE,
          ~is_kernel & (util < IDLE_BOUND_UTIL),
          mean_kernel < LATENCY_BOUND_MEAN_KERNEL_S,
-         (sums.flops > 0) & ((sums.bytes == 0) | (intensity >= ridge_or_inf))],
-        [codes["idle"], codes["communication"], codes["idle"], codes["latency"], codes["compute"]],
-        default=codes["memory"],
-    ).astype(np.int8)
-    return SpanMetrics(wall, util, mfu, stall, 1.0 - util, intensity, bound, cost, wasted_usd, wasted_s, ideal, over)
-
-
-def kernel_waste_s(start: np.ndarray, end: np.ndarray, ideal_s: np.ndarray, baseline_mfu: float = DEFAULT_BASELINE_MFU) -> np.ndarray:
-    """Device-seconds a kernel spent below the baseline MFU; its full duration where the peak is unknown."""
-    dur = np.maximum(end - start, 0) / 1e9
-    ideal = np.where(np.isnan(ideal_s), 0.0, np.minimum(ideal_s, dur))
-    return np.maximum(0.0, dur - ideal / baseline_mfu)
+         copy_share > 0.5,
+         evidence & (intensity >= ridge),
+         evidence & (intensity < ridge)],
+        [-1, BOUND_CODE["idle"], BOUND_CODE["communication"], BOUND_CODE["idle"], BOUND_CODE["latency"],
+         BOUND_CODE["memory"], BOUND_CODE["compute"], BOUND_CODE["memory"]],
+        default=BOUND_CODE["unknown"],
+    )
+    return code.astype(np.int8)
 
 
 def top_label_per_group(group: np.ndarray, label: np.ndarray, weight: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
@@ -188,25 +151,14 @@ def top_label_per_group(group: np.ndarray, label: np.ndarray, weight: np.ndarray
     ok = (group >= 0) & (label >= 0)
     if not ok.any():
         return best_label, best_weight
-    g, lab, w = group[ok], label[ok], weight[ok]
-    # Groups are few (steps, ranks, nodes): densify them so (group, label) fits a bincount.
-    targets, g_dense = np.unique(g, return_inverse=True)
-    n_lab = int(lab.max()) + 1
-    if len(targets) * n_lab <= 1 << 26:
-        sums = np.bincount(g_dense * n_lab + lab, weights=w, minlength=len(targets) * n_lab).reshape(len(targets), n_lab)
-        present = np.bincount(g_dense * n_lab + lab, minlength=len(targets) * n_lab).reshape(len(targets), n_lab) > 0
-        sums = np.where(present, sums, -np.inf)
-        top = np.argmax(sums, axis=1)
-        best_label[targets] = top
-        best_weight[targets] = sums[np.arange(len(targets)), top]
-        return best_label, best_weight
-    key = g_dense.astype(np.int64) * n_lab + lab
+    key = group[ok].astype(np.int64) * (int(label[ok].max()) + 1) + label[ok]
     uniq, inv = np.unique(key, return_inverse=True)
-    sums = np.bincount(inv, weights=w)
+    sums = np.bincount(inv, weights=weight[ok])
+    n_lab = int(label[ok].max()) + 1
     ug, ul = uniq // n_lab, uniq % n_lab
     order = np.lexsort((-sums, ug))
     ug, ul, sums = ug[order], ul[order], sums[order]
     first = np.concatenate([[True], ug[1:] != ug[:-1]])
-    best_label[targets[ug[first]]] = ul[first]
-    best_weight[targets[ug[first]]] = sums[first]
+    best_label[ug[first]] = ul[first]
+    best_weight[ug[first]] = sums[first]
     return best_label, best_weight

@@ -1,6 +1,9 @@
-"""One-line suggestions for the culprit of a step: what the waste looks like and what usually fixes it.
+"""One-line suggestions for a culprit row: what the waste looks like and what usually fixes it.
 
-Called once per step/rank/node/fleet span (not per kernel), so plain Python is fine here.
+Advice follows from evidence only: compute/memory advice needs a compute/memory bound (known FLOPs,
+bytes and peak); collectives get communication advice; idle rows get host-side advice; an unknown bound
+says what is missing. CPU runs get CPU words (no tensor cores, no CUDA graphs, no GPU-hours).
+Called once per culprit row (a handful per step), so plain Python is fine here.
 """
 
 from __future__ import annotations
@@ -19,14 +22,20 @@ def suggestion(
     module: str | None,
     bound: str | None,
     kind: str | None,
-    idle_fraction: float,
+    idle_fraction: float = 0.0,
     mean_kernel_s: float | None = None,
+    device_type: str = "gpu",
+    idle_row: bool = False,
 ) -> str:
-    """A short, specific hint. The step's idle fraction wins when the device mostly waited."""
+    """A short, specific hint for one culprit row."""
     text = f"{kernel or ''} {op or ''}"
     where = f" in {module}" if module else ""
-    if idle_fraction > 0.5:
-        return (f"device idle {idle_fraction:.0%} of the step: the host cannot feed it; capture with CUDA graphs or "
+    cpu = device_type == "cpu"
+    if idle_row or bound == "idle":
+        if cpu:
+            return (f"CPU idle {idle_fraction:.0%} of the step between ops: the Python loop, data loading or I/O "
+                    f"holds it; profile the host side and overlap data loading")
+        return (f"device idle {idle_fraction:.0%} of the step: the host did not feed it; capture with CUDA graphs or "
                 f"torch.compile, raise the batch, and overlap data loading")
     if kind == "collective" or bound == "communication":
         return "communication-bound: overlap collectives with compute (DDP buckets, FSDP prefetch) or shard less"
@@ -34,17 +43,24 @@ def suggestion(
         return "host/device copies on the critical path: pin memory, use non_blocking copies, keep tensors on device"
     if bound == "latency":
         mean = f" (mean {mean_kernel_s * 1e6:.1f} us)" if mean_kernel_s else ""
+        if cpu:
+            return f"many tiny ops{mean}{where}: per-op overhead dominates; fuse them (torch.compile) or batch the work"
         return f"launch/latency-bound tiny kernels{mean}{where}: fuse them (torch.compile) or replay with CUDA graphs"
-    if _ATTENTION.search(text) and bound in ("memory", "idle"):
+    if bound in (None, "unknown"):
+        return (f"no FLOP model for this work{where}: its efficiency is unknown; record shapes "
+                f"(record_shapes=True) so it can be judged")
+    if _ATTENTION.search(text) and bound == "memory":
         return f"memory-bound attention{where} (decode-like): raise the batch or use a flash-decoding/paged attention kernel"
     if _GEMM.search(text) and bound == "memory":
         return f"GEMM with low arithmetic intensity{where}: raise batch x sequence so weights are reused, or fuse/group small GEMMs"
     if _CONV.search(text) and bound == "memory":
         return f"memory-bound convolution{where}: use channels_last and bf16, raise the batch"
     if bound == "memory" and _ELEMENTWISE.search(text):
-        return f"memory-bound elementwise/norm kernels{where}: fuse them (torch.compile) to cut memory traffic"
+        return f"memory-bound elementwise/norm work{where}: fuse it (torch.compile) to cut memory traffic"
     if bound == "memory":
         return f"memory-bound{where}: raise arithmetic intensity (bigger batch, fusion, lower precision)"
     if bound == "compute":
+        if cpu:
+            return f"compute-bound below baseline{where}: check the BLAS threads (torch.set_num_threads) and use bf16 where the CPU has it"
         return f"compute-bound below baseline{where}: use bf16/fp8 tensor cores or a better-tuned kernel"
-    return f"most wasted device time{where}: inspect this kernel's launch configuration and input shapes"
+    return f"most wasted time{where}: inspect this kernel's launch configuration and input shapes"

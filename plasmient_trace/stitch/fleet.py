@@ -1,24 +1,21 @@
-"""Fleet and node spans from per-rank summaries: what live multi-rank capture emits above the ranks.
+"""Fleet and node spans: the one builder, from per-rank step summaries, for ingest and live alike.
 
-Offline, the stitcher sees every rank and builds fleet -> node -> rank itself. Live, each rank stitches
-only its own records, so its fleet/node rows would carry its numbers alone. Instead each rank reduces its
-rank span to a :class:`RankSummary` (a few sums), the summaries of a step are gathered, and
-:func:`top_spans` builds the fleet span and one node span per host from them with the stitcher's own
-formulas (``metrics.compute.derive`` on a ``SpanSums``) and ids (``stitch.ids``), so the live tree reads
-exactly like an offline one.
+Each rank's stitch ends with one :class:`RankSummary` per step (the sums of its rank span, its device
+window and its culprit rows). Offline, the summaries of all ranks are at hand; live, ranks exchange them
+through the c10d store. Either way :func:`top_spans` builds the fleet span and one node span per host from
+them, so the two paths produce the same spans by construction.
 
-What a summary cannot carry exactly, and how it is approximated (said where it is done):
-* ``kernel_s`` / ``comm_s`` (summed kernel and collective seconds, used for the latency/communication
-  bound) are not span attributes: they are re-summed from the exported kernel spans plus the folded
-  seconds on op/step spans; collectives folded by the span budget are missed.
-* the fleet/node culprit kernel is the culprit of the rank with the most kernel waste, not the kernel
-  label with the most waste summed over every rank's kernels.
+A node's (fleet's) window is the extent of its ranks' windows, charged for all their GPUs. Additive
+quantities are the ranks' sums; the device-seconds a rank spent outside its own window but inside the
+node's (it finished early and waited for a straggler) are the node's own waste (``wasted_s.self``), so
+totals still add up. Culprit rows are the ranks' rows summed by (kernel, op, module).
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 import numpy as np
@@ -27,7 +24,11 @@ import pyarrow as pa
 from .. import conventions as cv
 from ..metrics import compute as mc
 from . import ids
-from .tree import StitchOptions
+from .culprits import culprit_columns, merge_culprits
+from .inputs import StitchOptions
+
+_FLOATS = ("flops", "ideal_s", "busy_s", "union_s", "known_s", "bytes", "kernel_s", "comm_s", "copy_s", "wasted_s",
+           "charged_s", "idle_s", "price_per_hour", "ridge")
 
 
 @dataclass
@@ -38,27 +39,28 @@ class RankSummary:
     step: int
     rank: int
     host: str
-    start_ns: int
+    start_ns: int                # displayed interval of the rank span
     end_ns: int
-    flops: float                 # NaN: not measured (a step-level step)
-    ideal_s: float               # NaN: peak unknown (or not measured)
-    busy_s: float
+    window_start_ns: int         # device window of the rank's step
+    window_end_ns: int
     gpus: int
-    devices: int                 # distinct devices with kernels (0: the rank ran nothing)
-    price_per_hour_sum: float    # USD/h over its devices; NaN unknown
-    kernels: int | None          # None: not measured (a step-level step on a CPU)
+    flops: float
+    ideal_s: float               # NaN: peak unknown
+    busy_s: float
+    union_s: float
+    known_s: float
+    bytes: float
+    kernels: int
     kernel_s: float
     comm_s: float
-    bytes: float
+    copy_s: float
+    wasted_s: float
+    charged_s: float
+    idle_s: float
+    price_per_hour: float        # USD per device-hour; NaN unknown
     ridge: float                 # flop/byte of its device; NaN unknown
-    kernel_waste_s: float        # device-seconds its kernels spent below the baseline MFU
     device_type: str = "gpu"
-    culprit_kernel: str | None = None
-    culprit_op: str | None = None
-    culprit_module: str | None = None
-    culprit_wasted_s: float | None = None
-    culprit_bound: str | None = None
-    culprit_suggestion: str | None = None
+    culprits: list[dict[str, Any]] = field(default_factory=list)
     service_name: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -67,111 +69,7 @@ class RankSummary:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> "RankSummary":
-        floats = {"flops", "ideal_s", "busy_s", "price_per_hour_sum", "kernel_s", "comm_s", "bytes", "ridge",
-                  "kernel_waste_s"}
-        return cls(**{k: (float("nan") if v is None and k in floats else v) for k, v in doc.items()})
-
-
-def _col(table: pa.Table, name: str, fill: float = np.nan) -> np.ndarray:
-    col = table.column(name)
-    if pa.types.is_floating(col.type) or pa.types.is_integer(col.type):
-        return col.cast(pa.float64()).fill_null(fill).to_numpy()
-    return np.asarray(col.to_pylist(), dtype=object)
-
-
-def summaries_from_batch(batch: cv.SpanBatch, baseline_mfu: float = cv.DEFAULT_BASELINE_MFU) -> list[RankSummary]:
-    """One summary per rank span of the batch (per step and rank)."""
-    t = batch.table
-    level = np.asarray(t.column("plasmient.level").to_pylist(), dtype=object)
-    rows = np.nonzero(level == "rank")[0]
-    if not len(rows):
-        return []
-    step = t.column("plasmient.step").to_numpy()
-    rank = t.column("plasmient.rank").fill_null(-1).to_numpy()
-    start = t.column("start_ns").to_numpy()
-    end = t.column("end_ns").to_numpy()
-    dur = np.maximum(end - start, 0) / 1e9
-
-    # Map every span below a rank span to that rank span's (step, rank) slot.
-    width = int(rank.max()) + 2
-    key = step.astype(np.int64) * width + (rank.astype(np.int64) + 1)
-    slot_key = key[rows]
-    order = np.argsort(slot_key)
-    pos = np.searchsorted(slot_key[order], key)
-    pos = np.minimum(pos, len(rows) - 1)
-    belongs = (slot_key[order][pos] == key) & (rank >= 0)
-    slot = np.where(belongs, order[pos], -1)
-
-    # kernel_s: exported kernel spans + kernels folded into op/step spans; on a CPU the leaf ops are
-    # the kernels (the stitcher does not export those synthetic kernels).
-    kind = np.asarray(t.column("plasmient.kernel.kind").to_pylist(), dtype=object)
-    folded_s = _col(t, "plasmient.kernels.folded_s", 0.0)
-    is_kernel = (level == "kernel") & (slot >= 0)
-    is_op = (level == "op") & (slot >= 0)
-    op_parents = t.column("parent_span_id").to_numpy()[is_op | is_kernel]
-    leaf_op = is_op & ~np.isin(t.column("span_id").to_numpy(), op_parents)
-    n = len(rows)
-
-    def per_slot(mask: np.ndarray, weights: np.ndarray) -> np.ndarray:
-        # float even when nothing matches (np.bincount of nothing is int)
-        return np.bincount(slot[mask], weights=weights[mask], minlength=n).astype(np.float64)
-
-    kernel_s = per_slot(is_kernel, dur)
-    has_fold = ((level == "op") | (level == "step")) & (slot >= 0)
-    kernel_s += per_slot(has_fold, folded_s)
-    seen = np.bincount(slot[is_kernel], minlength=n) > 0
-    comm = is_kernel & (kind == "collective")
-    comm_s = per_slot(comm, dur)
-    device_type = np.asarray(t.column("plasmient.device.type").to_pylist(), dtype=object)
-    cpu_leaf = leaf_op & (device_type == "cpu")
-    kernel_s += per_slot(cpu_leaf, dur)
-    seen |= np.bincount(slot[cpu_leaf], minlength=n) > 0
-
-    get = {name: _col(t, name)[rows] for name in (
-        "plasmient.flops", "plasmient.ideal_s", "plasmient.busy_s", "plasmient.gpus", "plasmient.cost.usd",
-        "plasmient.wall_s", "plasmient.kernels", "plasmient.bytes", "plasmient.peak_flops",
-        "plasmient.peak_bandwidth", "plasmient.culprit.wasted_s")}
-    text = {name: np.asarray(t.column(name).to_pylist(), dtype=object)[rows] for name in (
-        "plasmient.bound", "plasmient.culprit.kernel", "plasmient.culprit.op", "plasmient.culprit.module",
-        "plasmient.culprit.bound", "plasmient.culprit.suggestion", "plasmient.job.id")}
-    res_idx = t.column("resource_index").to_numpy()[rows]
-    out: list[RankSummary] = []
-    for i, r in enumerate(rows.tolist()):
-        res = batch.resources[res_idx[i]] if res_idx[i] < len(batch.resources) else {}
-        kernels = get["plasmient.kernels"][i]
-        busy = get["plasmient.busy_s"][i]
-        ks = float(kernel_s[i])
-        if not seen[i] and not kernels == 0:
-            ks = float(busy)  # nothing below the rank was exported (a step-level step): the union stands in
-        cs = float(comm_s[i])
-        if not seen[i]:
-            cs = ks if text["plasmient.bound"][i] == "communication" else 0.0
-        gpus = int(get["plasmient.gpus"][i])
-        # kernels unknown (NaN: a step-level step on a CPU): the devices it is charged for still count
-        devices = gpus if not kernels == 0 else 0
-        wall = get["plasmient.wall_s"][i]
-        cost = get["plasmient.cost.usd"][i]
-        price = cost * 3600.0 / wall if wall > 0 else np.nan
-        peak, bw = get["plasmient.peak_flops"][i], get["plasmient.peak_bandwidth"][i]
-        ideal = get["plasmient.ideal_s"][i]
-        # Kernel waste as mc.kernel_waste_s sums it, from the rank's totals (exact unless a kernel
-        # ran faster than its ideal, which the per-kernel cap prevents).
-        waste = max(0.0, ks - (0.0 if np.isnan(ideal) else ideal) / baseline_mfu)
-        cw = get["plasmient.culprit.wasted_s"][i]
-        out.append(RankSummary(
-            job_id=str(text["plasmient.job.id"][i]), step=int(step[r]), rank=int(rank[r]),
-            host=str(res.get("host.name", "")), start_ns=int(start[r]), end_ns=int(end[r]),
-            flops=float(get["plasmient.flops"][i]), ideal_s=float(ideal), busy_s=float(busy), gpus=gpus,
-            devices=devices, price_per_hour_sum=float(price), kernels=None if np.isnan(kernels) else int(kernels), kernel_s=ks,
-            comm_s=cs, bytes=float(get["plasmient.bytes"][i]),
-            ridge=float(peak / bw) if bw > 0 else float("nan"), kernel_waste_s=float(waste),
-            device_type=str(device_type[r]),
-            culprit_kernel=text["plasmient.culprit.kernel"][i], culprit_op=text["plasmient.culprit.op"][i],
-            culprit_module=text["plasmient.culprit.module"][i],
-            culprit_wasted_s=None if np.isnan(cw) else float(cw), culprit_bound=text["plasmient.culprit.bound"][i],
-            culprit_suggestion=text["plasmient.culprit.suggestion"][i], service_name=res.get("service.name"),
-        ))
-    return out
+        return cls(**{k: (float("nan") if v is None and k in _FLOATS else v) for k, v in doc.items()})
 
 
 def _nan_to_null(values: np.ndarray) -> pa.Array:
@@ -188,7 +86,6 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
         by_step.setdefault(int(s.step), []).append(s)
     wanted_hosts = None if local_hosts is None else set(local_hosts)
     job = options.job_id
-    # (level, step, host or None, members)
     groups: list[tuple[str, int, str | None, list[RankSummary]]] = []
     for step in sorted(by_step):
         members = sorted(by_step[step], key=lambda s: s.rank)
@@ -201,58 +98,41 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
     if n == 0:
         return cv.SpanBatch(table=cv.empty_span_table(), resources=[])
 
-    def total(field: str) -> np.ndarray:
-        return np.array([sum(getattr(s, field) for s in g[3]) for g in groups], np.float64)
+    def total(name: str) -> np.ndarray:
+        return np.array([sum(getattr(s, name) for s in g[3]) for g in groups], np.float64)
 
-    devices = total("devices").astype(np.int64)
-    kernels_known = np.array([all(s.kernels is not None for s in g[3]) for g in groups])
-    kernels = np.array([sum(s.kernels or 0 for s in g[3]) for g in groups], np.int64)
-    sums = mc.SpanSums(flops=total("flops"), bytes=total("bytes"), ideal_s=total("ideal_s"), busy_s=total("busy_s"),
-                       kernels=kernels, kernel_s=total("kernel_s"), comm_s=total("comm_s"),
-                       devices=devices, device_price=np.zeros(n))
-    start = np.array([min(s.start_ns for s in g[3]) for g in groups], np.int64)
-    end = np.array([max(s.end_ns for s in g[3]) for g in groups], np.int64)
-    gpus = np.maximum(devices, 1)
-    price = np.empty(n)
-    ridge = np.empty(n)
-    for i, (_, step, _, members) in enumerate(groups):
-        with_dev = [s for s in members if s.devices > 0]
-        if with_dev:
-            price[i] = sum(s.price_per_hour_sum for s in with_dev)
-        else:
-            # As the stitcher: a group with no kernels is charged one device at the ranks' common price.
-            per_dev = [s.price_per_hour_sum / max(s.devices, 1) for s in members]
-            price[i] = per_dev[0] if all(p == per_dev[0] for p in per_dev) else np.nan
-        # The stitcher gives every top span the mean ridge of all ranks it stitched: the step's ranks.
-        r = np.array([s.ridge for s in by_step[step]], np.float64)
-        ridge[i] = np.nanmean(r) if np.isfinite(r).any() else np.nan
-    met = mc.derive(sums, start, end, gpus, ridge, price, np.zeros(n, bool), options.baseline_mfu)
-    unmeasured = np.isnan(sums.flops)  # a step-level step somewhere below: no bound/waste, as on its ranks
-
-    # culprit: the rank with the most kernel waste, and its culprit kernel/op/module
-    culprit: dict[str, list[Any]] = {k: [None] * n for k in ("kernel", "op", "module", "rank", "wasted_s", "bound", "suggestion")}
-    for i, (_, _, _, members) in enumerate(groups):
-        if unmeasured[i]:
-            continue
-        candidates = [s for s in members if s.culprit_kernel is not None]
-        if not candidates:
-            continue
-        worst = max(candidates, key=lambda s: (s.kernel_waste_s, -s.rank))
-        culprit["rank"][i] = worst.rank
-        culprit["kernel"][i] = worst.culprit_kernel
-        culprit["op"][i] = worst.culprit_op
-        culprit["module"][i] = worst.culprit_module
-        culprit["bound"][i] = worst.culprit_bound
-        culprit["suggestion"][i] = worst.culprit_suggestion
-        # the same kernel wastes time on the other ranks too: sum it where it is their culprit as well
-        culprit["wasted_s"][i] = float(sum(s.culprit_wasted_s or 0.0 for s in candidates
-                                           if s.culprit_kernel == worst.culprit_kernel))
+    w_start = np.array([min(s.window_start_ns for s in g[3]) for g in groups], np.int64)
+    w_end = np.array([max(s.window_end_ns for s in g[3]) for g in groups], np.int64)
+    window_s = np.maximum(w_end - w_start, 0) / 1e9
+    gpus = np.array([sum(s.gpus for s in g[3]) for g in groups], np.int64)
+    device_s = window_s * gpus
+    # What each rank spent inside the group's window but outside its own: the group's own waste.
+    skew = np.array([sum(max(0.0, (w - (s.window_end_ns - s.window_start_ns) / 1e9) * s.gpus) for s in g[3])
+                     for g, w in zip(groups, window_s)])
+    skew_usd = np.array([sum(max(0.0, (w - (s.window_end_ns - s.window_start_ns) / 1e9) * s.gpus) * s.price_per_hour / 3600
+                             for s in g[3]) for g, w in zip(groups, window_s)])
+    busy, known, ideal = total("busy_s"), total("known_s"), total("ideal_s")
+    wasted = total("wasted_s") + skew
+    cost = np.array([sum(s.charged_s * s.price_per_hour / 3600 for s in g[3]) for g in groups]) + skew_usd
+    wasted_usd = np.array([sum(s.wasted_s * s.price_per_hour / 3600 for s in g[3]) for g in groups]) + skew_usd
+    with np.errstate(divide="ignore", invalid="ignore"):
+        util = np.where(device_s > 0, np.minimum(total("union_s") / device_s, 1.0), 0.0)
+        coverage = np.where(busy > 0, np.clip(known / busy, 0, 1), np.nan)
+        mfu = np.where((coverage > 0) & (device_s > 0), np.minimum(ideal / device_s, util), np.nan)
+        stall = np.where((coverage > 0) & (busy > 0), np.clip(1 - ideal / busy, 0, 1), np.nan)
+        intensity = np.where((total("bytes") > 0) & (coverage > 0), total("flops") / total("bytes"), np.nan)
+    ridge = np.array([np.nanmean([s.ridge for s in g[3]]) if any(np.isfinite(s.ridge) for s in g[3]) else np.nan
+                      for g in groups])
+    kernels = total("kernels")
+    bound = mc.bound_codes(has_device=np.ones(n, bool), is_kernel=np.zeros(n, bool), util=util, kernels=kernels,
+                           kernel_s=total("kernel_s"), comm_s=total("comm_s"), copy_s=total("copy_s"),
+                           flops=total("flops"), bytes_=total("bytes"), coverage=np.nan_to_num(coverage), ridge=ridge)
 
     service = options.service_name or next((s.service_name for g in groups for s in g[3] if s.service_name), None) \
         or "plasmient-trace"
     resources: list[dict[str, Any]] = []
     res_of: dict[str | None, int] = {}
-    for lvl, _, host, _ in groups:
+    for _, _, host, _ in groups:
         if host not in res_of:
             res_of[host] = len(resources)
             res = {"service.name": service, "plasmient.job.id": job}
@@ -264,7 +144,8 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
                         for lvl, step, host, _ in groups], np.uint64)
     parent = np.array([0 if lvl == "fleet" else ids.fleet_span_id(job, step) for lvl, step, _, _ in groups], np.uint64)
     all_cpu = [all(s.device_type == "cpu" for s in g[3]) for g in groups]
-    bound = np.array(cv.BOUNDS, dtype=object)[met.bound.astype(np.int64)]
+    start = np.array([min(s.start_ns for s in g[3]) for g in groups], np.int64)
+    end = np.array([max(s.end_ns for s in g[3]) for g in groups], np.int64)
     cols: dict[str, Any] = {
         "trace_id": pa.array([ids.trace_id(job, step) for _, step, _, _ in groups], pa.binary(16)),
         "span_id": span_id,
@@ -278,23 +159,107 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
         "plasmient.step": np.array([g[1] for g in groups], np.int64),
         "plasmient.device.type": ["cpu" if c else "gpu" for c in all_cpu],
         "plasmient.gpus": gpus,
-        "plasmient.wall_s": met.wall_s,
-        "plasmient.flops": _nan_to_null(sums.flops),
-        "plasmient.ideal_s": _nan_to_null(met.ideal_s),
-        "plasmient.busy_s": _nan_to_null(sums.busy_s),
-        "plasmient.util.resident": _nan_to_null(met.util),
-        "plasmient.mfu": _nan_to_null(met.mfu),
-        "plasmient.stall_fraction": _nan_to_null(np.where(unmeasured, np.nan, met.stall)),
-        "plasmient.idle_fraction": _nan_to_null(met.idle),
-        "plasmient.bytes": _nan_to_null(sums.bytes),
-        "plasmient.arithmetic_intensity": _nan_to_null(np.where(unmeasured, np.nan, met.intensity)),
-        "plasmient.bound": pa.array(np.where(unmeasured, None, bound).tolist(), pa.string()),
-        "plasmient.cost.usd": _nan_to_null(met.cost),
-        "plasmient.cost.wasted_usd": _nan_to_null(np.where(unmeasured, np.nan, met.wasted_usd)),
-        "plasmient.wasted_s": _nan_to_null(np.where(unmeasured, np.nan, met.wasted_s)),
-        "plasmient.kernels": pa.array(sums.kernels, mask=~kernels_known),
+        "plasmient.wall_s": (end - start) / 1e9,
+        "plasmient.device.window_s": window_s,
+        "plasmient.device.start_ns": w_start,
+        "plasmient.flops": total("flops"),
+        "plasmient.flops.self": np.zeros(n),
+        "plasmient.flops.coverage": _nan_to_null(coverage),
+        "plasmient.ideal_s": _nan_to_null(ideal),
+        "plasmient.busy_s": busy,
+        "plasmient.busy_s.self": np.zeros(n),
+        "plasmient.idle_s": total("idle_s"),
+        "plasmient.util.resident": util,
+        "plasmient.mfu": _nan_to_null(mfu),
+        "plasmient.stall_fraction": _nan_to_null(stall),
+        "plasmient.idle_fraction": 1.0 - util,
+        "plasmient.bytes": total("bytes"),
+        "plasmient.bytes.self": np.zeros(n),
+        "plasmient.arithmetic_intensity": _nan_to_null(intensity),
+        "plasmient.bound": pa.array([cv.BOUNDS[b] if b >= 0 else None for b in bound.tolist()], pa.string()),
+        "plasmient.cost.usd": _nan_to_null(cost),
+        "plasmient.cost.usd.self": _nan_to_null(skew_usd),
+        "plasmient.cost.wasted_usd": _nan_to_null(wasted_usd),
+        "plasmient.cost.wasted_usd.self": _nan_to_null(skew_usd),
+        "plasmient.wasted_s": wasted,
+        "plasmient.wasted_s.self": skew,
+        "plasmient.kernels": kernels.astype(np.int64),
+        "plasmient.kernel_s": total("kernel_s"),
+        "plasmient.comm.total_s": total("comm_s"),
+        "plasmient.memcpy.total_s": total("copy_s"),
     }
-    for key, values in culprit.items():
-        name = f"plasmient.culprit.{key}"
-        cols[name] = pa.array(values, cv.ATTRIBUTE_BY_NAME[name].type)
+    # A rank whose step was not measured (a live step-level step: flops NaN) leaves the group's FLOP-derived
+    # numbers, bound, waste and culprits absent: a partial sum would read as a measurement.
+    unmeasured = np.isnan(total("flops"))
+    for name in ("plasmient.flops", "plasmient.ideal_s", "plasmient.mfu", "plasmient.stall_fraction", "plasmient.flops.coverage",
+                 "plasmient.arithmetic_intensity", "plasmient.wasted_s", "plasmient.wasted_s.self",
+                 "plasmient.cost.wasted_usd", "plasmient.cost.wasted_usd.self"):
+        cols[name] = _nan_to_null(np.where(unmeasured, np.nan, np.asarray(cols[name].to_numpy(zero_copy_only=False)
+                                                                          if isinstance(cols[name], pa.Array) else cols[name], np.float64)))
+    cols["plasmient.bound"] = pa.array([None if u else b for u, b in zip(unmeasured.tolist(), cols["plasmient.bound"].to_pylist())], pa.string())
+    lists = [None if u else merge_culprits([(s.rank, s.culprits) for s in g[3]]) for g, u in zip(groups, unmeasured.tolist())]
+    cols.update(culprit_columns(lists))
     return cv.SpanBatch(table=cv.span_table_from_columns(cols, n), resources=resources)
+
+
+def merge_span_batches(batches: list[cv.SpanBatch]) -> cv.SpanBatch:
+    """Concatenate batches, re-basing each batch's resource indices onto the merged resource list."""
+    tables, resources = [], []
+    for b in batches:
+        if b.table.num_rows == 0 and not b.resources:
+            continue
+        t = b.table
+        idx = t.column("resource_index").to_numpy().astype(np.int32) + len(resources)
+        i = t.schema.get_field_index("resource_index")
+        tables.append(t.set_column(i, t.schema.field(i), pa.array(idx, pa.int32())))
+        resources.extend(b.resources)
+    if not tables:
+        return cv.SpanBatch(table=cv.empty_span_table(), resources=[])
+    return cv.SpanBatch(table=pa.concat_tables(tables), resources=resources)
+
+
+def summaries_from_batch(batch: cv.SpanBatch, baseline_mfu: float | None = None) -> list[RankSummary]:
+    """One summary per rank span of an exported batch, read back from its attributes (live multi-rank
+    capture exchanges these). Every field is an exported total, so the round trip is exact."""
+    t = batch.table
+    level = np.asarray(t.column("plasmient.level").to_pylist(), dtype=object)
+    rows = np.nonzero(level == "rank")[0]
+    if not len(rows):
+        return []
+    sub = t.take(pa.array(rows))
+
+    def num(name: str, fill: float = np.nan) -> np.ndarray:
+        return sub.column(name).cast(pa.float64()).fill_null(fill).to_numpy()
+
+    window = num("plasmient.device.window_s", 0.0)
+    w_start = sub.column("plasmient.device.start_ns").fill_null(0).to_numpy().astype(np.int64)
+    gpus = num("plasmient.gpus", 1.0)
+    busy = num("plasmient.busy_s", 0.0)
+    charged = window * gpus
+    cost = num("plasmient.cost.usd")
+    peak, bw = num("plasmient.peak_flops"), num("plasmient.peak_bandwidth")
+    culprits = sub.column("plasmient.culprits").to_pylist()
+    texts = {name: sub.column(name).to_pylist() for name in ("plasmient.job.id", "plasmient.device.type")}
+    res_idx = sub.column("resource_index").to_numpy()
+    out: list[RankSummary] = []
+    for i in range(len(rows)):
+        res = batch.resources[res_idx[i]] if res_idx[i] < len(batch.resources) else {}
+        with np.errstate(divide="ignore", invalid="ignore"):
+            price = float(cost[i] * 3600.0 / charged[i]) if charged[i] > 0 else float("nan")
+        out.append(RankSummary(
+            job_id=str(texts["plasmient.job.id"][i]), step=int(sub.column("plasmient.step")[i].as_py()),
+            rank=int(sub.column("plasmient.rank")[i].as_py()), host=str(res.get("host.name", "")),
+            start_ns=int(sub.column("start_ns")[i].as_py()), end_ns=int(sub.column("end_ns")[i].as_py()),
+            window_start_ns=int(w_start[i]), window_end_ns=int(w_start[i] + round(window[i] * 1e9)),
+            gpus=int(gpus[i]), flops=float(num("plasmient.flops", 0.0)[i]), ideal_s=float(num("plasmient.ideal_s")[i]),
+            busy_s=float(busy[i]), union_s=float(num("plasmient.util.resident", 0.0)[i] * charged[i]),
+            known_s=float(num("plasmient.flops.coverage", 0.0)[i] * busy[i]), bytes=float(num("plasmient.bytes", 0.0)[i]),
+            kernels=int(num("plasmient.kernels", 0.0)[i]), kernel_s=float(num("plasmient.kernel_s", 0.0)[i]),
+            comm_s=float(num("plasmient.comm.total_s", 0.0)[i]), copy_s=float(num("plasmient.memcpy.total_s", 0.0)[i]),
+            wasted_s=float(num("plasmient.wasted_s", 0.0)[i]), charged_s=float(charged[i]),
+            idle_s=float(num("plasmient.idle_s", 0.0)[i]), price_per_hour=price,
+            ridge=float(peak[i] / bw[i]) if bw[i] > 0 else float("nan"),
+            device_type=str(texts["plasmient.device.type"][i]),
+            culprits=json.loads(culprits[i]) if culprits[i] else [], service_name=res.get("service.name"),
+        ))
+    return out

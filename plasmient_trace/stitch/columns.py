@@ -1,0 +1,297 @@
+"""One rank's exported spans as span-table columns: ids, names, metrics and per-record attributes.
+
+Spans are laid out in blocks (rank/step, modules, ops, kernels) and the exported rows are sorted, so each
+block's exported rows are one contiguous run of the output: record attributes are concatenated block by
+block, and a block exported whole is a zero-copy slice of its record table.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .. import conventions as cv
+from . import ids
+from .culprits import culprit_columns, module_label
+from .inputs import LEVEL_CODE, RankInput, StitchOptions
+from .joins import JoinedRank
+from .rank import RankTree, SpanMetrics
+
+_NAME_LIMIT = 1024
+
+
+def masked(values: np.ndarray, mask_null: np.ndarray) -> pa.Array:
+    return pa.array(values, mask=np.asarray(mask_null, bool))
+
+
+def nan_to_null(values: np.ndarray) -> pa.Array:
+    values = np.asarray(values, np.float64)
+    return pa.array(values, mask=~np.isfinite(values))
+
+
+def resource_for_rank(inp: RankInput, rank: int, node: str, options: StitchOptions) -> dict[str, Any]:
+    res: dict[str, Any] = {"service.name": options.service_name or os.environ.get("OTEL_SERVICE_NAME") or "plasmient-trace"}
+    res.update(options.extra_resource)
+    res.update({k: v for k, v in inp.records.resource.items() if v is not None})
+    res.setdefault("host.name", node)
+    res["plasmient.job.id"] = options.job_id
+    res["plasmient.rank"] = rank
+    res["service.instance.id"] = f"{options.job_id}/{rank}"
+    if inp.spec.model:
+        res.setdefault("plasmient.gpu.model", inp.spec.model)
+    devices = inp.records.devices
+    if devices:
+        res.setdefault("plasmient.gpu.model.reported", devices[0].name)
+    if inp.records.source:
+        res.setdefault("plasmient.source", inp.records.source)
+    return res
+
+
+def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics, export: np.ndarray, rank: int,
+                 node: str, options: StitchOptions, culprits: list[list[dict[str, Any]]]) -> cv.SpanBatch:
+    t = tree
+    job = options.job_id
+    n = len(t.level)
+    n_steps = t.n_steps
+    b = t.base
+    steps = j.steps.astype(np.int64)
+    step_of = steps[np.maximum(t.step_row, 0)]
+
+    # ---- ids
+    span_id = np.zeros(n, np.uint64)
+    rank_ids = np.array([ids.rank_span_id(job, int(s), rank) for s in steps], np.uint64)
+    step_ids = np.array([ids.step_span_id(job, int(s), rank) for s in steps], np.uint64)
+    span_id[b["rank"]:b["rank"] + n_steps] = rank_ids
+    span_id[b["step"]:b["step"] + n_steps] = step_ids
+    for level, kind in (("module", ids.KIND_MODULE), ("op", ids.KIND_OP), ("kernel", ids.KIND_KERNEL)):
+        hi = b[{"module": "op", "op": "kernel", "kernel": None}[level]] if level != "kernel" else n
+        lo = b[level]
+        rows = np.arange(hi - lo)
+        span_id[lo:hi] = ids.child_span_ids(step_ids[np.maximum(t.step_row[lo:hi], 0)] if n_steps else np.zeros(0, np.uint64), kind, rows)
+    node_ids = np.array([ids.node_span_id(job, int(s), node) for s in steps], np.uint64)
+    parent_id = np.where(t.parent >= 0, span_id[np.maximum(t.parent, 0)], np.uint64(0)).astype(np.uint64)
+    parent_id[b["rank"]:b["rank"] + n_steps] = node_ids
+
+    # ---- names
+    rs = inp.records
+    step_names = rs.steps.column("name").to_pylist() if rs.steps.num_rows else ["capture"]
+    if rs.steps.num_rows:
+        order = np.argsort(rs.steps.column("start_ns").to_numpy(), kind="stable")
+        step_names = [step_names[i] for i in order]
+    kn = rs.kernels.column("name").combine_chunks().cast(pa.string()) if rs.kernels.num_rows else pa.array([], pa.string())
+    n_ks = n - b["kernel"]
+    if n_ks > len(kn):
+        kn = pa.concat_arrays([kn, pa.array(["cpu"] * (n_ks - len(kn)), pa.string())])
+    if len(kn) and pc.max(pc.binary_length(kn)).as_py() > _NAME_LIMIT:
+        kn = pc.utf8_slice_codeunits(kn, 0, _NAME_LIMIT)
+    names = pa.concat_arrays([
+        pa.array([f"rank {rank}"] * n_steps + step_names, pa.string()),
+        pa.array([module_label(j, m) for m in range(t.n_mod)], pa.string()),
+        rs.ops.column("name").combine_chunks().cast(pa.string()) if t.n_op else pa.array([], pa.string()),
+        kn,
+    ])
+
+    sel = np.nonzero(export)[0]
+    sel_pa = pa.array(sel)
+    lv = t.level[sel]
+    is_step = lv == LEVEL_CODE["step"]
+    is_rank = lv == LEVEL_CODE["rank"]
+    upper = is_step | is_rank
+    cols: dict[str, Any] = {}
+    trace_of_step = pa.array([ids.trace_id(job, int(s)) for s in steps], pa.binary(16))
+    cols["trace_id"] = trace_of_step.take(pa.array(np.maximum(t.step_row[sel], 0)))
+    cols["span_id"] = span_id[sel]
+    cols["parent_span_id"] = parent_id[sel]
+    cols["resource_index"] = np.zeros(len(sel), np.int32)
+    cols["name"] = names.take(sel_pa)
+    cols["start_ns"] = t.start[sel]
+    cols["end_ns"] = t.end[sel]
+    cols["plasmient.level"] = pa.array(list(cv.LEVELS), pa.string()).take(pa.array(lv.astype(np.int64)))
+    cols["plasmient.job.id"] = pa.array([job] * len(sel), pa.string())
+    cols["plasmient.step"] = step_of[sel]
+    cols["plasmient.rank"] = np.full(len(sel), rank, np.int64)
+    cols["plasmient.device.type"] = pa.array([inp.spec.device_type] * len(sel), pa.string())
+    dev = t.has_device[sel]
+    cols["plasmient.gpus"] = masked(t.gpus[sel], ~dev)
+    cols["plasmient.wall_s"] = (t.end[sel] - t.start[sel]) / 1e9
+    cols["plasmient.device.window_s"] = nan_to_null(met.window_s[sel])
+    cols["plasmient.device.start_ns"] = masked(t.win_start[sel], ~dev)
+    for name, key in (("plasmient.flops", "flops"), ("plasmient.busy_s", "busy_s"), ("plasmient.bytes", "bytes"),
+                      ("plasmient.wasted_s", "wasted_s")):
+        cols[name] = masked(t.col(key)[sel], ~dev)
+        cols[f"{name}.self"] = masked(t.col(key, False)[sel], ~dev)
+    cols["plasmient.ideal_s"] = nan_to_null(np.where(t.peak_known & dev, t.col("ideal_s")[sel], np.nan))
+    cols["plasmient.idle_s"] = masked(t.col("idle_s")[sel], ~upper)
+    cols["plasmient.kernel_s"] = masked(t.col("kernel_s")[sel], ~upper)
+    cols["plasmient.comm.total_s"] = masked(t.col("comm_s")[sel], ~upper)
+    cols["plasmient.memcpy.total_s"] = masked(t.col("copy_s")[sel], ~upper)
+    cols["plasmient.util.resident"] = nan_to_null(met.util[sel])
+    cols["plasmient.mfu"] = nan_to_null(met.mfu[sel])
+    cols["plasmient.flops.coverage"] = nan_to_null(met.coverage[sel])
+    cols["plasmient.stall_fraction"] = nan_to_null(met.stall[sel])
+    cols["plasmient.idle_fraction"] = nan_to_null(1.0 - met.util[sel])
+    cols["plasmient.arithmetic_intensity"] = nan_to_null(met.intensity[sel])
+    bound = met.bound[sel].astype(np.int64)
+    cols["plasmient.bound"] = pa.array(list(cv.BOUNDS), pa.string()).take(pa.array(np.maximum(bound, 0), mask=bound < 0))
+    cols["plasmient.cost.usd"] = nan_to_null(np.where(dev, met.cost[sel], np.nan))
+    cols["plasmient.cost.usd.self"] = nan_to_null(np.where(dev, met.cost_self[sel], np.nan))
+    cols["plasmient.cost.wasted_usd"] = nan_to_null(np.where(dev, met.wasted_usd[sel], np.nan))
+    cols["plasmient.cost.wasted_usd.self"] = nan_to_null(np.where(dev, met.wasted_usd_self[sel], np.nan))
+    cols["plasmient.kernels"] = masked(t.col("kernels")[sel].astype(np.int64), ~dev & ~upper)
+
+    # ---- what the budget folded, inclusive (the step: everything under it that is not a span)
+    from ..metrics.compute import rollup
+    real_kernel = np.zeros(n, bool)
+    real_kernel[b["kernel"]:b["kernel"] + t.n_k] = True
+    not_exported = t.alive & ~export
+    folded_k = real_kernel & not_exported
+    folded_spans = not_exported & ((t.level == LEVEL_CODE["module"]) | (t.level == LEVEL_CODE["op"]))
+    fold = rollup(t.parent, t.depth, np.stack([folded_k.astype(float), np.where(folded_k, t.col("kernel_s"), 0.0),
+                                               np.where(folded_k, t.col("flops"), 0.0), folded_spans.astype(float)], axis=1))
+    no_fold = (lv == LEVEL_CODE["kernel"])
+    cols["plasmient.kernels.folded"] = masked(fold[sel, 0].astype(np.int64), no_fold)
+    cols["plasmient.kernels.folded_s"] = masked(fold[sel, 1], no_fold)
+    cols["plasmient.kernels.folded_flops"] = masked(fold[sel, 2], no_fold)
+    cols["plasmient.spans.folded"] = masked(fold[sel, 3].astype(np.int64), no_fold)
+
+    # ---- step and rank counters
+    srow = np.maximum(t.step_row[sel], 0)
+    over_peak = t.over_peak_by_step[srow] if n_steps else np.zeros(len(sel), np.int64)
+    cols["plasmient.kernels.over_peak"] = masked(over_peak, ~is_step)
+    k_parent_is_step = np.zeros(n, bool)
+    kr = np.arange(b["kernel"], b["kernel"] + t.n_k)
+    k_parent_is_step[kr] = t.alive[kr] & (t.level[np.maximum(t.parent[kr], 0)] == LEVEL_CODE["step"])
+    unjoined = np.bincount(t.parent[k_parent_is_step], minlength=n)
+    cols["plasmient.unjoined_kernels"] = masked(unjoined[sel], ~is_step)
+    first_step = np.zeros(len(sel), bool)
+    first_step[is_step] = srow[is_step] == 0
+    cols["plasmient.kernels.outside_steps"] = masked(np.full(len(sel), t.outside_kernels, np.int64), ~first_step)
+    spec = inp.spec
+    headline = spec.headline_peak()
+    cols["plasmient.peak_flops"] = nan_to_null(np.where(upper, headline, np.nan))
+    cols["plasmient.peak_bandwidth"] = nan_to_null(np.where(upper, spec.bandwidth or np.nan, np.nan))
+    cols["plasmient.peak.source"] = pa.array(np.where(is_rank, spec.source, None).tolist(), pa.string())
+    cols["plasmient.clock.offset_ns"] = masked(np.full(len(sel), max(j.stats.clock_offset_ns.values(), default=0), np.int64), ~is_rank)
+    cols["plasmient.sampled_depth"] = _step_depth(step_of[sel], is_step, options.full_depth_steps)
+    dropped = inp.records.counters.get("cupti.dropped_records")
+    if dropped is not None:
+        cols["plasmient.cupti.dropped_records"] = masked(np.full(len(sel), dropped, np.int64), ~is_step)
+
+    lists: list[list[dict[str, Any]] | None] = [culprits[int(s)] if u else None for s, u in zip(srow.tolist(), upper.tolist())]
+    cols.update(culprit_columns(lists))
+    _per_record_columns(cols, sel, t, inp, j)
+    return cv.SpanBatch(table=cv.span_table_from_columns(cols, len(sel)), resources=[resource_for_rank(inp, rank, node, options)])
+
+
+def _step_depth(steps: np.ndarray, is_step: np.ndarray, full: set[int] | None) -> pa.Array:
+    values = pa.array(["full", "step"], pa.string())
+    if full is None:
+        codes = np.zeros(len(steps), np.int64)
+    else:
+        codes = np.where(np.isin(steps, np.fromiter(full, np.int64, len(full))), 0, 1)
+    return values.take(pa.array(codes, mask=~is_step))
+
+
+RECORD_ATTRIBUTES = (
+    "plasmient.op.external_id", "plasmient.op.sequence_number", "plasmient.op.input_dims", "plasmient.op.input_types",
+    "plasmient.op.dtype", "plasmient.op.flops_model", "plasmient.op.model_flops", "plasmient.op.kineto_flops",
+    "plasmient.op.cpu_s", "thread.id", "plasmient.module.path", "plasmient.module.phase", "plasmient.correlation_id",
+    "plasmient.kernel.kind", "plasmient.kernel.launch", "plasmient.gpu.device", "plasmient.gpu.stream",
+    "plasmient.kernel.grid", "plasmient.kernel.block", "plasmient.kernel.registers_per_thread",
+    "plasmient.kernel.shared_memory", "plasmient.kernel.graph_id", "plasmient.kernel.capture_op",
+    "plasmient.kernel.capture_module",
+)
+
+
+def _rows_of(table: pa.Table, columns: list[str], rows: np.ndarray, full: bool) -> pa.Table:
+    table = table.select(columns)
+    return table if full else table.take(pa.array(rows))
+
+
+def _record_values(kind: str, inp: RankInput, j: JoinedRank, rows: np.ndarray, full: bool) -> dict[str, Any]:
+    rs = inp.records
+    vals: dict[str, Any] = {}
+    if kind == "op":
+        t = _rows_of(rs.ops, ["external_id", "sequence_number", "input_dims", "input_types", "kineto_flops", "start_ns", "end_ns", "tid"], rows, full)
+        vals["plasmient.op.external_id"] = t.column("external_id")
+        vals["plasmient.op.sequence_number"] = t.column("sequence_number")
+        vals["plasmient.op.input_dims"] = t.column("input_dims")
+        vals["plasmient.op.input_types"] = t.column("input_types")
+        vals["plasmient.op.dtype"] = pa.array(inp.op_dtype[rows].astype(str), pa.string())
+        vals["plasmient.op.flops_model"] = pa.array(inp.op_model[rows].astype(str), pa.string())
+        vals["plasmient.op.model_flops"] = pa.array(inp.op_flops[rows], pa.float64())
+        vals["plasmient.op.kineto_flops"] = t.column("kineto_flops")
+        vals["plasmient.op.cpu_s"] = pc.divide(pc.subtract(t.column("end_ns"), t.column("start_ns")).cast(pa.float64()), 1e9)
+        vals["thread.id"] = t.column("tid")
+    elif kind == "module":
+        n_fwd = rs.modules.num_rows
+        vals["plasmient.module.path"] = pa.array([j.module_path[r] for r in rows.tolist()], pa.string())
+        vals["plasmient.module.phase"] = pa.array([j.module_phase[r] for r in rows.tolist()], pa.string())
+        fwd = rows < n_fwd
+        vals["plasmient.op.cpu_s"] = pa.array((j.module_end[rows] - j.module_start[rows]) / 1e9, mask=~fwd)
+        tids = rs.modules.column("tid").to_numpy()[np.minimum(rows, max(n_fwd - 1, 0))] if n_fwd else np.zeros(len(rows), np.int64)
+        vals["thread.id"] = pa.array(tids, mask=~fwd)
+    else:
+        t = _rows_of(rs.kernels, ["correlation_id", "kind", "device", "stream", "grid", "block", "registers_per_thread",
+                                  "shared_memory", "graph_id", "capture_op", "capture_module"], rows, full)
+        lrow = j.kernel_launch[rows]
+        if rs.launches.num_rows:
+            launch_names = rs.launches.column("name").take(pa.array(lrow, mask=lrow < 0))
+        else:
+            launch_names = pa.nulls(len(rows), pa.string())
+        vals["plasmient.correlation_id"] = t.column("correlation_id")
+        vals["plasmient.kernel.kind"] = t.column("kind")
+        vals["plasmient.kernel.launch"] = launch_names
+        vals["plasmient.gpu.device"] = t.column("device")
+        vals["plasmient.gpu.stream"] = t.column("stream")
+        vals["plasmient.kernel.grid"] = _dims_string(t.column("grid"))
+        vals["plasmient.kernel.block"] = _dims_string(t.column("block"))
+        vals["plasmient.kernel.registers_per_thread"] = t.column("registers_per_thread")
+        vals["plasmient.kernel.shared_memory"] = t.column("shared_memory")
+        vals["plasmient.kernel.graph_id"] = t.column("graph_id")
+        vals["plasmient.kernel.capture_op"] = t.column("capture_op")
+        vals["plasmient.kernel.capture_module"] = t.column("capture_module")
+    return vals
+
+
+def _per_record_columns(cols: dict[str, Any], sel: np.ndarray, t: RankTree, inp: RankInput, j: JoinedRank) -> None:
+    parts: dict[str, list[Any]] = {name: [] for name in RECORD_ATTRIBUTES}
+    b, n = t.base, len(t.level)
+    blocks = [(b["rank"], b["module"], None), (b["module"], b["op"], "module"), (b["op"], b["kernel"], "op"),
+              (b["kernel"], b["kernel"] + t.n_k, "kernel"), (b["kernel"] + t.n_k, n, None)]
+    for lo, hi, kind in blocks:
+        a, z = np.searchsorted(sel, [lo, hi])
+        count = int(z - a)
+        if count == 0:
+            continue
+        vals = _record_values(kind, inp, j, sel[a:z] - lo, count == hi - lo) if kind else {}
+        for name in RECORD_ATTRIBUTES:
+            value = vals.get(name)
+            typ = cv.ATTRIBUTE_BY_NAME[name].type
+            if value is None:
+                parts[name].append(pa.nulls(count, typ))
+            else:
+                value = value.combine_chunks() if isinstance(value, pa.ChunkedArray) else value
+                parts[name].append(value if value.type == typ else value.cast(typ))
+    for name, arrays in parts.items():
+        typ = cv.ATTRIBUTE_BY_NAME[name].type
+        cols[name] = pa.chunked_array(arrays, typ) if arrays else pa.nulls(0, typ)
+
+
+def _dims_string(col: pa.ChunkedArray) -> pa.Array:
+    arr = col.combine_chunks()
+    if len(arr) == 0:
+        return pa.array([], pa.string())
+    flat = arr.flatten().cast(pa.string())
+    x = flat.take(pa.array(np.arange(0, len(flat), 3)))
+    y = flat.take(pa.array(np.arange(1, len(flat), 3)))
+    z = flat.take(pa.array(np.arange(2, len(flat), 3)))
+    joined = pc.binary_join_element_wise(x, y, z, ",")
+    # flatten() drops null lists: scatter back
+    valid = arr.is_valid().to_numpy(zero_copy_only=False)
+    idx = np.cumsum(valid) - 1
+    return joined.take(pa.array(np.where(valid, idx, 0), mask=~valid))

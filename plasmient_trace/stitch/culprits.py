@@ -1,0 +1,169 @@
+"""Culprits: where a step's wasted device-seconds live, as a profiler's "by name" table.
+
+Waste is exclusive: each kernel's below-baseline device time, plus the step's idle gaps (host gaps in its
+window). Kernels are grouped by (kernel name, launching op name, module pattern), where the pattern drops
+layer and instance numbers (``ViTLayer_3`` -> ``ViTLayer_*``, ``layers.3`` -> ``layers.*``), so the same
+softmax in twelve layers is one row: "12 calls in 12 layers". Rows are kernel groups or the idle row,
+never a span and its ancestor, so they add up: their waste sums to at most the step's device-seconds.
+The step span, the terminal summary and the HTML report all read the same list (``plasmient.culprits``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .. import conventions as cv
+from ..metrics.culprit import suggestion
+from .inputs import CULPRIT_ROWS, KINDS, LEVEL_CODE
+from .joins import JoinedRank
+from .rank import RankTree, SpanMetrics, module_of_ops
+
+IDLE_LABEL = "[device idle]"
+_INSTANCE = re.compile(r"(?<=_)\d+(?=\.|$|\s)|(?<=\.)\d+(?=\.|$|\s)")
+
+
+def module_pattern(path: str) -> str:
+    """A module path with its layer/instance numbers replaced by '*'."""
+    return _INSTANCE.sub("*", path)
+
+
+def module_label(j: JoinedRank, m: int) -> str:
+    return j.module_path[m] + (" [backward]" if j.module_phase[m] == "backward" else "")
+
+
+def _dense(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    uniq, inv = np.unique(values, return_inverse=True)
+    return uniq, inv.astype(np.int64)
+
+
+def _names(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
+    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    enc = arr.dictionary_encode()
+    return enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64), [str(x) for x in enc.dictionary.to_pylist()]
+
+
+def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: str,
+                  rows: int = CULPRIT_ROWS) -> list[list[dict[str, Any]]]:
+    """Per step row, the top culprit rows (most exclusive waste first)."""
+    rs = j.records
+    n_k = tree.n_k
+    kr = tree.k_rows
+    # labels: kernel name, launching op name, module pattern (+ the raw module for the layer count)
+    k_names_code, k_names = _names(rs.kernels.column("name")) if n_k else (np.zeros(0, np.int64), [])
+    op_code, op_names = _names(rs.ops.column("name")) if tree.n_op else (np.zeros(0, np.int64), [])
+    real = kr < n_k
+    kname = np.where(real, k_names_code[np.minimum(kr, max(n_k - 1, 0))] if n_k else -1, -1)
+    synth = ~real
+    if synth.any():
+        kname[synth] = op_code[tree.synth_ops[kr[synth] - n_k]] + len(k_names)
+    all_k_names = k_names + op_names
+    lop = tree.k_launch_op
+    oname = np.where(lop >= 0, op_code[np.maximum(lop, 0)] if tree.n_op else -1, -1)
+    mod_of_op = module_of_ops(j)
+    mod = np.where(lop >= 0, mod_of_op[np.maximum(lop, 0)] if tree.n_op else -1, -1)
+    labels = [module_label(j, m) for m in range(tree.n_mod)]
+    patterns = [module_pattern(x) for x in labels]
+    pat_uniq, pat_code_of_mod = _dense(np.array(patterns, dtype=object).astype(str)) if labels else (np.array([]), np.zeros(0, np.int64))
+    mpat = np.where(mod >= 0, pat_code_of_mod[np.maximum(mod, 0)] if len(labels) else -1, -1)
+    # layers are distinct module paths (a module called three times in the step is one layer)
+    _, path_code_of_mod = _dense(np.array(labels, dtype=object).astype(str)) if labels else (None, np.zeros(0, np.int64))
+    mpath = np.where(mod >= 0, path_code_of_mod[np.maximum(mod, 0)] if len(labels) else -1, -1)
+
+    step = tree.step_row[tree.base["kernel"] + kr]
+    waste = tree.k_waste
+    out: list[list[dict[str, Any]]] = [[] for _ in range(tree.n_steps)]
+    kernel_bound = met.bound[tree.base["kernel"] + kr]
+    if len(kr):
+        key = np.stack([step, kname, oname, mpat], axis=1)
+        groups, g = np.unique(key, axis=0, return_inverse=True)
+        g = g.ravel()
+        g_waste = np.bincount(g, weights=waste, minlength=len(groups))
+        g_calls = np.bincount(g, minlength=len(groups))
+        pair = np.unique(np.stack([g, mpath], axis=1), axis=0)
+        g_layers = np.bincount(pair[:, 0], weights=(pair[:, 1] >= 0).astype(float), minlength=len(groups)).astype(int)
+        # representative instance: the group's most wasteful kernel (its bound and kind)
+        order = np.lexsort((-waste, g))
+        first = order[np.r_[True, g[order][1:] != g[order][:-1]]]
+        rep = np.empty(len(groups), np.int64)
+        rep[g[first]] = first
+        by = np.lexsort((-g_waste, groups[:, 0]))
+        candidates: list[tuple[int, float, dict[str, Any]]] = []
+        taken = np.zeros(tree.n_steps, np.int64)
+        for gi in by.tolist():
+            s = int(groups[gi, 0])
+            if taken[s] >= rows:
+                continue
+            taken[s] += 1
+            r = rep[gi]
+            bound_code = int(kernel_bound[r])
+            row = {
+                "kernel": all_k_names[groups[gi, 1]][:1024] if groups[gi, 1] >= 0 else None,
+                "op": op_names[groups[gi, 2]] if groups[gi, 2] >= 0 else None,
+                "module": str(pat_uniq[groups[gi, 3]]) if groups[gi, 3] >= 0 else None,
+                "calls": int(g_calls[gi]), "layers": int(g_layers[gi]),
+                "wasted_s": float(g_waste[gi]),
+                "bound": cv.BOUNDS[bound_code] if bound_code >= 0 else None,
+                "kind": KINDS[int(tree.k_kind[r])],
+            }
+            candidates.append((s, row["wasted_s"], row))
+        for s, _, row in candidates:
+            out[s].append(row)
+    # the idle row: host gaps in the step's window
+    step_spans = tree.base["step"] + np.arange(tree.n_steps)
+    idle = tree.col("idle_s")[step_spans]
+    util = met.util[step_spans]
+    for s in range(tree.n_steps):
+        if idle[s] > 0:
+            out[s].append({"kernel": IDLE_LABEL, "op": None, "module": None, "calls": 0, "layers": 0,
+                           "wasted_s": float(idle[s]), "bound": "idle", "kind": None})
+        out[s].sort(key=lambda r: -r["wasted_s"])
+        del out[s][rows:]
+        for r in out[s]:
+            r["suggestion"] = suggestion(r["kernel"] if r["kernel"] != IDLE_LABEL else None, r["op"], r["module"],
+                                         r["bound"], r["kind"], 1.0 - float(np.nan_to_num(util[s], nan=1.0)),
+                                         device_type=device_type, idle_row=r["kernel"] == IDLE_LABEL)
+    return out
+
+
+def merge_culprits(lists: list[tuple[int, list[dict[str, Any]]]], rows: int = CULPRIT_ROWS) -> list[dict[str, Any]]:
+    """Fleet/node: the ranks' culprit rows summed by (kernel, op, module); the rank losing most is named."""
+    merged: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
+    for rank, items in lists:
+        for r in items:
+            key = (r.get("kernel"), r.get("op"), r.get("module"))
+            m = merged.get(key)
+            if m is None:
+                merged[key] = m = {**r, "calls": 0, "layers": 0, "wasted_s": 0.0, "rank": rank, "_worst": -1.0}
+            m["calls"] += int(r.get("calls") or 0)
+            m["layers"] = max(m["layers"], int(r.get("layers") or 0))
+            m["wasted_s"] += float(r.get("wasted_s") or 0.0)
+            if float(r.get("wasted_s") or 0.0) > m["_worst"]:
+                m["_worst"] = float(r.get("wasted_s") or 0.0)
+                m["rank"] = rank
+    out = sorted(merged.values(), key=lambda r: -r["wasted_s"])[:rows]
+    for r in out:
+        r.pop("_worst", None)
+    return out
+
+
+def culprit_columns(lists: list[list[dict[str, Any]] | None]) -> dict[str, pa.Array]:
+    """plasmient.culprits (JSON rows) and the plasmient.culprit.* attributes of the first row."""
+    cols: dict[str, list[Any]] = {k: [] for k in ("kernel", "op", "module", "rank", "wasted_s", "bound", "suggestion")}
+    js: list[str | None] = []
+    for items in lists:
+        first = items[0] if items else None
+        js.append(json.dumps(items, separators=(",", ":")) if items else None)
+        for k in cols:
+            cols[k].append(first.get(k) if first else None)
+    out = {f"plasmient.culprit.{k}": pa.array(v, cv.ATTRIBUTE_BY_NAME[f"plasmient.culprit.{k}"].type) for k, v in cols.items()}
+    out["plasmient.culprits"] = pa.array(js, pa.string())
+    return out
+
+
+def is_step_level(level: np.ndarray) -> np.ndarray:
+    return level == LEVEL_CODE["step"]

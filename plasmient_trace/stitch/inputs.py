@@ -1,0 +1,70 @@
+"""What the stitcher is given and what it returns: device specs, options, one rank's inputs, the result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import conventions as cv
+from ..records import RecordSet
+
+LEVEL_CODE = {name: i for i, name in enumerate(cv.LEVELS)}
+KINDS = ("kernel", "memcpy", "memset", "collective")
+KIND_CODE = {name: i for i, name in enumerate(KINDS)}
+DEFAULT_MAX_SPANS = 10_000
+# How many culprit rows a step, rank, node and fleet span carries in plasmient.culprits.
+CULPRIT_ROWS = 10
+
+
+@dataclass
+class DeviceSpec:
+    """What the metrics need of a device; built from metrics.hardware lookups or overrides."""
+
+    model: str | None
+    device_type: str              # gpu | cpu
+    peak_for: Callable[[str], float] | None   # dtype -> FLOP/s; None = unknown
+    bandwidth: float | None       # bytes/s
+    price_per_hour: float | None  # USD per device-hour
+    source: str                   # table:<model> | override | calibrated | unknown
+
+    def peak(self, dtype: str) -> float:
+        if self.peak_for is None:
+            return float("nan")
+        value = self.peak_for(dtype)
+        return float(value) if value else float("nan")
+
+    def headline_peak(self) -> float:
+        """The peak quoted for a device as a whole: bf16 tensor math on a GPU, fp32 on a CPU."""
+        return self.peak("bf16" if self.device_type == "gpu" else "fp32")
+
+    def ridge(self) -> float:
+        """Arithmetic intensity (flop/byte) where the roofline bends; NaN when peak or bandwidth is unknown."""
+        if self.peak_for is None or not self.bandwidth:
+            return float("nan")
+        return self.headline_peak() / self.bandwidth
+
+
+@dataclass
+class StitchOptions:
+    job_id: str = "default"
+    max_spans: int = DEFAULT_MAX_SPANS
+    baseline_mfu: float = cv.DEFAULT_BASELINE_MFU
+    ranks_per_node: int = 8
+    host: str | None = None
+    service_name: str | None = None
+    full_depth_steps: set[int] | None = None  # None: every step carries its whole subtree
+    extra_resource: dict[str, Any] = field(default_factory=dict)
+    # Ranks that share each trace (the span budget is split between them); 0 = the ranks stitched together.
+    world_size: int = 0
+
+
+@dataclass
+class RankInput:
+    records: RecordSet
+    spec: DeviceSpec
+    op_flops: np.ndarray
+    op_bytes: np.ndarray
+    op_dtype: np.ndarray   # unicode array of dtype names
+    op_model: np.ndarray   # unicode array of model names ("none" = no model)

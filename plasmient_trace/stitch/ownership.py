@@ -1,0 +1,156 @@
+"""FLOP ownership: which op's modelled work each kernel carries, and what that work is per kernel.
+
+A kernel carries the FLOPs and bytes of the innermost modelled op on its launching op's ancestor chain,
+split over that op's kernels by duration. An op yields to a same-class op below it (aten::linear over
+aten::addmm) so nothing is counted twice. On a CPU-only rank the ops are the device's kernels. A kernel
+whose record carries its own FLOPs (Inductor's kernel_flop, a CUDA-graph capture pairing) uses those.
+Every kernel also says whether its FLOPs are *known*: memcpy/memset and collectives are known zero, a
+kernel with no modelled owner is unknown (its time counts against ``plasmient.flops.coverage``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .inputs import KIND_CODE, RankInput
+from .joins import JoinedRank
+
+_GEMM_LIKE = ("gemm", "conv", "attention")
+_ZERO_WORK_MODELS = ("none",)
+
+
+def yields_flops(op_parent: np.ndarray, op_model: np.ndarray, op_flops: np.ndarray | None = None) -> np.ndarray:
+    """Per op: is its work already modelled by an op below it of the same class? aten::linear
+    (gemm) over aten::addmm (gemm), aten::layer_norm over aten::native_layer_norm (norm): the outer
+    op yields, so its FLOPs are not counted twice. GEMM, convolution and attention form one class
+    (scaled_dot_product_attention over bmm); an op over a different class keeps its FLOPs (addmm
+    over the copy_ of its bias), and so does an op whose same-class descendants model no FLOPs (a mul
+    over the 0-FLOP aten::to/copy_ of its scalar operand). One numpy step per tree level."""
+    n = len(op_parent)
+    yields = np.zeros(n, bool)
+    if n == 0:
+        return yields
+    model = op_model.astype(str)
+    classes, cls = np.unique(np.where(np.isin(model, _GEMM_LIKE), "gemm-like", model), return_inverse=True)
+    k = len(classes)
+    modelled = ~np.isin(model, _ZERO_WORK_MODELS)
+    if op_flops is not None:
+        modelled &= np.asarray(op_flops, np.float64) > 0
+    seen = np.zeros(n * k, bool)
+    node, c = op_parent[modelled], cls[modelled]
+    for _ in range(256):
+        keep = node >= 0
+        key = np.unique(node[keep] * k + c[keep])
+        key = key[~seen[key]]
+        if not len(key):
+            break
+        seen[key] = True
+        node, c = key // k, key % k
+        yields[node[cls[node] == c]] = True
+        node = op_parent[node]
+    return yields
+
+
+def cpu_kernel_ops(op_parent: np.ndarray, owns: np.ndarray) -> np.ndarray:
+    """The ops that stand for kernels when the CPU is the device: each outermost op that owns
+    FLOPs (its whole interval, children included, is its work: the BLAS call inside aten::addmm
+    is addmm's own time), and every leaf op not inside one."""
+    n = len(op_parent)
+    is_parent = np.zeros(n, bool)
+    is_parent[op_parent[op_parent >= 0]] = True
+    inside_owner = np.zeros(n, bool)
+    cur = op_parent.copy()
+    for _ in range(256):
+        up = cur >= 0
+        if not up.any():
+            break
+        inside_owner[up] |= owns[cur[up]]
+        cur[up] = op_parent[cur[up]]
+    return np.nonzero((owns | ~is_parent) & ~inside_owner)[0]
+
+
+@dataclass
+class KernelWork:
+    """Per kernel of one rank (real kernels, then the synthetic CPU ones)."""
+
+    owner: np.ndarray    # op whose model the kernel carries (-1 none)
+    flops: np.ndarray
+    bytes: np.ndarray
+    dtype_src: np.ndarray  # op row whose dtype sets the peak (-1: none)
+    known: np.ndarray    # bool: the kernel's FLOPs are known (possibly a known zero)
+    per_kernel: np.ndarray  # bool: FLOPs came from the kernel record itself
+
+
+def _float_col(table: pa.Table, name: str, n_total: int) -> np.ndarray:
+    out = np.full(n_total, np.nan)
+    if name in table.column_names and table.num_rows:
+        out[:table.num_rows] = table.column(name).cast(pa.float64()).fill_null(np.nan).to_numpy()
+    return out
+
+
+def kernel_work(inp: RankInput, j: JoinedRank, launching_op: np.ndarray, kinds: np.ndarray,
+                alive: np.ndarray, duration_ns: np.ndarray) -> KernelWork:
+    """Modelled FLOPs and bytes per kernel, and whether they are known."""
+    n_op = len(j.op_parent)
+    n_ks = len(launching_op)
+    rs = inp.records
+    has_model = (inp.op_model != "none") if n_op else np.zeros(0, bool)
+    yields = yields_flops(j.op_parent, inp.op_model, inp.op_flops) if n_op else np.zeros(0, bool)
+    owner = launching_op.copy()
+    for _ in range(256):
+        climb = (owner >= 0) & ~has_model[np.maximum(owner, 0)] if n_op else np.zeros(n_ks, bool)
+        if not climb.any():
+            break
+        owner[climb] = j.op_parent[owner[climb]]
+    is_compute = kinds == KIND_CODE["kernel"]
+    owned = (owner >= 0) & is_compute & alive
+    if n_op:
+        owned &= ~yields[np.maximum(owner, 0)]
+    dur = np.maximum(duration_ns, 0).astype(np.float64) + 1.0
+    share = np.zeros(n_ks)
+    if owned.any():
+        tot = np.bincount(owner[owned], weights=dur[owned], minlength=n_op)
+        share[owned] = dur[owned] / tot[owner[owned]]
+    o_fl = inp.op_flops if n_op else np.zeros(1)
+    o_by = inp.op_bytes if n_op else np.zeros(1)
+    flops = np.where(owned, o_fl[np.maximum(owner, 0)] * share, 0.0) if n_op else np.zeros(n_ks)
+    kbytes = np.where(owned, o_by[np.maximum(owner, 0)] * share, 0.0) if n_op else np.zeros(n_ks)
+    rec_bytes = np.zeros(n_ks)
+    if rs.kernels.num_rows:
+        rec_bytes[:rs.kernels.num_rows] = rs.kernels.column("bytes").fill_null(0).to_numpy().astype(np.float64)
+    kbytes = np.where(is_compute, kbytes, rec_bytes)
+    # Per-kernel FLOPs from the record (Inductor, graph-capture pairing) win over the op model.
+    rec_flops = _float_col(rs.kernels, "model_flops", n_ks)
+    rec_model_bytes = _float_col(rs.kernels, "model_bytes", n_ks)
+    per_kernel = np.isfinite(rec_flops)
+    flops = np.where(per_kernel, rec_flops, flops)
+    kbytes = np.where(np.isfinite(rec_model_bytes), rec_model_bytes, kbytes)
+    known = owned | ~is_compute | per_kernel
+    return KernelWork(owner=np.where(owned, owner, -1), flops=flops, bytes=kbytes,
+                      dtype_src=np.where(owner >= 0, owner, launching_op), known=known, per_kernel=per_kernel)
+
+
+def kernel_peaks(inp: RankInput, work: KernelWork) -> np.ndarray:
+    """Peak FLOP/s per kernel for the dtype of its math (NaN where the device's peak is unknown)."""
+    n_ks = len(work.flops)
+    peaks = np.full(n_ks, inp.spec.peak("fp32"))
+    n_op = len(inp.op_dtype)
+    if n_op and n_ks:
+        # peak per distinct dtype (a handful), mapped to kernels through integer codes
+        op_dtypes, op_dtype_code = np.unique(inp.op_dtype.astype(str), return_inverse=True)
+        peak_of_code = np.array([inp.spec.peak(str(d)) for d in op_dtypes])
+        has_src = work.dtype_src >= 0
+        peaks[has_src] = peak_of_code[op_dtype_code[work.dtype_src[has_src]]]
+    rs = inp.records
+    if "model_dtype" in rs.kernels.column_names and rs.kernels.num_rows and rs.kernels.column("model_dtype").null_count < rs.kernels.num_rows:
+        dt = rs.kernels.column("model_dtype").combine_chunks()
+        enc = pc.dictionary_encode(dt)
+        peak_of = np.array([inp.spec.peak(str(d)) for d in enc.dictionary.to_pylist()] + [np.nan])
+        idx = enc.indices.fill_null(len(enc.dictionary)).to_numpy(zero_copy_only=False)
+        own = peak_of[idx]
+        peaks[:rs.kernels.num_rows] = np.where(np.isfinite(own), own, peaks[:rs.kernels.num_rows])
+    return peaks

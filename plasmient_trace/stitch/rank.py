@@ -1,0 +1,305 @@
+"""One rank's span tree, rank -> step -> module -> op -> kernel, and its accounting over device time.
+
+Spans live in flat arrays laid out in blocks: [rank spans | step spans | modules | ops | kernels], one rank
+span and one step span per step. Every metric is computed over a *device window* (see ``stitch.windows``):
+
+* kernel: its own interval (clipped to its step's window); op and module: the extent of the kernels under
+  them; a span that launched nothing has no window and no device metrics at all;
+* step: the tile of the rank's device timeline that ends with the step's last kernel; rank: its step's tile.
+
+Additive quantities are per-kernel facts rolled up the tree, plus the step's idle gaps (host gaps in its
+window) as the step's own waste. The displayed span start/end are the CPU interval widened to cover the
+children (as Perfetto nests them); the device window is exported beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow.compute as pc
+
+from ..metrics import compute as mc
+from .inputs import KIND_CODE, LEVEL_CODE, RankInput, StitchOptions
+from .joins import JoinedRank
+from .nesting import tree_depth, tree_root
+from .ownership import cpu_kernel_ops, kernel_peaks, kernel_work, yields_flops
+from .windows import kernel_shares_ns, step_windows
+
+_BIG = np.iinfo(np.int64).max
+# Additive per-span quantities, in the column order of RankTree.total / .self_.
+ADDITIVE = ("flops", "bytes", "ideal_s", "busy_s", "wasted_s", "known_s", "kernel_s", "comm_s", "copy_s",
+            "kernels", "charged_s", "idle_s")
+COL = {name: i for i, name in enumerate(ADDITIVE)}
+
+
+@dataclass
+class RankTree:
+    """One rank's spans and their metrics. Span rows index every array of length n."""
+
+    n_steps: int
+    n_mod: int
+    n_op: int
+    n_k: int              # real kernels; synthetic CPU kernels follow them
+    base: dict[str, int]
+    level: np.ndarray
+    parent: np.ndarray    # -1 for rank spans and for spans outside every step
+    start: np.ndarray     # displayed interval (CPU, widened over children)
+    end: np.ndarray
+    step_row: np.ndarray  # step row of each span (-1 outside every step)
+    alive: np.ndarray
+    depth: np.ndarray
+    row: np.ndarray       # row in the span's record table
+    synth_ops: np.ndarray  # op rows that stand for kernels on a CPU-only rank
+    # device window and metrics
+    has_device: np.ndarray
+    win_start: np.ndarray
+    win_end: np.ndarray
+    gpus: np.ndarray
+    total: np.ndarray     # (n, len(ADDITIVE)) inclusive
+    self_: np.ndarray     # (n, len(ADDITIVE)) exclusive: what is not under a child module/op/step/rank span
+    union_s: np.ndarray
+    price: float          # USD per device-hour (NaN unknown)
+    peak_known: bool
+    # per kernel (alive ones, in kernel row order): facts the culprits and the span budget need
+    k_rows: np.ndarray    # kernel rows (0..n_ks) that are alive
+    k_waste: np.ndarray
+    k_launch_op: np.ndarray
+    k_kind: np.ndarray
+    over_peak_by_step: np.ndarray
+    outside_kernels: int
+    outside_kernel_s: float
+
+    def span(self, level: str, rows: np.ndarray | int) -> np.ndarray | int:
+        return self.base[level] + rows
+
+    def col(self, name: str, inclusive: bool = True) -> np.ndarray:
+        return (self.total if inclusive else self.self_)[:, COL[name]]
+
+
+def _kind_codes(kind, n_synthetic: int) -> np.ndarray:
+    codes = np.zeros(len(kind) + n_synthetic, np.int8)  # synthetic CPU kernels are 'kernel'
+    for name, code in KIND_CODE.items():
+        if code:
+            codes[:len(kind)][pc.equal(kind, name).fill_null(False).to_numpy(zero_copy_only=False)] = code
+    return codes
+
+
+def _widen(parent: np.ndarray, depth: np.ndarray, start: np.ndarray, end: np.ndarray, alive: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Make every parent cover its children; spans with no interval of their own take their children's."""
+    start, end = start.copy(), end.copy()
+    for d in range(int(depth.max()) if len(depth) else 0, 0, -1):
+        kids = np.nonzero((depth == d) & alive)[0]
+        np.minimum.at(start, parent[kids], start[kids])
+        np.maximum.at(end, parent[kids], end[kids])
+    empty = start > end
+    start[empty] = 0
+    end[empty] = 0
+    return start, end
+
+
+def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> RankTree:
+    rs = inp.records
+    n_steps, n_mod, n_op = len(j.steps), len(j.module_parent), len(j.op_parent)
+    n_k = len(j.kernel_start)
+    synth_ops = np.zeros(0, np.int64)
+    if n_k == 0 and n_op:
+        # No device activity: the CPU is the device and its ops are the kernels.
+        has_model = inp.op_model != "none"
+        yields = yields_flops(j.op_parent, inp.op_model, inp.op_flops)
+        synth_ops = cpu_kernel_ops(j.op_parent, has_model & ~yields)
+        synth_ops = synth_ops[j.op_step[synth_ops] >= 0]
+    n_ks = n_k + len(synth_ops)
+    base = {"rank": 0, "step": n_steps, "module": 2 * n_steps, "op": 2 * n_steps + n_mod,
+            "kernel": 2 * n_steps + n_mod + n_op}
+    n = base["kernel"] + n_ks
+    steps_rows = np.arange(n_steps)
+
+    # ---- parents
+    m_alive = j.module_step >= 0
+    mp = j.module_parent
+    mp_ok = (mp >= 0) & m_alive[np.maximum(mp, 0)] & (j.module_step[np.maximum(mp, 0)] == j.module_step)
+    m_par = np.where(mp_ok, base["module"] + mp, base["step"] + np.maximum(j.module_step, 0))
+    o_alive = j.op_step >= 0
+    op_p = j.op_parent
+    op_ok = (op_p >= 0) & (j.op_step[np.maximum(op_p, 0)] == j.op_step)
+    om = j.op_module
+    om_ok = (om >= 0) & m_alive[np.maximum(om, 0)] if n_mod else np.zeros(n_op, bool)
+    if n_mod:
+        om_ok &= j.module_step[np.maximum(om, 0)] == j.op_step
+    o_par = np.where(op_ok, base["op"] + op_p, np.where(om_ok, base["module"] + om, base["step"] + np.maximum(j.op_step, 0)))
+    ko = np.concatenate([j.kernel_op, synth_ops])
+    kstep = np.concatenate([j.kernel_step, j.op_step[synth_ops]])
+    ko_ok = (ko >= 0) & (j.op_step[np.maximum(ko, 0)] == kstep) if n_op else np.zeros(n_ks, bool)
+    k_par = np.where(ko_ok, base["op"] + ko, base["step"] + np.maximum(kstep, 0))
+    k_alive = kstep >= 0
+
+    o_start = rs.ops.column("start_ns").to_numpy() if n_op else np.zeros(0, np.int64)
+    o_end = rs.ops.column("end_ns").to_numpy() if n_op else np.zeros(0, np.int64)
+    ks = np.concatenate([j.kernel_start, o_start[synth_ops]]).astype(np.int64)
+    ke = np.concatenate([j.kernel_end, o_end[synth_ops]]).astype(np.int64)
+
+    level = np.concatenate([np.full(n_steps, LEVEL_CODE["rank"]), np.full(n_steps, LEVEL_CODE["step"]),
+                            np.full(n_mod, LEVEL_CODE["module"]), np.full(n_op, LEVEL_CODE["op"]),
+                            np.full(n_ks, LEVEL_CODE["kernel"])]).astype(np.int8)
+    parent = np.concatenate([np.full(n_steps, -1), base["rank"] + steps_rows, m_par, o_par, k_par]).astype(np.int64)
+    start = np.concatenate([np.full(n_steps, _BIG), j.step_start, j.module_start, o_start, ks]).astype(np.int64)
+    end = np.concatenate([np.full(n_steps, -_BIG), j.step_end, j.module_end, o_end, ke]).astype(np.int64)
+    step_row = np.concatenate([steps_rows, steps_rows, j.module_step, j.op_step, kstep]).astype(np.int64)
+    alive = np.concatenate([np.ones(2 * n_steps, bool), m_alive, o_alive, k_alive])
+    row = np.concatenate([steps_rows, steps_rows, np.arange(n_mod), np.arange(n_op), np.arange(n_ks)])
+    parent = np.where(alive, parent, -1)
+    depth = tree_depth(parent)
+    start, end = _widen(parent, depth, start, end, alive)
+
+    # ---- per-kernel work: FLOPs, bytes, ideal seconds at the peak of the kernel's dtype
+    kinds = _kind_codes(rs.kernels.column("kind"), len(synth_ops))
+    if n_k:
+        # NCCL/RCCL kernels are collectives whatever category the source gave them
+        lower = pc.utf8_lower(rs.kernels.column("name"))
+        comm = pc.or_(pc.starts_with(lower, "nccl"), pc.match_substring(lower, "rccl")).fill_null(False)
+        kinds[:n_k][comm.to_numpy(zero_copy_only=False) & (kinds[:n_k] == KIND_CODE["kernel"])] = KIND_CODE["collective"]
+    if len(synth_ops):
+        kinds[n_k:] = np.where(_collective_ops(rs, synth_ops), KIND_CODE["collective"], KIND_CODE["kernel"])
+    work = kernel_work(inp, j, ko, kinds, k_alive, ke - ks)
+    peaks = kernel_peaks(inp, work)
+
+    # ---- device windows: steps tile the rank's device timeline; kernels are clipped to their step's tile
+    live_k = np.nonzero(k_alive)[0]
+    last_end = np.full(n_steps, -_BIG, np.int64)
+    np.maximum.at(last_end, kstep[live_k], ke[live_k])
+    has_k = np.bincount(kstep[live_k], minlength=n_steps) > 0 if n_steps else np.zeros(0, bool)
+    w_start, w_end = step_windows(j.step_start, j.step_end, last_end, has_k)
+    cs = np.clip(ks[live_k], w_start[kstep[live_k]], w_end[kstep[live_k]])
+    ce = np.clip(ke[live_k], cs, w_end[kstep[live_k]])
+    devs = np.concatenate([rs.kernels.column("device").to_numpy().astype(np.int64) if n_k else np.zeros(0, np.int64),
+                           np.full(len(synth_ops), -1, np.int64)])[live_k]
+    share_s = kernel_shares_ns(devs, cs, ce) / 1e9
+    dur_s = (ce - cs) / 1e9
+    ideal = np.where(work.flops[live_k] > 0, work.flops[live_k] / peaks[live_k], np.where(np.isnan(peaks[live_k]), np.nan, 0.0))
+    over = ideal > dur_s
+    over_peak_by_step = np.bincount(kstep[live_k][over], minlength=n_steps) if n_steps else np.zeros(0, np.int64)
+    ideal = np.where(over, dur_s, ideal)
+    waste = mc.kernel_waste_s(share_s, ideal, options.baseline_mfu)
+    kind_live = kinds[live_k]
+    k_span = base["kernel"] + live_k
+
+    stats = mc.subtree_device_stats(parent, depth, k_span, cs, ce, devs)
+    rank_devices = max(len(np.unique(devs)), 1)
+    gpus = np.where(level == LEVEL_CODE["kernel"], 1, stats.devices).astype(np.int64)
+    gpus[:2 * n_steps] = rank_devices
+    has_device = stats.devices > 0
+    has_device[:2 * n_steps] = True
+    win_start = np.where(has_device, stats.ext_start, 0)
+    win_end = np.where(has_device, stats.ext_end, 0)
+    for lo in (base["rank"], base["step"]):
+        win_start[lo:lo + n_steps] = w_start
+        win_end[lo:lo + n_steps] = w_end
+    win_s = np.maximum(win_end - win_start, 0) / 1e9
+
+    # ---- additive facts: kernels carry theirs; a step carries its idle gaps
+    self_vals = np.zeros((n, len(ADDITIVE)))
+    v = self_vals[k_span]
+    v[:, COL["flops"]] = work.flops[live_k]
+    v[:, COL["bytes"]] = work.bytes[live_k]
+    v[:, COL["ideal_s"]] = np.nan_to_num(ideal)
+    v[:, COL["busy_s"]] = share_s
+    v[:, COL["wasted_s"]] = waste
+    v[:, COL["known_s"]] = np.where(work.known[live_k], share_s, 0.0)
+    # summed durations describe the kernels (their own, unclipped lengths); time accounting uses the shares
+    raw_s = np.maximum(ke[live_k] - ks[live_k], 0) / 1e9
+    v[:, COL["kernel_s"]] = raw_s
+    v[:, COL["comm_s"]] = np.where(kind_live == KIND_CODE["collective"], raw_s, 0.0)
+    v[:, COL["copy_s"]] = np.where((kind_live == KIND_CODE["memcpy"]) | (kind_live == KIND_CODE["memset"]), raw_s, 0.0)
+    v[:, COL["kernels"]] = 1.0
+    v[:, COL["charged_s"]] = share_s
+    self_vals[k_span] = v
+    step_spans = base["step"] + steps_rows
+    idle = np.maximum(win_s[step_spans] * rank_devices - stats.union_s[step_spans], 0.0)
+    self_vals[step_spans, COL["idle_s"]] = idle
+    self_vals[step_spans, COL["wasted_s"]] = idle
+    self_vals[step_spans, COL["charged_s"]] = idle
+    total = mc.rollup(parent, depth, self_vals)
+    # Exclusive = total minus what sits under child module/op/step spans (kernels are the span's own work).
+    non_kernel_child = (parent >= 0) & (level != LEVEL_CODE["kernel"])
+    under_children = np.zeros_like(total)
+    for c in range(total.shape[1]):
+        under_children[:, c] = np.bincount(parent[non_kernel_child], weights=total[non_kernel_child, c], minlength=n)
+    self_ = total - under_children
+
+    outside = ~k_alive[:n_k] if n_k else np.zeros(0, bool)
+    return RankTree(
+        n_steps=n_steps, n_mod=n_mod, n_op=n_op, n_k=n_k, base=base, level=level, parent=parent, start=start,
+        end=end, step_row=step_row, alive=alive, depth=depth, row=row, synth_ops=synth_ops,
+        has_device=has_device & alive, win_start=win_start, win_end=win_end, gpus=gpus, total=total, self_=self_,
+        union_s=stats.union_s, price=inp.spec.price_per_hour if inp.spec.price_per_hour is not None else np.nan,
+        peak_known=inp.spec.peak_for is not None, k_rows=live_k, k_waste=waste, k_launch_op=ko[live_k],
+        k_kind=kind_live, over_peak_by_step=over_peak_by_step, outside_kernels=int(outside.sum()),
+        outside_kernel_s=float(((j.kernel_end - j.kernel_start)[outside]).sum() / 1e9) if n_k else 0.0,
+    )
+
+
+_COLLECTIVE_OP = ("nccl", "rccl", "gloo", "c10d::", "allreduce", "all_reduce", "allgather", "all_gather",
+                  "reduce_scatter", "reducescatter", "alltoall", "all_to_all", "broadcast_", "barrier")
+
+
+def _collective_ops(rs, rows: np.ndarray) -> np.ndarray:
+    """CPU-only ranks: which kernel-standing ops are collectives (gloo, c10d), by name."""
+    names = rs.ops.column("name").combine_chunks().take(rows)
+    lower = pc.utf8_lower(names)
+    hit = np.zeros(len(rows), bool)
+    for token in _COLLECTIVE_OP:
+        hit |= pc.match_substring(lower, token).fill_null(False).to_numpy(zero_copy_only=False)
+    return hit
+
+
+@dataclass
+class SpanMetrics:
+    """Ratios and derived values per span (NaN = absent)."""
+
+    window_s: np.ndarray
+    util: np.ndarray
+    mfu: np.ndarray
+    coverage: np.ndarray
+    stall: np.ndarray
+    intensity: np.ndarray
+    bound: np.ndarray      # int8 code into BOUNDS, -1 absent
+    cost: np.ndarray
+    cost_self: np.ndarray
+    wasted_usd: np.ndarray
+    wasted_usd_self: np.ndarray
+
+
+def derive_metrics(tree: RankTree, ridge: float) -> SpanMetrics:
+    t = tree
+    window_s = np.where(t.has_device, np.maximum(t.win_end - t.win_start, 0) / 1e9, np.nan)
+    device_s = window_s * t.gpus
+    busy = t.col("busy_s")
+    known = t.col("known_s")
+    ideal = t.col("ideal_s")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        util = np.where(device_s > 0, np.minimum(t.union_s / device_s, 1.0), np.where(t.has_device, 0.0, np.nan))
+        coverage = np.where(busy > 0, np.clip(known / busy, 0.0, 1.0), np.nan)
+        measurable = t.peak_known & (coverage > 0)
+        mfu = np.where(measurable & (device_s > 0), np.minimum(ideal / device_s, util), np.nan)
+        stall = np.where(measurable & (busy > 0), np.clip(1.0 - ideal / busy, 0.0, 1.0), np.nan)
+        intensity = np.where((t.col("bytes") > 0) & (coverage > 0), t.col("flops") / t.col("bytes"), np.nan)
+    kernels = t.col("kernels")
+    bound = mc.bound_codes(
+        has_device=t.has_device, is_kernel=t.level == LEVEL_CODE["kernel"], util=np.nan_to_num(util), kernels=kernels,
+        kernel_s=t.col("kernel_s"), comm_s=t.col("comm_s"), copy_s=t.col("copy_s"), flops=t.col("flops"),
+        bytes_=t.col("bytes"), coverage=np.nan_to_num(coverage), ridge=np.full(len(kernels), ridge))
+    price = t.price / 3600.0
+    return SpanMetrics(
+        window_s=window_s, util=util, mfu=mfu, coverage=coverage, stall=stall, intensity=intensity, bound=bound,
+        cost=price * t.col("charged_s"), cost_self=price * t.col("charged_s", False),
+        wasted_usd=price * t.col("wasted_s"), wasted_usd_self=price * t.col("wasted_s", False),
+    )
+
+
+def module_of_ops(j: JoinedRank) -> np.ndarray:
+    """Innermost module row of each op: the module of the root of its op tree (-1 none)."""
+    if not len(j.op_parent):
+        return np.zeros(0, np.int64)
+    root = tree_root(j.op_parent)
+    return j.op_module[root] if len(j.op_module) else np.full(len(root), -1, np.int64)
