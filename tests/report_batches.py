@@ -10,6 +10,8 @@ shapes real files do not have (step-level sampling, unknown peak, 10^5 spans, se
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -277,6 +279,40 @@ def _culprits(flat: list[_Span]) -> None:
         a["plasmient.culprit.suggestion"] = SUGGESTIONS[worst.attrs["plasmient.bound"]]
         if s.level in ("fleet", "node"):
             a["plasmient.culprit.rank"] = worst.resource
+        rows = _culprit_rows(s, ks)
+        a["plasmient.culprits"] = json.dumps(rows)
+        # the span's culprit.* attributes name the first row, as the stitcher writes them
+        a["plasmient.culprit.kernel"], a["plasmient.culprit.op"] = rows[0]["kernel"], rows[0]["op"]
+        a["plasmient.culprit.module"], a["plasmient.culprit.wasted_s"] = rows[0]["module"], rows[0]["wasted_s"]
+        a["plasmient.culprit.bound"], a["plasmient.culprit.suggestion"] = rows[0]["bound"], rows[0]["suggestion"]
+        if s.level in ("fleet", "node"):
+            a["plasmient.culprit.rank"] = rows[0]["rank"]
+
+
+def _culprit_rows(s: _Span, ks: list[_Span]) -> list[dict[str, Any]]:
+    """The stitcher's by-name table: kernels grouped by (kernel, op, module pattern), most waste first."""
+    groups: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for k in ks:
+        op = k.parent
+        mod = op.parent if op is not None and op.parent is not None and op.parent.level == "module" else None
+        path = mod.attrs.get("plasmient.module.path") if mod is not None else None
+        pattern = re.sub(r"(?<=\.)\d+(?=\.|$)", "*", path) if path else None
+        key = (k.name, op.name if op is not None else None, pattern)
+        g = groups.setdefault(key, {"kernel": key[0], "op": key[1], "module": key[2], "calls": 0, "paths": set(),
+                                    "wasted_s": 0.0, "bound": k.attrs["plasmient.bound"], "kind": "kernel",
+                                    "suggestion": SUGGESTIONS[k.attrs["plasmient.bound"]], "_worst": -1.0})
+        g["calls"] += 1
+        g["paths"].add(path)
+        g["wasted_s"] += k.attrs["plasmient.wasted_s"]
+        if k.attrs["plasmient.wasted_s"] > g["_worst"]:
+            g["_worst"] = k.attrs["plasmient.wasted_s"]
+            if s.level in ("fleet", "node"):
+                g["rank"] = k.resource
+    rows = sorted(groups.values(), key=lambda g: -g["wasted_s"])[:10]
+    for g in rows:
+        g["layers"] = len(g.pop("paths") - {None})
+        g.pop("_worst")
+    return rows
 
 
 def _to_batch(flat: list[_Span], resources: list[dict[str, Any]], job_id: str, peak: float | None, bw: float | None) -> SpanBatch:

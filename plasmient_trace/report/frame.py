@@ -72,7 +72,7 @@ class SpanFrame:
         if name not in self.batch.table.column_names:
             return np.full(self.n, np.nan)
         col = self.batch.table.column(name)
-        return np.array(col.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)  # writable copy
+        return np.array(col.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False), dtype=np.float64)  # writable copy (ns lose sub-µs digits)
 
     def strings(self, name: str) -> pa.Array:
         """A string column as one Arrow array (nulls where absent)."""
@@ -93,8 +93,11 @@ class SpanFrame:
 
     @cached_property
     def wall_s(self) -> np.ndarray:
-        """plasmient.wall_s, falling back to end - start where the attribute is absent."""
-        wall = self.num("plasmient.wall_s")
+        """The span's device window (plasmient.device.window_s: what its ratios divide by), else
+        plasmient.wall_s, else end - start (files from before device windows)."""
+        wall = self.num("plasmient.device.window_s")
+        missing = np.isnan(wall)
+        wall[missing] = self.num("plasmient.wall_s")[missing]
         missing = np.isnan(wall)
         wall[missing] = (self.end_ns[missing] - self.start_ns[missing]) / 1e9
         return wall

@@ -273,9 +273,20 @@ def _job_label(frame: SpanFrame, title: str) -> str:
 # ---- (b) timeline ------------------------------------------------------------------------------
 
 
-def _timeline(frame: SpanFrame, max_kernels: int, bins: int) -> dict[str, Any]:
+def device_items(frame: SpanFrame) -> np.ndarray:
+    """The spans that are the device's work items: kernel spans; on a CPU-only run (no kernel spans), the
+    op spans that are the CPU's kernels (those with busy time of their own)."""
     k = np.nonzero(frame.is_level("kernel"))[0]
-    out: dict[str, Any] = {"kernels_total": int(k.size), "lanes": [], "mode": "kernels", "bins_per_lane": bins}
+    if k.size:
+        return k
+    own = frame.num("plasmient.busy_s.self")
+    return np.nonzero(frame.is_level("op") & (np.nan_to_num(own) > 0))[0]
+
+
+def _timeline(frame: SpanFrame, max_kernels: int, bins: int) -> dict[str, Any]:
+    k = device_items(frame)
+    out: dict[str, Any] = {"kernels_total": int(k.size), "lanes": [], "mode": "kernels", "bins_per_lane": bins,
+                           "item": "kernels" if frame.is_level("kernel").any() or not k.size else "ops"}
     if k.size == 0:
         out.update(t0_ns=0, t_end_us=0.0, lane=[], start=[], dur=[], bound=[], name=[], names=[], steps=[])
         return out
@@ -295,21 +306,29 @@ def _timeline(frame: SpanFrame, max_kernels: int, bins: int) -> dict[str, Any]:
         }
         for r, ri, d, s in lanes.tolist()
     ]
-    t0 = int(start.min())
+    # The time axis starts where the first step's device window does, so the host gap before a step's
+    # first kernel is drawn (as idle) instead of being cut off.
+    top = _top_spans(frame)
+    top = top[np.argsort(frame.start_ns[top], kind="stable")]
+    w_start = frame.num("plasmient.device.start_ns")[top]
+    w_len = frame.num("plasmient.device.window_s")[top]
+    has_w = np.isfinite(w_start) & np.isfinite(w_len)
+    step_a = np.where(has_w, w_start, frame.start_ns[top]).astype(np.int64)
+    step_b = np.where(has_w, w_start + np.nan_to_num(w_len) * 1e9, frame.end_ns[top]).astype(np.int64)
+    t0 = int(min(start.min(), step_a.min())) if top.size else int(start.min())
     s_us = (start - t0) / 1e3
     d_us = (end - start) / 1e3
-    t_end = float((end.max() - t0) / 1e3)
+    t_end = float((max(end.max(), step_b.max() if top.size else 0) - t0) / 1e3)
     bound = frame.codes("plasmient.bound", BOUND_CODE)[k].astype(np.int64)
     names_arr = frame.batch.table.column("name").combine_chunks().take(pa.array(k))
     kind = frame.strings("plasmient.kernel.kind").take(pa.array(k))
     out.update(t0_ns=t0, t_end_us=t_end)
-
-    top = _top_spans(frame)
-    top = top[np.argsort(frame.start_ns[top], kind="stable")]
     step_no = frame.num("plasmient.step")[top]
+    idle = frame.num("plasmient.idle_s")[top]
     out["steps"] = [
-        {"step": None if np.isnan(sn) else int(sn), "start": (int(a) - t0) / 1e3, "end": (int(b) - t0) / 1e3}
-        for sn, a, b in zip(step_no.tolist(), frame.start_ns[top].tolist(), frame.end_ns[top].tolist())
+        {"step": None if np.isnan(sn) else int(sn), "start": (int(a) - t0) / 1e3, "end": (int(b) - t0) / 1e3,
+         "idle_s": None if np.isnan(i) else float(i)}
+        for sn, a, b, i in zip(step_no.tolist(), step_a.tolist(), step_b.tolist(), idle.tolist())
     ][:2000]
 
     if k.size <= max_kernels:
@@ -387,11 +406,20 @@ def _bins(lane: np.ndarray, bound: np.ndarray, start: np.ndarray, end: np.ndarra
 
 
 def _roofline(frame: SpanFrame, max_points: int) -> dict[str, Any]:
-    k = np.nonzero(frame.is_level("kernel"))[0]
+    k = device_items(frame)
     flops, nbytes = frame.num("plasmient.flops")[k], frame.num("plasmient.bytes")[k]
     wall = frame.wall_s[k]
+    coverage = frame.num("plasmient.flops.coverage")[k]
     ok = (flops > 0) & (nbytes > 0) & (wall > 0)
-    out: dict[str, Any] = {"kernels_total": int(k.size), "excluded": int((~ok).sum()), "mode": "kernels", "roofs": []}
+    # Why a kernel has no point, first reason that applies: no FLOP model, no FLOPs (copies,
+    # collectives), no byte count, no duration.
+    unmodelled = ~ok & (np.nan_to_num(coverage, nan=0.0) <= 0) & ~(np.nan_to_num(flops) > 0)
+    no_flops = ~ok & ~unmodelled & ~(np.nan_to_num(flops) > 0)
+    no_bytes = ~ok & ~unmodelled & ~no_flops & ~(np.nan_to_num(nbytes) > 0)
+    no_time = ~ok & ~unmodelled & ~no_flops & ~no_bytes
+    out: dict[str, Any] = {"kernels_total": int(k.size), "excluded": int((~ok).sum()), "mode": "kernels", "roofs": [],
+                           "excluded_why": {"no FLOP model": int(unmodelled.sum()), "zero FLOPs (copies, collectives)": int(no_flops.sum()),
+                                            "no byte count": int(no_bytes.sum()), "zero duration": int(no_time.sum())}}
     # The device roof of a kernel comes from its rank span (peak of the dominant dtype there).
     anc = frame.ancestor_at("rank")
     step_anc = frame.ancestor_at("step")
@@ -457,8 +485,13 @@ def _roofline(frame: SpanFrame, max_points: int) -> dict[str, Any]:
 # ---- (d) the bill ------------------------------------------------------------------------------
 
 
-def _bill(frame: SpanFrame, fleet_gpus: int, price: float | None, baseline: float) -> dict[str, Any]:
+def _bill(frame: SpanFrame, fleet_gpus: int | None, price: float | None, baseline: float) -> dict[str, Any]:
     top = _top_spans(frame)
+    if fleet_gpus is None:
+        # the fleet the data describes: the most GPUs any step's top spans were charged for
+        per_trace = np.zeros(max(len(frame.trace_ids), 1))
+        np.add.at(per_trace, frame.trace[top], frame.gpus[top])
+        fleet_gpus = int(per_trace.max()) if top.size else 1
     dev = frame.device_s[top]
     util, mfu = frame.num("plasmient.util.resident")[top], frame.num("plasmient.mfu")[top]
     cost = frame.num("plasmient.cost.usd")[top]
@@ -491,7 +524,7 @@ def _bill(frame: SpanFrame, fleet_gpus: int, price: float | None, baseline: floa
 def report_data(
     batch: SpanBatch,
     title: str = "plasmient-trace report",
-    fleet_gpus: int = 8,
+    fleet_gpus: int | None = None,
     price_per_gpu_hour: float | None = None,
     baseline_mfu: float = DEFAULT_BASELINE_MFU,
     max_nodes: int = ICICLE_MAX_NODES,
@@ -535,7 +568,7 @@ def _json_for_script(data: dict[str, Any]) -> str:
 def build_report(
     batch: SpanBatch,
     title: str = "plasmient-trace report",
-    fleet_gpus: int = 8,
+    fleet_gpus: int | None = None,
     price_per_gpu_hour: float | None = None,
     **kw: Any,
 ) -> str:
@@ -601,7 +634,7 @@ _BODY = """\
 </section>
 <section id="steps-section">
   <h2>Steps</h2>
-  <table id="steps"><thead><tr><th>step</th><th>ranks</th><th>wall</th><th>util.resident</th><th>MFU</th><th>gap</th><th>wasted $</th><th>top culprit (kernel → op → module → rank)</th></tr></thead><tbody></tbody></table>
+  <table id="steps"><thead><tr><th>step</th><th>ranks</th><th>wall</th><th>coverage</th><th>util.resident</th><th>MFU</th><th>gap</th><th>wasted $</th><th>top culprit (kernel → op → module → rank)</th></tr></thead><tbody></tbody></table>
   <p class="note" id="steps-note"></p>
 </section>
 <section id="icicle-section">

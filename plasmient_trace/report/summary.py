@@ -9,6 +9,7 @@ are mirrored one-for-one by ``assets/report.js``; change both together.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,9 +22,6 @@ import pyarrow.compute as pc
 from plasmient_trace.conventions import LEVELS, SpanBatch
 from plasmient_trace.report.frame import SpanFrame, weighted_mean
 
-# Culprit sources, best first: real kernel spans; op spans (CPU-only traces have no kernels);
-# the step's own culprit.* attributes (step-level sampling dropped the subtree).
-_SOURCE_KERNEL, _SOURCE_OP, _SOURCE_STEP = 0, 1, 2
 MAX_STEP_ROWS = 20
 
 
@@ -91,176 +89,67 @@ def fmt_gpu_hours(x: float | None) -> str:
 # ---- rows ------------------------------------------------------------------------------------
 
 
-def _culprit_instances(frame: SpanFrame) -> pa.Table:
-    """Every span that could be named as a culprit, with its chain, from the best source available."""
-    cached = getattr(frame, "_culprit_instances", None)
-    if cached is None:
-        cached = _build_culprit_instances(frame)
-        frame._culprit_instances = cached  # type: ignore[attr-defined]  # rows and totals share it
-    return cached
-
-
-def _build_culprit_instances(frame: SpanFrame) -> pa.Table:
-    t = frame.batch.table
-    names = t.column("name").combine_chunks()
-    module_path = frame.strings("plasmient.module.path")
-    module_label = pc.coalesce(module_path, names)
-    suggestion_col = frame.strings("plasmient.culprit.suggestion")
-    step_kernel_col = frame.strings("plasmient.culprit.kernel")
-    step_op_col = frame.strings("plasmient.culprit.op")
-    kind_col = frame.strings("plasmient.kernel.kind")
-    bound_col = frame.strings("plasmient.bound")
-    wasted = frame.num("plasmient.wasted_s")
-    parts: list[pa.Table] = []
-
-    def take(col: pa.Array, idx: np.ndarray) -> pa.Array:
-        # idx -1 means "no such ancestor": take a null there instead of a wrong row.
-        safe = pa.array(np.where(idx < 0, 0, idx))
-        out = col.take(safe)
-        return pc.if_else(pa.array(idx < 0), pa.nulls(len(idx), out.type), out)
-
-    step_anc = frame.ancestor_at("step", include_self=True)
-    for source, level in ((_SOURCE_KERNEL, "kernel"), (_SOURCE_OP, "op")):
-        rows = np.nonzero(frame.is_level(level))[0]
-        if rows.size == 0:
-            continue
-        op_anc = frame.ancestor_at("op")[rows] if level == "kernel" else rows
-        mod_anc = frame.ancestor_at("module")[rows]
-        st = step_anc[rows]
-        parts.append(
-            pa.table(
-                {
-                    "trace": pa.array(frame.trace[rows]),
-                    "source": pa.array(np.full(rows.size, source, dtype=np.int8)),
-                    "kernel": names.take(pa.array(rows)) if level == "kernel" else pa.nulls(rows.size, pa.string()),
-                    "op": take(names, op_anc),
-                    "module": take(module_label, mod_anc),
-                    "rank": pa.array(frame.rank[rows]),
-                    "wasted_s": pa.array(wasted[rows]),
-                    "time_s": pa.array(frame.device_s[rows]),
-                    "bound": bound_col.take(pa.array(rows)),
-                    "kind": kind_col.take(pa.array(rows)),
-                    "suggestion": take(suggestion_col, st),
-                    "step_kernel": take(step_kernel_col, st),
-                    "step_op": take(step_op_col, st),
-                }
-            )
-        )
-    steps = np.nonzero(frame.is_level("step"))[0]
-    if steps.size:
-        ck, co, cm = (frame.strings(f"plasmient.culprit.{k}").take(pa.array(steps)) for k in ("kernel", "op", "module"))
-        named = pc.or_(pc.or_(pc.is_valid(ck), pc.is_valid(co)), pc.is_valid(cm)).to_numpy(zero_copy_only=False)
-        steps = steps[named]
-        parts.append(
-            pa.table(
-                {
-                    "trace": pa.array(frame.trace[steps]),
-                    "source": pa.array(np.full(steps.size, _SOURCE_STEP, dtype=np.int8)),
-                    "kernel": frame.strings("plasmient.culprit.kernel").take(pa.array(steps)),
-                    "op": frame.strings("plasmient.culprit.op").take(pa.array(steps)),
-                    "module": frame.strings("plasmient.culprit.module").take(pa.array(steps)),
-                    "rank": pa.array(frame.rank[steps]),
-                    "wasted_s": pa.array(frame.num("plasmient.culprit.wasted_s")[steps]),
-                    "time_s": pa.array(np.full(steps.size, np.nan)),
-                    "bound": frame.strings("plasmient.culprit.bound").take(pa.array(steps)),
-                    "kind": pa.nulls(steps.size, pa.string()),
-                    "suggestion": suggestion_col.take(pa.array(steps)),
-                    "step_kernel": frame.strings("plasmient.culprit.kernel").take(pa.array(steps)),
-                    "step_op": frame.strings("plasmient.culprit.op").take(pa.array(steps)),
-                }
-            )
-        )
-    if not parts:
-        return pa.table(
-            {
-                "trace": pa.array([], pa.int32()),
-                "source": pa.array([], pa.int8()),
-                **{k: pa.array([], pa.string()) for k in ("kernel", "op", "module")},
-                "rank": pa.array([], pa.int64()),
-                "wasted_s": pa.array([], pa.float64()),
-                "time_s": pa.array([], pa.float64()),
-                **{k: pa.array([], pa.string()) for k in ("bound", "kind", "suggestion", "step_kernel", "step_op")},
-            }
-        )
-    inst = pa.concat_tables(parts)
-    # Keep, per trace, only the best source it has: a step-sampled trace falls back to its
-    # culprit.* attributes while a fully traced one in the same batch uses its kernels.
-    tr = inst.column("trace").to_numpy()
-    src = inst.column("source").to_numpy().astype(np.int64)
-    best = np.full(max(len(frame.trace_ids), 1), 99, dtype=np.int64)
-    np.minimum.at(best, tr, src)
-    return inst.filter(pa.array(src == best[tr]))
-
-
-def _rank_chains(inst: pa.Table, by_trace: bool, top: int) -> dict[int | None, list[dict[str, Any]]]:
-    """Group culprit instances by chain; keep the `top` worst chains per trace (or for the batch).
-
-    Ranked by wasted device-seconds; where a trace has no wasted_s at all (the GPU peak is unknown),
-    by device time instead, and each culprit says which it was ranked by. Vectorised: only the kept
-    chains become Python dicts.
-    """
-    chain = ["kernel", "op", "module", "rank"]
-    if inst.num_rows == 0:
-        return {}
-    wasted = inst.column("wasted_s").to_numpy(zero_copy_only=False)
-    time_s = inst.column("time_s").to_numpy(zero_copy_only=False)
-    inst = inst.append_column("w", pa.array(np.nan_to_num(wasted, nan=0.0)))
-    inst = inst.append_column("known", pa.array((~np.isnan(wasted)).astype(np.int64)))
-    inst = inst.append_column("t", pa.array(np.nan_to_num(time_s, nan=0.0)))
-    # Worst instance first, so "first" takes the bound/suggestion of a chain's worst instance.
-    inst = inst.sort_by([("w", "descending"), ("t", "descending")])
-    keys = (["trace"] if by_trace else []) + chain
-    g = inst.group_by(keys, use_threads=False).aggregate(
-        [("w", "sum"), ("t", "sum"), ("known", "sum"), ("w", "count")]
-        + [(c, "first") for c in ("bound", "kind", "suggestion", "step_kernel", "step_op")]
-    )
-    outer = g.column("trace").to_numpy().astype(np.int64) if by_trace else np.zeros(g.num_rows, dtype=np.int64)
-    known = g.column("known_sum").to_numpy().astype(np.float64)
-    w_sum = g.column("w_sum").to_numpy()
-    t_sum = g.column("t_sum").to_numpy()
-    by_wasted = (np.bincount(outer, weights=known) > 0)[outer]
-    score = np.where(by_wasted, w_sum, t_sum)
-    cand = np.nonzero(score > 0)[0]
-    order = cand[np.lexsort((-score[cand], outer[cand]))]
-    o = outer[order]
-    first_of_group = np.searchsorted(o, o, side="left")
-    picked = order[(np.arange(order.size) - first_of_group) < top]
-    sel = g.take(pa.array(picked)).to_pydict()
-    out: dict[int | None, list[dict[str, Any]]] = {}
-    for j, row in enumerate(picked.tolist()):
-        rank = sel["rank"][j]
-        c = {
-            "kernel": sel["kernel"][j],
-            "op": sel["op"][j],
-            "module": sel["module"][j],
-            "rank": None if rank is None or rank < 0 else int(rank),
-            "wasted_s": float(w_sum[row]) if known[row] else None,
-            "time_s": float(t_sum[row]) if t_sum[row] else None,
-            "count": int(sel["w_count"][j]),
-            "bound": sel["bound_first"][j],
-            "kind": sel["kind_first"][j],
-            "suggestion": None,
-            "ranked_by": "wasted_s" if by_wasted[row] else "time_s",
-        }
-        c["suggestion"] = _suggestion_for(c, sel["suggestion_first"][j], sel["step_kernel_first"][j], sel["step_op_first"][j])
-        c["chain"] = chain_text(c)
-        out.setdefault(int(outer[row]) if by_trace else None, []).append(c)
+def _culprit_lists(frame: SpanFrame) -> dict[int, list[dict[str, Any]]]:
+    """Per trace, the culprit rows its top span carries (``plasmient.culprits``, written by the stitcher),
+    so the terminal, the HTML report and the step spans name the same culprits in the same order.
+    Files from before the culprit lists fall back to the top span's ``plasmient.culprit.*`` attributes."""
+    cached = getattr(frame, "_culprit_lists", None)
+    if cached is not None:
+        return cached
+    out: dict[int, list[dict[str, Any]]] = {}
+    top = _top_spans(frame)
+    lists = frame.strings("plasmient.culprits").take(pa.array(top)).to_pylist()
+    single = {k: frame.strings(f"plasmient.culprit.{k}").take(pa.array(top)).to_pylist()
+              for k in ("kernel", "op", "module", "bound", "suggestion")}
+    single_w = frame.num("plasmient.culprit.wasted_s")[top]
+    single_r = frame.num("plasmient.culprit.rank")[top]
+    per_trace: dict[int, list[tuple[int, list[dict[str, Any]]]]] = {}
+    for j, (i, text) in enumerate(zip(top.tolist(), lists)):
+        rows: list[dict[str, Any]] = []
+        if text:
+            try:
+                rows = json.loads(text)
+            except ValueError:
+                rows = []
+        elif single["kernel"][j] or single["op"][j]:
+            rows = [{"kernel": single["kernel"][j], "op": single["op"][j], "module": single["module"][j],
+                     "bound": single["bound"][j], "suggestion": single["suggestion"][j], "calls": None, "layers": None,
+                     "wasted_s": None if np.isnan(single_w[j]) else float(single_w[j]),
+                     "rank": None if np.isnan(single_r[j]) else int(single_r[j])}]
+        rank = int(frame.rank[i])
+        per_trace.setdefault(int(frame.trace[i]), []).append((rank, rows))
+    for tr, items in per_trace.items():
+        out[tr] = [_culprit(c) for c in merge_rows(items)] if len(items) > 1 else [_culprit(c) for c in items[0][1]]
+    frame._culprit_lists = out  # type: ignore[attr-defined]
     return out
 
 
-def _suggestion_for(c: dict[str, Any], step_text: str | None, step_kernel: str | None, step_op: str | None) -> str | None:
-    """The step's own suggestion when this chain is the step's culprit, else a hint for this chain.
+def merge_rows(items: list[tuple[int, list[dict[str, Any]]]], top: int | None = None) -> list[dict[str, Any]]:
+    """Culprit rows of several spans summed by (kernel, op, module), most waste first."""
+    merged: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
+    for rank, rows in items:
+        for r in rows:
+            key = (r.get("kernel"), r.get("op"), r.get("module"))
+            m = merged.get(key)
+            if m is None:
+                m = merged[key] = {**r, "calls": 0, "layers": 0, "wasted_s": 0.0}
+                if r.get("rank") is None and rank >= 0:
+                    m["rank"] = rank
+            m["calls"] += int(r.get("calls") or 0)
+            m["layers"] = max(m["layers"], int(r.get("layers") or 0))
+            m["wasted_s"] += float(r.get("wasted_s") or 0.0)
+    out = sorted(merged.values(), key=lambda r: -r["wasted_s"])
+    return out[:top] if top else out
 
-    A step names one culprit; the other top chains get the same rule-based hint the metrics use,
-    computed for their own kernel/op/bound (idle is a step property, so not applied to a chain).
-    """
-    if step_text and c["kernel"] == step_kernel and (step_op is None or c["op"] == step_op):
-        return step_text
-    try:
-        from plasmient_trace.metrics.culprit import suggestion
-    except ImportError:
-        return step_text
-    return suggestion(c["kernel"], c["op"], c["module"], c["bound"], c["kind"], 0.0)
+
+def _culprit(r: dict[str, Any]) -> dict[str, Any]:
+    c = {
+        "kernel": r.get("kernel"), "op": r.get("op"), "module": r.get("module"), "rank": r.get("rank"),
+        "wasted_s": r.get("wasted_s"), "time_s": None, "count": r.get("calls"), "layers": r.get("layers"),
+        "bound": r.get("bound"), "kind": r.get("kind"), "suggestion": r.get("suggestion"), "ranked_by": "wasted_s",
+    }
+    c["chain"] = chain_text(c)
+    return c
 
 
 def chain_text(c: dict[str, Any], width: int | None = None) -> str:
@@ -300,9 +189,10 @@ def summary_rows(batch: SpanBatch, top: int = 5) -> list[dict[str, Any]]:
 def rows_from_frame(frame: SpanFrame, top: int = 5) -> list[dict[str, Any]]:
     batch = frame.batch
     top_rows = _top_spans(frame)
-    culprits = _rank_chains(_culprit_instances(frame), by_trace=True, top=top)
+    culprits = {tr: rows[:top] for tr, rows in _culprit_lists(frame).items()}
     t = batch.table
     util, mfu = frame.num("plasmient.util.resident"), frame.num("plasmient.mfu")
+    coverage, busy = frame.num("plasmient.flops.coverage"), frame.num("plasmient.busy_s")
     cost, wasted_usd, wasted_s = frame.num("plasmient.cost.usd"), frame.num("plasmient.cost.wasted_usd"), frame.num("plasmient.wasted_s")
     step_idx = frame.num("plasmient.step")
     steps = frame.is_level("step")
@@ -314,6 +204,7 @@ def rows_from_frame(frame: SpanFrame, top: int = 5) -> list[dict[str, Any]]:
         return dict(zip(needed.tolist(), col.take(needed_arr).to_pylist()))
 
     names = values(t.column("name").combine_chunks())
+    dtypes = values(frame.strings("plasmient.device.type"))
     job_col = values(frame.strings("plasmient.job.id"))
     sugg = values(frame.strings("plasmient.culprit.suggestion"))
     sampled = values(frame.strings("plasmient.sampled_depth"))
@@ -381,6 +272,8 @@ def rows_from_frame(frame: SpanFrame, top: int = 5) -> list[dict[str, Any]]:
                 "cost_usd": total(cost),
                 "wasted_usd": total(wasted_usd),
                 "wasted_s": total(wasted_s),
+                "coverage": weighted_mean(coverage[idx], np.nan_to_num(busy[idx])),
+                "device_type": dtypes[first],
                 "sampled_depth": ",".join(depths) or None,
                 "suggestion": suggestion,
                 "culprits": trace_culprits,
@@ -406,7 +299,10 @@ def top_culprits(batch: SpanBatch, top: int = 5) -> list[dict[str, Any]]:
 
 
 def culprits_from_frame(frame: SpanFrame, top: int = 5) -> list[dict[str, Any]]:
-    return _rank_chains(_culprit_instances(frame), by_trace=False, top=top).get(None, [])
+    """The culprit rows of every trace summed by (kernel, op, module)."""
+    lists = _culprit_lists(frame)
+    raw = [(-1, [{**c, "calls": c["count"]} for c in rows]) for rows in lists.values()]
+    return [_culprit(c) for c in merge_rows(raw, top)]
 
 
 def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -445,11 +341,14 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
     if not rows:
         console.print("[dim]plasmient: no spans to summarise[/dim]")
         return
-    steps = Table(title="plasmient: where the GPU time went", title_justify="left", header_style="bold")
+    cpu = all(r.get("device_type") == "cpu" for r in rows)
+    device = "CPU" if cpu else "GPU"
+    steps = Table(title=f"plasmient: where the {device} time went", title_justify="left", header_style="bold")
     for col, just in (
         ("step", "right"),
         ("ranks", "right"),
         ("wall", "right"),
+        ("coverage", "right"),
         ("util.resident", "right"),
         ("MFU", "right"),
         ("gap", "right"),
@@ -462,13 +361,14 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
             "n/a" if r["step"] is None else str(r["step"]),
             str(r["ranks"]),
             fmt_seconds(r["wall_s"]),
+            fmt_pct(r["coverage"]),
             fmt_pct(r["util"]),
             Text(fmt_pct(r["mfu"]), style=_mfu_style(r["mfu"])),
             fmt_gpu_hours(r["gap_gpu_hours"]),
             fmt_usd(r["wasted_usd"]),
         )
     if len(rows) > len(shown):
-        steps.add_row(f"… {len(rows) - len(shown)} more", "", "", "", "", "", "", style="dim")
+        steps.add_row(f"… {len(rows) - len(shown)} more", "", "", "", "", "", "", "", style="dim")
     if len(rows) > 1:
         tot = totals(rows)
         steps.add_section()
@@ -476,6 +376,7 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
             "all",
             "",
             fmt_seconds(tot["wall_s"]),
+            "",
             fmt_pct(tot["util"]),
             Text(fmt_pct(tot["mfu"]), style=_mfu_style(tot["mfu"])),
             fmt_gpu_hours(tot["gap_gpu_hours"]),
@@ -484,7 +385,14 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
         )
     console.print(steps)
     if all(r["mfu"] is None for r in rows):
-        console.print("[yellow]MFU n/a: the GPU's peak FLOP/s is unknown (pass a peak override).[/yellow]")
+        if all(not r.get("coverage") for r in rows) and any(r.get("coverage") is not None for r in rows):
+            console.print("[yellow]MFU unknown: no kernel of these steps has a FLOP model (coverage 0%); "
+                          "record shapes (record_shapes=True) so the ops can be costed.[/yellow]")
+        else:
+            console.print(f"[yellow]MFU n/a: the {device}'s peak FLOP/s is unknown (pass a peak override).[/yellow]")
+    elif any(r.get("coverage") is not None and r["coverage"] < 0.95 for r in rows):
+        console.print("[dim]coverage = share of busy device time whose FLOPs are known; MFU counts only those FLOPs "
+                      "(a lower bound where coverage is below 100%).[/dim]")
 
     culprits = top_culprits(batch, top=top)
     if not culprits:
@@ -497,9 +405,12 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
     table.add_column("wasted", justify="right", no_wrap=True)
     table.add_column("suggestion", overflow="fold")
     for n, c in enumerate(culprits, 1):
-        amount = c["wasted_s"] if c["ranked_by"] == "wasted_s" else c["time_s"]
-        label = fmt_seconds(amount) + ("" if c["ranked_by"] == "wasted_s" else " (time)")
-        table.add_row(str(n), chain_text(c, width=60), c["bound"] or "", label, c["suggestion"] or "")
+        label = fmt_seconds(c["wasted_s"])
+        calls = c.get("count")
+        where = chain_text(c, width=60)
+        if calls:
+            where += f"\n{calls} call{'s' if calls != 1 else ''}" + (f" in {c['layers']} layers" if (c.get("layers") or 0) > 1 else "")
+        table.add_row(str(n), where, c["bound"] or "", label, c["suggestion"] or "")
     console.print(table)
 
 

@@ -131,13 +131,23 @@
       td("step", r.step, r.step === null ? "n/a" : String(r.step));
       td("ranks", r.ranks, String(r.ranks));
       td("wall", r.wall_s, fmtSeconds(r.wall_s));
+      td("coverage", r.coverage, fmtPct(r.coverage));
       td("util", r.util, fmtPct(r.util));
       td("mfu", r.mfu, fmtPct(r.mfu));
       td("gap", r.gap_gpu_hours, fmtGpuHours(r.gap_gpu_hours));
       td("wasted_usd", r.wasted_usd, fmtUsd(r.wasted_usd));
       var c = el("td", { "class": "chain", "data-field": "culprit" });
-      if (r.culprits.length) c.appendChild(el("span", { title: r.culprits[0].chain }, ellipsize(r.culprits[0].chain, 220)));
-      else c.appendChild(el("span", null, "—"));
+      if (r.culprits.length) {
+        // kernel on its own line, then op · module (layer numbers as *) · rank, then how often
+        var top = r.culprits[0];
+        c.setAttribute("title", top.chain);
+        c.appendChild(el("span", { "class": "kernel", "data-part": "kernel" }, ellipsize(top.kernel || "—", 120)));
+        var where = [top.op, top.module, top.rank === null || top.rank === undefined ? null : "rank " + top.rank].filter(function (x) { return x; });
+        if (where.length) c.appendChild(el("span", { "class": "where", "data-part": "where" }, where.join(" · ")));
+        if (top.count) c.appendChild(el("span", { "class": "where", "data-part": "calls" },
+          top.count + (top.count === 1 ? " call" : " calls") + (top.layers > 1 ? " in " + top.layers + " layers" : "") +
+          (bad(top.wasted_s) ? "" : " · " + fmtSeconds(top.wasted_s) + " wasted")));
+      } else c.appendChild(el("span", null, "—"));
       // The suggestion for the chain shown; the step's own one when no chain is known.
       var sugg = r.culprits.length && r.culprits[0].suggestion ? r.culprits[0].suggestion : r.suggestion;
       if (sugg) c.appendChild(el("span", { "class": "sugg" }, sugg));
@@ -146,10 +156,12 @@
     });
     if (D.steps.length > MAX) {
       var more = el("tr", { "class": "more" });
-      more.appendChild(el("td", { colspan: "8" }, "… " + (D.steps.length - MAX) + " more steps (all are in the terminal summary and in the page's data block)"));
+      more.appendChild(el("td", { colspan: "9" }, "… " + (D.steps.length - MAX) + " more steps (all are in the terminal summary and in the page's data block)"));
       body.appendChild(more);
     }
     document.getElementById("steps-note").textContent =
+      "wall = the step's device window (from where the previous step's device work ended to its own last kernel). " +
+      "coverage = share of busy device time whose FLOPs are known; MFU counts only those (n/a where none are). " +
       "gap = (util.resident − MFU) × wall × GPUs: GPU-hours the meter counts as busy that did no useful math. " +
       "wasted $ = cost × max(0, 1 − MFU / baseline).";
   })();
@@ -371,7 +383,7 @@
     g.font = "11px 'DejaVu Sans', sans-serif";
     if (!TL.kernels_total) {
       g.fillStyle = "#656d76";
-      g.fillText("no kernels in this trace (CPU-only, or step-level sampling)", 10, 16);
+      g.fillText("no kernels in this trace (step-level sampling, or no device work)", 10, 16);
       canvas.setAttribute("data-drawn", "0");
       return;
     }
@@ -478,8 +490,8 @@
     (TL.mode === "binned"
       ? TL.kernels_total + " kernels: " + TL.drawn + " at least one bin (" + fmtUs(TL.bin_us) + ") long are drawn one by one; the shorter ones are merged into " +
         TL.bins_per_lane + " bins per lane, coloured by the bound holding most time in the bin, opacity = occupancy."
-      : "All " + TL.kernels_total + " kernels drawn one by one.") +
-    " Grey = idle. Times are relative to the first kernel.";
+      : "All " + TL.kernels_total + " " + (TL.item === "ops" ? "ops (the CPU's kernels)" : "kernels") + " drawn one by one.") +
+    " Grey = idle: the host gap before a step's first kernel is that step's idle time. Times are relative to the start of the first step's device window.";
 
   // ---- (c) roofline ------------------------------------------------------------------------------------
   function drawRoofline() {
@@ -551,7 +563,8 @@
       (R.mode === "by_name" ? "One point per kernel name and device (" + n + " points for " + R.kernels_total + " kernels): summed FLOPs over summed bytes and time. "
                             : n + " kernels plotted one by one. ") +
       "Achieved FLOP/s = flops / kernel wall; dot area ∝ time. " +
-      (R.excluded ? R.excluded + " kernels have no FLOP or byte count (or zero time) and are not plotted. " : "") +
+      (R.excluded ? R.excluded + " kernels are not plotted (" + Object.keys(R.excluded_why || {}).filter(function (k) { return R.excluded_why[k]; })
+        .map(function (k) { return R.excluded_why[k] + " " + k; }).join(", ") + "). " : "") +
       (noBw ? "The device bandwidth is not in the trace, so only the compute roof (dashed) is drawn." : "") +
       (noPeak ? "The GPU's peak FLOP/s is unknown, so no roof is drawn." : "");
   }
