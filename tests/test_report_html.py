@@ -291,7 +291,10 @@ def test_unknown_peak_and_cpu_only_pages_say_na(browser, tmp_path):
     data = open_page(browser, make_job(steps=1, nodes=1, peak=None), tmp_path / "nopeak.html")
     bill = browser.eval(BILL_JS)
     assert bill["bill-mfu"] == ["n/a", ""] and bill["bill-wasted-day"] == ["n/a", ""]
-    assert bill["bill-spend-day"][0] == fmt_usd(8 * PRICE * 24)  # spend is known, waste is not
+    # the fleet size starts at the GPUs in the data (editable); spend is known, waste is not
+    fleet_gpus = max(s["plasmient.gpus"] for s in spans(make_job(steps=1, nodes=1, peak=None)) if s["plasmient.level"] == "fleet")
+    assert data["bill"]["fleet_gpus"] == fleet_gpus
+    assert bill["bill-spend-day"][0] == fmt_usd(fleet_gpus * PRICE * 24)
     assert browser.eval(STEP_ROWS_JS)[0]["mfu"] == ["n/a", ""]
     assert all(r["peak_flops"] is None for r in data["roofline"]["roofs"])
     assert browser.eval("document.querySelectorAll('#roofline .roof').length") == 0
@@ -372,3 +375,24 @@ def _png_size(path: Path) -> tuple[int, int]:
     head = path.read_bytes()[:24]
     assert head[:8] == b"\x89PNG\r\n\x1a\n"
     return struct.unpack(">II", head[16:24])
+
+
+def test_timeline_starts_at_the_step_and_shows_its_leading_host_gap_as_idle(browser, tmp_path):
+    """ViT inference on an H100: the GPU waits 0.25 ms for the host before the step's first kernel.
+    That gap is the step's idle time and must be on the timeline, not cut off by starting at the first kernel."""
+    batch = ingest([TRACES / "h100" / "vit_image_classification.json.gz"], "vit")
+    data = open_page(browser, batch, tmp_path / "vit.html")
+    step = next(s for s in spans(batch) if s["plasmient.level"] == "step")
+    kernels = [s for s in spans(batch) if s["plasmient.level"] == "kernel"]
+    gap_ns = min(k["start_ns"] for k in kernels) - step["plasmient.device.start_ns"]
+    assert gap_ns > 1e5 and step["plasmient.idle_s"] >= gap_ns / 1e9 * 0.999
+    tl = data["timeline"]
+    assert tl["steps"][0]["start"] == 0.0 and min(tl["start"]) == pytest.approx(gap_ns / 1e3, abs=1.0)
+    # hover the middle of the gap on the first lane: the page says the device is idle there
+    x, y = browser.eval(f"""(() => {{ const c = document.getElementById('timeline'); c.scrollIntoView({{block: 'center'}});
+      const r = c.getBoundingClientRect(), plotW = c.clientWidth - 190 - 8, [v0, v1] = c.dataset.view.split(',').map(Number);
+      return [r.left + 190 + ({gap_ns / 2e3} - v0) * plotW / (v1 - v0), r.top + 34 + 7]; }})()""")
+    browser.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x, "y": y})
+    tip = browser.eval("document.getElementById('timeline-tip').textContent")
+    assert "idle" in tip, tip
+    assert "host gap" in browser.eval("document.getElementById('timeline-note').textContent")

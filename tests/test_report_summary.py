@@ -192,6 +192,7 @@ def test_render_prints_the_row_numbers_and_culprits_with_suggestions():
             "step": str(r["step"]),
             "ranks": "2",
             "wall": fmt_seconds(r["wall_s"]),
+            "cov.": fmt_pct(r["coverage"]),
             "util.resident": fmt_pct(r["util"]),
             "MFU": fmt_pct(r["mfu"]),
             "gap": fmt_gpu_hours(r["gap_gpu_hours"]),

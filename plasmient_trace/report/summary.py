@@ -348,13 +348,14 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
         ("step", "right"),
         ("ranks", "right"),
         ("wall", "right"),
-        ("coverage", "right"),
+        ("cov.", "right"),
         ("util.resident", "right"),
         ("MFU", "right"),
         ("gap", "right"),
         ("wasted $", "right"),
     ):
-        steps.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+        # MFU and its coverage are the point of the table: never squeezed on a narrow terminal
+        steps.add_column(col, justify=just, no_wrap=True, min_width={"MFU": 6, "cov.": 5, "util.resident": 13}.get(col))  # type: ignore[arg-type]
     shown = rows if len(rows) <= MAX_STEP_ROWS else rows[:MAX_STEP_ROWS]
     for r in shown:
         steps.add_row(
@@ -409,7 +410,7 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
         calls = c.get("count")
         where = chain_text(c, width=60)
         if calls:
-            where += f"\n{calls} call{'s' if calls != 1 else ''}" + (f" in {c['layers']} layers" if (c.get("layers") or 0) > 1 else "")
+            where += f"\n{calls} call{'s' if calls != 1 else ''}" + (f" in {c['layers']} modules" if (c.get("layers") or 0) > 1 else "")
         table.add_row(str(n), where, c["bound"] or "", label, c["suggestion"] or "")
     console.print(table)
 

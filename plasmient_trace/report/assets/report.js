@@ -145,7 +145,7 @@
         var where = [top.op, top.module, top.rank === null || top.rank === undefined ? null : "rank " + top.rank].filter(function (x) { return x; });
         if (where.length) c.appendChild(el("span", { "class": "where", "data-part": "where" }, where.join(" · ")));
         if (top.count) c.appendChild(el("span", { "class": "where", "data-part": "calls" },
-          top.count + (top.count === 1 ? " call" : " calls") + (top.layers > 1 ? " in " + top.layers + " layers" : "") +
+          top.count + (top.count === 1 ? " call" : " calls") + (top.layers > 1 ? " in " + top.layers + " modules" : "") +
           (bad(top.wasted_s) ? "" : " · " + fmtSeconds(top.wasted_s) + " wasted")));
       } else c.appendChild(el("span", null, "—"));
       // The suggestion for the chain shown; the step's own one when no chain is known.
