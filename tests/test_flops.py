@@ -1,4 +1,4 @@
-"""Op cost models (metrics/flops.py) against real recorded op shapes from ../shared/traces.
+"""Op cost models (metrics/flops/) against real recorded op shapes from ../shared/traces.
 
 The traces are read with gzip + json here (conftest.raw_trace), never through the project's parser,
 and turned into records.OPS tables by a loader of this file. The h100 traces were recorded with
@@ -21,6 +21,7 @@ import pytest
 from conftest import raw_trace
 from plasmient_trace import records
 from plasmient_trace.metrics import flops as F
+from plasmient_trace.metrics.flops import api as flops_api
 from plasmient_trace.metrics.flops import model_ops, op_cost
 
 OP_CATS = ("cpu_op", "Operator")
@@ -401,7 +402,7 @@ def test_model_ops_calls_op_cost_once_per_signature(monkeypatch: pytest.MonkeyPa
         calls.append(args)
         return real(*args)
 
-    monkeypatch.setattr(F, "op_cost", counting)
+    monkeypatch.setattr(flops_api, "op_cost", counting)
     costs = model_ops(repeated)
     signatures = {(r["name"], r["input_dims"], r["input_types"], r["concrete_inputs"])
                   for r in table.select(["name", "input_dims", "input_types", "concrete_inputs"]).to_pylist()}
