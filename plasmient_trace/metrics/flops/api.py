@@ -12,6 +12,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .context import apply_context
 from .core import _DTYPES, OpArgs, formula_for
 
 
@@ -144,10 +145,13 @@ def model_ops(ops: pa.Table) -> OpCosts:
         bytes_u[j] = b
         dtype_u.append(dt)
         model_u.append(mo)
-    return OpCosts(
+    costs = OpCosts(
         flops=flops_u[inverse],
         bytes=bytes_u[inverse],
         dtype=np.array(dtype_u, dtype="<U5")[inverse],
         model=np.array(model_u, dtype="<U11")[inverse],
     )
+    # Ops whose cost depends on their neighbours (a conv's consumer, a vLLM step's batch).
+    apply_context(ops, costs.flops, costs.bytes, costs.model)
+    return costs
 

@@ -23,7 +23,7 @@ class _ConvLayout:
     groups: int | None = None
 
 
-def _conv_forward(a: OpArgs, lay: _ConvLayout) -> FlopResult:
+def _conv_forward(a: OpArgs, lay: _ConvLayout, out_spatial: list[int] | None = None) -> FlopResult:
     X, W = a.shape(0), a.shape(1)
     if X is None or W is None or len(W) < 3 or len(X) not in (len(W), len(W) - 1):
         return None
@@ -57,14 +57,16 @@ def _conv_forward(a: OpArgs, lay: _ConvLayout) -> FlopResult:
             sp_out = sp_in
         out_numel = N * W[1] * groups * _prod(sp_out)
     else:
-        sp_out = _conv_out_spatial(a, lay, sp_in, W[2:])
+        sp_out = out_spatial if out_spatial is not None else _conv_out_spatial(a, lay, sp_in, W[2:])
+        if sp_out is None:
+            return None  # stride not recorded: unknown here; the table pass may read it off the consumer
         out_numel = N * W[0] * _prod(sp_out)
         flops = 2.0 * out_numel * w_inner
     nb = a.nbytes(0) + a.nbytes(1) + bias_bytes + out_numel * a.es(0)
     return flops, nb, "conv"
 
 
-def _conv_out_spatial(a: OpArgs, lay: _ConvLayout, sp_in: list[int], kernel: list[int]) -> list[int]:
+def _conv_out_spatial(a: OpArgs, lay: _ConvLayout, sp_in: list[int], kernel: list[int]) -> list[int] | None:
     nsp = len(kernel)
     pad_v = a.value(lay.padding)
     if isinstance(pad_v, str):  # conv2d.padding overload: 'same' keeps the size, 'valid' pads 0
@@ -73,8 +75,7 @@ def _conv_out_spatial(a: OpArgs, lay: _ConvLayout, sp_in: list[int], kernel: lis
         pad_v = 0
     stride = _ints(a.value(lay.stride), nsp)
     if stride is None:
-        # Documented assumption: stride 1, 'same' padding when the trace did not record them.
-        return list(sp_in)
+        return None  # never guessed: stride 2 would make the output 4x smaller
     pad = _ints(pad_v, nsp) or [0] * nsp
     dil = _ints(a.value(lay.dilation), nsp) or [1] * nsp
     out = []
@@ -119,29 +120,41 @@ def _conv_backward(a: OpArgs, lay: _ConvBwdLayout) -> FlopResult:
 
 
 # ---- registrations (positions in the comments above each formula)
+_FORWARD: dict[str, _ConvLayout] = {}
+
+
+def _reg_fwd(names: list[str], lay: _ConvLayout) -> None:
+    for n in names:
+        _FORWARD[n] = lay
+    _reg(names, partial(_conv_forward, lay=lay))
+
+
+def conv_forward_with_output(name: str, args: OpArgs, out_spatial: list[int]) -> FlopResult:
+    """Cost of a regular (not transposed) forward conv whose output spatial size is known from
+    elsewhere (the op that consumes it), for traces that did not record the stride."""
+    lay = _FORWARD.get(name)
+    return None if lay is None else _conv_forward(args, lay, out_spatial=out_spatial)
+
+
+def conv_forward_names() -> list[str]:
+    """Op names of forward convolutions whose output size depends on a stride."""
+    return [n for n, lay in _FORWARD.items() if lay.transposed is not True]
+
+
 _CONV_STD = _ConvLayout(stride=3, padding=4, dilation=5, transposed=False, bias=2)
-_reg(["aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::_convolution_mode",
-      "aten::cudnn_convolution_relu"], partial(_conv_forward, lay=_CONV_STD))
-_reg(["aten::convolution", "aten::_convolution", "aten::convolution_overrideable"],
-     partial(_conv_forward, lay=_ConvLayout(stride=3, padding=4, dilation=5, transposed=6, bias=2, groups=8)))
-_reg(["aten::cudnn_convolution"], partial(_conv_forward, lay=_ConvLayout(padding=2, stride=3, dilation=4)))
-_reg(["aten::miopen_convolution", "aten::miopen_depthwise_convolution", "aten::mkldnn_convolution"],
-     partial(_conv_forward, lay=_ConvLayout(padding=3, stride=4, dilation=5, bias=2)))
-_reg(["aten::cudnn_convolution_add_relu"],
-     partial(_conv_forward, lay=_ConvLayout(stride=5, padding=6, dilation=7, bias=4)))
-_reg(["aten::_slow_conv2d_forward", "aten::thnn_conv2d"],
-     partial(_conv_forward, lay=_ConvLayout(stride=4, padding=5, bias=3)))
-_reg(["aten::slow_conv_dilated2d", "aten::slow_conv_dilated3d", "aten::slow_conv3d_forward", "aten::slow_conv3d"],
-     partial(_conv_forward, lay=_ConvLayout(stride=4, padding=5, dilation=6, bias=3)))
-_reg(["aten::_nnpack_spatial_convolution"], partial(_conv_forward, lay=_ConvLayout(padding=3, stride=4, bias=2)))
-_reg(["aten::conv_transpose1d", "aten::conv_transpose2d", "aten::conv_transpose3d"],
-     partial(_conv_forward, lay=_ConvLayout(stride=3, padding=4, dilation=7, transposed=True, bias=2, groups=6)))
-_reg(["aten::cudnn_convolution_transpose"],
-     partial(_conv_forward, lay=_ConvLayout(padding=2, stride=4, dilation=5, transposed=True, groups=6)))
-_reg(["aten::miopen_convolution_transpose"],
-     partial(_conv_forward, lay=_ConvLayout(padding=3, stride=5, dilation=6, transposed=True, bias=2, groups=7)))
-_reg(["aten::slow_conv_transpose2d", "aten::slow_conv_transpose3d"],
-     partial(_conv_forward, lay=_ConvLayout(stride=4, padding=5, dilation=7, transposed=True, bias=3)))
+_reg_fwd(["aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::_convolution_mode",
+      "aten::cudnn_convolution_relu"], _CONV_STD)
+_reg_fwd(["aten::convolution", "aten::_convolution", "aten::convolution_overrideable"], _ConvLayout(stride=3, padding=4, dilation=5, transposed=6, bias=2, groups=8))
+_reg_fwd(["aten::cudnn_convolution"], _ConvLayout(padding=2, stride=3, dilation=4))
+_reg_fwd(["aten::miopen_convolution", "aten::miopen_depthwise_convolution", "aten::mkldnn_convolution"], _ConvLayout(padding=3, stride=4, dilation=5, bias=2))
+_reg_fwd(["aten::cudnn_convolution_add_relu"], _ConvLayout(stride=5, padding=6, dilation=7, bias=4))
+_reg_fwd(["aten::_slow_conv2d_forward", "aten::thnn_conv2d"], _ConvLayout(stride=4, padding=5, bias=3))
+_reg_fwd(["aten::slow_conv_dilated2d", "aten::slow_conv_dilated3d", "aten::slow_conv3d_forward", "aten::slow_conv3d"], _ConvLayout(stride=4, padding=5, dilation=6, bias=3))
+_reg_fwd(["aten::_nnpack_spatial_convolution"], _ConvLayout(padding=3, stride=4, bias=2))
+_reg_fwd(["aten::conv_transpose1d", "aten::conv_transpose2d", "aten::conv_transpose3d"], _ConvLayout(stride=3, padding=4, dilation=7, transposed=True, bias=2, groups=6))
+_reg_fwd(["aten::cudnn_convolution_transpose"], _ConvLayout(padding=2, stride=4, dilation=5, transposed=True, groups=6))
+_reg_fwd(["aten::miopen_convolution_transpose"], _ConvLayout(padding=3, stride=5, dilation=6, transposed=True, bias=2, groups=7))
+_reg_fwd(["aten::slow_conv_transpose2d", "aten::slow_conv_transpose3d"], _ConvLayout(stride=4, padding=5, dilation=7, transposed=True, bias=3))
 _reg(["aten::convolution_backward", "aten::convolution_backward_overrideable"],
      partial(_conv_backward, lay=_ConvBwdLayout(grad_out=0, input=1, weight=2, transposed=7, mask=10)))
 # Legacy (torch < 1.11) spellings: (self, grad_output, weight, padding, stride, dilation, groups, ...).

@@ -1,0 +1,244 @@
+"""CUDA/HIP graph replays, explained by the trace of their capture.
+
+A replayed graph's kernels hang under one cudaGraphLaunch/hipGraphLaunch with no op shapes, so
+nothing about their work is known from the replay trace alone. Serving stacks (vLLM, SGLang) can
+also write a trace of the graph being *captured*: there every kernel launch is made by an op with
+recorded shapes, but no kernel runs. This module pairs each replayed kernel with the capture-time
+launch of the same graph node and fills the kernel columns ``model_flops``, ``model_bytes``,
+``model_dtype``, ``capture_op`` and ``capture_module`` (records.KERNELS; null = unknown).
+
+Pairing: by graph node id where both traces carry one (a ``graph_node_id`` column on the replay
+kernels and the capture launches); otherwise by kernel order within the graph (replayed kernels by
+start time against captured launches by launch time), and only where the kernel names agree: a
+name mismatch is counted and left unpaired, never guessed. A capture op's FLOPs and bytes are split
+over its paired kernels by duration, as the stitcher splits an op over the kernels it launched.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..metrics import flops as flops_model
+from ..records import RecordSet
+from ..stitch.joins import join_rank
+from ..stitch.nesting import innermost_enclosing
+
+__all__ = ["capture_trace_for", "launch_kernel_names", "pair_graph_capture"]
+
+_GRAPH_LAUNCH = ("cudaGraphLaunch", "hipGraphLaunch", "cuGraphLaunch")
+_BEGIN_CAPTURE = ("cudaStreamBeginCapture", "hipStreamBeginCapture", "cuStreamBeginCapture")
+_END_CAPTURE = ("cudaStreamEndCapture", "hipStreamEndCapture", "cuStreamEndCapture")
+_NODE_COLUMN = "graph_node_id"
+_NAME_COLUMN = "kernel_name"
+
+
+def capture_trace_for(replay_path: str | Path) -> Path | None:
+    """The capture trace that vLLM/SGLang wrote for a replay trace, from ``execution_details.json``
+    (beside the replay or in its ``capture_traces/`` folder); None when there is none. With several
+    entries the first whose file exists is taken."""
+    replay = Path(replay_path)
+    for folder in (replay.parent, replay.parent / "capture_traces"):
+        details = folder / "execution_details.json"
+        if not details.is_file():
+            continue
+        try:
+            entries = json.loads(details.read_text())
+        except (OSError, ValueError):
+            return None
+        if isinstance(entries, dict):
+            entries = [entries]
+        for entry in entries if isinstance(entries, list) else []:
+            name = entry.get("file") if isinstance(entry, dict) else None
+            if isinstance(name, str) and (folder / name).is_file():
+                return folder / name
+    return None
+
+
+def launch_kernel_names(path: str | Path) -> dict[int, str]:
+    """Correlation id -> kernel name of every launch in a Kineto trace (the launch's ``kernel`` arg).
+    Needed while records.LAUNCHES has no kernel-name column: a captured launch runs no kernel, so its
+    name exists only on the launch."""
+    import gzip
+
+    raw = Path(path).read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    doc = orjson.loads(raw)
+    events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
+    out: dict[int, str] = {}
+    for e in events:
+        args = e.get("args") if isinstance(e, dict) else None
+        if isinstance(args, dict) and "kernel" in args and "correlation" in args:
+            out[int(args["correlation"])] = str(args["kernel"])
+    return out
+
+
+def _col(table: pa.Table, name: str, fill: int = -1) -> np.ndarray:
+    return table.column(name).fill_null(fill).to_numpy().astype(np.int64)
+
+
+def _captured_launches(capture: RecordSet) -> np.ndarray:
+    """Launch rows made while a stream was capturing, in launch order: between Begin/EndCapture on
+    the capturing thread where those calls were traced, else every kernel launch that ran no kernel."""
+    lt = capture.launches
+    names = np.array(lt.column("name").to_pylist(), dtype=object)
+    start, tid = _col(lt, "start_ns"), _col(lt, "tid")
+    is_launch = (pc.match_substring(lt.column("name"), "Launch").to_numpy(zero_copy_only=False)
+                 & ~pc.match_substring(lt.column("name"), "Graph").to_numpy(zero_copy_only=False))
+    begins = np.nonzero(np.isin(names, _BEGIN_CAPTURE))[0]
+    ends = np.nonzero(np.isin(names, _END_CAPTURE))[0]
+    if len(begins) and len(ends):
+        inside = np.zeros(len(names), bool)
+        for b in begins:
+            later = ends[(tid[ends] == tid[b]) & (start[ends] >= start[b])]
+            if len(later):
+                e = later[np.argmin(start[later])]
+                inside |= (tid == tid[b]) & (start >= start[b]) & (start <= start[e])
+        rows = np.nonzero(is_launch & inside)[0]
+    else:
+        ran = np.isin(_col(lt, "correlation_id"), _col(capture.kernels, "correlation_id"))
+        rows = np.nonzero(is_launch & ~ran)[0]
+    return rows[np.argsort(start[rows], kind="stable")]
+
+
+def _launch_ops(capture: RecordSet, rows: np.ndarray) -> np.ndarray:
+    """The op that made each launch: same external id, else the innermost op on its thread."""
+    ops, lt = capture.ops, capture.launches
+    o_ext = _col(ops, "external_id")
+    l_ext = _col(lt, "external_id")[rows]
+    order = np.argsort(o_ext, kind="stable")
+    pos = np.clip(np.searchsorted(o_ext[order], l_ext), 0, max(len(order) - 1, 0))
+    found = (l_ext >= 0) & (len(order) > 0)
+    op = np.where(found & (o_ext[order][pos] == l_ext) if len(order) else found, order[pos] if len(order) else -1, -1)
+    missing = op < 0
+    if missing.any() and ops.num_rows:
+        o_thread = _col(ops, "pid") * (1 << 32) + (_col(ops, "tid") & 0xFFFFFFFF)
+        l_thread = _col(lt, "pid")[rows] * (1 << 32) + (_col(lt, "tid")[rows] & 0xFFFFFFFF)
+        _, inner = innermost_enclosing(o_thread, _col(ops, "start_ns"), _col(ops, "end_ns"),
+                                       l_thread[missing], _col(lt, "start_ns")[rows][missing])
+        op[missing] = inner
+    return op
+
+
+def _flop_owner(op: np.ndarray, parent: np.ndarray, costs: flops_model.OpCosts) -> tuple[np.ndarray, np.ndarray]:
+    """(owner op, owner's work is counted here): the innermost modelled op on the launching op's
+    ancestor chain, as the stitcher chooses it; an owner that yields to a same-class op below it
+    has its work counted on that op's kernels."""
+    modelled = costs.model != "none"
+    owner = op.copy()
+    for _ in range(256):
+        climb = (owner >= 0) & ~modelled[np.maximum(owner, 0)]
+        if not climb.any():
+            break
+        owner[climb] = parent[owner[climb]]
+    yields = flops_model.yields_flops(parent, costs.model, costs.flops)
+    return owner, (owner >= 0) & ~yields[np.maximum(owner, 0)]
+
+
+def pair_graph_capture(replay: RecordSet, capture: RecordSet,
+                       kernel_names: Mapping[int, str] | None = None) -> tuple[RecordSet, dict]:
+    """Fill the capture columns of every replayed kernel of ``replay`` from ``capture``.
+
+    ``kernel_names`` maps the capture's launch correlation ids to kernel names
+    (:func:`launch_kernel_names`) where capture.launches has no ``kernel_name`` column. Returns the
+    replay with a new kernels table and stats: graph_kernels, paired, by_node_id, by_order,
+    name_mismatches, unpaired, capture_launches.
+    """
+    kt, lt = replay.kernels, replay.launches
+    stats = {"graph_kernels": 0, "paired": 0, "by_node_id": 0, "by_order": 0, "name_mismatches": 0,
+             "unpaired": 0, "capture_launches": 0}
+    n = kt.num_rows
+    graph_corr = _col(lt, "correlation_id")[np.isin(np.array(lt.column("name").to_pylist(), dtype=object), _GRAPH_LAUNCH)]
+    k_corr = _col(kt, "correlation_id")
+    in_graph = np.isin(k_corr, graph_corr) & (k_corr >= 0)
+    stats["graph_kernels"] = int(in_graph.sum())
+    rows = _captured_launches(capture)
+    stats["capture_launches"] = len(rows)
+    if not in_graph.any() or not len(rows):
+        stats["unpaired"] = stats["graph_kernels"]
+        return replay, stats
+
+    cap_corr = _col(capture.launches, "correlation_id")[rows]
+    if _NAME_COLUMN in capture.launches.column_names:
+        cap_name = np.array(capture.launches.column(_NAME_COLUMN).to_pylist(), dtype=object)[rows]
+    else:
+        names = kernel_names or {}
+        cap_name = np.array([names.get(int(c)) for c in cap_corr], dtype=object)
+    k_name = np.array(kt.column("name").to_pylist(), dtype=object)
+    k_start = _col(kt, "start_ns")
+    paired_launch = np.full(n, -1, np.int64)  # replay kernel -> position in rows
+    by_node = np.zeros(n, bool)
+    if _NODE_COLUMN in kt.column_names and _NODE_COLUMN in capture.launches.column_names:
+        node_k = _col(kt, _NODE_COLUMN)
+        node_c = _col(capture.launches, _NODE_COLUMN)[rows]
+        order = np.argsort(node_c, kind="stable")
+        pos = np.clip(np.searchsorted(node_c[order], node_k), 0, len(order) - 1)
+        hit = in_graph & (node_k >= 0) & (node_c[order][pos] == node_k)
+        paired_launch[hit] = order[pos[hit]]
+        by_node = hit
+    for corr in np.unique(k_corr[in_graph & ~by_node]):
+        # One graph launch replays the captured nodes once each, in capture order.
+        ks = np.nonzero((k_corr == corr) & ~by_node)[0]
+        ks = ks[np.argsort(k_start[ks], kind="stable")]
+        m = min(len(ks), len(rows))
+        paired_launch[ks[:m]] = np.arange(m)
+    have = paired_launch >= 0
+    agree = have & (k_name == cap_name[np.maximum(paired_launch, 0)])
+    stats["name_mismatches"] = int((have & ~agree).sum())
+    paired_launch[~agree] = -1
+    have = paired_launch >= 0
+    stats["paired"] = int(have.sum())
+    stats["by_node_id"] = int((have & by_node).sum())
+    stats["by_order"] = stats["paired"] - stats["by_node_id"]
+    stats["unpaired"] = stats["graph_kernels"] - stats["paired"]
+
+    j = join_rank(capture)
+    costs = flops_model.model_ops(capture.ops)
+    launch_op = _launch_ops(capture, rows)
+    op_of_k = np.where(have, launch_op[np.maximum(paired_launch, 0)], -1)
+    owner, counted = _flop_owner(op_of_k, j.op_parent, costs) if capture.ops.num_rows else (op_of_k, op_of_k < -1)
+    # Known: a modelled owner exists. Where it yields, the kernel's work is a known zero here (it is
+    # counted on the kernels of the op it yields to); no modelled owner at all stays unknown (null).
+    known = have & (owner >= 0)
+    dur = np.maximum(_col(kt, "end_ns") - k_start, 0).astype(np.float64) + 1.0
+    share = np.zeros(n)
+    own_rows = known & counted
+    if own_rows.any():
+        tot = np.bincount(owner[own_rows], weights=dur[own_rows], minlength=capture.ops.num_rows)
+        share[own_rows] = dur[own_rows] / tot[owner[own_rows]]
+    o = np.maximum(owner, 0)
+    mflops = np.where(own_rows, costs.flops[o] * share if len(costs) else 0.0, 0.0)
+    mbytes = np.where(own_rows, costs.bytes[o] * share if len(costs) else 0.0, 0.0)
+    op_names = np.array(capture.ops.column("name").to_pylist() + [None], dtype=object)
+    mod_names = np.array(list(j.module_path) + [None], dtype=object)
+    op_module = j.op_module
+    root = op_of_k.copy()
+    for _ in range(256):  # the module of an op is its root op's module (joins maps roots only)
+        up = (root >= 0) & (j.op_parent[np.maximum(root, 0)] >= 0)
+        if not up.any():
+            break
+        root[up] = j.op_parent[root[up]]
+    mod_idx = np.where(root >= 0, op_module[np.maximum(root, 0)], -1) if len(op_module) else np.full(n, -1)
+    dtype = np.where(own_rows, costs.dtype[o] if len(costs) else "", None)
+
+    def nullable(values: np.ndarray, valid: np.ndarray, typ: pa.DataType) -> pa.Array:
+        return pa.array(values, typ, mask=~valid, from_pandas=True)
+
+    new = kt
+    for name, arr in (
+        ("model_flops", nullable(mflops, known, pa.float64())),
+        ("model_bytes", nullable(mbytes, known, pa.float64())),
+        ("model_dtype", nullable(dtype, own_rows, pa.string())),
+        ("capture_op", nullable(op_names[np.where(op_of_k >= 0, op_of_k, -1)], op_of_k >= 0, pa.string())),
+        ("capture_module", nullable(mod_names[np.where(mod_idx >= 0, mod_idx, -1)], mod_idx >= 0, pa.string())),
+    ):
+        new = new.set_column(new.schema.get_field_index(name), new.schema.field(name), arr)
+    return replace(replay, kernels=new), stats
