@@ -27,6 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..metrics import flops as flops_model
+from ..metrics.flops.context import step_annotations
+from ..metrics.flops.vendor import VLLM_ATTENTION_OPS, vllm_attention_cost
 from ..records import RecordSet
 from ..stitch.joins import join_rank
 from ..stitch.nesting import innermost_enclosing
@@ -143,6 +145,42 @@ def _flop_owner(op: np.ndarray, parent: np.ndarray, costs: flops_model.OpCosts) 
     return owner, (owner >= 0) & ~yields[np.maximum(owner, 0)]
 
 
+def _with_replay_batch(capture: RecordSet, base: flops_model.OpCosts, replay: RecordSet,
+                       launch_ns: int | None) -> flops_model.OpCosts:
+    """Capture-op costs for one replay: vLLM attention depends on the batch's sequence lengths, which
+    the capture (dummy lengths) lacks and the replay's engine-step annotation states."""
+    attn = np.isin(np.array(capture.ops.column("name").to_pylist(), dtype=object), VLLM_ATTENTION_OPS)
+    if launch_ns is None or not attn.any() or not replay.ops.num_rows:
+        return base
+    r_start, r_end = _col(replay.ops, "start_ns"), _col(replay.ops, "end_ns")
+    steps = [st for row, st in step_annotations(replay.ops) if r_start[row] <= launch_ns < r_end[row]]
+    if len(steps) != 1:
+        return base
+    flops, nbytes, model = base.flops.copy(), base.bytes.copy(), base.model.copy()
+    for r in np.nonzero(attn)[0].tolist():
+        dims, types = (orjson.loads(capture.ops.column(c)[r].as_py() or "null") for c in ("input_dims", "input_types"))
+        if isinstance(dims, list) and isinstance(types, list):
+            res = vllm_attention_cost(flops_model.OpArgs(dims, types, None), steps[0])
+            if res is not None:
+                flops[r], nbytes[r], model[r] = res
+    return flops_model.OpCosts(flops, nbytes, base.dtype, model)
+
+
+def _op_modules(capture: RecordSet, op: np.ndarray) -> np.ndarray:
+    """Innermost nn.Module (row of capture.modules) around each op's start on its thread; -1 if none."""
+    out = np.full(len(op), -1, np.int64)
+    mt, ot = capture.modules, capture.ops
+    sel = op >= 0
+    if not mt.num_rows or not sel.any():
+        return out
+    m_thread = _col(mt, "pid") * (1 << 32) + (_col(mt, "tid") & 0xFFFFFFFF)
+    o_thread = (_col(ot, "pid") * (1 << 32) + (_col(ot, "tid") & 0xFFFFFFFF))[op[sel]]
+    _, inner = innermost_enclosing(m_thread, _col(mt, "start_ns"), _col(mt, "end_ns"),
+                                   o_thread, _col(ot, "start_ns")[op[sel]])
+    out[sel] = inner
+    return out
+
+
 def pair_graph_capture(replay: RecordSet, capture: RecordSet,
                        kernel_names: Mapping[int, str] | None = None) -> tuple[RecordSet, dict]:
     """Fill the capture columns of every replayed kernel of ``replay`` from ``capture``.
@@ -201,33 +239,37 @@ def pair_graph_capture(replay: RecordSet, capture: RecordSet,
     stats["unpaired"] = stats["graph_kernels"] - stats["paired"]
 
     j = join_rank(capture)
-    costs = flops_model.model_ops(capture.ops)
+    base = flops_model.model_ops(capture.ops)
     launch_op = _launch_ops(capture, rows)
     op_of_k = np.where(have, launch_op[np.maximum(paired_launch, 0)], -1)
-    owner, counted = _flop_owner(op_of_k, j.op_parent, costs) if capture.ops.num_rows else (op_of_k, op_of_k < -1)
-    # Known: a modelled owner exists. Where it yields, the kernel's work is a known zero here (it is
-    # counted on the kernels of the op it yields to); no modelled owner at all stays unknown (null).
-    known = have & (owner >= 0)
     dur = np.maximum(_col(kt, "end_ns") - k_start, 0).astype(np.float64) + 1.0
-    share = np.zeros(n)
-    own_rows = known & counted
-    if own_rows.any():
-        tot = np.bincount(owner[own_rows], weights=dur[own_rows], minlength=capture.ops.num_rows)
-        share[own_rows] = dur[own_rows] / tot[owner[own_rows]]
-    o = np.maximum(owner, 0)
-    mflops = np.where(own_rows, costs.flops[o] * share if len(costs) else 0.0, 0.0)
-    mbytes = np.where(own_rows, costs.bytes[o] * share if len(costs) else 0.0, 0.0)
+    mflops = np.zeros(n)
+    mbytes = np.zeros(n)
+    dtype = np.full(n, None, dtype=object)
+    known = np.zeros(n, bool)
+    counted_any = np.zeros(n, bool)
+    launch_start = dict(zip(_col(lt, "correlation_id").tolist(), _col(lt, "start_ns").tolist()))
+    for corr in np.unique(k_corr[have]).tolist():
+        # One replay at a time: its batch (vLLM step statistics) and its own split of each op.
+        ks = have & (k_corr == corr)
+        costs = _with_replay_batch(capture, base, replay, launch_start.get(corr))
+        owner, counted = _flop_owner(op_of_k, j.op_parent, costs)
+        kn = ks & (owner >= 0)
+        own = kn & counted
+        share = np.zeros(n)
+        if own.any():
+            tot = np.bincount(owner[own], weights=dur[own], minlength=capture.ops.num_rows)
+            share[own] = dur[own] / tot[owner[own]]
+        o = np.maximum(owner, 0)
+        mflops[kn] = np.where(own, costs.flops[o] * share, 0.0)[kn]
+        mbytes[kn] = np.where(own, costs.bytes[o] * share, 0.0)[kn]
+        dtype[own] = costs.dtype[o][own]
+        known |= kn
+        counted_any |= own
+    own_rows = counted_any
     op_names = np.array(capture.ops.column("name").to_pylist() + [None], dtype=object)
     mod_names = np.array(list(j.module_path) + [None], dtype=object)
-    op_module = j.op_module
-    root = op_of_k.copy()
-    for _ in range(256):  # the module of an op is its root op's module (joins maps roots only)
-        up = (root >= 0) & (j.op_parent[np.maximum(root, 0)] >= 0)
-        if not up.any():
-            break
-        root[up] = j.op_parent[root[up]]
-    mod_idx = np.where(root >= 0, op_module[np.maximum(root, 0)], -1) if len(op_module) else np.full(n, -1)
-    dtype = np.where(own_rows, costs.dtype[o] if len(costs) else "", None)
+    mod_idx = _op_modules(capture, op_of_k)
 
     def nullable(values: np.ndarray, valid: np.ndarray, typ: pa.DataType) -> pa.Array:
         return pa.array(values, typ, mask=~valid, from_pandas=True)
