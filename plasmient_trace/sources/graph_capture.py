@@ -181,6 +181,65 @@ def _op_modules(capture: RecordSet, op: np.ndarray) -> np.ndarray:
     return out
 
 
+def _names_of(capture: RecordSet, rows: np.ndarray, kernel_names: Mapping[int, str] | None) -> np.ndarray:
+    if _NAME_COLUMN in capture.launches.column_names:
+        return np.array(capture.launches.column(_NAME_COLUMN).to_pylist(), dtype=object)[rows]
+    out = np.full(len(rows), None, dtype=object)
+    if kernel_names:
+        keys = np.fromiter(kernel_names.keys(), np.int64, len(kernel_names))
+        vals = np.array(list(kernel_names.values()), dtype=object)
+        order = np.argsort(keys)
+        corr = _col(capture.launches, "correlation_id")[rows]
+        pos = np.clip(np.searchsorted(keys[order], corr), 0, len(order) - 1)
+        hit = keys[order][pos] == corr
+        out[hit] = vals[order][pos[hit]]
+    return out
+
+
+def _pair(replay: RecordSet, capture: RecordSet, kernel_names: Mapping[int, str] | None,
+          stats: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(captured launch row per replay kernel or -1, the captured launch rows in order)."""
+    kt, lt = replay.kernels, replay.launches
+    n = kt.num_rows
+    graph = pc.is_in(lt.column("name"), value_set=pa.array(_GRAPH_LAUNCH)).to_numpy(zero_copy_only=False)
+    k_corr = _col(kt, "correlation_id")
+    in_graph = np.isin(k_corr, _col(lt, "correlation_id")[graph]) & (k_corr >= 0)
+    stats["graph_kernels"] = int(in_graph.sum())
+    rows = _captured_launches(capture)
+    stats["capture_launches"] = len(rows)
+    paired = np.full(n, -1, np.int64)
+    if not in_graph.any() or not len(rows):
+        stats["unpaired"] = stats["graph_kernels"]
+        return paired, rows
+    k_start = _col(kt, "start_ns")
+    by_node = np.zeros(n, bool)
+    if _NODE_COLUMN in kt.column_names and _NODE_COLUMN in capture.launches.column_names:
+        node_k = _col(kt, _NODE_COLUMN)
+        node_c = _col(capture.launches, _NODE_COLUMN)[rows]
+        order = np.argsort(node_c, kind="stable")
+        pos = np.clip(np.searchsorted(node_c[order], node_k), 0, len(order) - 1)
+        by_node = in_graph & (node_k >= 0) & (node_c[order][pos] == node_k)
+        paired[by_node] = order[pos[by_node]]
+    for corr in np.unique(k_corr[in_graph & ~by_node]):
+        # One graph launch replays the captured nodes once each, in capture order.
+        ks = np.nonzero((k_corr == corr) & ~by_node)[0]
+        ks = ks[np.argsort(k_start[ks], kind="stable")]
+        m = min(len(ks), len(rows))
+        paired[ks[:m]] = np.arange(m)
+    have = paired >= 0
+    cap_name = _names_of(capture, rows, kernel_names)
+    k_name = np.array(kt.column("name").to_pylist(), dtype=object)
+    agree = have & (k_name == cap_name[np.maximum(paired, 0)])
+    stats["name_mismatches"] = int((have & ~agree).sum())
+    paired[~agree] = -1
+    have = paired >= 0
+    stats["paired"] = int(have.sum())
+    stats["by_node_id"] = int((have & by_node).sum())
+    stats["by_order"] = stats["paired"] - stats["by_node_id"]
+    stats["unpaired"] = stats["graph_kernels"] - stats["paired"]
+    return paired, rows
+
+
 def pair_graph_capture(replay: RecordSet, capture: RecordSet,
                        kernel_names: Mapping[int, str] | None = None) -> tuple[RecordSet, dict]:
     """Fill the capture columns of every replayed kernel of ``replay`` from ``capture``.
@@ -188,55 +247,17 @@ def pair_graph_capture(replay: RecordSet, capture: RecordSet,
     ``kernel_names`` maps the capture's launch correlation ids to kernel names
     (:func:`launch_kernel_names`) where capture.launches has no ``kernel_name`` column. Returns the
     replay with a new kernels table and stats: graph_kernels, paired, by_node_id, by_order,
-    name_mismatches, unpaired, capture_launches.
+    name_mismatches, unpaired, capture_launches. Kernels outside graph launches are untouched.
     """
-    kt, lt = replay.kernels, replay.launches
     stats = {"graph_kernels": 0, "paired": 0, "by_node_id": 0, "by_order": 0, "name_mismatches": 0,
              "unpaired": 0, "capture_launches": 0}
-    n = kt.num_rows
-    graph_corr = _col(lt, "correlation_id")[np.isin(np.array(lt.column("name").to_pylist(), dtype=object), _GRAPH_LAUNCH)]
-    k_corr = _col(kt, "correlation_id")
-    in_graph = np.isin(k_corr, graph_corr) & (k_corr >= 0)
-    stats["graph_kernels"] = int(in_graph.sum())
-    rows = _captured_launches(capture)
-    stats["capture_launches"] = len(rows)
-    if not in_graph.any() or not len(rows):
-        stats["unpaired"] = stats["graph_kernels"]
+    paired_launch, rows = _pair(replay, capture, kernel_names, stats)
+    have = paired_launch >= 0
+    if not have.any():
         return replay, stats
-
-    cap_corr = _col(capture.launches, "correlation_id")[rows]
-    if _NAME_COLUMN in capture.launches.column_names:
-        cap_name = np.array(capture.launches.column(_NAME_COLUMN).to_pylist(), dtype=object)[rows]
-    else:
-        names = kernel_names or {}
-        cap_name = np.array([names.get(int(c)) for c in cap_corr], dtype=object)
-    k_name = np.array(kt.column("name").to_pylist(), dtype=object)
-    k_start = _col(kt, "start_ns")
-    paired_launch = np.full(n, -1, np.int64)  # replay kernel -> position in rows
-    by_node = np.zeros(n, bool)
-    if _NODE_COLUMN in kt.column_names and _NODE_COLUMN in capture.launches.column_names:
-        node_k = _col(kt, _NODE_COLUMN)
-        node_c = _col(capture.launches, _NODE_COLUMN)[rows]
-        order = np.argsort(node_c, kind="stable")
-        pos = np.clip(np.searchsorted(node_c[order], node_k), 0, len(order) - 1)
-        hit = in_graph & (node_k >= 0) & (node_c[order][pos] == node_k)
-        paired_launch[hit] = order[pos[hit]]
-        by_node = hit
-    for corr in np.unique(k_corr[in_graph & ~by_node]):
-        # One graph launch replays the captured nodes once each, in capture order.
-        ks = np.nonzero((k_corr == corr) & ~by_node)[0]
-        ks = ks[np.argsort(k_start[ks], kind="stable")]
-        m = min(len(ks), len(rows))
-        paired_launch[ks[:m]] = np.arange(m)
-    have = paired_launch >= 0
-    agree = have & (k_name == cap_name[np.maximum(paired_launch, 0)])
-    stats["name_mismatches"] = int((have & ~agree).sum())
-    paired_launch[~agree] = -1
-    have = paired_launch >= 0
-    stats["paired"] = int(have.sum())
-    stats["by_node_id"] = int((have & by_node).sum())
-    stats["by_order"] = stats["paired"] - stats["by_node_id"]
-    stats["unpaired"] = stats["graph_kernels"] - stats["paired"]
+    kt, lt = replay.kernels, replay.launches
+    n = kt.num_rows
+    k_corr, k_start = _col(kt, "correlation_id"), _col(kt, "start_ns")
 
     j = join_rank(capture)
     base = flops_model.model_ops(capture.ops)
