@@ -2,7 +2,10 @@
 aten::_efficient_attention_*, flash_attn::*): 2*B*H*Lq*Lk*(D + Dv), halved only when the recorded
 ``is_causal`` (or custom_mask_type 1/2) says causal; backward 2.5x the forward (FlashAttention-2's
 accounting). Varlen (packed 3-D q) uses total_q * min(total_k, max_k): exact for one sequence, an
-upper bound for a packed batch."""
+upper bound for a packed batch.
+
+Argument positions: each _AttnLayout names the index of q (k and v follow), is_causal / the
+mask type and max_seqlen_k in that op's schema."""
 
 from __future__ import annotations
 

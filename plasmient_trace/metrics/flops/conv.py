@@ -3,7 +3,10 @@ flops. The output size comes from stride, padding and dilation in ``Concrete Inp
 was not recorded the op is left unknown here (model 'none') and :mod:`.conv_stride` may recover it
 from the op that consumes the conv's output. Transposed convs need no stride: 2 * numel(input) *
 prod(weight.shape[1:]). ``convolution_backward`` costs the forward once per gradient its output_mask
-asks for (2x when unknown)."""
+asks for (2x when unknown).
+
+Argument positions: each registration's _ConvLayout names the index of stride, padding, dilation,
+transposed, bias and groups in that spelling's schema."""
 
 from __future__ import annotations
 
@@ -143,18 +146,24 @@ def conv_forward_names() -> list[str]:
 
 _CONV_STD = _ConvLayout(stride=3, padding=4, dilation=5, transposed=False, bias=2)
 _reg_fwd(["aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::_convolution_mode",
-      "aten::cudnn_convolution_relu"], _CONV_STD)
-_reg_fwd(["aten::convolution", "aten::_convolution", "aten::convolution_overrideable"], _ConvLayout(stride=3, padding=4, dilation=5, transposed=6, bias=2, groups=8))
+          "aten::cudnn_convolution_relu"], _CONV_STD)
+_reg_fwd(["aten::convolution", "aten::_convolution", "aten::convolution_overrideable"],
+         _ConvLayout(stride=3, padding=4, dilation=5, transposed=6, bias=2, groups=8))
 _reg_fwd(["aten::cudnn_convolution"], _ConvLayout(padding=2, stride=3, dilation=4))
-_reg_fwd(["aten::miopen_convolution", "aten::miopen_depthwise_convolution", "aten::mkldnn_convolution"], _ConvLayout(padding=3, stride=4, dilation=5, bias=2))
+_reg_fwd(["aten::miopen_convolution", "aten::miopen_depthwise_convolution", "aten::mkldnn_convolution"],
+         _ConvLayout(padding=3, stride=4, dilation=5, bias=2))
 _reg_fwd(["aten::cudnn_convolution_add_relu"], _ConvLayout(stride=5, padding=6, dilation=7, bias=4))
 _reg_fwd(["aten::_slow_conv2d_forward", "aten::thnn_conv2d"], _ConvLayout(stride=4, padding=5, bias=3))
-_reg_fwd(["aten::slow_conv_dilated2d", "aten::slow_conv_dilated3d", "aten::slow_conv3d_forward", "aten::slow_conv3d"], _ConvLayout(stride=4, padding=5, dilation=6, bias=3))
+_reg_fwd(["aten::slow_conv_dilated2d", "aten::slow_conv_dilated3d", "aten::slow_conv3d_forward", "aten::slow_conv3d"],
+         _ConvLayout(stride=4, padding=5, dilation=6, bias=3))
 _reg_fwd(["aten::_nnpack_spatial_convolution"], _ConvLayout(padding=3, stride=4, bias=2))
-_reg_fwd(["aten::conv_transpose1d", "aten::conv_transpose2d", "aten::conv_transpose3d"], _ConvLayout(stride=3, padding=4, dilation=7, transposed=True, bias=2, groups=6))
+_reg_fwd(["aten::conv_transpose1d", "aten::conv_transpose2d", "aten::conv_transpose3d"],
+         _ConvLayout(stride=3, padding=4, dilation=7, transposed=True, bias=2, groups=6))
 _reg_fwd(["aten::cudnn_convolution_transpose"], _ConvLayout(padding=2, stride=4, dilation=5, transposed=True, groups=6))
-_reg_fwd(["aten::miopen_convolution_transpose"], _ConvLayout(padding=3, stride=5, dilation=6, transposed=True, bias=2, groups=7))
-_reg_fwd(["aten::slow_conv_transpose2d", "aten::slow_conv_transpose3d"], _ConvLayout(stride=4, padding=5, dilation=7, transposed=True, bias=3))
+_reg_fwd(["aten::miopen_convolution_transpose"],
+         _ConvLayout(padding=3, stride=5, dilation=6, transposed=True, bias=2, groups=7))
+_reg_fwd(["aten::slow_conv_transpose2d", "aten::slow_conv_transpose3d"],
+         _ConvLayout(stride=4, padding=5, dilation=7, transposed=True, bias=3))
 _reg(["aten::convolution_backward", "aten::convolution_backward_overrideable"],
      partial(_conv_backward, lay=_ConvBwdLayout(grad_out=0, input=1, weight=2, transposed=7, mask=10)))
 # Legacy (torch < 1.11) spellings: (self, grad_output, weight, padding, stride, dilation, groups, ...).

@@ -10,6 +10,7 @@ from .core import FlopResult, OpArgs, _broadcast, _prod, _reg
 
 
 def _mm(a: OpArgs) -> FlopResult:
+    # mm(self [M, K] 0, mat2 [K, N] 1)
     A, B = a.shape(0), a.shape(1)
     if A is None or B is None or len(A) != 2 or len(B) != 2:
         return None
@@ -18,6 +19,7 @@ def _mm(a: OpArgs) -> FlopResult:
 
 
 def _addmm(a: OpArgs, extra_per_out: int = 1) -> FlopResult:
+    # addmm(self (bias) 0, mat1 [M, K] 1, mat2 [K, N] 2, beta, alpha); _addmm_activation adds 1 more per output
     A, B = a.shape(1), a.shape(2)
     if A is None or B is None or len(A) != 2 or len(B) != 2:
         return None
@@ -27,6 +29,7 @@ def _addmm(a: OpArgs, extra_per_out: int = 1) -> FlopResult:
 
 
 def _bmm(a: OpArgs) -> FlopResult:
+    # bmm(self [B, M, K] 0, mat2 [B, K, N] 1)
     A, B = a.shape(0), a.shape(1)
     if A is None or B is None or len(A) != 3 or len(B) != 3:
         return None
@@ -34,25 +37,20 @@ def _bmm(a: OpArgs) -> FlopResult:
     return 2.0 * Bt * M * N * K, a.nbytes(0) + a.nbytes(1) + Bt * M * N * a.es(0), "gemm"
 
 
-def _baddbmm(a: OpArgs) -> FlopResult:
+def _baddbmm(a: OpArgs, summed: bool = False) -> FlopResult:
+    # baddbmm(self 0, batch1 [B, M, K] 1, batch2 [B, K, N] 2, beta, alpha): writes [B, M, N];
+    # addbmm (summed=True) adds the B products into one [M, N] output.
     A, B = a.shape(1), a.shape(2)
     if A is None or B is None or len(A) != 3 or len(B) != 3:
         return None
     (Bt, M, K), N = A, B[2]
     flops = 2.0 * Bt * M * N * K + Bt * M * N
-    return flops, a.nbytes(0) + a.nbytes(1) + a.nbytes(2) + Bt * M * N * a.es(1), "gemm"
-
-
-def _addbmm(a: OpArgs) -> FlopResult:
-    A, B = a.shape(1), a.shape(2)
-    if A is None or B is None or len(A) != 3 or len(B) != 3:
-        return None
-    (Bt, M, K), N = A, B[2]
-    flops = 2.0 * Bt * M * N * K + Bt * M * N
-    return flops, a.nbytes(0) + a.nbytes(1) + a.nbytes(2) + M * N * a.es(1), "gemm"
+    out = M * N if summed else Bt * M * N
+    return flops, a.nbytes(0) + a.nbytes(1) + a.nbytes(2) + out * a.es(1), "gemm"
 
 
 def _mv(a: OpArgs, mat: int = 0, vec: int = 1, bias: int | None = None) -> FlopResult:
+    # mv(self [M, K] 0, vec [K] 1); addmv(self (bias) 0, mat 1, vec 2, beta, alpha)
     A, v = a.shape(mat), a.shape(vec)
     if A is None or v is None or len(A) != 2 or len(v) != 1:
         return None
@@ -63,6 +61,7 @@ def _mv(a: OpArgs, mat: int = 0, vec: int = 1, bias: int | None = None) -> FlopR
 
 
 def _dot(a: OpArgs) -> FlopResult:
+    # dot/vdot(self [K] 0, tensor [K] 1)
     A, B = a.shape(0), a.shape(1)
     if A is None or B is None or len(A) != 1 or len(B) != 1:
         return None
@@ -70,6 +69,7 @@ def _dot(a: OpArgs) -> FlopResult:
 
 
 def _matmul(a: OpArgs) -> FlopResult:
+    # matmul(self 0, other 1), numpy semantics: 1-D operands, broadcast batch dims
     A, B = a.shape(0), a.shape(1)
     if A is None or B is None or not A or not B:
         return None
@@ -89,6 +89,7 @@ def _matmul(a: OpArgs) -> FlopResult:
 
 
 def _linear(a: OpArgs) -> FlopResult:
+    # linear(input [..., K] 0, weight [N, K] 1, bias [N] 2 optional)
     X, W = a.shape(0), a.shape(1)
     if X is None or W is None or not X or len(W) not in (1, 2):
         return None
@@ -101,6 +102,7 @@ def _linear(a: OpArgs) -> FlopResult:
 
 
 def _scaled_mm(a: OpArgs, out_es: float = 2.0) -> FlopResult:
+    # _scaled_mm(self [M, K] 0, mat2 [K, N] 1, scale_a 2, scale_b 3, bias 4, ...); _int_mm(self 0, mat2 1)
     # fp8 GEMMs write bf16/fp32 (the out_dtype arg is a ScalarType code Kineto rarely records): 2 bytes.
     A, B = a.shape(0), a.shape(1)
     if A is None or B is None or len(A) != 2 or len(B) != 2:
@@ -119,7 +121,7 @@ _reg(["aten::addmm"], _addmm)
 _reg(["aten::_addmm_activation"], partial(_addmm, extra_per_out=2))
 _reg(["aten::bmm"], _bmm)
 _reg(["aten::baddbmm"], _baddbmm)
-_reg(["aten::addbmm"], _addbmm)
+_reg(["aten::addbmm"], partial(_baddbmm, summed=True))
 _reg(["aten::mv"], _mv)
 _reg(["aten::addmv"], partial(_mv, mat=1, vec=2, bias=0))
 _reg(["aten::dot", "aten::vdot"], _dot)

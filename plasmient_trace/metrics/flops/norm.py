@@ -1,6 +1,9 @@
 """Norms and softmax, per element of the input: layer/group/batch (training) norm 5 + 1 per affine
 parameter; rms norm 3 + 1 with a weight; batch norm in eval 2; backward norms 2x their forward.
-softmax / log_softmax 5 per element, their backward 4."""
+softmax / log_softmax 5 per element, their backward 4.
+
+Argument positions: each _NormLayout names the index of input, weight, bias, the training flag
+and grad_output in that op's schema."""
 
 from __future__ import annotations
 

@@ -58,7 +58,9 @@ def _vllm_rotary_embedding(a: OpArgs) -> FlopResult:
     # (x1, x2) -> (x1*cos - x2*sin, x2*cos + x1*sin) is 6 FLOPs, 3 per rotated element.
     P, Q, K, C = a.shape(0), a.shape(1), a.shape(2), a.shape(4)
     head = a.value(3)
-    if P is None or Q is None or C is None or len(C) != 2 or not isinstance(head, int) or isinstance(head, bool) or head <= 0:
+    if P is None or Q is None or C is None or len(C) != 2:
+        return None
+    if not isinstance(head, int) or isinstance(head, bool) or head <= 0:
         return None
     tokens = _prod(P)
     heads = Q[-1] // head + (K[-1] // head if K is not None and K else 0)
