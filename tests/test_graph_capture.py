@@ -11,6 +11,8 @@ from collections import defaultdict
 from functools import lru_cache
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from conftest import TRACES, trace_path
@@ -144,3 +146,34 @@ def test_replay_total_is_tracelens_total_less_only_the_moe_it_assumes() -> None:
     assert total == pytest.approx(_golden_flops(golden) - _golden_flops(moe) + rope, rel=1e-6)
     moe_kernels = [f for op, f in zip(k["capture_op"], k["model_flops"]) if op == "vllm::moe_forward"]
     assert len(moe_kernels) == 72 and all(f is None for f in moe_kernels)
+
+
+def test_eager_vllm_attention_reads_the_step_annotation_around_it() -> None:
+    # The capture's attention ops, recorded as if eagerly inside the replay's engine step: the
+    # annotation (from the replay trace) spans them, so model_ops costs them as TraceLens does.
+    cap = read_kineto(capture_trace_for(trace_path(REPLAY))).ops
+    attn = cap.filter(pc.equal(cap.column("name"), "vllm::unified_attention_with_output"))
+    step = [e for e in _raw(trace_path(REPLAY)) if e.get("cat") == "user_annotation"][0]["name"]
+    assert step.startswith("execute_") and "sqsk55086" in step
+    start, end = attn.column("start_ns").to_numpy(), attn.column("end_ns").to_numpy()
+    ann = attn.slice(0, 1).to_pydict()
+    ann.update(name=[step], category=["user_annotation"], start_ns=[int(start.min()) - 1],
+               end_ns=[int(end.max()) + 1], input_dims=[None], input_types=[None], concrete_inputs=[None])
+    table = pa.concat_tables([attn, pa.table(ann, schema=attn.schema)])
+    costs = F.model_ops(table)
+    golden = [r for r in _golden() if r["name"] == "vllm::unified_attention_with_output"]
+    assert costs.flops[:24].tolist() == [float(golden[0]["GFLOPS"]) * 1e9] * 24
+    assert (costs.model[:24] == "attention").all()
+    # Without the annotation the batch's KV lengths are unknown, and so is the op's work.
+    alone = F.model_ops(attn)
+    assert (alone.model == "none").all() and alone.flops.sum() == 0
+
+
+def test_vllm_attention_without_per_request_statistics_stays_unknown() -> None:
+    # The B200 trace's older vLLM names steps "execute_context_1(888_788544)_generation_0(0)":
+    # no KV lengths, so its attention has no FLOP count.
+    table = read_kineto(trace_path("b200/eager_rank0_of8.json.gz")).ops
+    costs = F.model_ops(table)
+    names = np.array(table.column("name").to_pylist())
+    attn = names == "vllm::unified_attention_with_output"
+    assert attn.sum() == 36 and (costs.model[attn] == "none").all()
