@@ -117,3 +117,4 @@ def test_a_user_registered_formula_models_a_custom_op(tmp_path: Path, monkeypatc
 
     with pytest.raises(ValueError, match="already registered"):
         F.register_flop_formula("plasmient_test::scaled_gemm", replace=False)(_scaled_gemm_flops)
+

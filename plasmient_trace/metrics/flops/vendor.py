@@ -79,7 +79,17 @@ def _reshape_and_cache(a: OpArgs) -> FlopResult:
     return 0.0, 2 * kv + a.nbytes(4), "elementwise"
 
 
+def _static_scaled_fp8_quant(a: OpArgs) -> FlopResult:
+    # _C::static_scaled_fp8_quant(out [..] fp8 0, input [..] 1, scale [1] 2): one multiply by the
+    # inverse scale per element (the saturating cast is a conversion, not math).
+    X = a.shape(1)
+    if X is None or a.shape(0) != X:
+        return None
+    return float(_prod(X)), a.nbytes(1) + a.nbytes(0) + a.nbytes(2), "elementwise"
+
+
 _reg(["aiter::rms_norm", "vllm::rocm_aiter_rms_norm"], _aiter_rms_norm)
+_reg(["_C::static_scaled_fp8_quant"], _static_scaled_fp8_quant)
 _reg(["aiter::rmsnorm2d_fwd_with_add_ck"], partial(_aiter_rmsnorm_add, x=1, res=2, weight=4))
 _reg(["vllm::rocm_aiter_rmsnorm2d_fwd_with_add"], partial(_aiter_rmsnorm_add, x=0, res=1, weight=2))
 _reg(["_C::rotary_embedding"], _vllm_rotary_embedding)
