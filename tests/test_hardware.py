@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ALL_TRACES, raw_trace
+from plasmient_trace.metrics import cpu_peak as C
 from plasmient_trace.metrics import hardware as H
 from plasmient_trace.metrics.hardware import DTYPES, SPECS, apply_overrides, cpu_spec, lookup
 
@@ -19,6 +20,7 @@ EXPECTED_MODEL = {
     "a100/nccl_training_rank0_of2.json.gz": "A100 SXM4 40GB",
     "a100/triton_example.json.gz": "A100 SXM4 40GB",
     "b200/eager_rank0_of8.json.gz": "B200",
+    "cc94_vllm_decode/graph_execution.json.gz": "MI300X",   # blank name: cc 9.4, 304 CUs, 192 GiB
     "h100/bert_small_inference.json.gz": "H100 SXM",
     "h100/qwen1.5_0.5b_chat_inference.json.gz": "H100 SXM",
     "h100/vit_image_classification.json.gz": "H100 SXM",
@@ -147,42 +149,42 @@ class FakeClock:
 
 
 def test_cpu_calibration_measures_once_then_reads_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(H, "_GEMM_N", 64)
-    monkeypatch.setattr(H, "_COPY_BYTES", 1 << 20)
+    monkeypatch.setattr(C, "_GEMM_N", 64)
+    monkeypatch.setattr(C, "_COPY_BYTES", 1 << 20)
     monkeypatch.delenv("PLASMIENT_CPU_PRICE", raising=False)
     clock = FakeClock()
-    monkeypatch.setattr(H, "_clock", clock)
+    monkeypatch.setattr(C, "_clock", clock)
     first = cpu_spec(cache_dir=tmp_path)
     assert clock.calls > 0
     assert first.device_type == "cpu" and first.source == "calibrated"
     assert first.peak_flops("fp32") == 2 * 64**3 / 0.25          # 2 n^3 per timed 0.25 s
     assert first.memory_bandwidth == 2 * (1 << 20) / 0.25         # read + write per timed 0.25 s
     assert first.peak_flops("bf16") == first.peak_flops("fp32")
-    threads = H._threads()
+    threads = C._threads()
     assert first.price_per_hour == pytest.approx(H.CPU_PRICE_PER_THREAD_HOUR * threads)
 
     cache = json.loads((tmp_path / "cpu_calibration.json").read_text())
-    assert list(cache) == [f"{H._cpu_model()}|threads={threads}"]
-    assert cache[f"{H._cpu_model()}|threads={threads}"]["fp32"] == first.peak_flops("fp32")
+    assert list(cache) == [f"{C._cpu_model()}|threads={threads}"]
+    assert cache[f"{C._cpu_model()}|threads={threads}"]["fp32"] == first.peak_flops("fp32")
 
     def no_timing() -> float:
         raise AssertionError("second call must read the cache, not time anything")
 
-    monkeypatch.setattr(H, "_clock", no_timing)
+    monkeypatch.setattr(C, "_clock", no_timing)
     second = cpu_spec(cache_dir=tmp_path)
     assert second == first
 
     # Another thread count is another machine setting: measured again, stored beside the first.
-    monkeypatch.setattr(H, "_threads", lambda: threads + 1)
-    monkeypatch.setattr(H, "_clock", FakeClock())
+    monkeypatch.setattr(C, "_threads", lambda: threads + 1)
+    monkeypatch.setattr(C, "_clock", FakeClock())
     cpu_spec(cache_dir=tmp_path)
     assert len(json.loads((tmp_path / "cpu_calibration.json").read_text())) == 2
 
 
 def test_cpu_cache_dir_and_price_come_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(H, "_GEMM_N", 32)
-    monkeypatch.setattr(H, "_COPY_BYTES", 1 << 16)
-    monkeypatch.setattr(H, "_clock", FakeClock())
+    monkeypatch.setattr(C, "_GEMM_N", 32)
+    monkeypatch.setattr(C, "_COPY_BYTES", 1 << 16)
+    monkeypatch.setattr(C, "_clock", FakeClock())
     monkeypatch.setenv("PLASMIENT_CACHE_DIR", str(tmp_path / "c"))
     monkeypatch.setenv("PLASMIENT_CPU_PRICE", "0.42")
     spec = cpu_spec()
@@ -193,8 +195,8 @@ def test_cpu_cache_dir_and_price_come_from_the_environment(tmp_path: Path, monke
 
 
 def test_cpu_calibration_with_the_real_clock_gives_positive_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(H, "_GEMM_N", 128)
-    monkeypatch.setattr(H, "_COPY_BYTES", 4 << 20)
+    monkeypatch.setattr(C, "_GEMM_N", 128)
+    monkeypatch.setattr(C, "_COPY_BYTES", 4 << 20)
     spec = cpu_spec(cache_dir=tmp_path)
     assert spec.peak_flops("fp32") > 0 and spec.peak_flops("fp64") > 0 and spec.memory_bandwidth > 0
     assert math.isfinite(spec.ridge_point())

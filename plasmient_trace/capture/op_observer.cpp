@@ -155,6 +155,9 @@ void hash_input(const c10::IValue& v, Hasher& h) {
     h.add(v.toBool() ? 1 : 0);
   } else if (v.isIntList()) {
     for (int64_t x : v.toIntList().vec()) h.add(static_cast<uint64_t>(x));
+  } else if (v.isBoolList()) {
+    // convolution_backward's output_mask: two calls that differ only here cost differently.
+    for (bool x : v.toBoolList().vec()) h.add(x ? 1 : 2);
   } else if (v.isString()) {
     h.add(v.toStringRef().c_str());
   }
@@ -199,6 +202,18 @@ std::string scalar_text(const c10::IValue& v) {
   return "";
 }
 
+// Lists as Kineto's "Concrete Inputs" spell them: "[1, 2]", "[True, False, True]".
+template <typename T, typename F>
+std::string list_text(const std::vector<T>& xs, F spell_one) {
+  std::string out = "[";
+  for (size_t i = 0; i < xs.size(); ++i) {
+    if (i) out.append(", ");
+    out.append(spell_one(xs[i]));
+  }
+  out.push_back(']');
+  return out;
+}
+
 void spell_input(const c10::IValue& v, Signature& sig) {
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
@@ -234,16 +249,12 @@ void spell_input(const c10::IValue& v, Signature& sig) {
     conc = scalar_text(v);
   } else if (v.isIntList()) {
     type = "ScalarList";
-    conc.push_back('[');
-    bool first = true;
-    for (int64_t x : v.toIntList().vec()) {
-      if (!first) conc.append(", ");
-      first = false;
-      conc.append(std::to_string(x));
-    }
-    conc.push_back(']');
-  } else if (v.isDoubleList() || v.isBoolList()) {
+    conc = list_text(v.toIntList().vec(), [](int64_t x) { return std::to_string(x); });
+  } else if (v.isBoolList()) {
     type = "ScalarList";
+    conc = list_text(v.toBoolList().vec(), [](bool x) { return std::string(x ? "True" : "False"); });
+  } else if (v.isDoubleList()) {
+    type = "ScalarList";  // left unrecorded like float scalars: step-dependent in optimizers
   } else if (v.isString()) {
     type = "String";
     conc = v.toStringRef();

@@ -7,11 +7,9 @@ datasheet only prints the 2:4-sparse figure (marked * there), the dense peak is 
 Which peak applies to which dtype
 ---------------------------------
 * ``fp32`` is the non-tensor FP32 peak on NVIDIA. Kineto records ``float`` whether or not TF32
-  ran, and torch's defaults let cuDNN convolutions use TF32 but not matmuls
-  (``torch.backends.cuda.matmul.allow_tf32 = False``), so the fp32 peak is the one that matches
-  what an fp32 matmul does by default. A TF32 conv can then claim more FLOPs than fp32 peak *
-  duration; the stitcher caps a kernel's flops at peak * duration and counts the capped kernels,
-  which is how that shows up. ``tf32`` is available for callers that know TF32 was on.
+  ran, so the op's dtype cannot tell; the kernel can: :func:`kernel_precision` says ``tf32`` for an
+  fp32 op whose kernel is a tensor-core one (``cutlass_80_tensorop_s1688gemm``, ``sm80_xmma_*tf32*``,
+  ``cutlass_tensorop_s1688fprop_*_tf32_*``), and that kernel is judged against the TF32 peak.
 * On AMD CDNA, ``fp32``/``fp64`` are the matrix-core (MFMA) peaks: those are full-precision IEEE
   math, and what rocBLAS/hipBLASLt fp32 and fp64 GEMMs run on.
 * ``fp64`` on NVIDIA is the FP64 Tensor Core peak where the part has one (A100, H100, H200, B200).
@@ -21,25 +19,26 @@ Which peak applies to which dtype
 Prices are **assumptions**, not quotes: a rough public on-demand list price per GPU-hour (USD)
 with its basis next to it, meant to be overridden with ``--gpu-price``.
 
-Device matching (:func:`lookup`) is by exact, normalised device name only (a leading "NVIDIA " is
-optional, case and spacing are ignored), plus deviceProperties (compute capability, SM/CU count,
-memory) where the name is generic ('AMD Radeon Graphics') or covers two parts. A name that is not
-in the table returns None: no guessing from substrings.
+Device matching (:func:`lookup`) is by exact, normalised device name (a leading "NVIDIA " is
+optional, case and spacing are ignored), then by deviceProperties (compute capability, SM/CU count,
+memory) where the name is blank, generic ('AMD Radeon Graphics') or covers two parts: a blank name
+with cc 9.4, 304 CUs and 192 GiB is an MI300X. Properties that fit no part, or two parts with
+different numbers, return None: no guessing from substrings.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import platform
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-__all__ = ["GpuSpec", "SPECS", "lookup", "apply_overrides", "cpu_spec", "DTYPES"]
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = ["GpuSpec", "SPECS", "lookup", "apply_overrides", "cpu_spec", "DTYPES", "kernel_precision",
+           "start_cpu_calibration", "raise_cpu_peak"]
 
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 
@@ -225,6 +224,28 @@ _BY_PROPERTIES: dict[str, list[tuple[tuple[int, int], int, int, str]]] = {
 }
 
 
+# Compute capability of each part, for identification from properties alone (blank names).
+_CC: dict[str, tuple[int, int]] = {
+    "V100 SXM2": (7, 0), "V100 PCIe": (7, 0), "V100S PCIe": (7, 0), "V100 DGXS": (7, 0),
+    "A100 SXM4 40GB": (8, 0), "A100 SXM4 80GB": (8, 0), "A100 PCIe 40GB": (8, 0), "A100 PCIe 80GB": (8, 0),
+    "A10G": (8, 6), "L4": (8, 9), "L40S": (8, 9), "H100 SXM": (9, 0), "H100 PCIe": (9, 0), "H100 NVL": (9, 0),
+    "H200 SXM": (9, 0), "H200 NVL": (9, 0), "B200": (10, 0),
+    "MI250X (per GCD)": (9, 0), "MI250 (per GCD)": (9, 0), "MI300X": (9, 4),
+}
+
+
+def _by_properties(props: Mapping[str, Any]) -> GpuSpec | None:
+    """The one part whose compute capability, SM/CU count and memory all fit; None unless exactly
+    one fits, or all that fit share every number (same silicon sold under two names)."""
+    cc = (props.get("computeMajor"), props.get("computeMinor"))
+    sms, mem = props.get("numSms"), _mem_gb(props)
+    fits = [SPECS[m] for m, c in _CC.items() if c == cc and SPECS[m].sm_count == sms
+            and SPECS[m].memory_bytes is not None and _close(mem, round(SPECS[m].memory_bytes / GB))]
+    if len({(tuple(sorted(f.peak.items())), f.memory_bandwidth, f.price_per_hour) for f in fits}) != 1:
+        return None
+    return fits[0]
+
+
 def _normalise(name: str) -> str:
     n = " ".join(name.strip().lower().split())
     return n[len("nvidia "):] if n.startswith("nvidia ") else n
@@ -244,7 +265,7 @@ def lookup(device_properties: Mapping[str, Any]) -> GpuSpec | None:
     """The table entry for one Kineto ``deviceProperties`` entry, or None for an unknown device."""
     name = device_properties.get("name")
     if not isinstance(name, str) or not name.strip():
-        return None
+        return _by_properties(device_properties)
     key = _normalise(name)
     if key in _NAMES:
         return SPECS[_NAMES[key]]
@@ -261,6 +282,24 @@ def lookup(device_properties: Mapping[str, Any]) -> GpuSpec | None:
             if cc == want_cc and sms == want_sms and _close(mem, nominal):
                 return SPECS[model]
     return None
+
+
+# Tensor-core kernels that run fp32 GEMMs/convs as TF32 (NVIDIA Ampere and later): CUTLASS
+# 'tensorop_s1688'/'s16816' (single-precision in, tensor-core MMA shape), cuDNN/xmma '*tf32*'.
+# cuBLAS SIMT fp32 kernels ('ampere_sgemm_*', 'volta_sgemm_*') match none of these.
+_TF32_KERNEL = r"(?i)tf32|tensorop_s(1688|16816)|(^|[^a-z0-9])s(1688|16816)(gemm|fprop|dgrad|wgrad)"
+
+
+def kernel_precision(kernel_names: pa.Array | pa.ChunkedArray, op_dtype: np.ndarray) -> np.ndarray:
+    """Per kernel, the precision its math ran at: ``op_dtype`` (the launching op's canonical dtype),
+    except ``tf32`` where an fp32 op ran a tensor-core kernel (see _TF32_KERNEL)."""
+    out = np.asarray(op_dtype).astype(object).copy()
+    if len(out) == 0:
+        return out
+    tf32 = pc.match_substring_regex(kernel_names, _TF32_KERNEL)
+    tf32 = np.asarray(pc.fill_null(tf32, False).to_numpy(zero_copy_only=False), bool)
+    out[tf32 & (out == "fp32")] = "tf32"
+    return out
 
 
 def apply_overrides(spec: GpuSpec | None, peak_tflops: float | Mapping[str, float] | None = None,
@@ -294,147 +333,14 @@ def apply_overrides(spec: GpuSpec | None, peak_tflops: float | Mapping[str, floa
     return dataclasses.replace(spec, **changes) if changes else spec
 
 
-# --------------------------------------------------------------------------------------------- CPU
-# Default CPU price: USD per vCPU-hour times the threads torch uses. Basis: AWS m7i on-demand
-# us-east-1 ($0.2016/h for 4 vCPU = $0.0504/vCPU-h), rounded. PLASMIENT_CPU_PRICE (USD per hour
-# for the whole measured device) overrides it.
-CPU_PRICE_PER_THREAD_HOUR = 0.05
-
-# Calibration sizes (module constants so tests can shrink them).
-_GEMM_N = 1024
-_GEMM_RUNS = 5
-_COPY_BYTES = 256 * 2**20   # well above any L3, so the copy streams from DRAM
-_COPY_RUNS = 3
-_CACHE_FILE = "cpu_calibration.json"
-_clock = time.perf_counter   # looked up at call time so tests can substitute a fake clock
+# The CPU as a device (calibrated peaks) lives in cpu_peak; its entry points are part of this API,
+# resolved on first use because cpu_peak builds on GpuSpec above.
+_CPU_API = ("cpu_spec", "raise_cpu_peak", "start_cpu_calibration", "CPU_PRICE_PER_THREAD_HOUR")
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown cpu"
+def __getattr__(name: str) -> Any:
+    if name in _CPU_API:
+        from . import cpu_peak
 
-
-def _threads() -> int:
-    try:
-        import torch
-
-        return int(torch.get_num_threads())
-    except ImportError:
-        return os.cpu_count() or 1
-
-
-def _cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
-    if cache_dir is not None:
-        return Path(cache_dir)
-    env = os.environ.get("PLASMIENT_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "plasmient-trace"
-
-
-def _best_time(fn: Any, runs: int) -> float:
-    fn()  # warm-up: first call pays allocation, thread-pool start and cache misses
-    best = float("inf")
-    for _ in range(runs):
-        t0 = _clock()
-        fn()
-        best = min(best, _clock() - t0)
-    return best
-
-
-def _measure_gemm(dtype_name: str) -> float:
-    n = _GEMM_N
-    try:
-        import torch
-
-        dt = getattr(torch, dtype_name)
-        a = torch.randn(n, n, dtype=dt)
-        b = torch.randn(n, n, dtype=dt)
-        out = torch.empty(n, n, dtype=dt)
-        fn = lambda: torch.mm(a, b, out=out)  # noqa: E731
-    except ImportError:
-        import numpy as np
-
-        a = np.random.standard_normal((n, n)).astype(dtype_name)
-        b = np.random.standard_normal((n, n)).astype(dtype_name)
-        out = np.empty((n, n), dtype=dtype_name)
-        fn = lambda: np.matmul(a, b, out=out)  # noqa: E731
-    dt_s = _best_time(fn, _GEMM_RUNS)
-    return 2.0 * n * n * n / dt_s
-
-
-def _measure_copy() -> float:
-    import numpy as np
-
-    n = _COPY_BYTES // 8
-    src = np.ones(n, dtype=np.float64)
-    dst = np.empty_like(src)
-    dt_s = _best_time(lambda: np.copyto(dst, src), _COPY_RUNS)
-    return 2.0 * n * 8 / dt_s  # every byte read once and written once
-
-
-def _cpu_price(threads: int) -> tuple[float, str]:
-    env = os.environ.get("PLASMIENT_CPU_PRICE")
-    if env:
-        try:
-            return float(env), "PLASMIENT_CPU_PRICE"
-        except ValueError:
-            pass
-    return CPU_PRICE_PER_THREAD_HOUR * threads, (
-        f"default ${CPU_PRICE_PER_THREAD_HOUR}/vCPU-hour x {threads} threads (AWS m7i on-demand, rounded)")
-
-
-def cpu_spec(cache_dir: str | os.PathLike[str] | None = None) -> GpuSpec:
-    """The CPU as a device: fp32/fp64 GEMM peak and copy bandwidth, measured once and cached.
-
-    The cache is a JSON file under ``cache_dir`` (default ``$PLASMIENT_CACHE_DIR`` or
-    ``~/.cache/plasmient-trace``) keyed by CPU model and the thread count torch uses, so a second
-    call on the same machine and thread setting reads the file instead of timing anything.
-    """
-    model = _cpu_model()
-    threads = _threads()
-    key = f"{model}|threads={threads}"
-    path = _cache_dir(cache_dir) / _CACHE_FILE
-    cache: dict[str, Any] = {}
-    try:
-        cache = json.loads(path.read_text())
-        if not isinstance(cache, dict):
-            cache = {}
-    except (OSError, ValueError):
-        cache = {}
-    entry = cache.get(key)
-    if not (isinstance(entry, dict) and all(isinstance(entry.get(k), (int, float)) and entry[k] > 0
-                                            for k in ("fp32", "fp64", "bandwidth"))):
-        entry = {
-            "fp32": _measure_gemm("float32"),
-            "fp64": _measure_gemm("float64"),
-            "bandwidth": _measure_copy(),
-            "gemm_n": _GEMM_N,
-            "copy_bytes": _COPY_BYTES,
-            "measured_at": time.time(),
-        }
-        cache[key] = entry
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
-            tmp.replace(path)  # atomic, so concurrent ranks never read half a file
-        except OSError:
-            pass  # an unwritable cache only costs a re-measurement next time
-    price, price_source = _cpu_price(threads)
-    return GpuSpec(
-        model=f"{model} ({threads} threads)",
-        peak=MappingProxyType({"fp32": float(entry["fp32"]), "fp64": float(entry["fp64"])}),
-        memory_bandwidth=float(entry["bandwidth"]),
-        price_per_hour=price,
-        source="calibrated",
-        price_source=price_source,
-        vendor=platform.machine(),
-        device_type="cpu",
-        notes=f"best of {_GEMM_RUNS} {entry.get('gemm_n', _GEMM_N)}^3 GEMMs; "
-              f"copy of {entry.get('copy_bytes', _COPY_BYTES)} bytes; other dtypes use the fp32 peak",
-    )
+        return getattr(cpu_peak, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,157 @@
+"""The public entry points: the cost of one op (:func:`op_cost`) and of a whole ops record table
+(:func:`model_ops`, one formula call per distinct signature)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .context import apply_context
+from .core import _DTYPES, OpArgs, formula_for
+
+
+def _as_list(v: Any) -> list[Any] | None:
+    if v is None:
+        return None
+    if isinstance(v, (bytes, str)):
+        try:
+            v = orjson.loads(v)
+        except orjson.JSONDecodeError:
+            return None
+    return v if isinstance(v, list) else None
+
+
+def _first_dtype(types: list[Any] | None) -> str:
+    if types:
+        for t in types:
+            entry = _DTYPES.get(t) if isinstance(t, str) else None
+            if entry is not None:
+                return entry[0]
+    return "other"
+
+
+def op_cost(name: str | None, dims: Any, types: Any, concrete: Any = None) -> tuple[float, float, str, str]:
+    """(flops, bytes, dtype, model) of one op from its recorded inputs.
+
+    ``dims``/``types``/``concrete`` are Kineto's 'Input Dims', 'Input type' and 'Concrete Inputs',
+    either parsed lists or their JSON text (as stored in the ops record table). Pure: the same
+    arguments always give the same answer, which is what lets :func:`model_ops` call it once per
+    distinct signature.
+    """
+    t = _as_list(types)
+    dtype = _first_dtype(t)
+    fn = formula_for(name)
+    if fn is None or t is None:
+        return 0.0, 0.0, dtype, "none"  # without parsing dims: most signatures are unmodelled views
+    d = _as_list(dims)
+    if d is None:
+        return 0.0, 0.0, dtype, "none"
+    try:
+        res = fn(OpArgs(d, t, _as_list(concrete)))
+    except (TypeError, ValueError, IndexError, ZeroDivisionError, OverflowError, AttributeError):
+        # Recorded shapes are untrusted input: one malformed record must not abort a 10^6-op pass.
+        res = None
+    if res is None:
+        return 0.0, 0.0, dtype, "none"
+    flops, nbytes, model = res
+    if not (math.isfinite(flops) and math.isfinite(nbytes)) or flops < 0 or nbytes < 0:
+        return 0.0, 0.0, dtype, "none"
+    return float(flops), float(nbytes), dtype, model
+
+
+@dataclass(frozen=True)
+class OpCosts:
+    """Per-op costs, aligned row for row with the ops table they were computed from."""
+
+    flops: np.ndarray   # float64, useful FLOPs of the op alone
+    bytes: np.ndarray   # float64, ideal device-memory bytes read + written
+    dtype: np.ndarray   # str: fp32 | tf32 | bf16 | fp16 | fp8 | int8 | fp64 | other
+    model: np.ndarray   # str: one of MODELS
+
+    def __len__(self) -> int:
+        return len(self.flops)
+
+    def to_table(self) -> pa.Table:
+        return pa.table({
+            "flops": pa.array(self.flops, pa.float64()),
+            "bytes": pa.array(self.bytes, pa.float64()),
+            "dtype": pa.array(self.dtype.astype(object), pa.string()).dictionary_encode(),
+            "model": pa.array(self.model.astype(object), pa.string()).dictionary_encode(),
+        })
+
+
+# Signature columns, in order; concrete_inputs joins the key only when the table has it.
+_SIGNATURE_COLUMNS = ("name", "input_dims", "input_types", "concrete_inputs")
+
+
+def _codes(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[Any]]:
+    """Dictionary codes (0 = null, i+1 = dictionary[i]) and the dictionary values of one column."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if pa.types.is_dictionary(arr.type):
+        # Re-encode: chunks of a dictionary column may carry different dictionaries.
+        arr = arr.cast(arr.type.value_type)
+    enc = pc.dictionary_encode(arr)
+    codes = pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64) + 1
+    return codes, enc.dictionary.to_pylist()
+
+
+def model_ops(ops: pa.Table) -> OpCosts:
+    """Costs of every op in an ops record table (records.OPS), one :func:`op_cost` call per signature.
+
+    A signature is the distinct (name, input_dims, input_types[, concrete_inputs]) combination;
+    training and serving loops repeat the same shapes every step, so a 10^6-row table typically has
+    a few thousand signatures. The columns are dictionary-encoded, combined into one integer key,
+    made unique with numpy, and the per-signature answers are mapped back with a take.
+    """
+    n = ops.num_rows
+    if n == 0:
+        empty = np.empty(0, dtype=np.float64)
+        return OpCosts(empty, empty.copy(), np.empty(0, dtype="<U5"), np.empty(0, dtype="<U11"))
+    cols = [c for c in _SIGNATURE_COLUMNS if c in ops.column_names]
+    encoded = [_codes(ops.column(c)) for c in cols]
+    key = np.zeros(n, dtype=np.int64)
+    radix = 1
+    fits = True
+    for codes, values in encoded:
+        size = len(values) + 1
+        if radix * size >= 2**62:
+            fits = False
+            break
+        key += codes * radix
+        radix *= size
+    if fits:
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    else:  # dictionaries too large for one int64 key: unique rows of the code matrix instead
+        stacked = np.stack([c for c, _ in encoded], axis=1)
+        _, first, inverse = np.unique(stacked, axis=0, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    m = len(first)
+    flops_u = np.empty(m, dtype=np.float64)
+    bytes_u = np.empty(m, dtype=np.float64)
+    dtype_u: list[str] = []
+    model_u: list[str] = []
+    for j, row in enumerate(first):
+        args = [values[codes[row] - 1] if codes[row] else None for codes, values in encoded]
+        name, dims, types = args[0], args[1] if len(args) > 1 else None, args[2] if len(args) > 2 else None
+        conc = args[3] if len(args) > 3 else None
+        f, b, dt, mo = op_cost(name, dims, types, conc)
+        flops_u[j] = f
+        bytes_u[j] = b
+        dtype_u.append(dt)
+        model_u.append(mo)
+    costs = OpCosts(
+        flops=flops_u[inverse],
+        bytes=bytes_u[inverse],
+        dtype=np.array(dtype_u, dtype="<U5")[inverse],
+        model=np.array(model_u, dtype="<U11")[inverse],
+    )
+    # Ops whose cost depends on their neighbours (a conv's consumer, a vLLM step's batch).
+    apply_context(ops, costs.flops, costs.bytes, costs.model)
+    return costs
+

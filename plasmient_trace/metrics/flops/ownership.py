@@ -1,0 +1,60 @@
+"""Which op's FLOPs count when modelled ops nest: the "same class of work" rule.
+
+A profiler records aten::linear around aten::addmm and aten::layer_norm around
+aten::native_layer_norm; both carry the same work. The outer op *yields* to a modelled op below
+it of the same class, so nothing is counted twice. GEMM, convolution and attention form one class
+(scaled_dot_product_attention over bmm); an op over a different class keeps its FLOPs (addmm over
+the copy_ of its bias).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["GEMM_LIKE", "yields_flops"]
+
+GEMM_LIKE = ("gemm", "conv", "attention")
+
+
+def _yields_to(op_parent: np.ndarray, cls: np.ndarray, k: int, below: np.ndarray) -> np.ndarray:
+    """Per op: does an op marked in ``below`` of the same class sit anywhere under it? One numpy
+    step per tree level: the (ancestor, class) pairs of a level are deduplicated before climbing."""
+    n = len(op_parent)
+    yields = np.zeros(n, bool)
+    seen = np.zeros(n * k, bool)
+    node, c = op_parent[below], cls[below]
+    for _ in range(256):
+        keep = node >= 0
+        key = np.unique(node[keep] * k + c[keep])
+        key = key[~seen[key]]
+        if not len(key):
+            break
+        seen[key] = True
+        node, c = key // k, key % k
+        yields[node[cls[node] == c]] = True
+        node = op_parent[node]
+    return yields
+
+
+def yields_flops(op_parent: np.ndarray, op_model: np.ndarray, op_flops: np.ndarray) -> np.ndarray:
+    """Per op: is its work already modelled by an op below it of the same class?
+
+    ``op_parent``: index of each op's parent op (-1 at a root); ``op_model``/``op_flops`` as
+    :func:`model_ops` returns them. An op with FLOPs yields only to a same-class descendant that has
+    FLOPs itself: aten::mul(param, scalar_tensor) launches an aten::to/copy_ (elementwise, 0 FLOPs)
+    for its scalar operand, and yielding to that copy would drop the multiply (AdamW's weight
+    decay). An op without FLOPs yields to any modelled same-class descendant, which keeps its bytes
+    from being counted beside theirs.
+    """
+    n = len(op_parent)
+    if n == 0:
+        return np.zeros(0, bool)
+    parent = np.asarray(op_parent, np.int64)
+    model = np.asarray(op_model).astype(str)
+    flops = np.asarray(op_flops, np.float64)
+    classes, cls = np.unique(np.where(np.isin(model, GEMM_LIKE), "gemm-like", model), return_inverse=True)
+    cls = cls.reshape(-1)
+    modelled = model != "none"
+    to_any = _yields_to(parent, cls, len(classes), modelled)
+    to_working = _yields_to(parent, cls, len(classes), modelled & (flops > 0))
+    return np.where(flops > 0, to_working, to_any)
