@@ -52,6 +52,10 @@ def add_stitch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline-mfu", type=_positive_float, default=None, help="MFU counted as not wasted (default 0.46)")
     p.add_argument("--ranks-per-node", type=_positive_int, default=8, help="ranks per node when the trace names no host (default 8)")
     p.add_argument("--host", help="host name to record for a single-host ingest")
+    p.add_argument("--graph-capture", metavar="CAPTURE_TRACE",
+                   help="trace of the CUDA/HIP graph capture that the (single) input replays: replayed kernels get the "
+                        "FLOPs, op and module of their capture-time launch (default: the capture named by an "
+                        "execution_details.json beside the trace, as vLLM/SGLang write it)")
     p.add_argument("--resource-from-env", action="store_true",
                    help="add this machine's SLURM_*/torchrun/Kubernetes/host attributes to the resource "
                         "(use when ingesting on the node that ran the job; the trace's own rank and world size win)")
@@ -76,6 +80,7 @@ def stitch_options_from_args(args: argparse.Namespace, job_id: str) -> Any:
         job_id=job_id, max_spans=args.max_spans, extra_resource=extra, peak_tflops=args.peak_tflops, bandwidth_gbs=args.bandwidth_gbs,
         gpu_price=args.gpu_price, gpu_model=args.gpu_model,
         baseline_mfu=args.baseline_mfu or DEFAULT_BASELINE_MFU, ranks_per_node=args.ranks_per_node, host=host,
+        graph_capture=getattr(args, "graph_capture", None),
     )
 
 
@@ -112,6 +117,8 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     batch = result.batch
     for source in result.stats.get("unknown_devices", []):
         _say(args, f"plasmient: unknown device in {source}: no MFU on its spans (name it with --gpu-model or set --peak-tflops)")
+    for note in result.stats.get("notes", []):
+        _say(args, f"plasmient: {note}")
 
     try:
         config = otlp.OtlpConfig.from_env(endpoint=args.endpoint, protocol=args.protocol)

@@ -16,6 +16,7 @@ from .conventions import DEFAULT_BASELINE_MFU, SpanBatch
 from .metrics import flops as flops_model
 from .metrics import hardware
 from .records import RecordSet
+from .sources.graph_capture import capture_trace_for, launch_kernel_names, pair_graph_capture
 from .sources.kineto import read_kineto
 from .stitch.align import apply_offsets, estimate_alignment
 from .stitch.joins import JoinedRank
@@ -38,6 +39,8 @@ class IngestOptions:
     extra_resource: dict[str, Any] = field(default_factory=dict)
     # Spec used when a rank ran on the CPU only (live capture calibrates one; offline traces leave it unknown).
     cpu_spec: Any = None
+    # Trace of the CUDA/HIP graph capture a single replay input replays (None: look for execution_details.json).
+    graph_capture: str | Path | None = None
 
 
 @dataclass
@@ -84,8 +87,23 @@ def resolve_device(records: RecordSet, options: IngestOptions) -> DeviceSpec:
                       bandwidth=spec.memory_bandwidth, price_per_hour=spec.price_per_hour, source=spec.source)
 
 
+def _observed_cpu_rates(records: RecordSet, costs: Any) -> dict[str, float]:
+    """The fastest FLOP/s any recorded op reached, per dtype (on a CPU the op's interval is its kernel)."""
+    if not records.ops.num_rows:
+        return {}
+    dur = (records.ops.column("end_ns").to_numpy() - records.ops.column("start_ns").to_numpy()) / 1e9
+    flops = np.asarray(costs.flops, np.float64)
+    ok = (flops > 0) & (dur > 1e-6)
+    dtypes = np.asarray(costs.dtype, dtype=str)
+    return {str(d): float((flops[ok & (dtypes == d)] / dur[ok & (dtypes == d)]).max())
+            for d in np.unique(dtypes[ok])}
+
+
 def rank_input(records: RecordSet, options: IngestOptions) -> RankInput:
     costs = flops_model.model_ops(records.ops)
+    if records.kernels.num_rows == 0 and options.cpu_spec is not None:
+        # A calibrated CPU peak that a recorded op beat by more than 5% is wrong: raise it (said once).
+        options.cpu_spec = hardware.raise_cpu_peak(options.cpu_spec, _observed_cpu_rates(records, costs))
     return RankInput(
         records=records, spec=resolve_device(records, options),
         op_flops=np.asarray(costs.flops, np.float64), op_bytes=np.asarray(costs.bytes, np.float64),
@@ -122,11 +140,24 @@ def ingest_paths(
 ) -> IngestResult:
     """Read every file (one per rank), then stitch them into one trace per step."""
     paths = [Path(p) for p in paths]
+    if options.graph_capture is not None and len(paths) != 1:
+        raise ValueError("--graph-capture pairs one replay trace with its capture: pass a single input")
     record_sets = []
+    notes = []
     for i, path in enumerate(paths):
         if progress:
             progress(f"reading {path.name}", i, len(paths))
-        record_sets.append(read_kineto(path))
+        records = read_kineto(path)
+        capture = Path(options.graph_capture) if options.graph_capture is not None else capture_trace_for(path)
+        if capture is not None:
+            records, pairing = pair_graph_capture(records, read_kineto(capture), launch_kernel_names(capture))
+            notes.append(f"{path.name}: {pairing['paired']} of {pairing['graph_kernels']} replayed graph kernels paired "
+                         f"with their capture-time ops in {capture.name}"
+                         + (f"; {pairing['name_mismatches']} kernel names did not match and stay unknown"
+                            if pairing["name_mismatches"] else ""))
+        record_sets.append(records)
     if progress:
         progress("stitching", len(paths), len(paths))
-    return stitch_records(record_sets, options)
+    result = stitch_records(record_sets, options)
+    result.stats["notes"] = notes
+    return result

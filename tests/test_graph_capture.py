@@ -177,3 +177,27 @@ def test_vllm_attention_without_per_request_statistics_stays_unknown() -> None:
     names = np.array(table.column("name").to_pylist())
     attn = names == "vllm::unified_attention_with_output"
     assert attn.sum() == 36 and (costs.model[attn] == "none").all()
+
+
+def test_ingest_pairs_the_replay_by_itself_and_the_step_carries_the_flops_and_their_coverage(tmp_path) -> None:
+    """`plasmient ingest REPLAY` finds the capture through execution_details.json: the step span's FLOPs
+    are TraceLens's total less the MoE it assumes (plus RoPE), its MFU is measured on the identified
+    MI300X, and the time of the unmodelled MoE kernels is what keeps coverage below 1."""
+    from plasmient_trace.pipeline import IngestOptions, ingest_paths
+
+    result = ingest_paths([trace_path(REPLAY)], IngestOptions(job_id="vllm"))
+    rows = result.batch.table.to_pylist()
+    step = next(r for r in rows if r["plasmient.level"] == "step")
+    golden = _golden()
+    moe = [r for r in golden if r["name"].startswith("pseudo_op::moe_triton_unfused")]
+    rope = 24 * 32 * (64 + 8) * 64 * 3
+    assert step["plasmient.flops"] == pytest.approx(_golden_flops(golden) - _golden_flops(moe) + rope, rel=1e-6)
+    assert result.batch.resources[-1]["plasmient.gpu.model"] == "MI300X"
+    assert step["plasmient.mfu"] is not None and 0 < step["plasmient.mfu"] < step["plasmient.util.resident"]
+    kernels = [r for r in rows if r["plasmient.level"] == "kernel"]
+    moe_s = sum(r["end_ns"] - r["start_ns"] for r in kernels if r["plasmient.kernel.capture_op"] == "vllm::moe_forward") / 1e9
+    assert moe_s > 0 and step["plasmient.flops.coverage"] < 1 - moe_s / step["plasmient.busy_s"] + 1e-6
+    assert any("421 of 421 replayed graph kernels paired" in n for n in result.stats["notes"])
+    # the culprits name the capture-time op, not the replay call
+    culprits = json.loads(step["plasmient.culprits"])
+    assert any(c["op"] == "vllm::moe_forward" for c in culprits)

@@ -48,7 +48,7 @@ def suggestion(
         return f"launch/latency-bound tiny kernels{mean}{where}: fuse them (torch.compile) or replay with CUDA graphs"
     if bound in (None, "unknown"):
         return (f"no FLOP model for this work{where}: its efficiency is unknown; record shapes "
-                f"(record_shapes=True) so it can be judged")
+                f"(record_shapes=True), or register a formula for its op (metrics.flops.register_flop_formula)")
     if _ATTENTION.search(text) and bound == "memory":
         return f"memory-bound attention{where} (decode-like): raise the batch or use a flash-decoding/paged attention kernel"
     if _GEMM.search(text) and bound == "memory":

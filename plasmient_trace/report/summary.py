@@ -411,7 +411,8 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
         where = chain_text(c, width=60)
         if calls:
             where += f"\n{calls} call{'s' if calls != 1 else ''}" + (f" in {c['layers']} modules" if (c.get("layers") or 0) > 1 else "")
-        table.add_row(str(n), where, c["bound"] or "", label, c["suggestion"] or "")
+        # Text(), not markup: kernel names such as "[device idle]" or "Kernel<[128]>" are not rich tags
+        table.add_row(str(n), Text(where), c["bound"] or "", label, Text(c["suggestion"] or ""))
     console.print(table)
 
 

@@ -74,6 +74,21 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
     _, path_code_of_mod = _dense(np.array(labels, dtype=object).astype(str)) if labels else (None, np.zeros(0, np.int64))
     mpath = np.where(mod >= 0, path_code_of_mod[np.maximum(mod, 0)] if len(labels) else -1, -1)
 
+    # A replayed CUDA-graph kernel is named by the op that launched it at capture time, not the replay call.
+    if n_k and "capture_op" in rs.kernels.column_names and rs.kernels.column("capture_op").null_count < n_k:
+        cap_code, cap_names = _names(rs.kernels.column("capture_op"))
+        cmod_code, cmod_names = _names(rs.kernels.column("capture_module"))
+        kr_real = np.minimum(kr, n_k - 1)
+        has_cap = real & (cap_code[kr_real] >= 0)
+        oname = np.where(has_cap, cap_code[kr_real] + len(op_names), oname)
+        op_names = op_names + cap_names
+        cpat = [module_pattern(x) for x in cmod_names]
+        pat_list = [str(x) for x in pat_uniq] + cpat
+        pat_uniq, remap = _dense(np.array(pat_list, dtype=object).astype(str)) if pat_list else (np.array([]), np.zeros(0, np.int64))
+        mpat = np.where(mpat >= 0, remap[np.maximum(mpat, 0)] if len(remap) else -1, -1)
+        has_cmod = has_cap & (cmod_code[kr_real] >= 0)
+        mpat = np.where(has_cmod, remap[len(pat_list) - len(cpat) + np.maximum(cmod_code[kr_real], 0)] if len(remap) else -1, mpat)
+        mpath = np.where(has_cmod, 1_000_000_000 + cmod_code[kr_real], mpath)
     step = tree.step_row[tree.base["kernel"] + kr]
     waste = tree.k_waste
     out: list[list[dict[str, Any]]] = [[] for _ in range(tree.n_steps)]

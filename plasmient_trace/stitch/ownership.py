@@ -16,44 +16,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..metrics.flops import yields_flops
+from ..metrics.hardware import kernel_precision
 from .inputs import KIND_CODE, RankInput
 from .joins import JoinedRank
-
-_GEMM_LIKE = ("gemm", "conv", "attention")
-_ZERO_WORK_MODELS = ("none",)
-
-
-def yields_flops(op_parent: np.ndarray, op_model: np.ndarray, op_flops: np.ndarray | None = None) -> np.ndarray:
-    """Per op: is its work already modelled by an op below it of the same class? aten::linear
-    (gemm) over aten::addmm (gemm), aten::layer_norm over aten::native_layer_norm (norm): the outer
-    op yields, so its FLOPs are not counted twice. GEMM, convolution and attention form one class
-    (scaled_dot_product_attention over bmm); an op over a different class keeps its FLOPs (addmm
-    over the copy_ of its bias), and so does an op whose same-class descendants model no FLOPs (a mul
-    over the 0-FLOP aten::to/copy_ of its scalar operand). One numpy step per tree level."""
-    n = len(op_parent)
-    yields = np.zeros(n, bool)
-    if n == 0:
-        return yields
-    model = op_model.astype(str)
-    classes, cls = np.unique(np.where(np.isin(model, _GEMM_LIKE), "gemm-like", model), return_inverse=True)
-    k = len(classes)
-    modelled = ~np.isin(model, _ZERO_WORK_MODELS)
-    if op_flops is not None:
-        modelled &= np.asarray(op_flops, np.float64) > 0
-    seen = np.zeros(n * k, bool)
-    node, c = op_parent[modelled], cls[modelled]
-    for _ in range(256):
-        keep = node >= 0
-        key = np.unique(node[keep] * k + c[keep])
-        key = key[~seen[key]]
-        if not len(key):
-            break
-        seen[key] = True
-        node, c = key // k, key % k
-        yields[node[cls[node] == c]] = True
-        node = op_parent[node]
-    return yields
-
 
 def cpu_kernel_ops(op_parent: np.ndarray, owns: np.ndarray) -> np.ndarray:
     """The ops that stand for kernels when the CPU is the device: each outermost op that owns
@@ -140,11 +106,17 @@ def kernel_peaks(inp: RankInput, work: KernelWork) -> np.ndarray:
     peaks = np.full(n_ks, inp.spec.peak("fp32"))
     n_op = len(inp.op_dtype)
     if n_op and n_ks:
-        # peak per distinct dtype (a handful), mapped to kernels through integer codes
-        op_dtypes, op_dtype_code = np.unique(inp.op_dtype.astype(str), return_inverse=True)
-        peak_of_code = np.array([inp.spec.peak(str(d)) for d in op_dtypes])
+        # the precision each kernel's math ran at: its op's dtype, tf32 where an fp32 GEMM ran a
+        # tensor-core kernel; then the peak per distinct precision (a handful)
         has_src = work.dtype_src >= 0
-        peaks[has_src] = peak_of_code[op_dtype_code[work.dtype_src[has_src]]]
+        dtype = np.full(n_ks, "fp32", dtype=object)
+        dtype[has_src] = inp.op_dtype.astype(str)[work.dtype_src[has_src]]
+        n_real = inp.records.kernels.num_rows
+        if n_real:
+            dtype[:n_real] = kernel_precision(inp.records.kernels.column("name"), dtype[:n_real].astype(str))
+        kinds, code = np.unique(dtype.astype(str), return_inverse=True)
+        peak_of_code = np.array([inp.spec.peak(str(d)) for d in kinds])
+        peaks[has_src] = peak_of_code[code.reshape(-1)[has_src]]
     rs = inp.records
     if "model_dtype" in rs.kernels.column_names and rs.kernels.num_rows and rs.kernels.column("model_dtype").null_count < rs.kernels.num_rows:
         dt = rs.kernels.column("model_dtype").combine_chunks()
