@@ -49,6 +49,8 @@ SPAN_ATTRIBUTES: tuple[SpanAttribute, ...] = (
     SpanAttribute("plasmient.device.start_ns", _I, "ns", _ALL, "start of the device window (Unix epoch ns); the window ends at start + window_s"),
     SpanAttribute("plasmient.flops", _F, "{flop}", _ALL, "useful FLOPs of the kernels under the span (total, inclusive); a parent's is the sum of its children's"),
     SpanAttribute("plasmient.flops.self", _F, "{flop}", _ALL, "FLOPs of the span's own kernels, not under a child module/op span (exclusive)"),
+    SpanAttribute("plasmient.flops.recompute", _F, "{flop}", _ALL, "FLOPs of forward work the backward pass recomputed (activation checkpointing) under the span: hardware work, not in plasmient.flops or plasmient.mfu, in plasmient.hfu; absent when there is none"),
+    SpanAttribute("plasmient.hfu", _F, "1", _ALL, "hardware FLOPs utilization: (flops + flops.recompute) / (peak * window * gpus), PaLM's HFU; equals mfu without recompute"),
     SpanAttribute("plasmient.flops.coverage", _F, "1", _ALL, "share of the span's busy device time spent in kernels whose FLOPs are known (copies and collectives are a known zero); no MFU where it is 0"),
     SpanAttribute("plasmient.ideal_s", _F, "s", _ALL, "sum over kernels of flops / peak(dtype): time the work needs at peak; absent when the peak is unknown"),
     SpanAttribute("plasmient.busy_s", _F, "s", _ALL, "device-seconds the kernels under the span held their devices, concurrent kernels sharing each second equally (additive: no device-second counts twice)"),

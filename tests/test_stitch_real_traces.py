@@ -71,7 +71,9 @@ def test_tree_levels_nest_in_design_order(name):
             continue
         parent = index[(r["trace_id"], r["parent_span_id"])]
         child_level, parent_level = LEVEL_ORDER.index(r["plasmient.level"]), LEVEL_ORDER.index(parent["plasmient.level"])
-        if r["plasmient.level"] in ("module", "op"):
+        if r["plasmient.level"] == "module" and r["name"].endswith(" [recompute]") and parent["plasmient.level"] == "op":
+            assert "Backward" in parent["name"]  # a recomputed forward hangs under the backward op that re-ran it
+        elif r["plasmient.level"] in ("module", "op"):
             assert parent_level <= child_level  # modules and ops nest among themselves
             assert parent["plasmient.level"] in ("step", "module", "op")
         else:
@@ -208,7 +210,8 @@ def test_every_span_has_the_metrics_in_range(name):
         if not coverage:
             assert mfu is None  # nothing measured is never MFU 0
         if r["plasmient.bytes"] > 0 and coverage:
-            assert r["plasmient.arithmetic_intensity"] == pytest.approx(r["plasmient.flops"] / r["plasmient.bytes"])
+            hardware_flops = r["plasmient.flops"] + (r["plasmient.flops.recompute"] or 0)  # the roofline is about executed work
+            assert r["plasmient.arithmetic_intensity"] == pytest.approx(hardware_flops / r["plasmient.bytes"])
         if r["plasmient.level"] in ("step", "rank", "node", "fleet") and r["plasmient.kernels"]:
             assert r["plasmient.culprit.kernel"] and r["plasmient.culprit.suggestion"]
 

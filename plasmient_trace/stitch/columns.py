@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from .. import conventions as cv
 from . import ids
-from .culprits import culprit_columns, module_label
+from .culprits import culprit_columns
 from .inputs import LEVEL_CODE, RankInput, StitchOptions
 from .joins import JoinedRank
 from .rank import RankTree, SpanMetrics
@@ -90,7 +90,7 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
         kn = pc.utf8_slice_codeunits(kn, 0, _NAME_LIMIT)
     names = pa.concat_arrays([
         pa.array([f"rank {rank}"] * n_steps + step_names, pa.string()),
-        pa.array([module_label(j, m) for m in range(t.n_mod)], pa.string()),
+        pa.array(t.module_labels, pa.string()),
         rs.ops.column("name").combine_chunks().cast(pa.string()) if t.n_op else pa.array([], pa.string()),
         kn,
     ])
@@ -120,17 +120,22 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     cols["plasmient.wall_s"] = (t.end[sel] - t.start[sel]) / 1e9
     cols["plasmient.device.window_s"] = nan_to_null(met.window_s[sel])
     cols["plasmient.device.start_ns"] = masked(t.win_start[sel], ~dev)
-    for name, key in (("plasmient.flops", "flops"), ("plasmient.busy_s", "busy_s"), ("plasmient.bytes", "bytes"),
-                      ("plasmient.wasted_s", "wasted_s")):
+    for name, key in (("plasmient.busy_s", "busy_s"), ("plasmient.bytes", "bytes"), ("plasmient.wasted_s", "wasted_s")):
         cols[name] = masked(t.col(key)[sel], ~dev)
         cols[f"{name}.self"] = masked(t.col(key, False)[sel], ~dev)
-    cols["plasmient.ideal_s"] = nan_to_null(np.where(t.peak_known & dev, t.col("ideal_s")[sel], np.nan))
+    # model FLOPs: recomputed forward work (activation checkpointing) is hardware work, reported apart
+    cols["plasmient.flops"] = masked((t.col("flops") - t.col("recompute_flops"))[sel], ~dev)
+    cols["plasmient.flops.self"] = masked((t.col("flops", False) - t.col("recompute_flops", False))[sel], ~dev)
+    recomputed = t.col("recompute_flops")[sel]
+    cols["plasmient.flops.recompute"] = masked(recomputed, ~dev | (recomputed <= 0))
+    cols["plasmient.ideal_s"] = nan_to_null(np.where(t.peak_known & dev, (t.col("ideal_s") - t.col("recompute_ideal_s"))[sel], np.nan))
     cols["plasmient.idle_s"] = masked(t.col("idle_s")[sel], ~upper)
     cols["plasmient.kernel_s"] = masked(t.col("kernel_s")[sel], ~upper)
     cols["plasmient.comm.total_s"] = masked(t.col("comm_s")[sel], ~upper)
     cols["plasmient.memcpy.total_s"] = masked(t.col("copy_s")[sel], ~upper)
     cols["plasmient.util.resident"] = nan_to_null(met.util[sel])
     cols["plasmient.mfu"] = nan_to_null(met.mfu[sel])
+    cols["plasmient.hfu"] = nan_to_null(met.hfu[sel])
     cols["plasmient.flops.coverage"] = nan_to_null(met.coverage[sel])
     cols["plasmient.stall_fraction"] = nan_to_null(met.stall[sel])
     cols["plasmient.idle_fraction"] = nan_to_null(1.0 - met.util[sel])
@@ -150,8 +155,9 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     not_exported = t.alive & ~export
     folded_k = real_kernel & not_exported
     folded_spans = not_exported & ((t.level == LEVEL_CODE["module"]) | (t.level == LEVEL_CODE["op"]))
+    model_flops = t.col("flops") - t.col("recompute_flops")
     fold = rollup(t.parent, t.depth, np.stack([folded_k.astype(float), np.where(folded_k, t.col("kernel_s"), 0.0),
-                                               np.where(folded_k, t.col("flops"), 0.0), folded_spans.astype(float)], axis=1))
+                                               np.where(folded_k, model_flops, 0.0), folded_spans.astype(float)], axis=1))
     no_fold = (lv == LEVEL_CODE["kernel"])
     cols["plasmient.kernels.folded"] = masked(fold[sel, 0].astype(np.int64), no_fold)
     cols["plasmient.kernels.folded_s"] = masked(fold[sel, 1], no_fold)

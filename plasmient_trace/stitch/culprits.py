@@ -32,10 +32,6 @@ def module_pattern(path: str) -> str:
     return _INSTANCE.sub("*", path)
 
 
-def module_label(j: JoinedRank, m: int) -> str:
-    return j.module_path[m] + (" [backward]" if j.module_phase[m] == "backward" else "")
-
-
 def _dense(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     uniq, inv = np.unique(values, return_inverse=True)
     return uniq, inv.astype(np.int64)
@@ -66,7 +62,7 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
     oname = np.where(lop >= 0, op_code[np.maximum(lop, 0)] if tree.n_op else -1, -1)
     mod_of_op = module_of_ops(j)
     mod = np.where(lop >= 0, mod_of_op[np.maximum(lop, 0)] if tree.n_op else -1, -1)
-    labels = [module_label(j, m) for m in range(tree.n_mod)]
+    labels = tree.module_labels
     patterns = [module_pattern(x) for x in labels]
     pat_uniq, pat_code_of_mod = _dense(np.array(patterns, dtype=object).astype(str)) if labels else (np.array([]), np.zeros(0, np.int64))
     mpat = np.where(mod >= 0, pat_code_of_mod[np.maximum(mod, 0)] if len(labels) else -1, -1)

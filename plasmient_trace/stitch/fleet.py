@@ -27,7 +27,7 @@ from . import ids
 from .culprits import culprit_columns, merge_culprits
 from .inputs import StitchOptions
 
-_FLOATS = ("flops", "ideal_s", "busy_s", "union_s", "known_s", "bytes", "kernel_s", "comm_s", "copy_s", "wasted_s",
+_FLOATS = ("flops", "ideal_s", "recompute_flops", "recompute_ideal_s", "busy_s", "union_s", "known_s", "bytes", "kernel_s", "comm_s", "copy_s", "wasted_s",
            "charged_s", "idle_s", "price_per_hour", "ridge")
 
 
@@ -60,6 +60,8 @@ class RankSummary:
     price_per_hour: float        # USD per device-hour; NaN unknown
     ridge: float                 # flop/byte of its device; NaN unknown
     device_type: str = "gpu"
+    recompute_flops: float = 0.0      # activation-checkpointing recompute: hardware FLOPs, not model FLOPs
+    recompute_ideal_s: float = 0.0
     culprits: list[dict[str, Any]] = field(default_factory=list)
     service_name: str | None = None
 
@@ -119,6 +121,7 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
         util = np.where(device_s > 0, np.minimum(total("union_s") / device_s, 1.0), 0.0)
         coverage = np.where(busy > 0, np.clip(known / busy, 0, 1), np.nan)
         mfu = np.where((coverage > 0) & (device_s > 0), np.minimum(ideal / device_s, util), np.nan)
+        hfu = np.where((coverage > 0) & (device_s > 0), np.minimum((ideal + total("recompute_ideal_s")) / device_s, util), np.nan)
         stall = np.where((coverage > 0) & (busy > 0), np.clip(1 - ideal / busy, 0, 1), np.nan)
         intensity = np.where((total("bytes") > 0) & (coverage > 0), total("flops") / total("bytes"), np.nan)
     ridge = np.array([np.nanmean([s.ridge for s in g[3]]) if any(np.isfinite(s.ridge) for s in g[3]) else np.nan
@@ -171,6 +174,8 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
         "plasmient.idle_s": total("idle_s"),
         "plasmient.util.resident": util,
         "plasmient.mfu": _nan_to_null(mfu),
+        "plasmient.hfu": _nan_to_null(hfu),
+        "plasmient.flops.recompute": _nan_to_null(np.where(total("recompute_flops") > 0, total("recompute_flops"), np.nan)),
         "plasmient.stall_fraction": _nan_to_null(stall),
         "plasmient.idle_fraction": 1.0 - util,
         "plasmient.bytes": total("bytes"),
@@ -191,7 +196,7 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
     # A rank whose step was not measured (a live step-level step: flops NaN) leaves the group's FLOP-derived
     # numbers, bound, waste and culprits absent: a partial sum would read as a measurement.
     unmeasured = np.isnan(total("flops"))
-    for name in ("plasmient.flops", "plasmient.ideal_s", "plasmient.mfu", "plasmient.stall_fraction", "plasmient.flops.coverage",
+    for name in ("plasmient.flops", "plasmient.ideal_s", "plasmient.mfu", "plasmient.hfu", "plasmient.stall_fraction", "plasmient.flops.coverage",
                  "plasmient.arithmetic_intensity", "plasmient.wasted_s", "plasmient.wasted_s.self",
                  "plasmient.cost.wasted_usd", "plasmient.cost.wasted_usd.self"):
         cols[name] = _nan_to_null(np.where(unmeasured, np.nan, np.asarray(cols[name].to_numpy(zero_copy_only=False)
@@ -252,6 +257,9 @@ def summaries_from_batch(batch: cv.SpanBatch, baseline_mfu: float | None = None)
             start_ns=int(sub.column("start_ns")[i].as_py()), end_ns=int(sub.column("end_ns")[i].as_py()),
             window_start_ns=int(w_start[i]), window_end_ns=int(w_start[i] + round(window[i] * 1e9)),
             gpus=int(gpus[i]), flops=float(num("plasmient.flops", 0.0)[i]), ideal_s=float(num("plasmient.ideal_s")[i]),
+            recompute_flops=float(num("plasmient.flops.recompute", 0.0)[i]),
+            # exact unless a ratio was capped at util
+            recompute_ideal_s=float((num("plasmient.hfu", 0.0)[i] - num("plasmient.mfu", 0.0)[i]) * charged[i]),
             busy_s=float(busy[i]), union_s=float(num("plasmient.util.resident", 0.0)[i] * charged[i]),
             known_s=float(num("plasmient.flops.coverage", 0.0)[i] * busy[i]), bytes=float(num("plasmient.bytes", 0.0)[i]),
             kernels=int(num("plasmient.kernels", 0.0)[i]), kernel_s=float(num("plasmient.kernel_s", 0.0)[i]),

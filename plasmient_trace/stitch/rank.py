@@ -24,12 +24,13 @@ from .inputs import KIND_CODE, LEVEL_CODE, RankInput, StitchOptions
 from .joins import JoinedRank
 from .nesting import tree_depth, tree_root
 from .ownership import cpu_kernel_ops, kernel_peaks, kernel_work, yields_flops
+from .recompute import Recompute, find_recompute
 from .windows import kernel_shares_ns, step_windows
 
 _BIG = np.iinfo(np.int64).max
 # Additive per-span quantities, in the column order of RankTree.total / .self_.
 ADDITIVE = ("flops", "bytes", "ideal_s", "busy_s", "wasted_s", "known_s", "kernel_s", "comm_s", "copy_s",
-            "kernels", "charged_s", "idle_s")
+            "kernels", "charged_s", "idle_s", "recompute_flops", "recompute_ideal_s")
 COL = {name: i for i, name in enumerate(ADDITIVE)}
 
 
@@ -51,6 +52,7 @@ class RankTree:
     depth: np.ndarray
     row: np.ndarray       # row in the span's record table
     synth_ops: np.ndarray  # op rows that stand for kernels on a CPU-only rank
+    module_labels: list[str]  # per module row: path, + " [backward]" / " [recompute]"
     # device window and metrics
     has_device: np.ndarray
     win_start: np.ndarray
@@ -128,6 +130,10 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     if n_mod:
         om_ok &= j.module_step[np.maximum(om, 0)] == j.op_step
     o_par = np.where(op_ok, base["op"] + op_p, np.where(om_ok, base["module"] + om, base["step"] + np.maximum(j.op_step, 0)))
+    rc = find_recompute(rs, j)
+    m_par, o_par = _hang_recompute(rc, j, base, m_par, o_par, m_alive)
+    module_labels = [j.module_path[m] + (" [recompute]" if rc.modules[m] else " [backward]" if j.module_phase[m] == "backward" else "")
+                     for m in range(n_mod)]
     ko = np.concatenate([j.kernel_op, synth_ops])
     kstep = np.concatenate([j.kernel_step, j.op_step[synth_ops]])
     ko_ok = (ko >= 0) & (j.op_step[np.maximum(ko, 0)] == kstep) if n_op else np.zeros(n_ks, bool)
@@ -163,6 +169,8 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
         kinds[n_k:] = np.where(_collective_ops(rs, synth_ops), KIND_CODE["collective"], KIND_CODE["kernel"])
     work = kernel_work(inp, j, ko, kinds, k_alive, ke - ks)
     peaks = kernel_peaks(inp, work)
+    # recomputed forward work (activation checkpointing): hardware FLOPs, not model FLOPs
+    k_rc = rc.ops[np.maximum(np.where(work.owner >= 0, work.owner, ko), 0)] & (ko >= 0) if n_op else np.zeros(n_ks, bool)
 
     # ---- device windows: steps tile the rank's device timeline; kernels are clipped to their step's tile
     live_k = np.nonzero(k_alive)[0]
@@ -180,7 +188,8 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     over = ideal > dur_s
     over_peak_by_step = np.bincount(kstep[live_k][over], minlength=n_steps) if n_steps else np.zeros(0, np.int64)
     ideal = np.where(over, dur_s, ideal)
-    waste = mc.kernel_waste_s(share_s, ideal, options.baseline_mfu)
+    rc_live = k_rc[live_k]
+    waste = mc.kernel_waste_s(share_s, np.where(rc_live, 0.0, ideal), options.baseline_mfu)
     kind_live = kinds[live_k]
     k_span = base["kernel"] + live_k
 
@@ -213,6 +222,8 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     v[:, COL["copy_s"]] = np.where((kind_live == KIND_CODE["memcpy"]) | (kind_live == KIND_CODE["memset"]), raw_s, 0.0)
     v[:, COL["kernels"]] = 1.0
     v[:, COL["charged_s"]] = share_s
+    v[:, COL["recompute_flops"]] = np.where(rc_live, work.flops[live_k], 0.0)
+    v[:, COL["recompute_ideal_s"]] = np.where(rc_live, np.nan_to_num(ideal), 0.0)
     self_vals[k_span] = v
     step_spans = base["step"] + steps_rows
     idle = np.maximum(win_s[step_spans] * rank_devices - stats.union_s[step_spans], 0.0)
@@ -230,7 +241,7 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     outside = ~k_alive[:n_k] if n_k else np.zeros(0, bool)
     return RankTree(
         n_steps=n_steps, n_mod=n_mod, n_op=n_op, n_k=n_k, base=base, level=level, parent=parent, start=start,
-        end=end, step_row=step_row, alive=alive, depth=depth, row=row, synth_ops=synth_ops,
+        end=end, step_row=step_row, alive=alive, depth=depth, row=row, synth_ops=synth_ops, module_labels=module_labels,
         has_device=has_device & alive, win_start=win_start, win_end=win_end, gpus=gpus, total=total, self_=self_,
         union_s=stats.union_s, price=inp.spec.price_per_hour if inp.spec.price_per_hour is not None else np.nan,
         peak_known=inp.spec.peak_for is not None, k_rows=live_k, k_waste=waste, k_launch_op=ko[live_k],
@@ -259,7 +270,8 @@ class SpanMetrics:
 
     window_s: np.ndarray
     util: np.ndarray
-    mfu: np.ndarray
+    mfu: np.ndarray        # model FLOPs only (recompute excluded)
+    hfu: np.ndarray        # hardware FLOPs: model + recomputed
     coverage: np.ndarray
     stall: np.ndarray
     intensity: np.ndarray
@@ -276,12 +288,14 @@ def derive_metrics(tree: RankTree, ridge: float) -> SpanMetrics:
     device_s = window_s * t.gpus
     busy = t.col("busy_s")
     known = t.col("known_s")
-    ideal = t.col("ideal_s")
+    ideal_hw = t.col("ideal_s")
+    ideal = ideal_hw - t.col("recompute_ideal_s")
     with np.errstate(divide="ignore", invalid="ignore"):
         util = np.where(device_s > 0, np.minimum(t.union_s / device_s, 1.0), np.where(t.has_device, 0.0, np.nan))
         coverage = np.where(busy > 0, np.clip(known / busy, 0.0, 1.0), np.nan)
         measurable = t.peak_known & (coverage > 0)
         mfu = np.where(measurable & (device_s > 0), np.minimum(ideal / device_s, util), np.nan)
+        hfu = np.where(measurable & (device_s > 0), np.minimum(ideal_hw / device_s, util), np.nan)
         stall = np.where(measurable & (busy > 0), np.clip(1.0 - ideal / busy, 0.0, 1.0), np.nan)
         intensity = np.where((t.col("bytes") > 0) & (coverage > 0), t.col("flops") / t.col("bytes"), np.nan)
     kernels = t.col("kernels")
@@ -291,10 +305,36 @@ def derive_metrics(tree: RankTree, ridge: float) -> SpanMetrics:
         bytes_=t.col("bytes"), coverage=np.nan_to_num(coverage), ridge=np.full(len(kernels), ridge))
     price = t.price / 3600.0
     return SpanMetrics(
-        window_s=window_s, util=util, mfu=mfu, coverage=coverage, stall=stall, intensity=intensity, bound=bound,
+        window_s=window_s, util=util, mfu=mfu, hfu=hfu, coverage=coverage, stall=stall, intensity=intensity, bound=bound,
         cost=price * t.col("charged_s"), cost_self=price * t.col("charged_s", False),
         wasted_usd=price * t.col("wasted_s"), wasted_usd_self=price * t.col("wasted_s", False),
     )
+
+
+def _hang_recompute(rc: Recompute, j: JoinedRank, base: dict[str, int], m_par: np.ndarray, o_par: np.ndarray,
+                    m_alive: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Recompute modules under the backward op that ran them, recompute roots under those modules;
+    left as they were if that would not be a tree (a module and its op starting at the same instant)."""
+    if not rc.modules.any():
+        return m_par, o_par
+    new_m, new_o = m_par.copy(), o_par.copy()
+    mods = np.nonzero(rc.modules & (rc.module_parent_op >= 0) & m_alive)[0]
+    mp = j.module_parent[mods]
+    top = (mp < 0) | ~rc.modules[np.maximum(mp, 0)]
+    mods = mods[top & (j.module_step[mods] == j.op_step[rc.module_parent_op[mods]])]
+    new_m[mods] = base["op"] + rc.module_parent_op[mods]
+    roots = np.nonzero(rc.op_module >= 0)[0]
+    roots = roots[m_alive[rc.op_module[roots]] & (j.module_step[rc.op_module[roots]] == j.op_step[roots])]
+    new_o[roots] = base["module"] + rc.op_module[roots]
+    # pointer-chase with a bound: a cycle never reaches a root
+    parent = np.concatenate([np.full(base["module"], -1), new_m, new_o])
+    cur = parent.copy()
+    for _ in range(4096):
+        live = cur >= 0
+        if not live.any():
+            return new_m, new_o
+        cur[live] = parent[cur[live]]
+    return m_par, o_par
 
 
 def module_of_ops(j: JoinedRank) -> np.ndarray:

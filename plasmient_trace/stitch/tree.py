@@ -72,13 +72,16 @@ def stitch_rank(inp: RankInput, rank: int, node: str, options: StitchOptions, al
     service = batch.resources[0].get("service.name") if batch.resources else None
     for s in range(tree.n_steps):
         r = tree.base["rank"] + s
-        total = {k: float(tree.col(k)[r]) for k in ("flops", "busy_s", "known_s", "bytes", "kernel_s", "comm_s",
-                                                  "copy_s", "wasted_s", "charged_s", "idle_s")}
+        total = {k: float(tree.col(k)[r]) for k in ("busy_s", "known_s", "bytes", "kernel_s", "comm_s", "copy_s",
+                                                  "wasted_s", "charged_s", "idle_s", "recompute_flops")}
+        total["flops"] = float(tree.col("flops")[r] - tree.col("recompute_flops")[r])
+        recompute_ideal = float(tree.col("recompute_ideal_s")[r]) if tree.peak_known else float("nan")
         summaries.append(RankSummary(
             job_id=options.job_id, step=int(j.steps[s]), rank=rank, host=node,
             start_ns=int(tree.start[r]), end_ns=int(tree.end[r]),
             window_start_ns=int(tree.win_start[r]), window_end_ns=int(tree.win_end[r]), gpus=int(tree.gpus[r]),
-            ideal_s=float(tree.col("ideal_s")[r]) if tree.peak_known else float("nan"), union_s=float(tree.union_s[r]),
+            ideal_s=float(tree.col("ideal_s")[r]) - recompute_ideal if tree.peak_known else float("nan"),
+            recompute_ideal_s=recompute_ideal, union_s=float(tree.union_s[r]),
             kernels=int(tree.col("kernels")[r]), price_per_hour=float(tree.price), ridge=float(inp.spec.ridge()),
             device_type=inp.spec.device_type, culprits=culprits[s], service_name=service, **total,
         ))

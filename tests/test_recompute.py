@@ -1,0 +1,121 @@
+"""Activation checkpointing: recomputed forward work is hardware FLOPs (plasmient.hfu), not model FLOPs
+(plasmient.mfu), checked against torch's FlopCounterMode on a model recorded here and on the real MI300X
+ResNet trace that was recorded with checkpointing."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pytest
+
+from conftest import ingested
+
+torch = pytest.importorskip("torch")
+
+
+def _model(checkpointed: bool):
+    import torch.nn as nn
+    from torch.utils.checkpoint import checkpoint
+
+    class Block(nn.Module):  # bias-free GEMMs only: FlopCounterMode counts exactly what is recomputed
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.down = nn.Linear(64, 256, bias=False), nn.Linear(256, 64, bias=False)
+
+        def forward(self, x):
+            return self.down(self.up(x))
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList([Block() for _ in range(3)])
+
+        def forward(self, x):
+            for b in self.blocks:
+                x = checkpoint(b, x, use_reentrant=False) if checkpointed else b(x)
+            return x.sum()
+
+    torch.manual_seed(0)
+    return Net()
+
+
+def _counted_flops(checkpointed: bool) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, x = _model(checkpointed), torch.randn(32, 64)
+    with _full_recompute(), FlopCounterMode(display=False) as counter:
+        model(x).backward()
+    return counter.get_total_flops()
+
+
+def _full_recompute():
+    # Early stopping ends a recompute once the saved tensors exist, and whether it triggers differs
+    # under a dispatch mode (FlopCounterMode) and under the profiler: turn it off so both runs recompute
+    # the same ops.
+    from torch.utils.checkpoint import set_checkpoint_early_stop
+
+    return set_checkpoint_early_stop(False)
+
+
+@lru_cache(maxsize=None)
+def _step(tmp: str, checkpointed: bool) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    from plasmient_trace.pipeline import IngestOptions, ingest_paths
+
+    model, x = _model(checkpointed), torch.randn(32, 64)
+    with _full_recompute():
+        model(x).backward()
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            model(x).backward()
+    path = f"{tmp}/{'ckpt' if checkpointed else 'plain'}.json"
+    prof.export_chrome_trace(path)
+    rows = ingest_paths([path], IngestOptions(job_id="ckpt", peak_tflops=1.0)).batch.table.to_pylist()
+    return next(r for r in rows if r["plasmient.level"] == "step")
+
+
+def test_recomputed_forward_is_hfu_not_mfu(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("ckpt"))
+    plain, ckpt = _step(tmp, False), _step(tmp, True)
+    recomputed = _counted_flops(True) - _counted_flops(False)
+    assert recomputed == 3 * 2 * 2 * 32 * 64 * 256  # FlopCounterMode: the three blocks' forward GEMMs again
+    # model FLOPs do not change with checkpointing; the recompute is reported beside them
+    assert ckpt["plasmient.flops"] == pytest.approx(plain["plasmient.flops"], rel=1e-12)
+    assert ckpt["plasmient.flops.recompute"] == pytest.approx(recomputed, rel=1e-12)
+    assert plain["plasmient.flops.recompute"] is None and plain["plasmient.hfu"] == pytest.approx(plain["plasmient.mfu"])
+    assert ckpt["plasmient.hfu"] > ckpt["plasmient.mfu"]
+
+
+def test_recompute_on_the_mi300x_resnet_sits_in_the_backward_of_its_module():
+    rows = ingested("mi300x/resnet_act_checkpoint_rank0_of8.json.gz", 10**7).batch.table.to_pylist()
+    index = {(r["trace_id"], r["span_id"]): r for r in rows}
+    steps = [r for r in rows if r["plasmient.level"] == "step"]
+    assert all(s["plasmient.flops.recompute"] > 0 and s["plasmient.hfu"] > s["plasmient.mfu"] for s in steps)
+    recompute = [r for r in rows if r["plasmient.level"] == "module" and r["name"].endswith(" [recompute]")]
+    assert recompute
+    for m in recompute:
+        parent = index[(m["trace_id"], m["parent_span_id"])]
+        if parent["plasmient.level"] == "module":
+            assert parent["name"].endswith(" [recompute]")  # nested recompute modules
+            continue
+        # a top recompute module hangs under the backward op that re-ran it, inside a [backward] module
+        assert parent["plasmient.level"] == "op" and "Backward" in parent["name"]
+        up = parent
+        while up["plasmient.level"] == "op":
+            up = index[(up["trace_id"], up["parent_span_id"])]
+        assert up["plasmient.level"] in ("module", "step")
+        if up["plasmient.level"] == "module":
+            assert up["name"].endswith(" [backward]")
+    # the forward convolutions under a recompute module carry no model FLOPs: their work is recompute
+    convs = [r for r in rows if r["plasmient.level"] == "op" and r["name"] == "aten::convolution"
+             and index[(r["trace_id"], r["parent_span_id"])]["name"].startswith("aten::conv2d")]
+    in_recompute = []
+    for c in convs:
+        up = c
+        while up["parent_span_id"] and up["plasmient.level"] != "step":
+            up = index[(up["trace_id"], up["parent_span_id"])]
+            if up["name"].endswith(" [recompute]"):
+                in_recompute.append(c)
+                break
+    assert in_recompute and all((c["plasmient.flops"] or 0) == 0 and c["plasmient.flops.recompute"] > 0
+                                for c in in_recompute if c["plasmient.device.window_s"])
