@@ -123,13 +123,14 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
         mfu = np.where((coverage > 0) & (device_s > 0), np.minimum(ideal / device_s, util), np.nan)
         hfu = np.where((coverage > 0) & (device_s > 0), np.minimum((ideal + total("recompute_ideal_s")) / device_s, util), np.nan)
         stall = np.where((coverage > 0) & (busy > 0), np.clip(1 - ideal / busy, 0, 1), np.nan)
-        intensity = np.where((total("bytes") > 0) & (coverage > 0), total("flops") / total("bytes"), np.nan)
+        executed = total("flops") + total("recompute_flops")  # the roofline is about executed work
+        intensity = np.where((total("bytes") > 0) & (coverage > 0), executed / total("bytes"), np.nan)
     ridge = np.array([np.nanmean([s.ridge for s in g[3]]) if any(np.isfinite(s.ridge) for s in g[3]) else np.nan
                       for g in groups])
     kernels = total("kernels")
     bound = mc.bound_codes(has_device=np.ones(n, bool), is_kernel=np.zeros(n, bool), util=util, kernels=kernels,
                            kernel_s=total("kernel_s"), comm_s=total("comm_s"), copy_s=total("copy_s"),
-                           flops=total("flops"), bytes_=total("bytes"), coverage=np.nan_to_num(coverage), ridge=ridge)
+                           flops=executed, bytes_=total("bytes"), coverage=np.nan_to_num(coverage), ridge=ridge)
 
     service = options.service_name or next((s.service_name for g in groups for s in g[3] if s.service_name), None) \
         or "plasmient-trace"
