@@ -233,7 +233,9 @@ def join_rank(records: RecordSet) -> JoinedRank:
         l_corr = _np(launches, "correlation_id")
         l_order = np.argsort(l_corr, kind="stable")
         kernel_launch = _lookup(l_corr[l_order], l_order, np.where(k_corr >= 0, k_corr, -2))
-    kernel_op = np.where(kernel_launch >= 0, launch_op[np.maximum(kernel_launch, 0)], -1) if n_k else np.zeros(0, np.int64)
+    # A trace with kernels but no recorded launches at all (runtime events filtered out) has nothing to index.
+    kernel_op = (np.where(kernel_launch >= 0, launch_op[np.maximum(kernel_launch, 0)], -1) if n_l
+                 else np.full(n_k, -1, np.int64))
     if n_k and len(o_start):
         # No recorded launch (trimmed trace, launch before the capture): the External id Kineto copied
         # onto the activity itself still names the op exactly.

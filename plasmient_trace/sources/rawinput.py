@@ -1,0 +1,106 @@
+"""Read a trace file's bytes under a size cap, gunzipping in bounded chunks (gzip bombs stop early).
+
+A trace is parsed from one contiguous buffer, so the decompressed size is the memory floor of an
+ingest. The caps turn "the machine ran out of memory" (a MemoryError traceback, or a segfault inside
+a C parser under a cgroup limit) into a one-line error that says which limit to raise:
+
+- ``PLASMIENT_MAX_TRACE_BYTES`` (default 8 GiB): largest decompressed trace accepted;
+- ``PLASMIENT_MAX_GZIP_RATIO`` (default 200): largest expansion of a gzip file once its output
+  passes 256 MiB. Real Kineto traces expand 7-30x; gzip's own ceiling is about 1030x, which is what
+  a bomb (a file of zeros) reaches.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from pathlib import Path
+
+DEFAULT_MAX_TRACE_BYTES = 8 << 30
+DEFAULT_MAX_GZIP_RATIO = 200.0
+# Below this output size the ratio is not checked: small, very repetitive traces compress well.
+_RATIO_FLOOR_BYTES = 256 << 20
+_CHUNK = 16 << 20
+
+
+class InputError(ValueError):
+    """The input cannot be read as a trace; str(err) is one line naming the file."""
+
+
+def _env_number(name: str, default: float) -> float:
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise InputError(f"{name}={text!r}: not a number") from None
+    if not value > 0:
+        raise InputError(f"{name}={text!r}: must be positive")
+    return value
+
+
+def limits() -> tuple[int, float]:
+    """(max decompressed bytes, max gzip expansion ratio) from the environment."""
+    return (int(_env_number("PLASMIENT_MAX_TRACE_BYTES", DEFAULT_MAX_TRACE_BYTES)),
+            _env_number("PLASMIENT_MAX_GZIP_RATIO", DEFAULT_MAX_GZIP_RATIO))
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.0f} MB"
+
+
+def read_trace_bytes(path: Path) -> bytes | bytearray:
+    """The decompressed bytes of a .json or .json.gz file (gzip detected by its magic bytes)."""
+    max_bytes, max_ratio = limits()
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(2)
+            if head != b"\x1f\x8b":
+                if size > max_bytes:
+                    raise InputError(f"{path}: file is {_mb(size)}, over the {_mb(max_bytes)} limit "
+                                     "(raise PLASMIENT_MAX_TRACE_BYTES to accept it)")
+                return head + f.read()
+            compressed = head + f.read()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, expected a trace file") from None
+    except MemoryError:
+        raise InputError(f"{path}: not enough memory to read the file") from None
+    except OSError as err:
+        raise InputError(f"{path}: cannot read ({err.strerror or err})") from None
+    return _gunzip(path, compressed, max_bytes, max_ratio)
+
+
+def _gunzip(path: Path, data: bytes, max_bytes: int, max_ratio: float) -> bytearray:
+    out = bytearray()
+    ratio_cap = max(_RATIO_FLOOR_BYTES, int(len(data) * max_ratio))
+    view = memoryview(data)
+    try:
+        while True:  # one iteration per gzip member (concatenated .gz files are legal)
+            inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+            pending = view
+            while not inflater.eof:
+                chunk = inflater.decompress(pending, _CHUNK)
+                pending = inflater.unconsumed_tail
+                if not chunk and not pending:
+                    break  # input used up before the end of the stream
+                out += chunk
+                if len(out) > max_bytes:
+                    raise InputError(f"{path}: decompresses to over {_mb(max_bytes)}, the size limit "
+                                     "(raise PLASMIENT_MAX_TRACE_BYTES to accept it)")
+                if len(out) > ratio_cap:
+                    raise InputError(f"{path}: expands more than {max_ratio:g}x ({_mb(len(data))} gzip -> over "
+                                     f"{_mb(len(out))}): a gzip bomb? (raise PLASMIENT_MAX_GZIP_RATIO to accept it)")
+            if not inflater.eof:
+                raise InputError(f"{path}: truncated gzip stream (the file was cut short)")
+            rest = inflater.unused_data
+            if not rest.strip(b"\x00"):
+                return out
+            view = memoryview(rest)
+    except zlib.error as err:
+        raise InputError(f"{path}: corrupt gzip data ({err})") from None
+    except MemoryError:
+        raise InputError(f"{path}: not enough memory to decompress ({_mb(len(out))} so far)") from None
