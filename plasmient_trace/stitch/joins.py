@@ -24,6 +24,7 @@ from .nesting import innermost_enclosing, tree_depth, tree_root
 
 # Tolerance for "the op is active at the launch": Kineto rounds to 1 ns (new) or 1 µs (old files).
 _ACTIVE_SLACK_NS = 1_000
+_MAX_MODULE_PATH = 1024
 
 
 def _np(table: pa.Table, column: str, fill: int = -1) -> np.ndarray:
@@ -293,5 +294,8 @@ def _module_paths(names: list[str], parent: np.ndarray) -> list[str]:
     order = np.argsort(tree_depth(parent), kind="stable")
     for i in order:
         p = parent[i]
-        paths[i] = names[i] if p < 0 else f"{paths[p]}.{names[i]}"
+        path = names[i] if p < 0 else f"{paths[p]}.{names[i]}"
+        # Real paths are a few hundred characters; a hostile file nesting 32k modules would otherwise
+        # build quadratic gigabytes of path text. Keep the innermost end, marked as cut.
+        paths[i] = path if len(path) <= _MAX_MODULE_PATH else "…" + path[-(_MAX_MODULE_PATH - 1):]
     return paths
