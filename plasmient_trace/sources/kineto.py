@@ -67,6 +67,8 @@ def _decode(path: Path, raw: bytes | bytearray) -> tuple[list[KinetoEvent], dict
         raise TraceFormatError(f"{path}: invalid or truncated JSON ({err})") from None
     except MemoryError:
         raise TraceFormatError(f"{path}: not enough memory to decode the trace") from None
+    except RecursionError:
+        raise TraceFormatError(f"{path}: JSON nested too deeply to be a Kineto trace") from None
     if isinstance(doc, list):
         return doc, {}
     if doc.traceEvents is msgspec.UNSET:
