@@ -17,7 +17,7 @@ from ingest_checks import by_level, ingest, out_of_range, spans, write_trace
 
 from plasmient_trace.sources import rawinput
 from plasmient_trace.sources.kineto import read_kineto
-from plasmient_trace.sources.validate import CLAMPED, DROPPED
+from plasmient_trace.sources.validate import CLAMPED, DROPPED, INVALID
 
 BERT = "h100/bert_small_inference.json.gz"
 
@@ -87,7 +87,7 @@ def test_impossible_kernel_times_are_dropped_or_clamped_and_counted(field, value
 
 def test_real_traces_drop_and_clamp_nothing():
     for name in (BERT, "a100/cuda_graphs_rank0_of16.json.gz", "v100/resnet50_training.json.gz"):
-        assert read_kineto(trace_path(name)).counters == {DROPPED: 0, CLAMPED: 0}
+        assert read_kineto(trace_path(name)).counters == {DROPPED: 0, CLAMPED: 0, INVALID: 0}
 
 
 def test_a_step_with_negative_duration_is_dropped_and_its_kernels_stay(tmp_path, capsys):

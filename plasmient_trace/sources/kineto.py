@@ -16,6 +16,7 @@ line naming the file and what is wrong.
 
 from __future__ import annotations
 
+import gc
 import math
 import zlib
 from pathlib import Path
@@ -28,11 +29,12 @@ import pyarrow as pa
 from msgspec import UNSET
 
 from ..records import DeviceInfo, RecordSet, table_from_columns
-from .kineto_schema import DECODER, TOP_LEVEL_KEYS, KinetoArgs, KinetoEvent
+from .kineto_schema import DOCUMENT, EVENT, TOP_LEVEL_KEYS, KinetoArgs
 from .rawinput import InputError, read_trace_bytes
 from .validate import MAX_ABS_TS_US, TimeChecker
 
 _dumps = orjson.dumps
+_DIMS3 = pa.list_(pa.int32(), 3)
 _INT64_MAX = 2**63 - 1
 # Device props and distributed info flow into resource attributes and trace ids: keep them sane.
 _MAX_RANK = 2**31 - 1
@@ -52,12 +54,12 @@ _STEP_PREFIX = "ProfilerStep#"
 _EPOCH_US_THRESHOLD = 1.0e15
 
 
-def _decode(path: Path, raw: bytes | bytearray) -> tuple[list[KinetoEvent], dict[str, Any]]:
-    """Typed decode; every failure becomes one line saying where in the document it is."""
+def _decode(path: Path, raw: bytes) -> tuple[list[msgspec.Raw], dict[str, Any]]:
+    """Split the document into per-event Raw views and the metadata; failures are one line each."""
     if len(raw) == 0 or (not bytes(raw[:65536]).strip() and not raw.strip()):
         raise TraceFormatError(f"{path}: file is empty")
     try:
-        doc = DECODER.decode(raw)
+        doc = DOCUMENT.decode(raw)
     except msgspec.ValidationError as err:
         raise TraceFormatError(f"{path}: {_structure_problem(str(err))}") from None
     except msgspec.DecodeError as err:
@@ -110,6 +112,19 @@ def _as_int(value: Any) -> int:
     return -1  # unknown: absent, not a number, or no int64 id
 
 
+def _id(value: Any) -> int:
+    """_as_int with the common case (an int64 int) answered without a second call."""
+    return value if value.__class__ is int and -_INT64_MAX <= value <= _INT64_MAX else _as_int(value)
+
+
+def _dims3_column(values: list[Any]) -> pa.Array | list[list[int] | None]:
+    """grid/block: Arrow converts a column of [x, y, z] int lists at once; anything else goes value by value."""
+    try:
+        return pa.array(values, _DIMS3)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+        return [_dims3(v) for v in values]
+
+
 def _dims3(value: Any) -> list[int] | None:
     if isinstance(value, list) and len(value) == 3:
         return [int(v) for v in value]
@@ -138,12 +153,20 @@ def read_kineto(path: str | Path) -> RecordSet:
         raw = read_trace_bytes(path)
     except InputError as err:
         raise TraceFormatError(str(err)) from None
-    events, meta = _decode(path, raw)
-    del raw
-    if not events:
-        raise TraceFormatError(f"{path}: trace contains no events")
-    columns = _collect(path, events)
-    del events
+    # The column pass keeps ~10 tracked objects per event (list items, grid lists) and frees none: the
+    # cyclic GC would rescan them over and over (30-40% of the parse time) to find no cycle.
+    gc_was_on = gc.isenabled()
+    gc.disable()
+    try:
+        events, meta = _decode(path, raw)
+        del raw
+        if not events:
+            raise TraceFormatError(f"{path}: trace contains no events")
+        columns = _collect(path, events)
+        del events
+    finally:
+        if gc_was_on:
+            gc.enable()
     return _build(path, columns, meta)
 
 
@@ -167,7 +190,7 @@ class _Columns:
                 "steps": self.steps}
 
 
-def _collect(path: Path, events: list[KinetoEvent]) -> _Columns:
+def _collect(path: Path, events: list[msgspec.Raw]) -> _Columns:
     cols = _Columns()
     K, L, O, M, S = cols.kernels, cols.launches, cols.ops, cols.modules, cols.steps
     k_ts, k_dur, k_dev, k_stream, k_name, k_kind = K["ts"], K["dur"], K["device"], K["stream"], K["name"], K["kind"]
@@ -178,8 +201,11 @@ def _collect(path: Path, events: list[KinetoEvent]) -> _Columns:
     m_ts, m_dur, m_pid, m_tid, m_name = (M[k] for k in M)
     s_ts, s_dur, s_step, s_name = (S[k] for k in S)
     index = -1
+    e = None
+    decode = EVENT.decode
     try:
-        for index, e in enumerate(events):
+        for index, raw in enumerate(events):
+            e = decode(raw)
             if e.ph != "X":
                 continue
             cat = e.cat
@@ -191,7 +217,7 @@ def _collect(path: Path, events: list[KinetoEvent]) -> _Columns:
                         s_step.append(int(tail)); s_ts.append(e.ts); s_dur.append(e.dur); s_name.append(name)
                         continue
                 a = e.args or _NO_ARGS
-                o_pid.append(_as_int(e.pid)); o_tid.append(_as_int(e.tid))
+                o_pid.append(_id(e.pid)); o_tid.append(_id(e.tid))
                 o_ts.append(e.ts); o_dur.append(e.dur); o_name.append(name); o_cat.append(_OP_CATS[cat])
                 o_ext.append(_ext(a)); o_seq.append(a.sequence_number); o_fwd.append(a.fwd_thread_id)
                 o_dims.append(_json_text(a.input_dims)); o_types.append(_json_text(a.input_types))
@@ -202,11 +228,11 @@ def _collect(path: Path, events: list[KinetoEvent]) -> _Columns:
                 kind = _KERNEL_CATS[cat]
                 if kind == "kernel" and ("nccl" in name or "rccl" in name or "Nccl" in name):
                     kind = "collective"
-                k_dev.append(_as_int(e.pid if a.device is UNSET else a.device))
-                k_stream.append(_as_int(e.tid if a.stream is UNSET else a.stream))
+                k_dev.append(_id(e.pid if a.device is UNSET else a.device))
+                k_stream.append(_id(e.tid if a.stream is UNSET else a.stream))
                 k_ts.append(e.ts); k_dur.append(e.dur); k_name.append(name); k_kind.append(kind)
                 k_corr.append(a.correlation); k_ext.append(_ext(a))
-                k_grid.append(_dims3(a.grid)); k_block.append(_dims3(a.block))
+                k_grid.append(a.grid); k_block.append(a.block)
                 k_regs.append(a.registers_per_thread); k_smem.append(a.shared_memory)
                 k_graph.append(a.graph_id); k_bytes.append(a.bytes)
                 k_mflops.append(None if a.kernel_flop is None else float(a.kernel_flop))
@@ -216,16 +242,21 @@ def _collect(path: Path, events: list[KinetoEvent]) -> _Columns:
                 corr = a.correlation
                 if corr is None:
                     continue
-                l_pid.append(_as_int(e.pid)); l_tid.append(_as_int(e.tid))
+                l_pid.append(_id(e.pid)); l_tid.append(_id(e.tid))
                 l_ts.append(e.ts); l_dur.append(e.dur); l_name.append(name); l_corr.append(corr)
                 l_ext.append(_ext(a))
             elif cat == "python_function" and name.startswith(_MODULE_PREFIX):
-                m_pid.append(_as_int(e.pid)); m_tid.append(_as_int(e.tid))
+                m_pid.append(_id(e.pid)); m_tid.append(_id(e.tid))
                 m_ts.append(e.ts); m_dur.append(e.dur); m_name.append(name[len(_MODULE_PREFIX):])
+    except msgspec.ValidationError as err:
+        what, _, where = str(err).partition(" - at ")
+        at = where.strip("`").lstrip("$").lstrip(".") or "the event"
+        raise TraceFormatError(f"{path}: event #{index}: malformed event ({what} at {at})") from None
+    except RecursionError:
+        raise TraceFormatError(f"{path}: event #{index}: nested too deeply to be a Kineto event") from None
     except (TypeError, AttributeError, ValueError, OverflowError) as err:
-        event = events[index] if 0 <= index < len(events) else None
-        label = f"{event.cat} {str(event.name)[:60]!r}" if event is not None else "?"
-        problem = "missing field 'name'" if event is not None and event.name is None else f"malformed event ({err})"
+        label = f"{e.cat} {str(e.name)[:60]!r}" if e is not None else "?"
+        problem = "missing field 'name'" if e is not None and e.name is None else f"malformed event ({err})"
         raise TraceFormatError(f"{path}: event #{index} ({label}): {problem}") from None
     return cols
 
@@ -260,6 +291,7 @@ _STRUCTURAL = {"ts", "dur", "name"}
 
 def _build(path: Path, columns: _Columns, meta: dict[str, Any]) -> RecordSet:
     tables = columns.tables()
+    pids = columns.ops["pid"] or columns.launches["pid"]  # kept past the clearing of the columns below
     times = {name: (_times(path, name, "ts", cols["ts"]), _times(path, name, "dur", cols["dur"]))
              for name, cols in tables.items()}
     checker = TimeChecker.for_timestamps([ts for ts, _ in times.values()])
@@ -287,17 +319,33 @@ def _build(path: Path, columns: _Columns, meta: dict[str, Any]) -> RecordSet:
                     continue
                 if column == "kineto_flops":
                     values = pa.array(values, pa.float64())
+                elif column in ("model_flops", "model_bytes"):
+                    values = _nonnegative_or_null(values, checker)
+                elif column in ("grid", "block"):
+                    values = _dims3_column(values)
                 out[column] = values if every else _take(values, keep)
             if name == "modules":
                 out["phase"] = ["forward"] * len(ts)
             setattr(records, name, table_from_columns(name, out))
+            del out
+            cols.clear()  # this table's Python lists go now, before the next table is built
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as err:
         raise TraceFormatError(f"{path}: unexpected field types ({str(err).splitlines()[0][:160]})") from None
 
     records.devices = _devices(meta)
-    records.resource = _resource(meta, columns.ops["pid"] or columns.launches["pid"])
+    records.resource = _resource(meta, pids)
     records.counters.update(checker.counters())
     return records
+
+
+def _nonnegative_or_null(values: list[Any], checker: TimeChecker) -> pa.Array:
+    """Per-kernel work numbers (Inductor's kernel_flop, kernel_num_gb): a negative one is unknown, not
+    negative work, so it becomes null and is counted."""
+    x = np.asarray(values, dtype=np.float64)  # None -> NaN
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isnan(x) & ~(x >= 0)
+    checker.invalid += int(bad.sum())
+    return pa.array(x, pa.float64(), mask=np.isnan(x) | bad)
 
 
 def _take(values: Any, keep: np.ndarray) -> Any:

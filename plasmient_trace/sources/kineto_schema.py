@@ -1,8 +1,8 @@
 """Typed msgspec schema of a Kineto Chrome trace: only the fields the record tables read are materialised.
 
 msgspec skips every other key inside the C decoder (stack frames, python_function ids, flow events'
-extra args, ...), so the decode builds one small Struct per event instead of a dict per event plus a
-dict per ``args``. Field types are ``Any`` where real files disagree (pid/tid are ints in new Kineto,
+extra args, ...), so decoding an event builds one small Struct instead of a dict per event plus a
+dict per ``args``; and events are decoded one at a time from ``Raw`` views of the file's bytes. Field types are ``Any`` where real files disagree (pid/tid are ints in new Kineto,
 strings in old files; ts is int or float): the loop in ``kineto.py`` interprets them exactly as the
 previous dict-based parser did, and numpy rejects what is not a number.
 """
@@ -52,12 +52,17 @@ class KinetoEvent(Struct, gc=False):
 
 
 class KinetoDocument(Struct, gc=False):
-    traceEvents: Union[list[KinetoEvent], msgspec.UnsetType] = UNSET
+    """The top level. Events stay undecoded ``Raw`` views into the file's bytes (about 50 bytes each):
+    each is decoded into a :class:`KinetoEvent` only when its turn comes and dropped right after, so
+    the per-event objects never all exist at once."""
+
+    traceEvents: Union[list[msgspec.Raw], msgspec.UnsetType] = UNSET
     deviceProperties: Any = None
     baseTimeNanoseconds: Any = None
     distributedInfo: Any = None
 
 
 # A bare JSON array of events is also a valid Chrome trace.
-DECODER = msgspec.json.Decoder(Union[KinetoDocument, list[KinetoEvent]])
+DOCUMENT = msgspec.json.Decoder(Union[KinetoDocument, list[msgspec.Raw]])
+EVENT = msgspec.json.Decoder(KinetoEvent)
 TOP_LEVEL_KEYS = msgspec.json.Decoder(dict[str, msgspec.Raw])

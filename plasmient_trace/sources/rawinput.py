@@ -20,7 +20,8 @@ DEFAULT_MAX_TRACE_BYTES = 8 << 30
 DEFAULT_MAX_GZIP_RATIO = 200.0
 # Below this output size the ratio is not checked: small, very repetitive traces compress well.
 _RATIO_FLOOR_BYTES = 256 << 20
-_CHUNK = 16 << 20
+# Small enough that freeing it does not raise glibc's mmap threshold and leave heap pages behind.
+_MEASURE_CHUNK = 1 << 20
 
 
 class InputError(ValueError):
@@ -50,19 +51,22 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:,.0f} MB"
 
 
-def read_trace_bytes(path: Path) -> bytes | bytearray:
-    """The decompressed bytes of a .json or .json.gz file (gzip detected by its magic bytes)."""
+def read_trace_bytes(path: Path) -> bytes:
+    """The decompressed bytes of a .json or .json.gz file (gzip detected by its magic bytes).
+
+    Always ``bytes``: the decoder's per-event ``msgspec.Raw`` views then point into it without copying."""
     max_bytes, max_ratio = limits()
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             head = f.read(2)
+            f.seek(0)
             if head != b"\x1f\x8b":
                 if size > max_bytes:
                     raise InputError(f"{path}: file is {_mb(size)}, over the {_mb(max_bytes)} limit "
                                      "(raise PLASMIENT_MAX_TRACE_BYTES to accept it)")
-                return head + f.read()
-            compressed = head + f.read()
+                return f.read()
+            compressed = f.read()
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
     except IsADirectoryError:
@@ -74,33 +78,48 @@ def read_trace_bytes(path: Path) -> bytes | bytearray:
     return _gunzip(path, compressed, max_bytes, max_ratio)
 
 
-def _gunzip(path: Path, data: bytes, max_bytes: int, max_ratio: float) -> bytearray:
-    out = bytearray()
-    ratio_cap = max(_RATIO_FLOOR_BYTES, int(len(data) * max_ratio))
-    view = memoryview(data)
+def _gunzip(path: Path, data: bytes, max_bytes: int, max_ratio: float) -> bytes:
+    """Inflate twice: a first pass that keeps nothing measures every member under the caps, then each
+    member is inflated in one call into a buffer of exactly its size. Peak memory is the output once;
+    collecting chunks and joining them (or growing a bytearray) peaks at twice the output."""
+    members = _measure(path, data, max_bytes, max_ratio)
     try:
-        while True:  # one iteration per gzip member (concatenated .gz files are legal)
+        parts = [zlib.decompress(data[begin:end], 16 + zlib.MAX_WBITS, max(size, 1)) for begin, end, size in members]
+    except MemoryError:
+        raise InputError(f"{path}: not enough memory to decompress ({_mb(sum(m[2] for m in members))})") from None
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _measure(path: Path, data: bytes, max_bytes: int, max_ratio: float) -> list[tuple[int, int, int]]:
+    """(start, end, inflated size) of each gzip member (concatenated .gz files are legal), caps enforced."""
+    members = []
+    total = 0
+    ratio_cap = max(_RATIO_FLOOR_BYTES, int(len(data) * max_ratio))
+    begin = 0
+    try:
+        while True:
             inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-            pending = view
+            pending = memoryview(data)[begin:]
+            size = 0
             while not inflater.eof:
-                chunk = inflater.decompress(pending, _CHUNK)
+                produced = len(inflater.decompress(pending, _MEASURE_CHUNK))
                 pending = inflater.unconsumed_tail
-                if not chunk and not pending:
+                if not produced and not pending:
                     break  # input used up before the end of the stream
-                out += chunk
-                if len(out) > max_bytes:
+                size += produced
+                if total + size > max_bytes:
                     raise InputError(f"{path}: decompresses to over {_mb(max_bytes)}, the size limit "
                                      "(raise PLASMIENT_MAX_TRACE_BYTES to accept it)")
-                if len(out) > ratio_cap:
+                if total + size > ratio_cap:
                     raise InputError(f"{path}: expands more than {max_ratio:g}x ({_mb(len(data))} gzip -> over "
-                                     f"{_mb(len(out))}): a gzip bomb? (raise PLASMIENT_MAX_GZIP_RATIO to accept it)")
+                                     f"{_mb(total + size)}): a gzip bomb? (raise PLASMIENT_MAX_GZIP_RATIO to accept it)")
             if not inflater.eof:
                 raise InputError(f"{path}: truncated gzip stream (the file was cut short)")
-            rest = inflater.unused_data
-            if not rest.strip(b"\x00"):
-                return out
-            view = memoryview(rest)
+            end = len(data) - len(inflater.unused_data)
+            members.append((begin, end, size))
+            total += size
+            if not data[end:].strip(b"\x00"):
+                return members
+            begin = end
     except zlib.error as err:
         raise InputError(f"{path}: corrupt gzip data ({err})") from None
-    except MemoryError:
-        raise InputError(f"{path}: not enough memory to decompress ({_mb(len(out))} so far)") from None

@@ -9,7 +9,9 @@ their step, or int64 overflow in the nesting keys. The rules, all on float µs a
 - a duration must be finite and at most ``MAX_SPAN_US``; a negative one down to ``-ROUNDING_SLACK_US``
   is clock rounding and is clamped to zero, anything more negative is dropped.
 
-Counts go to ``RecordSet.counters`` under ``input.dropped_events`` and ``input.clamped_events``.
+Counts go to ``RecordSet.counters`` under ``input.dropped_events`` and ``input.clamped_events``;
+``input.invalid_values`` counts numbers of kept events that were set to null (e.g. negative per-kernel
+FLOPs), as unknown values are absent, never guessed.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ ROUNDING_SLACK_US = 1.0
 
 DROPPED = "input.dropped_events"
 CLAMPED = "input.clamped_events"
+INVALID = "input.invalid_values"
 
 
 @dataclass
@@ -33,6 +36,7 @@ class TimeChecker:
     center_us: float | None
     dropped: int = 0
     clamped: int = 0
+    invalid: int = 0
 
     @classmethod
     def for_timestamps(cls, ts_columns: list[np.ndarray]) -> "TimeChecker":
@@ -58,4 +62,4 @@ class TimeChecker:
 
     def counters(self) -> dict[str, int]:
         """Both counts, zeros included: a file source always checked, so zero is a known value."""
-        return {DROPPED: self.dropped, CLAMPED: self.clamped}
+        return {DROPPED: self.dropped, CLAMPED: self.clamped, INVALID: self.invalid}
