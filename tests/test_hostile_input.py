@@ -198,3 +198,19 @@ def test_gunzip_reads_concatenated_members_and_rejects_trailing_garbage(tmp_path
     with pytest.raises(rawinput.InputError, match="corrupt gzip"):
         rawinput.read_trace_bytes(junk)
     assert zlib.crc32(bytes(rawinput.read_trace_bytes(trace_path(BERT)))) == zlib.crc32(text)
+
+
+def test_a_stitcher_failure_on_parsed_input_is_one_line_naming_the_inputs(tmp_path, monkeypatch, capsys):
+    import plasmient_trace.pipeline as pipeline
+
+    def broken(*args, **kwargs):
+        raise IndexError("index 0 is out of bounds for axis 0 with size 0")
+
+    monkeypatch.setattr(pipeline, "stitch", broken)
+    path = trace_path(BERT)
+    code, err = ingest(path, tmp_path / "o.jsonl", capsys)
+    assert code == 2 and len(err.splitlines()) == 1
+    assert str(path) in err and "cannot stitch (IndexError: index 0 is out of bounds" in err
+    monkeypatch.setenv("PLASMIENT_DEBUG", "1")
+    with pytest.raises(IndexError):
+        ingest(path, tmp_path / "o.jsonl", capsys)
