@@ -11,7 +11,9 @@
    JSONL file. Prints kernels/s stitched, spans/s encoded, and peak RSS. Targets: >= 200,000 kernels/s
    stitched, >= 100,000 spans/s encoded, one core.
 
-    .venv/bin/python benchmarks/bench_ingest.py [--files 3] [--rounds 5] [--kernels 1000000] [--skip-scale]
+3. With --pool: the same files read as ranks of one job, in one process and in the local process pool.
+
+    .venv/bin/python benchmarks/bench_ingest.py [--files 3] [--rounds 5] [--kernels 1000000] [--skip-scale] [--pool]
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from plasmient_trace.export import otlp_json  # noqa: E402
 from plasmient_trace.pipeline import IngestOptions, stitch_records  # noqa: E402
 from plasmient_trace.records import RecordSet  # noqa: E402
 from plasmient_trace.sources.kineto import read_kineto  # noqa: E402
+from plasmient_trace.sources.parallel import default_workers, read_many  # noqa: E402
 
 
 def peak_rss_mb() -> float:
@@ -119,6 +122,21 @@ def bench_files(count: int, rounds: int, out_dir: Path) -> None:
               f"{rss['total_mb']:5.0f} MiB ({rss['total_mb'] / size:.1f}x)   {verdict}")
 
 
+def bench_pool(count: int, rounds: int) -> None:
+    """Multi-rank read: the largest traces as ranks, one process vs the local process pool."""
+    paths = largest_traces(count)
+    workers = default_workers(len(paths))
+    seq, pooled = [], []
+    for r in range(rounds):
+        for mode in ((0, 1) if r % 2 else (1, 0)):
+            t = time.perf_counter()
+            read_many(paths, workers=1 if mode == 0 else workers)
+            (seq if mode == 0 else pooled).append(time.perf_counter() - t)
+    s, p = statistics.median(seq), statistics.median(pooled)
+    print(f"multi-rank read of the {len(paths)} largest traces, medians of {rounds} interleaved rounds:")
+    print(f"  one process {s:6.2f} s   pool of {workers} workers {p:6.2f} s   speed-up {s / p:.2f}x")
+
+
 def _shift(table: pa.Table, columns: dict[str, int]) -> pa.Table:
     for name, delta in columns.items():
         i = table.schema.get_field_index(name)
@@ -174,6 +192,7 @@ def main() -> None:
     parser.add_argument("--base", default="v100/resnet50_training.json.gz")
     parser.add_argument("--skip-largest", action="store_true")
     parser.add_argument("--skip-scale", action="store_true")
+    parser.add_argument("--pool", action="store_true", help="also time the multi-rank read in a process pool")
     parser.add_argument("--rss-child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rss_child:
@@ -183,6 +202,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_largest:
             bench_files(args.files, args.rounds, Path(tmp))
+        if args.pool:
+            bench_pool(args.files, args.rounds)
         if not args.skip_scale:
             bench_scale(args.base, args.kernels, Path(tmp))
 
