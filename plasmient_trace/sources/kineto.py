@@ -94,9 +94,6 @@ def _structure_problem(message: str) -> str:
     if where == "$.traceEvents":
         got = what.rsplit("got ", 1)[-1].strip("`")
         return f"'traceEvents' is {got}, expected a list"
-    if where.startswith("$.traceEvents["):
-        index, _, rest = where[len("$.traceEvents["):].partition("]")
-        return f"event #{index}: malformed event ({what} at {rest.lstrip('.') or 'the event'})"
     return f"malformed trace ({what} at {where})"
 
 
