@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import zlib
+from pathlib import Path
 
 import pytest
 
@@ -214,3 +215,11 @@ def test_a_stitcher_failure_on_parsed_input_is_one_line_naming_the_inputs(tmp_pa
     monkeypatch.setenv("PLASMIENT_DEBUG", "1")
     with pytest.raises(IndexError):
         ingest(path, tmp_path / "o.jsonl", capsys)
+
+
+def test_an_endless_device_stops_at_the_size_cap(tmp_path, monkeypatch, capsys):
+    # /dev/zero has no size and no end: it is read in chunks up to the cap, not until memory runs out.
+    monkeypatch.setenv("PLASMIENT_MAX_TRACE_BYTES", str(64 << 20))
+    code, err = ingest(Path("/dev/zero"), tmp_path / "o.jsonl", capsys)
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "/dev/zero: file is over 67 MB" in err

@@ -13,8 +13,10 @@ a C parser under a cgroup limit) into a one-line error that says which limit to 
 from __future__ import annotations
 
 import os
+import stat
 import zlib
 from pathlib import Path
+from typing import BinaryIO
 
 DEFAULT_MAX_TRACE_BYTES = 8 << 30
 DEFAULT_MAX_GZIP_RATIO = 200.0
@@ -58,15 +60,7 @@ def read_trace_bytes(path: Path) -> bytes:
     max_bytes, max_ratio = limits()
     try:
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            head = f.read(2)
-            f.seek(0)
-            if head != b"\x1f\x8b":
-                if size > max_bytes:
-                    raise InputError(f"{path}: file is {_mb(size)}, over the {_mb(max_bytes)} limit "
-                                     "(raise PLASMIENT_MAX_TRACE_BYTES to accept it)")
-                return f.read()
-            compressed = f.read()
+            data = _read_capped(path, f, max_bytes)
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
     except IsADirectoryError:
@@ -75,7 +69,31 @@ def read_trace_bytes(path: Path) -> bytes:
         raise InputError(f"{path}: not enough memory to read the file") from None
     except OSError as err:
         raise InputError(f"{path}: cannot read ({err.strerror or err})") from None
-    return _gunzip(path, compressed, max_bytes, max_ratio)
+    if data[:2] != b"\x1f\x8b":
+        return data
+    return _gunzip(path, data, max_bytes, max_ratio)
+
+
+def _too_big(path: Path, size: str, max_bytes: int) -> InputError:
+    return InputError(f"{path}: file is {size}, over the {_mb(max_bytes)} limit "
+                      "(raise PLASMIENT_MAX_TRACE_BYTES to accept it)")
+
+
+def _read_capped(path: Path, f: BinaryIO, max_bytes: int) -> bytes:
+    """The file's bytes, never more than the cap: a regular file is sized first; a pipe, a FIFO or a
+    device (/dev/zero, process substitution) has no size and is read in chunks up to the cap."""
+    if stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        size = os.fstat(f.fileno()).st_size
+        if size > max_bytes:
+            raise _too_big(path, _mb(size), max_bytes)
+        return f.read()
+    chunks, total = [], 0
+    while chunk := f.read(min(_MEASURE_CHUNK * 16, max_bytes + 1 - total)):
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > max_bytes:
+            raise _too_big(path, f"over {_mb(max_bytes)}", max_bytes)
+    return b"".join(chunks)
 
 
 def _gunzip(path: Path, data: bytes, max_bytes: int, max_ratio: float) -> bytes:
