@@ -19,6 +19,7 @@ from __future__ import annotations
 import gc
 import math
 import zlib
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ import pyarrow as pa
 from msgspec import UNSET
 
 from ..records import DeviceInfo, RecordSet, table_from_columns
-from .kineto_schema import DOCUMENT, EVENT, TOP_LEVEL_KEYS, KinetoArgs
+from .kineto_schema import DOCUMENT, EVENT, TOP_LEVEL_KEYS, KinetoArgs, KinetoEvent
 from .rawinput import InputError, read_trace_bytes
 from .validate import MAX_ABS_TS_US, TimeChecker
 
@@ -167,22 +168,37 @@ def read_kineto(path: str | Path) -> RecordSet:
     return _build(path, columns, meta)
 
 
+_FLOAT_COLUMNS = ("ts", "dur")
+_INT_COLUMNS = ("pid", "tid", "device", "stream")
+
+
+def _column(name: str) -> Any:
+    # Times and ids go into typed arrays (8 bytes a value, not a 32-byte float or int object plus a list
+    # slot): the columns are most of the parse's memory after the file's own bytes.
+    if name in _FLOAT_COLUMNS:
+        return array("d")
+    if name in _INT_COLUMNS:
+        return array("q")
+    return []
+
+
 class _Columns:
-    """Plain per-table column lists, filled in file order by one pass over the events."""
+    """Per-table columns (typed arrays for times and ids, lists otherwise), filled in file order by one
+    pass over the events."""
 
     def __init__(self) -> None:
-        self.kernels: dict[str, list[Any]] = {k: [] for k in (
+        self.kernels: dict[str, Any] = {k: _column(k) for k in (
             "ts", "dur", "device", "stream", "name", "kind", "correlation_id", "external_id", "grid", "block",
             "registers_per_thread", "shared_memory", "graph_id", "bytes", "model_flops", "model_bytes")}
-        self.launches: dict[str, list[Any]] = {k: [] for k in (
+        self.launches: dict[str, Any] = {k: _column(k) for k in (
             "ts", "dur", "pid", "tid", "name", "correlation_id", "external_id")}
-        self.ops: dict[str, list[Any]] = {k: [] for k in (
+        self.ops: dict[str, Any] = {k: _column(k) for k in (
             "ts", "dur", "pid", "tid", "name", "category", "external_id", "sequence_number", "fwd_thread_id",
             "input_dims", "input_types", "kineto_flops", "concrete_inputs")}
-        self.modules: dict[str, list[Any]] = {k: [] for k in ("ts", "dur", "pid", "tid", "name")}
-        self.steps: dict[str, list[Any]] = {k: [] for k in ("ts", "dur", "step", "name")}
+        self.modules: dict[str, Any] = {k: _column(k) for k in ("ts", "dur", "pid", "tid", "name")}
+        self.steps: dict[str, Any] = {k: _column(k) for k in ("ts", "dur", "step", "name")}
 
-    def tables(self) -> dict[str, dict[str, list[Any]]]:
+    def tables(self) -> dict[str, dict[str, Any]]:
         return {"kernels": self.kernels, "launches": self.launches, "ops": self.ops, "modules": self.modules,
                 "steps": self.steps}
 
@@ -252,27 +268,28 @@ def _collect(path: Path, events: list[msgspec.Raw]) -> _Columns:
     except RecursionError:
         raise TraceFormatError(f"{path}: event #{index}: nested too deeply to be a Kineto event") from None
     except (TypeError, AttributeError, ValueError, OverflowError) as err:
-        label = f"{e.cat} {str(e.name)[:60]!r}" if e is not None else "?"
-        problem = "missing field 'name'" if e is not None and e.name is None else f"malformed event ({err})"
-        raise TraceFormatError(f"{path}: event #{index} ({label}): {problem}") from None
+        if e is None:
+            raise TraceFormatError(f"{path}: event #{index}: malformed event ({err})") from None
+        label = f"{e.cat} {str(e.name)[:60]!r}"
+        raise TraceFormatError(f"{path}: event #{index} ({label}): {_event_problem(e, err)}") from None
     return cols
 
 
-def _times(path: Path, table: str, column: str, values: list[Any]) -> np.ndarray:
-    """µs values -> float64; a missing or non-numeric value is named in the error."""
-    try:
-        out = np.asarray(values, dtype=np.float64).reshape(-1)
-        # JSON has no NaN literal: a NaN here is a null (or absent) field turned into NaN by numpy.
-        if not np.isnan(out).any():
-            return out
-    except (TypeError, ValueError):
-        pass
-    bad = next((i for i, v in enumerate(values) if not isinstance(v, (int, float))), 0)
-    value = values[bad] if values else None
-    if value is None:
-        raise TraceFormatError(f"{path}: {table} event #{bad} (in file order): missing field {column!r}")
-    raise TraceFormatError(f"{path}: unexpected field types ({table} {column!r} is {type(value).__name__}: "
-                           f"{str(value)[:40]!r})")
+def _event_problem(e: KinetoEvent, err: Exception) -> str:
+    """Name the field that stopped the column pass: a missing one, or a time that is not a number."""
+    for field in ("name", "ts", "dur"):
+        if getattr(e, field) is None:
+            return f"missing field {field!r}"
+    for field in ("ts", "dur"):
+        value = getattr(e, field)
+        if not isinstance(value, (int, float)) or isinstance(err, OverflowError):
+            return f"unexpected field types ({field!r} is {type(value).__name__}: {str(value)[:40]!r})"
+    return f"malformed event ({err})"
+
+
+def _times(values: array) -> np.ndarray:
+    """µs column -> float64 array (a view of the typed array, no copy)."""
+    return np.frombuffer(values, dtype=np.float64) if len(values) else np.zeros(0, np.float64)
 
 
 def _to_ns(us: np.ndarray, base_ns: int) -> np.ndarray:
@@ -283,14 +300,10 @@ def _to_ns(us: np.ndarray, base_ns: int) -> np.ndarray:
     return np.rint((us - origin) * 1000.0).astype(np.int64) + (int(origin) * 1000 + base_ns)
 
 
-_STRUCTURAL = {"ts", "dur", "name"}
-
-
 def _build(path: Path, columns: _Columns, meta: dict[str, Any]) -> RecordSet:
     tables = columns.tables()
     pids = columns.ops["pid"] or columns.launches["pid"]  # kept past the clearing of the columns below
-    times = {name: (_times(path, name, "ts", cols["ts"]), _times(path, name, "dur", cols["dur"]))
-             for name, cols in tables.items()}
+    times = {name: (_times(cols["ts"]), _times(cols["dur"])) for name, cols in tables.items()}
     checker = TimeChecker.for_timestamps([ts for ts, _ in times.values()])
     kept: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for name, (ts, dur) in times.items():
@@ -314,6 +327,8 @@ def _build(path: Path, columns: _Columns, meta: dict[str, Any]) -> RecordSet:
             for column, values in cols.items():
                 if column in ("ts", "dur"):
                     continue
+                if isinstance(values, array):
+                    values = np.frombuffer(values, dtype=np.int64)
                 if column == "kineto_flops":
                     values = pa.array(values, pa.float64())
                 elif column in ("model_flops", "model_bytes"):
