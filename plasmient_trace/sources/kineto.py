@@ -5,10 +5,11 @@ Reads the variants found in the wild: CUDA and ROCm/HIP runtimes, old (V100-era 
 with or without ProfilerStep#N, python_function/nn.Module events and Input Dims, Inductor's per-kernel
 ``kernel_flop`` / ``kernel_num_gb``, and CPU-only traces.
 
-Memory: the file is gunzipped into one buffer under a size cap (``rawinput``), decoded once into small
-typed Structs that hold only the fields used here (``kineto_schema``), the buffer is dropped, and one
-pass over the events fills plain column lists. Times are then checked (``validate``): impossible values
-are dropped or clamped and counted in ``RecordSet.counters``.
+Memory: the file is gunzipped into one exactly-sized buffer under a size cap (``rawinput``) and split
+into per-event Raw views; one pass decodes each event alone into a small typed Struct holding only the
+fields used here (``kineto_schema``) and appends it to the columns (typed arrays for times and ids).
+The buffer goes when the pass ends. Times are then checked (``validate``): impossible values are dropped
+or clamped and counted in ``RecordSet.counters``, before any Arrow table is built.
 
 Bad input never produces a traceback: every problem is a :class:`TraceFormatError` whose message is one
 line naming the file and what is wrong.
@@ -340,7 +341,7 @@ def _build(path: Path, columns: _Columns, meta: dict[str, Any]) -> RecordSet:
                 out["phase"] = ["forward"] * len(ts)
             setattr(records, name, table_from_columns(name, out))
             del out
-            cols.clear()  # this table's Python lists go now, before the next table is built
+            cols.clear()  # this table's lists go now, before the next table is built
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as err:
         raise TraceFormatError(f"{path}: unexpected field types ({str(err).splitlines()[0][:160]})") from None
 
@@ -361,6 +362,8 @@ def _nonnegative_or_null(values: list[Any], checker: TimeChecker) -> pa.Array:
 
 
 def _take(values: Any, keep: np.ndarray) -> Any:
+    if isinstance(values, np.ndarray):
+        return values[keep]
     if isinstance(values, pa.Array):
         return values.filter(pa.array(keep))
     return [v for v, k in zip(values, keep) if k]
