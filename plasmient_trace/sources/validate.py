@@ -61,5 +61,5 @@ class TimeChecker:
         return keep, dur
 
     def counters(self) -> dict[str, int]:
-        """Both counts, zeros included: a file source always checked, so zero is a known value."""
+        """Every count, zeros included: a file source always checks, so zero is a known value."""
         return {DROPPED: self.dropped, CLAMPED: self.clamped, INVALID: self.invalid}
