@@ -56,8 +56,10 @@ def read_many(
                 try:
                     out.append(future.result())
                 except BrokenProcessPool:
-                    raise TraceFormatError(f"{path}: the process reading it died (out of memory?); "
-                                           "retry with fewer workers") from None
+                    # Killed (often by the OOM killer), or unable to start: forkserver re-imports
+                    # __main__ from its file, which a script fed on stdin does not have.
+                    raise TraceFormatError(f"{path}: the worker process reading it died (killed, out of memory, "
+                                           "or could not start); retry with workers=1") from None
         except TraceFormatError:
             for future in futures:
                 future.cancel()
