@@ -1,13 +1,19 @@
-"""Ingest speed, measured in one run and printed as ratios (these machines are noisy; no asserts).
+"""Ingest speed and memory, measured in one run and printed as ratios (these machines are noisy; no asserts).
 
-1. The largest shared trace: parse (plasmient's reader) + stitch + JSONL export, against plain
-   `json.load` of the same decompressed file — the floor for any JSON reader. Target: within 3x.
+1. The largest shared traces: plasmient's read (gunzip + typed decode + record tables), + stitch, + JSONL
+   export, each against `json.load(gzip.open(file))` of the same file, the floor for any reader that
+   builds Python objects. Rounds interleave the two so load on a shared machine hits both alike; the
+   ratios printed are medians over rounds. Targets: read + stitch + JSONL <= 1.0x (fail above 1.5x).
+   Peak memory: a child process per file reports its RSS growth during ingest + stitch + JSONL (the
+   imports excluded), against the decompressed size. Target: <= 2x.
 2. Throughput at scale: the record tables of a real trace replicated (new steps, shifted times,
    offset correlation/external ids) until there are >= 10^6 kernels, then stitched and encoded to a
    JSONL file. Prints kernels/s stitched, spans/s encoded, and peak RSS. Targets: >= 200,000 kernels/s
    stitched, >= 100,000 spans/s encoded, one core.
 
-    .venv/bin/python benchmarks/bench_ingest.py [--kernels 1000000] [--base v100/resnet50_training.json.gz]
+3. With --pool: the same files read as ranks of one job, in one process and in the local process pool.
+
+    .venv/bin/python benchmarks/bench_ingest.py [--files 3] [--rounds 5] [--kernels 1000000] [--skip-scale] [--pool]
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import gzip
 import json
 import os
 import resource
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,36 +38,103 @@ TRACES = REPO.parent / "shared" / "traces"
 sys.path.insert(0, str(REPO))
 
 from plasmient_trace.export import otlp_json  # noqa: E402
-from plasmient_trace.pipeline import IngestOptions, ingest_paths, stitch_records  # noqa: E402
+from plasmient_trace.pipeline import IngestOptions, stitch_records  # noqa: E402
 from plasmient_trace.records import RecordSet  # noqa: E402
 from plasmient_trace.sources.kineto import read_kineto  # noqa: E402
+from plasmient_trace.sources.parallel import default_workers, read_many  # noqa: E402
 
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def largest_trace() -> Path:
-    return max(TRACES.glob("*/*.json.gz"), key=lambda p: p.stat().st_size)
+def largest_traces(count: int) -> list[Path]:
+    return sorted(TRACES.rglob("*.json.gz"), key=lambda p: p.stat().st_size, reverse=True)[:count]
 
 
-def bench_largest(out_dir: Path) -> None:
-    path = largest_trace()
-    raw = gzip.decompress(path.read_bytes())
+def _time_floor(path: Path) -> float:
     t = time.perf_counter()
-    json.loads(raw)
-    t_json = time.perf_counter() - t
-    del raw
+    with gzip.open(path, "rb") as f:
+        json.load(f)
+    return time.perf_counter() - t
+
+
+def _time_plasmient(path: Path, out: Path) -> tuple[float, float, float]:
+    """Seconds to (read, read + stitch, read + stitch + JSONL)."""
     t = time.perf_counter()
-    result = ingest_paths([path], IngestOptions(job_id="bench"))
+    records = read_kineto(path)
+    t_read = time.perf_counter() - t
+    result = stitch_records([records], IngestOptions(job_id="bench"))
     t_stitch = time.perf_counter() - t
-    t = time.perf_counter()
-    otlp_json.write_jsonl(result.batch, out_dir / "largest.jsonl")
-    t_total = time.perf_counter() - t + t_stitch
-    print(f"largest trace: {path.relative_to(TRACES)} ({path.stat().st_size / 1e6:.1f} MB gz)")
-    print(f"  gunzip+json.load   {t_json:8.3f} s   (floor)")
-    print(f"  ingest+stitch      {t_stitch:8.3f} s")
-    print(f"  + JSONL export     {t_total:8.3f} s   ratio to json.load: {t_total / t_json:.2f}x (target <= 3x)")
+    otlp_json.write_jsonl(result.batch, out)
+    return t_read, t_stitch, time.perf_counter() - t
+
+
+def _vm_mib(field: str) -> float:
+    """VmRSS / VmHWM of this process in MiB. VmHWM (not ru_maxrss, which a child inherits from the
+    parent across fork + exec) is this process's own peak."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def _rss_child(path: Path) -> None:
+    """Child mode: peak RSS above the post-import RSS, after the read and after stitch + JSONL (MiB).
+    Conservative: a transient peak during the imports would count too."""
+    before = _vm_mib("VmRSS")
+    records = read_kineto(path)
+    read_peak = _vm_mib("VmHWM") - before
+    with tempfile.TemporaryDirectory() as tmp:
+        result = stitch_records([records], IngestOptions(job_id="bench"))
+        otlp_json.write_jsonl(result.batch, Path(tmp) / "out.jsonl")
+    print(json.dumps({"read_mb": read_peak, "total_mb": _vm_mib("VmHWM") - before}))
+
+
+def bench_files(count: int, rounds: int, out_dir: Path) -> None:
+    paths = largest_traces(count)
+    ratios: dict[Path, list[tuple[float, float, float]]] = {p: [] for p in paths}
+    floors: dict[Path, list[float]] = {p: [] for p in paths}
+    for r in range(rounds):
+        for path in paths:
+            # Alternate which goes first: a noisy neighbour then slows both sides alike over the rounds.
+            if r % 2:
+                times = _time_plasmient(path, out_dir / "bench.jsonl")
+                floor = _time_floor(path)
+            else:
+                floor = _time_floor(path)
+                times = _time_plasmient(path, out_dir / "bench.jsonl")
+            floors[path].append(floor)
+            ratios[path].append(tuple(t / floor for t in times))
+    print(f"real traces, {rounds} interleaved rounds, medians (floor = json.load(gzip.open(file)))")
+    print(f"  {'trace':44s} {'MiB json':>8s} {'floor s':>7s} {'read':>6s} {'+stitch':>7s} {'+JSONL':>7s}   "
+          f"{'peak RSS growth: read, all (x json size)':40s}")
+    for path in paths:
+        size = len(gzip.decompress(path.read_bytes())) / 2**20
+        proc = subprocess.run([sys.executable, __file__, "--rss-child", str(path)], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        rss = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {"read_mb": float("nan"), "total_mb": float("nan")}
+        med = [statistics.median(r[i] for r in ratios[path]) for i in range(3)]
+        verdict = "ok" if med[2] <= 1.0 else ("over the 1.0x target" if med[2] <= 1.5 else "FAIL (> 1.5x)")
+        print(f"  {str(path.relative_to(TRACES))[:44]:44s} {size:8.1f} {statistics.median(floors[path]):7.3f} "
+              f"{med[0]:5.2f}x {med[1]:6.2f}x {med[2]:6.2f}x   {rss['read_mb']:5.0f} MiB ({rss['read_mb'] / size:.1f}x), "
+              f"{rss['total_mb']:5.0f} MiB ({rss['total_mb'] / size:.1f}x)   {verdict}")
+
+
+def bench_pool(count: int, rounds: int) -> None:
+    """Multi-rank read: the largest traces as ranks, one process vs the local process pool."""
+    paths = largest_traces(count)
+    workers = default_workers(len(paths))
+    seq, pooled = [], []
+    for r in range(rounds):
+        for mode in ((0, 1) if r % 2 else (1, 0)):
+            t = time.perf_counter()
+            read_many(paths, workers=1 if mode == 0 else workers)
+            (seq if mode == 0 else pooled).append(time.perf_counter() - t)
+    s, p = statistics.median(seq), statistics.median(pooled)
+    print(f"multi-rank read of the {len(paths)} largest traces, medians of {rounds} interleaved rounds:")
+    print(f"  one process {s:6.2f} s   pool of {workers} workers {p:6.2f} s   speed-up {s / p:.2f}x")
 
 
 def _shift(table: pa.Table, columns: dict[str, int]) -> pa.Table:
@@ -111,15 +186,26 @@ def bench_scale(base_name: str, kernels: int, out_dir: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", type=int, default=3, help="how many of the largest shared traces")
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--kernels", type=int, default=1_000_000)
     parser.add_argument("--base", default="v100/resnet50_training.json.gz")
     parser.add_argument("--skip-largest", action="store_true")
+    parser.add_argument("--skip-scale", action="store_true")
+    parser.add_argument("--pool", action="store_true", help="also time the multi-rank read in a process pool")
+    parser.add_argument("--rss-child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.rss_child:
+        _rss_child(args.rss_child)
+        return
     print(f"one process, {os.cpu_count()} cores visible; numpy/pyarrow single-threaded paths dominate")
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_largest:
-            bench_largest(Path(tmp))
-        bench_scale(args.base, args.kernels, Path(tmp))
+            bench_files(args.files, args.rounds, Path(tmp))
+        if args.pool:
+            bench_pool(args.files, args.rounds)
+        if not args.skip_scale:
+            bench_scale(args.base, args.kernels, Path(tmp))
 
 
 if __name__ == "__main__":

@@ -107,8 +107,15 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     except TraceFormatError as err:
         print(f"plasmient: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except ValueError as err:
-        print(f"plasmient: error: {err}", file=sys.stderr)
+    except (ValueError, IndexError, TypeError, ArithmeticError, MemoryError) as err:
+        # Input that parsed but that the stitcher could not use: still one line naming the input.
+        # PLASMIENT_DEBUG=1 re-raises, for whoever fixes the stitcher.
+        if os.environ.get("PLASMIENT_DEBUG"):
+            raise
+        names = ", ".join(str(p) for p in args.paths)
+        what = str(err).splitlines()[0][:200] if str(err) else ""
+        print(f"plasmient: error: {names}: cannot stitch ({type(err).__name__}{': ' + what if what else ''})",
+              file=sys.stderr)
         return EXIT_BAD_INPUT
 
     from .export import otlp, otlp_json, parquet

@@ -53,3 +53,49 @@ def test_tree_depth_and_root():
     parent = np.array([-1, 0, 0, 1, 3, -1, 5])
     assert tree_depth(parent).tolist() == [0, 1, 1, 2, 3, 0, 1]
     assert tree_root(parent).tolist() == [0, 0, 0, 0, 0, 5, 5]
+
+
+def _walk_depth_and_root(parent):
+    """Oracle: follow each node's parent pointers one at a time."""
+    depth, root = [], []
+    for i in range(len(parent)):
+        d, cur = 0, i
+        while parent[cur] >= 0:
+            cur, d = parent[cur], d + 1
+        depth.append(d)
+        root.append(cur)
+    return depth, root
+
+
+def test_tree_depth_and_root_match_a_pointer_walk_on_random_forests():
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 50, 3000):
+        # parent index below the node's own: always a forest, roots where the draw is -1
+        parent = np.array([rng.integers(-1, i) if i else -1 for i in range(n)])
+        depth, root = _walk_depth_and_root(parent)
+        assert tree_depth(parent).tolist() == depth
+        assert tree_root(parent).tolist() == root
+
+
+def test_100k_identical_intervals_nest_as_one_chain_in_file_order():
+    # A hostile trace: 100,000 copies of the same range on one thread. They nest like a call stack
+    # (ties: the earlier event is the parent), so the chain is 100,000 deep; the old per-level loops
+    # were quadratic in that depth.
+    n = 100_000
+    parent, _ = innermost_enclosing(np.zeros(n, np.int64), np.full(n, 1_000), np.full(n, 2_000))
+    assert parent[0] == -1
+    assert np.array_equal(parent[1:], np.arange(n - 1))
+    assert np.array_equal(tree_depth(parent), np.arange(n))
+    assert not tree_root(parent).any()
+
+
+def test_deep_staircase_with_points_finds_the_innermost_interval():
+    # Strictly nested ranges [i, 2n - i) plus one point inside each ring: the point at i belongs to
+    # ring i, the innermost range that contains it.
+    n = 20_000
+    starts = np.arange(n, dtype=np.int64)
+    ends = 2 * n - starts
+    groups = np.zeros(n, np.int64)
+    iv_parent, pt_parent = innermost_enclosing(groups, starts, ends, groups, starts)
+    assert np.array_equal(iv_parent, np.arange(-1, n - 1))
+    assert np.array_equal(pt_parent, np.arange(n))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import zlib
 from pathlib import Path
 
 import pyarrow as pa
@@ -40,22 +41,73 @@ def merge_batches(batches: list[SpanBatch]) -> SpanBatch:
     return SpanBatch(pa.concat_tables(tables, promote_options="permissive"), resources)
 
 
-def run_report(args: argparse.Namespace) -> int:
-    from rich.console import Console
+class ReportInputError(ValueError):
+    """A span file the report cannot use; str(err) is one line naming the file."""
 
+
+# What reading a damaged span file can raise besides the reader's own ValueError: a cut gzip stream
+# (EOFError), corrupt gzip (OSError / zlib.error), integers past int64 (OverflowError from Arrow), and
+# memory exhaustion on a huge line.
+_READ_ERRORS = (ValueError, OverflowError, EOFError, OSError, zlib.error, UnicodeDecodeError, MemoryError,
+                pa.ArrowException)
+
+
+def _problem(exc: BaseException) -> str:
+    if isinstance(exc, EOFError):
+        return "truncated gzip stream (the file was cut short)"
+    if isinstance(exc, OverflowError):
+        return f"a timestamp or integer is out of the int64 range ({exc})"
+    if isinstance(exc, MemoryError):
+        return "not enough memory to read it"
+    if isinstance(exc, (OSError, zlib.error)) and not isinstance(exc, FileNotFoundError):
+        return f"cannot read ({getattr(exc, 'strerror', None) or exc})"
+    return str(exc)
+
+
+def read_span_files(files: list[str]) -> SpanBatch:
+    """Read and merge span files, refusing what would draw a wrong report: every failure is one line."""
     from plasmient_trace.export.otlp_json import read_jsonl
+
+    batches = []
+    for f in files:
+        if not Path(f).is_file():
+            raise ReportInputError(f"{f}: no such file")
+        try:
+            batch = read_jsonl(f)
+        except _READ_ERRORS as exc:
+            text = _problem(exc)
+            raise ReportInputError(text if text.startswith(str(f)) else f"{f}: {text}") from None
+        _check_times(f, batch)
+        batches.append(batch)
+    batch = merge_batches(batches)
+    if len(batch) == 0:
+        raise ReportInputError(f"{', '.join(files)}: no spans to report")
+    return batch
+
+
+def _check_times(name: str, batch: SpanBatch) -> None:
+    """Spans must have non-negative epoch times and end no earlier than they start."""
+    if not len(batch):
+        return
+    start = batch.table.column("start_ns").to_numpy()
+    end = batch.table.column("end_ns").to_numpy()
+    bad = (start < 0) | (end < start)
+    if bad.any():
+        raise ReportInputError(f"{name}: {int(bad.sum())} span(s) end before they start or have negative "
+                               "timestamps")
+
+
+def run_report(args: argparse.Namespace) -> int:
     from plasmient_trace.report.html import write_report
     from plasmient_trace.report.summary import render_summary
+    from rich.console import Console
 
     console = Console(stderr=True)
-    missing = [f for f in args.files if not Path(f).is_file()]
-    if missing:
-        console.print(f"[red]plasmient report: no such file: {', '.join(missing)}[/red]")
-        return 2
     try:
-        batch = merge_batches([read_jsonl(f) for f in args.files])
-    except ValueError as exc:
-        console.print(f"[red]plasmient report: {exc}[/red]")
+        batch = read_span_files(list(args.files))
+    except ReportInputError as exc:
+        # Plain print, not the rich console: rich wraps long lines, and this must stay one line.
+        print(f"plasmient report: error: {exc}", file=sys.stderr)
         return 2
     if not args.quiet:
         render_summary(batch, console=console, top=args.top)

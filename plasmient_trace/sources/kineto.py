@@ -2,11 +2,14 @@
 
 Reads the variants found in the wild: CUDA and ROCm/HIP runtimes, old (V100-era 'Kernel'/'Runtime'/
 'Operator') and current ('kernel'/'cuda_runtime'/'cpu_op') category names, CUDA graphs, NCCL/RCCL,
-with or without ProfilerStep#N, python_function/nn.Module events and Input Dims, and CPU-only traces.
+with or without ProfilerStep#N, python_function/nn.Module events and Input Dims, Inductor's per-kernel
+``kernel_flop`` / ``kernel_num_gb``, and CPU-only traces.
 
-Memory: the file is decompressed into one buffer, parsed once with orjson, the buffer is dropped, and
-one pass over the events fills plain column lists; the event dicts are dropped before the Arrow tables
-are built. No event is copied twice.
+Memory: the file is gunzipped into one exactly-sized buffer under a size cap (``rawinput``) and split
+into per-event Raw views; one pass decodes each event alone into a small typed Struct holding only the
+fields used here (``kineto_schema``) and appends it to the columns (typed arrays for times and ids).
+The buffer goes when the pass ends. Times are then checked (``validate``): impossible values are dropped
+or clamped and counted in ``RecordSet.counters``, before any Arrow table is built.
 
 Bad input never produces a traceback: every problem is a :class:`TraceFormatError` whose message is one
 line naming the file and what is wrong.
@@ -14,17 +17,29 @@ line naming the file and what is wrong.
 
 from __future__ import annotations
 
-import gzip
-import io
+import gc
+import math
 import zlib
+from array import array
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import orjson
 import pyarrow as pa
+from msgspec import UNSET
 
 from ..records import DeviceInfo, RecordSet, table_from_columns
+from .kineto_schema import DOCUMENT, EVENT, TOP_LEVEL_KEYS, KinetoArgs, KinetoEvent
+from .rawinput import InputError, read_trace_bytes
+from .validate import MAX_ABS_TS_US, TimeChecker
+
+_dumps = orjson.dumps
+_DIMS3 = pa.list_(pa.int32(), 3)
+_INT64_MAX = 2**63 - 1
+# Device props and distributed info flow into resource attributes and trace ids: keep them sane.
+_MAX_RANK = 2**31 - 1
 
 
 class TraceFormatError(ValueError):
@@ -41,63 +56,72 @@ _STEP_PREFIX = "ProfilerStep#"
 _EPOCH_US_THRESHOLD = 1.0e15
 
 
-def _read_bytes(path: Path) -> bytes:
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise TraceFormatError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise TraceFormatError(f"{path}: is a directory, expected a trace file") from None
-    except OSError as err:
-        raise TraceFormatError(f"{path}: cannot read ({err.strerror or err})") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
-                raw = gz.read()
-        except EOFError:
-            raise TraceFormatError(f"{path}: truncated gzip stream (the file was cut short)") from None
-        except (OSError, zlib.error) as err:
-            raise TraceFormatError(f"{path}: corrupt gzip data ({err})") from None
-    if not raw.strip():
+def _decode(path: Path, raw: bytes) -> tuple[list[msgspec.Raw], dict[str, Any]]:
+    """Split the document into per-event Raw views and the metadata; failures are one line each."""
+    if len(raw) == 0 or (not bytes(raw[:65536]).strip() and not raw.strip()):
         raise TraceFormatError(f"{path}: file is empty")
-    return raw
-
-
-def _parse_json(path: Path, raw: bytes) -> Any:
     try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as err:
-        head = raw.lstrip()[:1]
+        doc = DOCUMENT.decode(raw)
+    except msgspec.ValidationError as err:
+        raise TraceFormatError(f"{path}: {_structure_problem(str(err))}") from None
+    except msgspec.DecodeError as err:
+        head = bytes(raw[:65536]).lstrip()[:1]
         if head not in (b"{", b"["):
             raise TraceFormatError(f"{path}: not JSON (a Kineto Chrome trace starts with '{{')") from None
-        raise TraceFormatError(f"{path}: invalid or truncated JSON ({err.msg} at byte {err.pos})") from None
+        raise TraceFormatError(f"{path}: invalid or truncated JSON ({err})") from None
+    except MemoryError:
+        raise TraceFormatError(f"{path}: not enough memory to decode the trace") from None
+    except RecursionError:
+        raise TraceFormatError(f"{path}: JSON nested too deeply to be a Kineto trace") from None
+    if isinstance(doc, list):
+        return doc, {}
+    if doc.traceEvents is msgspec.UNSET:
+        keys = ", ".join(list(TOP_LEVEL_KEYS.decode(raw))[:5]) or "none"
+        raise TraceFormatError(f"{path}: not a Chrome trace (no 'traceEvents'; top-level keys: {keys})")
+    meta = {"deviceProperties": doc.deviceProperties, "baseTimeNanoseconds": doc.baseTimeNanoseconds,
+            "distributedInfo": doc.distributedInfo}
+    return doc.traceEvents, meta
+
+
+_JSON_TYPES = {"int": "int", "float": "float", "str": "str", "bool": "bool", "null": "None"}
+
+
+def _structure_problem(message: str) -> str:
+    """msgspec's 'Expected `array`, got `object` - at `$.traceEvents`' in this project's words."""
+    what, _, where = message.partition(" - at ")
+    where = where.strip("`")
+    if not where:
+        got = what.rsplit("got ", 1)[-1].strip("`")
+        return f"not a Chrome trace (top level is {_JSON_TYPES.get(got, got)})"
+    if where == "$.traceEvents":
+        got = what.rsplit("got ", 1)[-1].strip("`")
+        return f"'traceEvents' is {got}, expected a list"
+    return f"malformed trace ({what} at {where})"
 
 
 def _as_int(value: Any) -> int:
     """pid/tid are ints in current Kineto, strings ('25738', 'stream 7') in older files."""
-    if isinstance(value, int):
-        return value
     if isinstance(value, float):
-        return int(value)
-    if isinstance(value, str):
+        value = int(value) if math.isfinite(value) else -1
+    elif isinstance(value, str):
         digits = value.rsplit(" ", 1)[-1]
-        if digits.lstrip("-").isdigit():
-            return int(digits)
-        return zlib.crc32(value.encode())
-    return -1
+        value = int(digits) if digits.lstrip("-").isdigit() else zlib.crc32(value.encode())
+    if isinstance(value, int) and -_INT64_MAX <= value <= _INT64_MAX:
+        return value
+    return -1  # unknown: absent, not a number, or no int64 id
 
 
-def _to_ns(ts: list[Any], base_ns: int) -> np.ndarray:
-    """Kineto µs floats/ints -> int64 ns, without losing the integer part to float64 rounding."""
-    if not ts:
-        return np.zeros(0, dtype=np.int64)
-    us = np.asarray(ts, dtype=np.float64)
-    origin = float(np.floor(us.min()))
-    return np.rint((us - origin) * 1000.0).astype(np.int64) + (int(origin) * 1000 + base_ns)
+def _id(value: Any) -> int:
+    """_as_int with the common case (an int64 int) answered without a second call."""
+    return value if value.__class__ is int and -_INT64_MAX <= value <= _INT64_MAX else _as_int(value)
 
 
-def _dur_ns(dur: list[Any]) -> np.ndarray:
-    return np.rint(np.asarray(dur, dtype=np.float64) * 1000.0).astype(np.int64)
+def _dims3_column(values: list[Any]) -> pa.Array | list[list[int] | None]:
+    """grid/block: Arrow converts a column of [x, y, z] int lists at once; anything else goes value by value."""
+    try:
+        return pa.array(values, _DIMS3)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+        return [_dims3(v) for v in values]
 
 
 def _dims3(value: Any) -> list[int] | None:
@@ -106,159 +130,271 @@ def _dims3(value: Any) -> list[int] | None:
     return None
 
 
+def _json_text(value: Any) -> str | None:
+    return None if value is None else _dumps(value).decode()
+
+
+def _ext(args: KinetoArgs) -> Any:
+    return args.external_id_lower if args.external_id is UNSET else args.external_id
+
+
+def _gb_to_bytes(value: Any) -> float | None:
+    return None if value is None else float(value) * 1e9
+
+
+_NO_ARGS = KinetoArgs()
+
+
 def read_kineto(path: str | Path) -> RecordSet:
     """Parse one Kineto trace file into a RecordSet (one process/rank)."""
     path = Path(path)
-    raw = _read_bytes(path)
-    doc = _parse_json(path, raw)
-    del raw
-    if isinstance(doc, list):
-        events, meta = doc, {}
-    elif isinstance(doc, dict):
-        if "traceEvents" not in doc:
-            keys = ", ".join(list(doc)[:5]) or "none"
-            raise TraceFormatError(f"{path}: not a Chrome trace (no 'traceEvents'; top-level keys: {keys})")
-        events, meta = doc["traceEvents"], doc
-    else:
-        raise TraceFormatError(f"{path}: not a Chrome trace (top level is {type(doc).__name__})")
-    if not isinstance(events, list):
-        raise TraceFormatError(f"{path}: 'traceEvents' is {type(events).__name__}, expected a list")
-    if not events:
-        raise TraceFormatError(f"{path}: trace contains no events")
     try:
-        return _records_from_events(path, events, meta)
+        raw = read_trace_bytes(path)
+    except InputError as err:
+        raise TraceFormatError(str(err)) from None
+    # The column pass keeps ~10 tracked objects per event (list items, grid lists) and frees none: the
+    # cyclic GC would rescan them over and over (30-40% of the parse time) to find no cycle.
+    gc_was_on = gc.isenabled()
+    gc.disable()
+    try:
+        events, meta = _decode(path, raw)
+        del raw
+        if not events:
+            raise TraceFormatError(f"{path}: trace contains no events")
+        columns = _collect(path, events)
+        del events
     finally:
-        del events, doc
+        if gc_was_on:
+            gc.enable()
+    return _build(path, columns, meta)
 
 
-def _records_from_events(path: Path, events: list[Any], meta: dict[str, Any]) -> RecordSet:
-    k_dev: list[int] = []; k_stream: list[int] = []; k_ts: list[Any] = []; k_dur: list[Any] = []
-    k_name: list[str] = []; k_kind: list[str] = []; k_corr: list[Any] = []; k_ext: list[Any] = []
-    k_grid: list[Any] = []; k_block: list[Any] = []; k_regs: list[Any] = []; k_smem: list[Any] = []
-    k_graph: list[Any] = []; k_bytes: list[Any] = []
-    l_pid: list[int] = []; l_tid: list[int] = []; l_ts: list[Any] = []; l_dur: list[Any] = []
-    l_name: list[str] = []; l_corr: list[int] = []; l_ext: list[Any] = []
-    o_pid: list[int] = []; o_tid: list[int] = []; o_ts: list[Any] = []; o_dur: list[Any] = []
-    o_name: list[str] = []; o_cat: list[str] = []; o_ext: list[Any] = []; o_seq: list[Any] = []
-    o_fwd: list[Any] = []; o_dims: list[Any] = []; o_types: list[Any] = []; o_flops: list[Any] = []
-    o_conc: list[Any] = []
-    m_pid: list[int] = []; m_tid: list[int] = []; m_ts: list[Any] = []; m_dur: list[Any] = []; m_name: list[str] = []
-    s_step: list[int] = []; s_ts: list[Any] = []; s_dur: list[Any] = []; s_name: list[str] = []
-    dumps = orjson.dumps
+_FLOAT_COLUMNS = ("ts", "dur")
+_INT_COLUMNS = ("pid", "tid", "device", "stream")
 
+
+def _column(name: str) -> Any:
+    # Times and ids go into typed arrays (8 bytes a value, not a 32-byte float or int object plus a list
+    # slot): the columns are most of the parse's memory after the file's own bytes.
+    if name in _FLOAT_COLUMNS:
+        return array("d")
+    if name in _INT_COLUMNS:
+        return array("q")
+    return []
+
+
+class _Columns:
+    """Per-table columns (typed arrays for times and ids, lists otherwise), filled in file order by one
+    pass over the events."""
+
+    def __init__(self) -> None:
+        self.kernels: dict[str, Any] = {k: _column(k) for k in (
+            "ts", "dur", "device", "stream", "name", "kind", "correlation_id", "external_id", "grid", "block",
+            "registers_per_thread", "shared_memory", "graph_id", "bytes", "model_flops", "model_bytes")}
+        self.launches: dict[str, Any] = {k: _column(k) for k in (
+            "ts", "dur", "pid", "tid", "name", "correlation_id", "external_id")}
+        self.ops: dict[str, Any] = {k: _column(k) for k in (
+            "ts", "dur", "pid", "tid", "name", "category", "external_id", "sequence_number", "fwd_thread_id",
+            "input_dims", "input_types", "kineto_flops", "concrete_inputs")}
+        self.modules: dict[str, Any] = {k: _column(k) for k in ("ts", "dur", "pid", "tid", "name")}
+        self.steps: dict[str, Any] = {k: _column(k) for k in ("ts", "dur", "step", "name")}
+
+    def tables(self) -> dict[str, dict[str, Any]]:
+        return {"kernels": self.kernels, "launches": self.launches, "ops": self.ops, "modules": self.modules,
+                "steps": self.steps}
+
+
+def _collect(path: Path, events: list[msgspec.Raw]) -> _Columns:
+    cols = _Columns()
+    K, L, O, M, S = cols.kernels, cols.launches, cols.ops, cols.modules, cols.steps
+    k_ts, k_dur, k_dev, k_stream, k_name, k_kind = K["ts"], K["dur"], K["device"], K["stream"], K["name"], K["kind"]
+    k_corr, k_ext, k_grid, k_block, k_regs = K["correlation_id"], K["external_id"], K["grid"], K["block"], K["registers_per_thread"]
+    k_smem, k_graph, k_bytes, k_mflops, k_mbytes = K["shared_memory"], K["graph_id"], K["bytes"], K["model_flops"], K["model_bytes"]
+    l_ts, l_dur, l_pid, l_tid, l_name, l_corr, l_ext = (L[k] for k in L)
+    o_ts, o_dur, o_pid, o_tid, o_name, o_cat, o_ext, o_seq, o_fwd, o_dims, o_types, o_flops, o_conc = (O[k] for k in O)
+    m_ts, m_dur, m_pid, m_tid, m_name = (M[k] for k in M)
+    s_ts, s_dur, s_step, s_name = (S[k] for k in S)
     index = -1
+    e = None
+    decode = EVENT.decode
     try:
-        for index, e in enumerate(events):
-            if e.get("ph") != "X":
+        for index, raw in enumerate(events):
+            e = decode(raw)
+            if e.ph != "X":
                 continue
-            cat = e.get("cat")
-            name = e["name"]
+            cat = e.cat
+            name = e.name
             if cat in _OP_CATS:
                 if name.startswith(_STEP_PREFIX):
                     tail = name[len(_STEP_PREFIX):]
                     if tail.isdigit():
-                        s_step.append(int(tail)); s_ts.append(e["ts"]); s_dur.append(e["dur"]); s_name.append(name)
+                        s_step.append(int(tail)); s_ts.append(e.ts); s_dur.append(e.dur); s_name.append(name)
                         continue
-                args = e.get("args") or {}
-                o_pid.append(_as_int(e.get("pid"))); o_tid.append(_as_int(e.get("tid")))
-                o_ts.append(e["ts"]); o_dur.append(e["dur"]); o_name.append(name); o_cat.append(_OP_CATS[cat])
-                o_ext.append(args.get("External id", args.get("external id")))
-                o_seq.append(args.get("Sequence number")); o_fwd.append(args.get("Fwd thread id"))
-                dims = args.get("Input Dims")
-                o_dims.append(dumps(dims).decode() if dims is not None else None)
-                types = args.get("Input type")
-                o_types.append(dumps(types).decode() if types is not None else None)
-                o_flops.append(args.get("flops"))
-                concrete = args.get("Concrete Inputs")
-                o_conc.append(dumps(concrete).decode() if concrete is not None else None)
+                a = e.args or _NO_ARGS
+                o_pid.append(_id(e.pid)); o_tid.append(_id(e.tid))
+                o_ts.append(e.ts); o_dur.append(e.dur); o_name.append(name); o_cat.append(_OP_CATS[cat])
+                o_ext.append(_ext(a)); o_seq.append(a.sequence_number); o_fwd.append(a.fwd_thread_id)
+                o_dims.append(_json_text(a.input_dims)); o_types.append(_json_text(a.input_types))
+                o_flops.append(None if a.flops is None else float(a.flops))
+                o_conc.append(_json_text(a.concrete_inputs))
             elif cat in _KERNEL_CATS:
-                args = e.get("args") or {}
+                a = e.args or _NO_ARGS
                 kind = _KERNEL_CATS[cat]
                 if kind == "kernel" and ("nccl" in name or "rccl" in name or "Nccl" in name):
                     kind = "collective"
-                k_dev.append(_as_int(args.get("device", e.get("pid"))))
-                k_stream.append(_as_int(args.get("stream", e.get("tid"))))
-                k_ts.append(e["ts"]); k_dur.append(e["dur"]); k_name.append(name); k_kind.append(kind)
-                k_corr.append(args.get("correlation")); k_ext.append(args.get("External id", args.get("external id")))
-                k_grid.append(_dims3(args.get("grid"))); k_block.append(_dims3(args.get("block")))
-                k_regs.append(args.get("registers per thread")); k_smem.append(args.get("shared memory"))
-                k_graph.append(args.get("graph id")); k_bytes.append(args.get("bytes"))
+                k_dev.append(_id(e.pid if a.device is UNSET else a.device))
+                k_stream.append(_id(e.tid if a.stream is UNSET else a.stream))
+                k_ts.append(e.ts); k_dur.append(e.dur); k_name.append(name); k_kind.append(kind)
+                k_corr.append(a.correlation); k_ext.append(_ext(a))
+                k_grid.append(a.grid); k_block.append(a.block)
+                k_regs.append(a.registers_per_thread); k_smem.append(a.shared_memory)
+                k_graph.append(a.graph_id); k_bytes.append(a.bytes)
+                k_mflops.append(None if a.kernel_flop is None else float(a.kernel_flop))
+                k_mbytes.append(_gb_to_bytes(a.kernel_num_gb))
             elif cat in _LAUNCH_CATS:
-                args = e.get("args") or {}
-                corr = args.get("correlation")
+                a = e.args or _NO_ARGS
+                corr = a.correlation
                 if corr is None:
                     continue
-                l_pid.append(_as_int(e.get("pid"))); l_tid.append(_as_int(e.get("tid")))
-                l_ts.append(e["ts"]); l_dur.append(e["dur"]); l_name.append(name); l_corr.append(corr)
-                l_ext.append(args.get("External id", args.get("external id")))
+                l_pid.append(_id(e.pid)); l_tid.append(_id(e.tid))
+                l_ts.append(e.ts); l_dur.append(e.dur); l_name.append(name); l_corr.append(corr)
+                l_ext.append(_ext(a))
             elif cat == "python_function" and name.startswith(_MODULE_PREFIX):
-                m_pid.append(_as_int(e.get("pid"))); m_tid.append(_as_int(e.get("tid")))
-                m_ts.append(e["ts"]); m_dur.append(e["dur"]); m_name.append(name[len(_MODULE_PREFIX):])
-    except (KeyError, TypeError, AttributeError) as err:
-        what = repr(err.args[0]) if isinstance(err, KeyError) else str(err)
-        event = events[index] if 0 <= index < len(events) else None
-        label = f"{event.get('cat')} {str(event.get('name'))[:60]!r}" if isinstance(event, dict) else repr(event)[:60]
-        problem = f"missing field {what}" if isinstance(err, KeyError) else f"malformed event ({what})"
-        raise TraceFormatError(f"{path}: event #{index} ({label}): {problem}") from None
+                m_pid.append(_id(e.pid)); m_tid.append(_id(e.tid))
+                m_ts.append(e.ts); m_dur.append(e.dur); m_name.append(name[len(_MODULE_PREFIX):])
+    except msgspec.ValidationError as err:
+        what, _, where = str(err).partition(" - at ")
+        at = where.strip("`").lstrip("$").lstrip(".") or "the event"
+        raise TraceFormatError(f"{path}: event #{index}: malformed event ({what} at {at})") from None
+    except RecursionError:
+        raise TraceFormatError(f"{path}: event #{index}: nested too deeply to be a Kineto event") from None
+    except (TypeError, AttributeError, ValueError, OverflowError) as err:
+        if e is None:
+            raise TraceFormatError(f"{path}: event #{index}: malformed event ({err})") from None
+        label = f"{e.cat} {str(e.name)[:60]!r}"
+        raise TraceFormatError(f"{path}: event #{index} ({label}): {_event_problem(e, err)}") from None
+    return cols
 
-    base_ns, clock = _clock_anchor(meta, [k_ts, l_ts, o_ts, s_ts, m_ts])
+
+def _event_problem(e: KinetoEvent, err: Exception) -> str:
+    """Name the field that stopped the column pass: a missing one, or a time that is not a number."""
+    for field in ("name", "ts", "dur"):
+        if getattr(e, field) is None:
+            return f"missing field {field!r}"
+    for field in ("ts", "dur"):
+        value = getattr(e, field)
+        if not isinstance(value, (int, float)) or isinstance(err, OverflowError):
+            return f"unexpected field types ({field!r} is {type(value).__name__}: {str(value)[:40]!r})"
+    return f"malformed event ({err})"
+
+
+def _times(values: array) -> np.ndarray:
+    """µs column -> float64 array (a view of the typed array, no copy)."""
+    return np.frombuffer(values, dtype=np.float64) if len(values) else np.zeros(0, np.float64)
+
+
+def _to_ns(us: np.ndarray, base_ns: int) -> np.ndarray:
+    """Kineto µs floats/ints -> int64 ns, without losing the integer part to float64 rounding."""
+    if not len(us):
+        return np.zeros(0, dtype=np.int64)
+    origin = float(np.floor(us.min()))
+    return np.rint((us - origin) * 1000.0).astype(np.int64) + (int(origin) * 1000 + base_ns)
+
+
+def _build(path: Path, columns: _Columns, meta: dict[str, Any]) -> RecordSet:
+    tables = columns.tables()
+    pids = columns.ops["pid"] or columns.launches["pid"]  # kept past the clearing of the columns below
+    times = {name: (_times(cols["ts"]), _times(cols["dur"])) for name, cols in tables.items()}
+    checker = TimeChecker.for_timestamps([ts for ts, _ in times.values()])
+    kept: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    for name, (ts, dur) in times.items():
+        keep, dur = checker.check(ts, dur)
+        kept[name] = (keep, ts[keep], dur[keep])
+    total = sum(len(ts) for ts, _ in times.values())
+    if total and checker.dropped == total:
+        raise TraceFormatError(f"{path}: all {total} timed events have impossible timestamps or durations "
+                               "(negative, non-finite, or spread over more than a day)")
+    base_ns, clock = _clock_anchor(meta, [kept[n][1] for n in ("kernels", "launches", "ops", "steps", "modules")])
+
+    records = RecordSet(source=str(path), clock=clock)
     try:
-        records = RecordSet(source=str(path), clock=clock)
-        k_start = _to_ns(k_ts, base_ns)
-        records.kernels = table_from_columns("kernels", {
-            "device": k_dev, "stream": k_stream, "start_ns": k_start, "end_ns": k_start + _dur_ns(k_dur),
-            "name": k_name, "kind": k_kind, "correlation_id": k_corr, "external_id": k_ext,
-            "grid": k_grid, "block": k_block, "registers_per_thread": k_regs, "shared_memory": k_smem,
-            "graph_id": k_graph, "bytes": k_bytes,
-        }) if k_ts else records.kernels
-        l_start = _to_ns(l_ts, base_ns)
-        records.launches = table_from_columns("launches", {
-            "pid": l_pid, "tid": l_tid, "start_ns": l_start, "end_ns": l_start + _dur_ns(l_dur),
-            "name": l_name, "correlation_id": l_corr, "external_id": l_ext,
-        }) if l_ts else records.launches
-        o_start = _to_ns(o_ts, base_ns)
-        records.ops = table_from_columns("ops", {
-            "pid": o_pid, "tid": o_tid, "start_ns": o_start, "end_ns": o_start + _dur_ns(o_dur),
-            "name": o_name, "category": o_cat, "external_id": o_ext, "sequence_number": o_seq,
-            "fwd_thread_id": o_fwd, "input_dims": o_dims, "input_types": o_types,
-            "kineto_flops": [None if f is None else float(f) for f in o_flops],
-            "concrete_inputs": o_conc,
-        }) if o_ts else records.ops
-        m_start = _to_ns(m_ts, base_ns)
-        records.modules = table_from_columns("modules", {
-            "pid": m_pid, "tid": m_tid, "start_ns": m_start, "end_ns": m_start + _dur_ns(m_dur),
-            "name": m_name, "phase": ["forward"] * len(m_name),
-        }) if m_ts else records.modules
-        s_start = _to_ns(s_ts, base_ns)
-        records.steps = table_from_columns("steps", {
-            "step": s_step, "start_ns": s_start, "end_ns": s_start + _dur_ns(s_dur), "name": s_name,
-        }) if s_ts else records.steps
+        for name, cols in tables.items():
+            keep, ts, dur = kept[name]
+            if not len(ts):
+                continue
+            start = _to_ns(ts, base_ns)
+            out: dict[str, Any] = {"start_ns": start, "end_ns": start + np.rint(dur * 1000.0).astype(np.int64)}
+            every = keep.all()
+            for column, values in cols.items():
+                if column in ("ts", "dur"):
+                    continue
+                if isinstance(values, array):
+                    values = np.frombuffer(values, dtype=np.int64)
+                if column == "kineto_flops":
+                    values = pa.array(values, pa.float64())
+                elif column in ("model_flops", "model_bytes"):
+                    values = _nonnegative_or_null(values, checker)
+                elif column in ("grid", "block"):
+                    values = _dims3_column(values)
+                out[column] = values if every else _take(values, keep)
+            if name == "modules":
+                out["phase"] = ["forward"] * len(ts)
+            setattr(records, name, table_from_columns(name, out))
+            del out
+            cols.clear()  # this table's lists go now, before the next table is built
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as err:
         raise TraceFormatError(f"{path}: unexpected field types ({str(err).splitlines()[0][:160]})") from None
 
     records.devices = _devices(meta)
-    records.resource = _resource(meta, o_pid or l_pid)
+    records.resource = _resource(meta, pids)
+    records.counters.update(checker.counters())
     return records
 
 
-def _clock_anchor(meta: dict[str, Any], ts_lists: list[list[Any]]) -> tuple[int, str]:
+def _nonnegative_or_null(values: list[Any], checker: TimeChecker) -> pa.Array:
+    """Per-kernel work numbers (Inductor's kernel_flop, kernel_num_gb): a negative one is unknown, not
+    negative work, so it becomes null and is counted."""
+    x = np.asarray(values, dtype=np.float64)  # None -> NaN
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isnan(x) & ~(x >= 0)
+    checker.invalid += int(bad.sum())
+    return pa.array(x, pa.float64(), mask=np.isnan(x) | bad)
+
+
+def _take(values: Any, keep: np.ndarray) -> Any:
+    if isinstance(values, np.ndarray):
+        return values[keep]
+    if isinstance(values, pa.Array):
+        return values.filter(pa.array(keep))
+    return [v for v, k in zip(values, keep) if k]
+
+
+def _clock_anchor(meta: dict[str, Any], ts_columns: list[np.ndarray]) -> tuple[int, str]:
     base = meta.get("baseTimeNanoseconds")
-    if isinstance(base, (int, float)) and base > 0:
+    # An anchor past 2096 cannot be real and would overflow int64 ns with the µs offsets added to it.
+    if isinstance(base, (int, float)) and not isinstance(base, bool) and 0 < base < MAX_ABS_TS_US * 1000:
         return int(base), "epoch"
-    first = next((lst[0] for lst in ts_lists if lst), None)
-    if isinstance(first, (int, float)) and first >= _EPOCH_US_THRESHOLD:
+    first = next((float(col[0]) for col in ts_columns if len(col)), None)
+    if first is not None and first >= _EPOCH_US_THRESHOLD:
         return 0, "epoch"
     return 0, "relative"
 
 
+def _positive_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= _INT64_MAX else None
+
+
 def _devices(meta: dict[str, Any]) -> list[DeviceInfo]:
+    props_list = meta.get("deviceProperties")
+    if not isinstance(props_list, list):
+        return []  # absent, or not the list Kineto writes: the device is unknown, not an error
     out = []
-    for props in meta.get("deviceProperties") or []:
-        if not isinstance(props, dict) or "name" not in props:
+    for props in props_list:
+        if not isinstance(props, dict) or not isinstance(props.get("name"), str):
             continue
         out.append(DeviceInfo(
-            ordinal=_as_int(props.get("id", len(out))), name=str(props["name"]),
-            sm_count=props.get("numSms"), memory_bytes=props.get("totalGlobalMem"),
+            ordinal=_as_int(props.get("id", len(out))), name=props["name"],
+            sm_count=_positive_int(props.get("numSms")), memory_bytes=_positive_int(props.get("totalGlobalMem")),
             properties=dict(props),
         ))
     return out
@@ -268,10 +404,11 @@ def _resource(meta: dict[str, Any], pids: list[int]) -> dict[str, Any]:
     resource: dict[str, Any] = {}
     dist = meta.get("distributedInfo")
     if isinstance(dist, dict):
-        if isinstance(dist.get("rank"), int):
-            resource["plasmient.rank"] = dist["rank"]
-        if isinstance(dist.get("world_size"), int):
-            resource["plasmient.world_size"] = dist["world_size"]
+        rank, world = dist.get("rank"), dist.get("world_size")
+        if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank <= _MAX_RANK:
+            resource["plasmient.rank"] = rank
+        if isinstance(world, int) and not isinstance(world, bool) and 0 < world <= _MAX_RANK:
+            resource["plasmient.world_size"] = world
         if isinstance(dist.get("backend"), str):
             resource["plasmient.distributed.backend"] = dist["backend"]
     if pids:

@@ -24,6 +24,7 @@ from .nesting import innermost_enclosing, tree_depth, tree_root
 
 # Tolerance for "the op is active at the launch": Kineto rounds to 1 ns (new) or 1 µs (old files).
 _ACTIVE_SLACK_NS = 1_000
+_MAX_MODULE_PATH = 1024
 
 
 def _np(table: pa.Table, column: str, fill: int = -1) -> np.ndarray:
@@ -233,7 +234,9 @@ def join_rank(records: RecordSet) -> JoinedRank:
         l_corr = _np(launches, "correlation_id")
         l_order = np.argsort(l_corr, kind="stable")
         kernel_launch = _lookup(l_corr[l_order], l_order, np.where(k_corr >= 0, k_corr, -2))
-    kernel_op = np.where(kernel_launch >= 0, launch_op[np.maximum(kernel_launch, 0)], -1) if n_k else np.zeros(0, np.int64)
+    # A trace with kernels but no recorded launches at all (runtime events filtered out) has nothing to index.
+    kernel_op = (np.where(kernel_launch >= 0, launch_op[np.maximum(kernel_launch, 0)], -1) if n_l
+                 else np.full(n_k, -1, np.int64))
     if n_k and len(o_start):
         # No recorded launch (trimmed trace, launch before the capture): the External id Kineto copied
         # onto the activity itself still names the op exactly.
@@ -291,5 +294,8 @@ def _module_paths(names: list[str], parent: np.ndarray) -> list[str]:
     order = np.argsort(tree_depth(parent), kind="stable")
     for i in order:
         p = parent[i]
-        paths[i] = names[i] if p < 0 else f"{paths[p]}.{names[i]}"
+        path = names[i] if p < 0 else f"{paths[p]}.{names[i]}"
+        # Real paths are a few hundred characters; a hostile file nesting 32k modules would otherwise
+        # build quadratic gigabytes of path text. Keep the innermost end, marked as cut.
+        paths[i] = path if len(path) <= _MAX_MODULE_PATH else "…" + path[-(_MAX_MODULE_PATH - 1):]
     return paths

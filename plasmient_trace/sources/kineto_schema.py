@@ -1,0 +1,68 @@
+"""Typed msgspec schema of a Kineto Chrome trace: only the fields the record tables read are materialised.
+
+msgspec skips every other key inside the C decoder (stack frames, python_function ids, flow events'
+extra args, ...), so decoding an event builds one small Struct instead of a dict per event plus a
+dict per ``args``; and events are decoded one at a time from ``Raw`` views of the file's bytes. Field types are ``Any`` where real files disagree (pid/tid are ints in new Kineto,
+strings in old files; ts is int or float): the loop in ``kineto.py`` interprets them exactly as the
+previous dict-based parser did, and numpy rejects what is not a number.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+from msgspec import UNSET, Struct, field
+
+
+class KinetoArgs(Struct, gc=False):
+    """The ``args`` keys any record table uses; UNSET tells "absent" from an explicit null."""
+
+    external_id: Any = field(default=UNSET, name="External id")
+    external_id_lower: Any = field(default=None, name="external id")
+    sequence_number: Any = field(default=None, name="Sequence number")
+    fwd_thread_id: Any = field(default=None, name="Fwd thread id")
+    input_dims: Any = field(default=None, name="Input Dims")
+    input_types: Any = field(default=None, name="Input type")
+    concrete_inputs: Any = field(default=None, name="Concrete Inputs")
+    flops: Any = None
+    device: Any = UNSET
+    stream: Any = UNSET
+    correlation: Any = None
+    grid: Any = None
+    block: Any = None
+    registers_per_thread: Any = field(default=None, name="registers per thread")
+    shared_memory: Any = field(default=None, name="shared memory")
+    graph_id: Any = field(default=None, name="graph id")
+    bytes: Any = None
+    # Inductor (benchmark_kernel / profile_bandwidth) annotates its Triton kernels with these.
+    kernel_flop: Any = None
+    kernel_num_gb: Any = None
+
+
+class KinetoEvent(Struct, gc=False):
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    ts: Any = None
+    dur: Any = None
+    pid: Any = None
+    tid: Any = None
+    args: Union[KinetoArgs, None] = None
+
+
+class KinetoDocument(Struct, gc=False):
+    """The top level. Events stay undecoded ``Raw`` views into the file's bytes (about 50 bytes each):
+    each is decoded into a :class:`KinetoEvent` only when its turn comes and dropped right after, so
+    the per-event objects never all exist at once."""
+
+    traceEvents: Union[list[msgspec.Raw], msgspec.UnsetType] = UNSET
+    deviceProperties: Any = None
+    baseTimeNanoseconds: Any = None
+    distributedInfo: Any = None
+
+
+# A bare JSON array of events is also a valid Chrome trace.
+DOCUMENT = msgspec.json.Decoder(Union[KinetoDocument, list[msgspec.Raw]])
+EVENT = msgspec.json.Decoder(KinetoEvent)
+TOP_LEVEL_KEYS = msgspec.json.Decoder(dict[str, msgspec.Raw])

@@ -1,0 +1,67 @@
+"""Read many trace files (one per rank) in a local process pool: the map step of a multi-rank ingest.
+
+Parsing is pure CPU work that holds the GIL, so ranks read in threads would run one at a time; each
+worker process reads one file at a time and returns its RecordSet (Arrow tables pickle as buffers, not
+per-row objects). Workers start with ``forkserver`` so a parent that already runs threads (a progress
+bar, an exporter) cannot hand a child a held lock. Results come back in input order, and the first bad
+file in that order raises its own one-line :class:`TraceFormatError`, exactly as a sequential read would.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ..records import RecordSet
+from .kineto import TraceFormatError, read_kineto
+
+
+def default_workers(n_files: int) -> int:
+    """One worker per file, at most one per CPU this process may run on."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(n_files, cpus))
+
+
+def read_many(
+    paths: Sequence[str | Path],
+    workers: int | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    start_method: str = "forkserver",
+) -> list[RecordSet]:
+    """read_kineto over every path, in ``workers`` processes (default: one per CPU); 1 = in this process."""
+    paths = [Path(p) for p in paths]
+    workers = default_workers(len(paths)) if workers is None else max(1, workers)
+    if workers == 1 or len(paths) <= 1:
+        out = []
+        for i, path in enumerate(paths):
+            if progress:
+                progress(f"reading {path.name}", i, len(paths))
+            out.append(read_kineto(path))
+        return out
+    context = multiprocessing.get_context(start_method)
+    with ProcessPoolExecutor(max_workers=min(workers, len(paths)), mp_context=context) as pool:
+        futures = [pool.submit(read_kineto, path) for path in paths]
+        out = []
+        try:
+            for i, (path, future) in enumerate(zip(paths, futures)):
+                if progress:
+                    progress(f"reading {path.name}", i, len(paths))
+                try:
+                    out.append(future.result())
+                except BrokenProcessPool:
+                    # Killed (often by the OOM killer), or unable to start: forkserver re-imports
+                    # __main__ from its file, which a script fed on stdin does not have.
+                    raise TraceFormatError(f"{path}: the worker process reading it died (killed, out of memory, "
+                                           "or could not start); retry with workers=1") from None
+        except TraceFormatError:
+            for future in futures:
+                future.cancel()
+            raise
+        return out

@@ -1,0 +1,143 @@
+"""Read a trace file's bytes under a size cap, gunzipping in bounded chunks (gzip bombs stop early).
+
+A trace is parsed from one contiguous buffer, so the decompressed size is the memory floor of an
+ingest. The caps turn "the machine ran out of memory" (a MemoryError traceback, or a segfault inside
+a C parser under a cgroup limit) into a one-line error that says which limit to raise:
+
+- ``PLASMIENT_MAX_TRACE_BYTES`` (default 8 GiB): largest decompressed trace accepted;
+- ``PLASMIENT_MAX_GZIP_RATIO`` (default 200): largest expansion of a gzip file once its output
+  passes 256 MiB. Real Kineto traces expand 7-30x; gzip's own ceiling is about 1030x, which is what
+  a bomb (a file of zeros) reaches.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import zlib
+from pathlib import Path
+from typing import BinaryIO
+
+DEFAULT_MAX_TRACE_BYTES = 8 << 30
+DEFAULT_MAX_GZIP_RATIO = 200.0
+# Below this output size the ratio is not checked: small, very repetitive traces compress well.
+_RATIO_FLOOR_BYTES = 256 << 20
+# Small enough that freeing it does not raise glibc's mmap threshold and leave heap pages behind.
+_MEASURE_CHUNK = 1 << 20
+
+
+class InputError(ValueError):
+    """The input cannot be read as a trace; str(err) is one line naming the file."""
+
+
+def _env_number(name: str, default: float) -> float:
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise InputError(f"{name}={text!r}: not a number") from None
+    if not value > 0:
+        raise InputError(f"{name}={text!r}: must be positive")
+    return value
+
+
+def limits() -> tuple[int, float]:
+    """(max decompressed bytes, max gzip expansion ratio) from the environment."""
+    return (int(_env_number("PLASMIENT_MAX_TRACE_BYTES", DEFAULT_MAX_TRACE_BYTES)),
+            _env_number("PLASMIENT_MAX_GZIP_RATIO", DEFAULT_MAX_GZIP_RATIO))
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.0f} MB"
+
+
+def read_trace_bytes(path: Path) -> bytes:
+    """The decompressed bytes of a .json or .json.gz file (gzip detected by its magic bytes).
+
+    Always ``bytes``: the decoder's per-event ``msgspec.Raw`` views then point into it without copying."""
+    max_bytes, max_ratio = limits()
+    try:
+        with open(path, "rb") as f:
+            data = _read_capped(path, f, max_bytes)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, expected a trace file") from None
+    except MemoryError:
+        raise InputError(f"{path}: not enough memory to read the file") from None
+    except OSError as err:
+        raise InputError(f"{path}: cannot read ({err.strerror or err})") from None
+    if data[:2] != b"\x1f\x8b":
+        return data
+    return _gunzip(path, data, max_bytes, max_ratio)
+
+
+def _too_big(path: Path, size: str, max_bytes: int) -> InputError:
+    return InputError(f"{path}: file is {size}, over the {_mb(max_bytes)} limit "
+                      "(raise PLASMIENT_MAX_TRACE_BYTES to accept it)")
+
+
+def _read_capped(path: Path, f: BinaryIO, max_bytes: int) -> bytes:
+    """The file's bytes, never more than the cap: a regular file is sized first; a pipe, a FIFO or a
+    device (/dev/zero, process substitution) has no size and is read in chunks up to the cap."""
+    if stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        size = os.fstat(f.fileno()).st_size
+        if size > max_bytes:
+            raise _too_big(path, _mb(size), max_bytes)
+        return f.read()
+    chunks, total = [], 0
+    while chunk := f.read(min(_MEASURE_CHUNK * 16, max_bytes + 1 - total)):
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > max_bytes:
+            raise _too_big(path, f"over {_mb(max_bytes)}", max_bytes)
+    return b"".join(chunks)
+
+
+def _gunzip(path: Path, data: bytes, max_bytes: int, max_ratio: float) -> bytes:
+    """Inflate twice: a first pass that keeps nothing measures every member under the caps, then each
+    member is inflated in one call into a buffer of exactly its size. Peak memory is the output once;
+    collecting chunks and joining them (or growing a bytearray) peaks at twice the output."""
+    members = _measure(path, data, max_bytes, max_ratio)
+    try:
+        parts = [zlib.decompress(data[begin:end], 16 + zlib.MAX_WBITS, max(size, 1)) for begin, end, size in members]
+    except MemoryError:
+        raise InputError(f"{path}: not enough memory to decompress ({_mb(sum(m[2] for m in members))})") from None
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _measure(path: Path, data: bytes, max_bytes: int, max_ratio: float) -> list[tuple[int, int, int]]:
+    """(start, end, inflated size) of each gzip member (concatenated .gz files are legal), caps enforced."""
+    members = []
+    total = 0
+    ratio_cap = max(_RATIO_FLOOR_BYTES, int(len(data) * max_ratio))
+    begin = 0
+    try:
+        while True:
+            inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+            pending = memoryview(data)[begin:]
+            size = 0
+            while not inflater.eof:
+                produced = len(inflater.decompress(pending, _MEASURE_CHUNK))
+                pending = inflater.unconsumed_tail
+                if not produced and not pending:
+                    break  # input used up before the end of the stream
+                size += produced
+                if total + size > max_bytes:
+                    raise InputError(f"{path}: decompresses to over {_mb(max_bytes)}, the size limit "
+                                     "(raise PLASMIENT_MAX_TRACE_BYTES to accept it)")
+                if total + size > ratio_cap:
+                    raise InputError(f"{path}: expands more than {max_ratio:g}x ({_mb(len(data))} gzip -> over "
+                                     f"{_mb(total + size)}): a gzip bomb? (raise PLASMIENT_MAX_GZIP_RATIO to accept it)")
+            if not inflater.eof:
+                raise InputError(f"{path}: truncated gzip stream (the file was cut short)")
+            end = len(data) - len(inflater.unused_data)
+            members.append((begin, end, size))
+            total += size
+            if not data[end:].strip(b"\x00"):
+                return members
+            begin = end
+    except zlib.error as err:
+        raise InputError(f"{path}: corrupt gzip data ({err})") from None

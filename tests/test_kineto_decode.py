@@ -1,0 +1,62 @@
+"""The typed decoder against an independent reading of the same files with json.load: every kernel's
+times, name, correlation and shape, and Inductor's per-kernel FLOPs and bytes where a file has them."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from conftest import ALL_TRACES, raw_trace, trace_path
+
+from plasmient_trace.sources.kineto import read_kineto
+
+GPU_CATS = ("kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset")
+
+
+@pytest.mark.parametrize("name", ALL_TRACES)
+def test_kernel_table_matches_the_raw_json(name):
+    doc = raw_trace(name)
+    raw = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") in GPU_CATS]
+    kernels = read_kineto(trace_path(name)).kernels
+    assert kernels.num_rows == len(raw)
+    if not raw:
+        return
+    # Durations in ns from the µs floats, and start offsets relative to the first kernel.
+    dur = np.rint(np.array([e["dur"] for e in raw], np.float64) * 1000).astype(np.int64)
+    got_start = kernels.column("start_ns").to_numpy()
+    assert np.array_equal(kernels.column("end_ns").to_numpy() - got_start, dur)
+    ts = np.array([e["ts"] for e in raw], np.float64)
+    assert np.allclose(got_start - got_start[0], (ts - ts[0]) * 1000, atol=1)
+    assert kernels.column("name").to_pylist() == [e["name"] for e in raw]
+    assert kernels.column("correlation_id").to_pylist() == [e.get("args", {}).get("correlation") for e in raw]
+    grids = [g if isinstance(g := e.get("args", {}).get("grid"), list) and len(g) == 3 else None for e in raw]
+    assert kernels.column("grid").to_pylist() == grids
+    # No shared trace was recorded with Inductor's benchmark_kernel: its per-kernel numbers are unknown.
+    assert kernels.column("model_flops").null_count == kernels.num_rows
+
+
+def _inductor_trace(tmp_path, kernel_args: list[dict]):
+    events = [{"ph": "X", "cat": "kernel", "name": f"triton_poi_fused_{i}", "pid": 0, "tid": 7,
+               "ts": 1000.0 + 10 * i, "dur": 4.5, "args": {"device": 0, "stream": 7, "correlation": i + 1, **args}}
+              for i, args in enumerate(kernel_args)]
+    path = tmp_path / "inductor.json.gz"
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+    return path
+
+
+def test_inductor_kernel_flop_and_num_gb_become_per_kernel_flops_and_bytes(tmp_path):
+    path = _inductor_trace(tmp_path, [
+        {"kernel_flop": 2_097_152, "kernel_num_gb": 0.012582912},   # a 128x128x64 fused mm + its traffic
+        {"kernel_num_gb": 0.0004},                                    # pointwise: bytes only
+        {},                                                           # not annotated: unknown, not 0
+        {"kernel_flop": -5, "kernel_num_gb": -1.0},                   # impossible: unknown, counted
+    ])
+    records = read_kineto(path)
+    kernels = records.kernels
+    assert kernels.column("model_flops").to_pylist() == [2_097_152.0, None, None, None]
+    # kernel_num_gb is in GB (1e9 bytes)
+    assert kernels.column("model_bytes").to_pylist() == [pytest.approx(12_582_912.0), pytest.approx(400_000.0), None, None]
+    assert records.counters["input.invalid_values"] == 2

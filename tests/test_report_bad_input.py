@@ -1,0 +1,67 @@
+"""`plasmient report` on damaged span files: one line naming the file, exit 2, no traceback, no page."""
+
+from __future__ import annotations
+
+import gzip
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import ingested
+
+from plasmient_trace.cli import main
+from plasmient_trace.export.otlp_json import write_jsonl
+
+
+@pytest.fixture(scope="module")
+def good_jsonl(tmp_path_factory) -> bytes:
+    path = tmp_path_factory.mktemp("spans") / "bert.jsonl"
+    write_jsonl(ingested("h100/bert_small_inference.json.gz").batch, path)
+    return path.read_bytes()
+
+
+def _start_times(text: bytes, value: bytes, count: int = 3) -> bytes:
+    return re.sub(rb'"startTimeUnixNano":"\d+"', b'"startTimeUnixNano":' + value, text, count=count)
+
+
+DAMAGE = {
+    "truncated mid-line": (lambda t: t[: len(t) // 2], "not valid JSON"),
+    "timestamp past int64": (lambda t: _start_times(t, b'"99999999999999999999999"'), "out of the int64 range"),
+    "timestamp 1e30": (lambda t: _start_times(t, b"1e30"), "out of the int64 range"),
+    "negative end": (lambda t: re.sub(rb'"endTimeUnixNano":"\d+"', b'"endTimeUnixNano":"-5"', t, count=2),
+                     "end before they start"),
+    "gzip cut short": (lambda t: gzip.compress(t)[:4000], "truncated gzip"),
+    "empty": (lambda t: b"", "no spans"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGE))
+def test_damaged_span_file_is_one_line_and_exit_2(case, good_jsonl, tmp_path, capsys):
+    damage, expected = DAMAGE[case]
+    path = tmp_path / ("spans.jsonl.gz" if "gzip" in case else "spans.jsonl")
+    path.write_bytes(damage(good_jsonl))
+    page = tmp_path / "r.html"
+    code = main(["report", str(path), "--html", str(page), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert str(path) in err and expected in err, err
+    assert not page.exists()
+
+
+def test_long_error_lines_are_not_wrapped(good_jsonl, tmp_path, capsys):
+    # rich's console wrapped these at the terminal width: "one line" must hold for any path length.
+    deep = tmp_path / ("d" * 120)
+    deep.mkdir()
+    path = deep / "spans.jsonl"
+    path.write_bytes(good_jsonl[:1000])
+    assert main(["report", str(path), "--quiet"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_good_file_still_reports(good_jsonl, tmp_path, capsys):
+    path = tmp_path / "spans.jsonl"
+    path.write_bytes(good_jsonl)
+    assert main(["report", str(path), "--html", str(tmp_path / "r.html"), "--quiet"]) == 0
+    assert (tmp_path / "r.html").stat().st_size > 0
