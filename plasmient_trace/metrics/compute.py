@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..conventions import BOUNDS, DEFAULT_BASELINE_MFU
+from ..stitch.nesting import depth_levels
 
 # Below this mean kernel duration a span's kernels are launch/latency-bound, whatever their intensity.
 LATENCY_BOUND_MEAN_KERNEL_S = 10e-6
@@ -26,20 +27,16 @@ BOUND_CODE = {name: i for i, name in enumerate(BOUNDS)}
 
 
 def rollup(parent: np.ndarray, depth: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Inclusive subtree sums of per-span values (rows = spans, any trailing columns), deepest level first."""
+    """Inclusive subtree sums of per-span values (rows = spans, any trailing columns), deepest level first;
+    each span is touched once, however deep the tree."""
     total = np.array(values, dtype=np.float64, copy=True)
     if len(parent) == 0:
         return total
-    order = np.argsort(-depth, kind="stable")
-    bounds = np.searchsorted(-depth[order], np.arange(-int(depth.max()), 1), side="left")
     flat = total.reshape(len(parent), -1)
-    for level_i in range(len(bounds) - 1):
-        rows = order[bounds[level_i]:bounds[level_i + 1]]
+    for rows in reversed(depth_levels(depth)[1:]):
         rows = rows[parent[rows] >= 0]
-        if len(rows) == 0:
-            continue
-        for c in range(flat.shape[1]):
-            flat[:, c] += np.bincount(parent[rows], weights=flat[rows, c], minlength=len(parent))
+        if len(rows):
+            np.add.at(flat, parent[rows], flat[rows])
     return total
 
 
@@ -90,20 +87,36 @@ def subtree_device_stats(parent: np.ndarray, depth: np.ndarray, k_span: np.ndarr
     by_start = np.argsort(k_start, kind="stable")
     k_span, k_start, k_end = k_span[by_start], k_start[by_start], k_end[by_start]
     dev_codes, dev = np.unique(k_device, return_inverse=True)
+    dev = dev.reshape(-1)
     n_dev = len(dev_codes)
     cur = k_span.astype(np.int64).copy()
     k_depth = depth[cur]
+    joins_at = np.bincount(k_depth, minlength=int(k_depth.max()) + 1)
+    prev: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
     for d in range(int(k_depth.max()), -1, -1):
         deeper = depth[cur] > d
         cur[deeper] = parent[cur[deeper]]
+        if prev is not None and joins_at[d] == 0:
+            # No kernel joins at this depth: if no two groups merge going up one level (a chain, as in
+            # deeply nested ops), every group's union and extent carry over unchanged.
+            keys, union_ns, gmin, gmax = prev
+            up = parent[keys // n_dev] * n_dev + keys % n_dev
+            if len(np.unique(up)) == len(up):
+                prev = (up, union_ns, gmin, gmax)
+                _credit(out, up // n_dev, union_ns, gmin, gmax, n)
+                continue
         live = np.nonzero(k_depth >= d)[0]
-        keys, union_ns, gmin, gmax = _grouped_union_ns(cur[live] * n_dev + dev[live], k_start[live], k_end[live])
-        owner = keys // n_dev
-        out.union_s += np.bincount(owner, weights=union_ns / 1e9, minlength=n)
-        out.devices += np.bincount(owner, minlength=n)
-        np.minimum.at(out.ext_start, owner, gmin)
-        np.maximum.at(out.ext_end, owner, gmax)
+        prev = _grouped_union_ns(cur[live] * n_dev + dev[live], k_start[live], k_end[live])
+        _credit(out, prev[0] // n_dev, prev[1], prev[2], prev[3], n)
     return out
+
+
+def _credit(out: DeviceStats, owner: np.ndarray, union_ns: np.ndarray, gmin: np.ndarray, gmax: np.ndarray, n: int) -> None:
+    # owners are unique per (owner, device) group, not per owner: accumulate only where they are
+    np.add.at(out.union_s, owner, union_ns / 1e9)
+    np.add.at(out.devices, owner, 1)
+    np.minimum.at(out.ext_start, owner, gmin)
+    np.maximum.at(out.ext_end, owner, gmax)
 
 
 def kernel_waste_s(share_s: np.ndarray, ideal_s: np.ndarray, baseline_mfu: float = DEFAULT_BASELINE_MFU) -> np.ndarray:

@@ -14,13 +14,14 @@ from __future__ import annotations
 import numpy as np
 
 from .inputs import LEVEL_CODE
+from .nesting import depth_levels
 from .rank import RankTree
 
 
 def _subtree_max(parent: np.ndarray, depth: np.ndarray, value: np.ndarray, alive: np.ndarray) -> np.ndarray:
     out = value.copy()
-    for d in range(int(depth.max()) if len(depth) else 0, 0, -1):
-        kids = np.nonzero((depth == d) & alive & (parent >= 0))[0]
+    for kids in reversed(depth_levels(depth)[1:]):
+        kids = kids[alive[kids] & (parent[kids] >= 0)]
         np.maximum.at(out, parent[kids], out[kids])
     return out
 

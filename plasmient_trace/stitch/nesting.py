@@ -123,3 +123,13 @@ def tree_depth(parent: np.ndarray) -> np.ndarray:
 def tree_root(parent: np.ndarray) -> np.ndarray:
     """Index of every node's root in a parent-index forest (-1 = root)."""
     return _jump_to_roots(parent)[0]
+
+
+def depth_levels(depth: np.ndarray) -> list[np.ndarray]:
+    """Node indices grouped by depth (index d = the nodes at depth d), from one stable sort, so a
+    bottom-up or top-down pass touches each node once however deep the tree is."""
+    if len(depth) == 0:
+        return []
+    order = np.argsort(depth, kind="stable")
+    bounds = np.searchsorted(depth[order], np.arange(int(depth.max()) + 2), side="left")
+    return [order[bounds[d]:bounds[d + 1]] for d in range(len(bounds) - 1)]

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from ..metrics import compute as mc
 from .inputs import KIND_CODE, LEVEL_CODE, RankInput, StitchOptions
 from .joins import JoinedRank
-from .nesting import tree_depth, tree_root
+from .nesting import depth_levels, tree_depth, tree_root
 from .ownership import cpu_kernel_ops, kernel_peaks, kernel_work, yields_flops
 from .recompute import Recompute, find_recompute
 from .windows import kernel_shares_ns, step_windows
@@ -90,8 +90,8 @@ def _kind_codes(kind, n_synthetic: int) -> np.ndarray:
 def _widen(parent: np.ndarray, depth: np.ndarray, start: np.ndarray, end: np.ndarray, alive: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Make every parent cover its children; spans with no interval of their own take their children's."""
     start, end = start.copy(), end.copy()
-    for d in range(int(depth.max()) if len(depth) else 0, 0, -1):
-        kids = np.nonzero((depth == d) & alive)[0]
+    for kids in reversed(depth_levels(depth)[1:]):
+        kids = kids[alive[kids]]
         np.minimum.at(start, parent[kids], start[kids])
         np.maximum.at(end, parent[kids], end[kids])
     empty = start > end

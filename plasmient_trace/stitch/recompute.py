@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from ..records import RecordSet
 from .joins import JoinedRank
-from .nesting import innermost_enclosing
+from .nesting import depth_levels, innermost_enclosing, tree_depth
 
 _BACKWARD_SCOPE = "autograd::engine::evaluate_function"
 
@@ -32,14 +32,11 @@ def _col(table, name: str, fill: int) -> np.ndarray:
 
 
 def _climb_any(parent: np.ndarray, mark: np.ndarray) -> np.ndarray:
-    """Per node: does any strict ancestor carry `mark`? One numpy step per level."""
+    """Per node: does any strict ancestor carry `mark`? Top-down, one level at a time, each node once."""
     out = np.zeros(len(parent), bool)
-    cur = parent.copy()
-    live = np.nonzero(cur >= 0)[0]
-    while len(live):
-        out[live] |= mark[cur[live]]
-        cur[live] = parent[cur[live]]
-        live = live[cur[live] >= 0]
+    for rows in depth_levels(tree_depth(parent))[1:]:
+        p = parent[rows]
+        out[rows] = mark[p] | out[p]
     return out
 
 
