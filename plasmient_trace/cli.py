@@ -52,6 +52,8 @@ def add_stitch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline-mfu", type=_positive_float, default=None, help="MFU counted as not wasted (default 0.46)")
     p.add_argument("--ranks-per-node", type=_positive_int, default=8, help="ranks per node when the trace names no host (default 8)")
     p.add_argument("--host", help="host name to record for a single-host ingest")
+    p.add_argument("--workers", type=_positive_int, default=1,
+                   help="processes that parse the input files, one file per rank at a time (default 1)")
     p.add_argument("--graph-capture", metavar="CAPTURE_TRACE",
                    help="trace of the CUDA/HIP graph capture that the (single) input replays: replayed kernels get the "
                         "FLOPs, op and module of their capture-time launch (default: the capture named by an "
@@ -80,7 +82,7 @@ def stitch_options_from_args(args: argparse.Namespace, job_id: str) -> Any:
         job_id=job_id, max_spans=args.max_spans, extra_resource=extra, peak_tflops=args.peak_tflops, bandwidth_gbs=args.bandwidth_gbs,
         gpu_price=args.gpu_price, gpu_model=args.gpu_model,
         baseline_mfu=args.baseline_mfu or DEFAULT_BASELINE_MFU, ranks_per_node=args.ranks_per_node, host=host,
-        graph_capture=getattr(args, "graph_capture", None),
+        graph_capture=getattr(args, "graph_capture", None), workers=getattr(args, "workers", 1),
     )
 
 

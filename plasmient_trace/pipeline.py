@@ -18,6 +18,7 @@ from .metrics import hardware
 from .records import RecordSet
 from .sources.graph_capture import capture_trace_for, launch_kernel_names, pair_graph_capture
 from .sources.kineto import read_kineto
+from .sources.parallel import read_many
 from .stitch.align import apply_offsets, estimate_alignment
 from .stitch.joins import JoinedRank
 from .stitch.tree import DEFAULT_MAX_SPANS, DeviceSpec, RankInput, StitchOptions, stitch
@@ -41,6 +42,8 @@ class IngestOptions:
     cpu_spec: Any = None
     # Trace of the CUDA/HIP graph capture a single replay input replays (None: look for execution_details.json).
     graph_capture: str | Path | None = None
+    # Processes that parse the input files (one file per rank); 1 = in this process.
+    workers: int = 1
 
 
 @dataclass
@@ -144,10 +147,8 @@ def ingest_paths(
         raise ValueError("--graph-capture pairs one replay trace with its capture: pass a single input")
     record_sets = []
     notes = []
-    for i, path in enumerate(paths):
-        if progress:
-            progress(f"reading {path.name}", i, len(paths))
-        records = read_kineto(path)
+    parsed = read_many(paths, workers=options.workers, progress=progress)
+    for path, records in zip(paths, parsed):
         capture = Path(options.graph_capture) if options.graph_capture is not None else capture_trace_for(path)
         if capture is not None:
             records, pairing = pair_graph_capture(records, read_kineto(capture), launch_kernel_names(capture))

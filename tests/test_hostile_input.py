@@ -84,6 +84,9 @@ def test_impossible_kernel_times_are_dropped_or_clamped_and_counted(field, value
     out = spans(tmp_path / "o.jsonl")
     assert out_of_range(out) == []
     assert len(by_level(out, "kernel")) == 61 - (counter == DROPPED)
+    # and the step span says so
+    step = by_level(out, "step")[0]
+    assert int(step[f"plasmient.{counter}"]) == 1 and int(step[f"plasmient.{other}"]) == 0
 
 
 def test_real_traces_drop_and_clamp_nothing():

@@ -176,6 +176,10 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     first_step = np.zeros(len(sel), bool)
     first_step[is_step] = srow[is_step] == 0
     cols["plasmient.kernels.outside_steps"] = masked(np.full(len(sel), t.outside_kernels, np.int64), ~first_step)
+    for key in ("input.dropped_events", "input.clamped_events", "input.invalid_values"):
+        count = inp.records.counters.get(key)
+        if count is not None:
+            cols[f"plasmient.{key}"] = masked(np.full(len(sel), int(count), np.int64), ~first_step)
     spec = inp.spec
     headline = spec.headline_peak()
     cols["plasmient.peak_flops"] = nan_to_null(np.where(upper, headline, np.nan))
