@@ -3,6 +3,8 @@ headless Chromium against the span attributes it was built from."""
 
 from __future__ import annotations
 
+import json
+
 import os
 import re
 import struct
@@ -354,6 +356,11 @@ def test_real_h100_trace_page_from_the_span_file(browser, tmp_path):
     assert browser.eval("document.querySelector('#icicle-crumbs .here').dataset.level") == "module"
     kernels = [s for s in spans(batch) if s["plasmient.level"] == "kernel"]
     assert data["timeline"]["kernels_total"] == len(kernels) > 0
+    # the step's culprit cell names the fleet span's first culprit row: kernel, then op · module
+    fleet = next(s for s in spans(batch) if s["plasmient.level"] == "fleet")
+    first = json.loads(fleet["plasmient.culprits"])[0]
+    cell = browser.eval("[...document.querySelectorAll('#steps td.chain')][0].innerText")
+    assert first["kernel"][:40] in cell and (first["op"] is None or first["op"] in cell)
     ARTIFACTS.mkdir(exist_ok=True)
     browser.screenshot(ARTIFACTS / "report-h100-bert.png")
 

@@ -21,7 +21,7 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE.jsonl", help="OTLP JSON lines span files (.gz allowed); several are merged")
     parser.add_argument("--html", metavar="OUT.html", help="write the self-contained HTML report here")
     parser.add_argument("--title", default=None, help="page title (default: the input file names)")
-    parser.add_argument("--fleet-gpus", type=int, default=8, help="fleet size the bill starts with (editable in the page)")
+    parser.add_argument("--fleet-gpus", type=int, default=None, help="fleet size the bill starts with (default: the GPUs in the data; editable in the page)")
     parser.add_argument("--price-per-gpu-hour", type=float, default=None, help="USD per GPU-hour for the bill (default: the trace's own cost, else an assumed price)")
     parser.add_argument("--baseline-mfu", type=float, default=DEFAULT_BASELINE_MFU, help="MFU below which time counts as wasted in the bill")
     parser.add_argument("--top", type=int, default=5, help="culprits to list in the terminal summary")
