@@ -4,7 +4,6 @@ headless Chromium against the span attributes it was built from."""
 from __future__ import annotations
 
 import json
-
 import os
 import re
 import struct
