@@ -301,19 +301,25 @@ def test_resource_comes_from_the_environment():
     assert {r["plasmient.job.id"] for r in sink.rows()} == {"77"}
 
 
-def test_exporter_choice_follows_the_otel_variables(tmp_path):
-    from plasmient_trace.capture.session import build_exporters
+def test_sink_choice_follows_the_otel_variables(tmp_path):
+    from plasmient_trace.capture.session import build_delivery
 
     def kinds(env, **cfg):
-        return [type(e).__name__ for _, e in build_exporters(CaptureConfig.from_env(env, **cfg), {})]
+        d = build_delivery(CaptureConfig.from_env(env, **cfg), {})
+        return [type(s).__name__ for s in d.local] + [f"{type(s).__name__}:{s.signal}" for s in d.remote]
 
-    assert kinds({}) == ["FileExporter"]  # the embedded default: no server needed
-    assert build_exporters(CaptureConfig.from_env({}), {"plasmient.world_size": 4, "plasmient.rank": 3})[0][0].endswith("traces.rank3.jsonl")
-    assert kinds({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}) == ["OtlpExporter"]
-    assert kinds({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317", "PLASMIENT_OUT": str(tmp_path / "t.jsonl")}) == ["FileExporter", "OtlpExporter"]
-    assert kinds({"OTEL_TRACES_EXPORTER": "otlp"}) == ["OtlpExporter"]  # the spec's default endpoint
-    assert kinds({"OTEL_TRACES_EXPORTER": "console"}) == ["ConsoleExporter"]
+    assert kinds({}) == ["FileSink"]  # the embedded default: no server needed
+    assert build_delivery(CaptureConfig.from_env({}), {"plasmient.world_size": 4, "plasmient.rank": 3}).local[0].name.endswith("traces.rank3.jsonl")
+    otlp = ["OtlpSink:traces", "OtlpSink:metrics"]  # live runs send the step metrics too, as ingest does
+    assert kinds({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}) == otlp
+    assert kinds({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317", "OTEL_METRICS_EXPORTER": "none"}) == otlp[:1]
+    assert kinds({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317", "PLASMIENT_OUT": str(tmp_path / "t.jsonl")}) == ["FileSink"] + otlp
+    assert kinds({"OTEL_TRACES_EXPORTER": "otlp"}) == otlp  # the spec's default endpoint
+    assert kinds({"OTEL_TRACES_EXPORTER": "console"}) == ["ConsoleSink"]
     assert kinds({"OTEL_TRACES_EXPORTER": "none"}) == []
+    spill = build_delivery(CaptureConfig.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317",
+                                                   "PLASMIENT_OUT": str(tmp_path / "t.jsonl")}), {}).spill
+    assert spill.path == tmp_path / "plasmient-spill"  # documented: beside the output file
 
 
 def test_config_reads_the_documented_variables_and_ignores_garbage(capsys):

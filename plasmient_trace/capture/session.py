@@ -148,35 +148,7 @@ class CaptureConfig:
 
 
 # ---------------------------------------------------------------------------------------------
-# Exporters
-
-
-class FileExporter:
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __call__(self, batch: SpanBatch) -> None:
-        from ..export.otlp_json import write_jsonl
-
-        write_jsonl(batch, self.path, append=True)
-
-
-class OtlpExporter:
-    def __init__(self, config: Any) -> None:
-        self.config = config
-
-    def __call__(self, batch: SpanBatch) -> None:
-        from ..export import otlp
-
-        otlp.send_spans(batch, self.config)
-
-
-class ConsoleExporter:
-    def __call__(self, batch: SpanBatch) -> None:
-        from ..export.otlp_json import write_jsonl
-
-        write_jsonl(batch, sys.stderr.buffer)
-        sys.stderr.flush()
+# Delivery
 
 
 def default_out_path(resource: Mapping[str, Any]) -> str:
@@ -187,34 +159,47 @@ def default_out_path(resource: Mapping[str, Any]) -> str:
     return "traces.jsonl"
 
 
-def build_exporters(config: CaptureConfig, resource: Mapping[str, Any]) -> list[tuple[str, Exporter]]:
-    """The standard OTel choice: OTEL_TRACES_EXPORTER, else OTLP when an endpoint is configured, else
-    the embedded default (an OTLP/JSON lines file). PLASMIENT_OUT always adds the file."""
-    kinds = [k.strip() for k in config.traces_exporter.split(",") if k.strip()]
-    out: list[tuple[str, Exporter]] = []
-    otlp_cfg = None
-    if "none" in kinds:
-        kinds = []
-    want_otlp = "otlp" in kinds or not kinds
-    if want_otlp:
-        try:
-            from ..export import otlp
+def build_delivery(config: CaptureConfig, resource: Mapping[str, Any], extra: list[tuple[str, Exporter]] | None = None) -> Any:
+    """The live run's :class:`..export.delivery.Delivery`, chosen as every OTel SDK does:
+    OTEL_TRACES_EXPORTER, else OTLP when an endpoint is configured, else the embedded default (an
+    OTLP/JSON lines file). PLASMIENT_OUT always adds the file; OTLP brings the step metrics too
+    (unless OTEL_METRICS_EXPORTER=none). ``extra`` (name, fn) pairs are further local sinks; given
+    alone they replace the configured ones."""
+    from ..export import delivery, spill
 
-            otlp_cfg = otlp.OtlpConfig.from_env(config.environ)
-        except Exception as err:
-            say_once("otlp-config", f"OTLP export disabled: {err}")
-            otlp_cfg = None
-        if otlp_cfg is not None and (otlp_cfg.explicit or "otlp" in kinds):
-            out.append((f"OTLP {otlp_cfg.protocol} {otlp_cfg.endpoint}", OtlpExporter(otlp_cfg)))
-    if "console" in kinds:
-        out.append(("stderr", ConsoleExporter()))
-    path = config.out
-    if path is None and not out and config.traces_exporter.strip().lower() != "none":
-        path = default_out_path(resource)
-    if path is not None:
-        # The local file goes first: a slow or dead collector must not delay it.
-        out.insert(0, (os.path.abspath(path), FileExporter(path)))
-    return out
+    kinds = [k.strip() for k in config.traces_exporter.split(",") if k.strip()]
+    local: list[Any] = [delivery.CallableSink(name, fn) for name, fn in extra or []]
+    remote: list[Any] = []
+    if extra is None:
+        if "none" in kinds:
+            kinds = []
+        elif not kinds:
+            kinds = ["otlp?"]  # OTLP only when an endpoint is configured
+        if "otlp" in kinds or "otlp?" in kinds:
+            try:
+                from ..export import otlp
+
+                otlp_cfg = otlp.OtlpConfig.from_env(config.environ)
+            except Exception as err:
+                from ..export.otlp import redact
+
+                say_once("otlp-config", f"OTLP export disabled: {redact(str(err))}")
+                otlp_cfg = None
+            if otlp_cfg is not None and (otlp_cfg.explicit or "otlp" in kinds):
+                remote.append(delivery.OtlpSink(otlp_cfg, "traces"))
+                if config.environ.get("OTEL_METRICS_EXPORTER", "").strip().lower() != "none":
+                    remote.append(delivery.OtlpSink(otlp_cfg, "metrics"))
+        if "console" in kinds:
+            local.append(delivery.ConsoleSink())
+        path = config.out
+        if path is None and not remote and not local and config.traces_exporter.strip().lower() != "none":
+            path = default_out_path(resource)
+        if path is not None:
+            # The local file goes first and never waits for the network.
+            local.insert(0, delivery.FileSink(os.path.abspath(path), append=True))
+    spill_dir = spill.SpillDir(spill.default_spill_dir(config.out, config.environ),
+                               max_bytes=int((_env_float(config.environ, "PLASMIENT_SPILL_MAX_MB") or 1024) * (1 << 20)))
+    return delivery.Delivery(local, remote, spill_dir if remote else None, say=say_once, strict_local=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,6 +245,7 @@ class CaptureSession:
     def __init__(self, config: CaptureConfig | None = None, exporters: list[tuple[str, Exporter]] | None = None) -> None:
         self.config = config or CaptureConfig.from_env()
         self._exporters = exporters
+        self.delivery: Any = None
         self.started = False
         self.closed = False
         self.failed = False
@@ -329,11 +315,11 @@ class CaptureSession:
         self.modules = torch_hooks.ModuleRecorder(on_forward=self._on_forward)
         self.modules.install()
         self._install_step_hooks(torch)
-        if self._exporters is None:
-            self._exporters = build_exporters(cfg, self.resource)
-        for where, _ in self._exporters:
-            say_once(f"where-{where}", f"tracing job {self.job_id!r}: writing traces to {where}")
-        if not self._exporters:
+        self.delivery = build_delivery(cfg, self.resource, self._exporters)
+        for sink in self.delivery.local + self.delivery.remote:
+            what = "traces" if not hasattr(sink, "signal") else sink.signal
+            say_once(f"where-{sink.name}-{what}", f"tracing job {self.job_id!r}: writing {what} to {sink.name}")
+        if not (self.delivery.local or self.delivery.remote):
             say_once("no-exporter", "OTEL_TRACES_EXPORTER=none: traces are captured but not exported")
         self._worker = threading.Thread(target=self._work, name="plasmient-export", daemon=True)
         self._worker.start()
@@ -476,9 +462,13 @@ class CaptureSession:
         # is cached per CPU model and thread count, so later runs read a file.
         self._cpu_pending = False
         try:
+            import torch
+
             from ..metrics import hardware
 
-            self.cpu_spec = hardware.cpu_spec()
+            # The calibration draws random matrices: the job's RNG stream must not notice.
+            with torch.random.fork_rng(devices=[]):
+                self.cpu_spec = hardware.cpu_spec()
         except Exception as err:
             say_once("cpu-spec", f"CPU peak calibration failed ({err}): no MFU on CPU spans")
 
@@ -589,11 +579,16 @@ class CaptureSession:
                 if distributed.active():
                     # rank 0 may still be waiting for the slowest rank's last summary
                     timeout = max(timeout, distributed.wait_s(self.config.environ) + 2.0)
+            deadline = time.monotonic() + timeout
             self.flush(timeout)
             try:
                 self._queue.put_nowait(None)
             except queue.Full:
                 pass  # the worker is a daemon: a wedged exporter dies with the process
+            if self.delivery is not None:
+                # What the network has not taken by the deadline goes to the spill directory.
+                self.delivery.shutdown(max(deadline - time.monotonic(), 0.0))
+                self._report_delivery()
             if self.cupti is not None:
                 self.cupti.stop()
             if self.nvml is not None:
@@ -602,6 +597,16 @@ class CaptureSession:
             self._fail("close", err)
         if self.stats["steps_dropped"]:
             say_once("dropped", f"{self.stats['steps_dropped']} step(s) were not exported: the exporter fell behind")
+
+    def _report_delivery(self) -> None:
+        stats = self.delivery.stats
+        spilled = sum(stats.spilled.values())
+        if spilled and self.delivery.spill is not None:
+            say_once("spilled", f"{spilled} span(s) wait in {self.delivery.spill.path}: resend them with "
+                                f"`plasmient replay {self.delivery.spill.path}`")
+        dropped = sum(stats.dropped.values())
+        if dropped:
+            say_once("delivery-dropped", f"{dropped} span(s) could not be delivered nor spilled")
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until every queued step is exported (True) or ``timeout`` passes (False)."""
@@ -816,14 +821,9 @@ class CaptureSession:
                     self._queue.task_done()
 
     def _export(self, batch: SpanBatch) -> None:
-        for where, exporter in self._exporters or []:
-            try:
-                exporter(batch)
-                self.stats["exported_batches"] += 1
-            except Exception as err:
-                self.stats["export_errors"] += 1
-                say_once(f"export-{where}", f"export to {where} failed ({type(err).__name__}: {err}); "
-                                            "the job continues, later steps are still attempted")
+        self.delivery.submit(batch)  # local sinks now, the network in the delivery thread
+        self.stats["exported_batches"] += 1
+        self.stats["export_errors"] = self.delivery.stats.local_errors
 
     def record_set(self, items: list[StepCapture]) -> RecordSet:
         from . import cupti as cupti_mod

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.export.spill import SpillDir, SpillFull, append_lines
 
-__all__ = ["Delivery", "DeliveryStats", "FileSink", "ConsoleSink", "ParquetSink", "OtlpSink", "OutputError",
+__all__ = ["Delivery", "DeliveryStats", "FileSink", "ConsoleSink", "ParquetSink", "OtlpSink", "CallableSink", "OutputError",
            "check_output_path"]
 
 Say = Callable[[str, str], None]  # (key, message): the caller prints each key once
@@ -127,6 +127,14 @@ class ConsoleSink:
         append_lines(sys.stderr.fileno(), encode_jsonl_lines(batch))
 
 
+class CallableSink:
+    """Any ``fn(batch)`` as a local sink (tests, embedding applications)."""
+
+    def __init__(self, name: str, fn: Callable[[SpanBatch], Any]) -> None:
+        self.name = name
+        self.write = fn
+
+
 class ParquetSink:
     """Every record table and the spans as Parquet files in a directory (ingest)."""
 
@@ -182,6 +190,7 @@ class DeliveryStats:
     spilled: dict[str, int] = field(default_factory=dict)    # signal -> spans in the spill directory
     dropped: dict[str, int] = field(default_factory=dict)    # signal -> spans lost (spill full or off)
     errors: dict[str, str] = field(default_factory=dict)     # signal -> first export error
+    local_errors: int = 0                                    # failed local writes (live only)
 
 
 def _stderr_once() -> Say:
@@ -200,13 +209,16 @@ class Delivery:
 
     def __init__(self, local: list[Any] | None = None, remote: list[Any] | None = None, spill: SpillDir | None = None, *,
                  max_queue_spans: int = 2_000_000, max_queue_bytes: int = 512 << 20, probe_interval_s: float = 5.0,
-                 say: Say | None = None) -> None:
+                 say: Say | None = None, strict_local: bool = True) -> None:
         self.local = list(local or [])
         self.remote = list(remote or [])
         self.spill = spill
         self.max_queue_spans, self.max_queue_bytes = max_queue_spans, max_queue_bytes
         self.probe_interval_s = probe_interval_s
         self.say = say or _stderr_once()
+        # strict (ingest): a local sink's OutputError propagates. Not strict (live): it is reported
+        # once per sink and counted, and the other sinks still get the batch.
+        self.strict_local = strict_local
         self.stats = DeliveryStats()
         self._down: dict[str, float] = {}  # sink name -> when its last probe failed
         self._init_state()
@@ -241,7 +253,15 @@ class Delivery:
             return
         self.stats.submitted_spans += len(batch)
         for sink in self.local:
-            sink.write(batch)
+            if self.strict_local:
+                sink.write(batch)
+                continue
+            try:
+                sink.write(batch)
+            except Exception as err:  # noqa: BLE001 - live: no sink may break the job or the others
+                self.stats.local_errors += 1
+                self.say(f"local-{sink.name}", f"export to {sink.name} failed ({type(err).__name__}: {err}); "
+                                               "the job continues, later steps are still attempted")
         if not self.remote:
             return
         nbytes = batch.table.nbytes
