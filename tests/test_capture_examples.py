@@ -78,7 +78,7 @@ def hooked_python(tmp_path_factory) -> Path:
 
 
 def test_plasmient_trace_1_traces_every_optimizer_step(hooked_python, env, tmp_path):
-    e = dict(env, PLASMIENT_TRACE="1", PLASMIENT_EVERY="2", PLASMIENT_JOB_ID="tiny")
+    e = dict(env, PLASMIENT_TRACE="1", PLASMIENT_EVERY="2", PLASMIENT_JOB_ID="tiny", PLASMIENT_VERBOSE="1")
     proc = run([str(hooked_python), str(EXAMPLES / "train_tiny_transformer.py"), "--steps", "3"], e, tmp_path)
     out = tmp_path / "traces.jsonl"  # the embedded default, in the working directory
     assert proc.stderr.count("writing traces to") == 1 and str(out) in proc.stderr

@@ -53,6 +53,13 @@ def say_once(key: str, message: str) -> None:
         pass
 
 
+def notice(key: str, message: str) -> None:
+    """Like :func:`say_once`, for news that is not a failure (where traces go, a background build):
+    printed only with PLASMIENT_VERBOSE=1, so the job's stderr stays exactly its own."""
+    if os.environ.get("PLASMIENT_VERBOSE", "").strip().lower() in ("1", "true", "yes", "on"):
+        say_once(key, message)
+
+
 def _env_float(env: Mapping[str, str], name: str) -> float | None:
     value = env.get(name, "").strip()
     if not value:
@@ -318,9 +325,9 @@ class CaptureSession:
         self.delivery = build_delivery(cfg, self.resource, self._exporters)
         for sink in self.delivery.local + self.delivery.remote:
             what = "traces" if not hasattr(sink, "signal") else sink.signal
-            say_once(f"where-{sink.name}-{what}", f"tracing job {self.job_id!r}: writing {what} to {sink.name}")
+            notice(f"where-{sink.name}-{what}", f"tracing job {self.job_id!r}: writing {what} to {sink.name}")
         if not (self.delivery.local or self.delivery.remote):
-            say_once("no-exporter", "OTEL_TRACES_EXPORTER=none: traces are captured but not exported")
+            notice("no-exporter", "OTEL_TRACES_EXPORTER=none: traces are captured but not exported")
         self._worker = threading.Thread(target=self._work, name="plasmient-export", daemon=True)
         self._worker.start()
         self.started = True
@@ -342,7 +349,7 @@ class CaptureSession:
         elif hook == "native" or native.failure() is not None:
             self._native_unavailable()
         else:
-            say_once("native-build", f"building the native op observer once, in the background (cached in "
+            notice("native-build", f"building the native op observer once, in the background (cached in "
                                      f"{native.cache_dir()}); full-depth steps use the slower dispatch hook until then")
             native.build_async()
             self._native_pending = True
@@ -599,11 +606,8 @@ class CaptureSession:
             say_once("dropped", f"{self.stats['steps_dropped']} step(s) were not exported: the exporter fell behind")
 
     def _report_delivery(self) -> None:
+        # An outage was reported when it began (with the spill directory); only a loss is news here.
         stats = self.delivery.stats
-        spilled = sum(stats.spilled.values())
-        if spilled and self.delivery.spill is not None:
-            say_once("spilled", f"{spilled} span(s) wait in {self.delivery.spill.path}: resend them with "
-                                f"`plasmient replay {self.delivery.spill.path}`")
         dropped = sum(stats.dropped.values())
         if dropped:
             say_once("delivery-dropped", f"{dropped} span(s) could not be delivered nor spilled")

@@ -322,12 +322,13 @@ class Delivery:
             self._down[sink.name] = time.monotonic()
             self.stats.errors.setdefault(sink.signal, str(err))
             hint = f" (resend them with `plasmient replay {self.spill.path}`)" if self.spill is not None else ""
-            self.say(f"down-{sink.name}-{sink.signal}", f"{err}; {sink.signal} go to {self._spill_where()} until it answers{hint}")
+            # One line for the whole outage, whichever signal notices it first.
+            self.say("down", f"{err}; traces and metrics go to {self._spill_where()} until it answers{hint}")
             self._spill(sink, batch, str(err))
             return
         if down is not None:
             del self._down[sink.name]
-            self.say(f"up-{sink.name}-{sink.signal}", f"{sink.name} answers again; {sink.signal} are sent again")
+            self.say("up", f"{sink.name} answers again; what is spilled stays for `plasmient replay`")
         self.stats.sent[sink.signal] = self.stats.sent.get(sink.signal, 0) + len(batch)
         self.stats.requests[sink.signal] = self.stats.requests.get(sink.signal, 0) + int(getattr(result, "requests", 0) or 0)
 
