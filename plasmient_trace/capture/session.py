@@ -587,7 +587,9 @@ class CaptureSession:
                     # rank 0 may still be waiting for the slowest rank's last summary
                     timeout = max(timeout, distributed.wait_s(self.config.environ) + 2.0)
             deadline = time.monotonic() + timeout
-            self.flush(timeout)
+            if not self.flush(timeout):
+                say_once("flush-timeout", f"{self._queue.unfinished_tasks} step(s) still being traced after "
+                                          f"{timeout:g}s at exit were not written (PLASMIENT_FLUSH_TIMEOUT_S)")
             try:
                 self._queue.put_nowait(None)
             except queue.Full:
