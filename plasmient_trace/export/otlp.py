@@ -407,8 +407,8 @@ class OtlpClient:
                 wait = backoff_wait(exc.after_s, delay, cfg.retry_max_s)
                 delay = min(delay * 2, cfg.retry_max_s)
                 if time.monotonic() + wait >= deadline:
-                    what = exc.what if exc.after_s is None or exc.after_s <= wait else \
-                        f"{exc.what} (asked to retry after {exc.after_s:g}s)"
+                    what = exc.what if exc.after_s is None or wait != exc.after_s else \
+                        f"{exc.what} (asked to retry after {exc.after_s:g}s, past the deadline)"
                     raise ExportError(self._describe(what, attempts, start)) from None
                 log.debug("OTLP export to %s: %s; retrying in %.2fs", self.display_endpoint, redact(exc.what, cfg), wait)
                 if stop.wait(wait):
@@ -668,6 +668,9 @@ def redact(text: str, config: OtlpConfig | None = None) -> str:
     if config is None:
         return text
     secrets: set[str] = set()
+    userinfo = urllib.parse.urlsplit(config.endpoint if "://" in config.endpoint else f"//{config.endpoint}").netloc
+    if "@" in userinfo:  # also where a library quotes the netloc without its scheme (gRPC's resolver)
+        secrets.add(userinfo.rsplit("@", 1)[0])
     for value in config.headers.values():
         value = str(value)
         forms = {value, repr(value)[1:-1], repr(value.encode("utf-8", "replace"))[2:-1],
