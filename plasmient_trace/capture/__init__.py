@@ -67,10 +67,13 @@ def _on_sigterm(signum: int, _frame: Any) -> None:
     import os
     import signal
 
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
+    # A second SIGTERM is common (a scheduler signals the process group and `plasmient run` forwards
+    # its own): ignored while the bounded flush runs, then the default action ends the process.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         stop()
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 
 
