@@ -2,10 +2,12 @@
 
 On the training thread the session only flips hooks on and off at step boundaries and swaps record
 lists; a background thread turns each finished step into a RecordSet, runs
-``pipeline.stitch_records`` (the same joins, metrics and span tree as offline ingest) and exports.
-The queue between them is bounded: when the exporter falls behind (a dead collector) new steps are
-dropped and counted, never waited for, so tracing cannot slow or block a step. Every tracing error
-is caught, reported once on stderr, and never raised into the job.
+``pipeline.stitch_records`` (the same joins, metrics and span tree as offline ingest) and hands the
+spans to the same :class:`..export.delivery.Delivery` as ingest: the file at once, the network from
+its own bounded queue, the spill directory when the collector is down. The step queue is bounded:
+if stitching falls behind, new steps are dropped and counted, never waited for, so tracing cannot
+slow or block a step. Every tracing error is caught, reported once on stderr, and never raised into
+the job.
 
 Sampling: every step gets a cheap step span (no op or module hooks); every ``every``-th step, and
 the step after one whose estimated MFU fell below ``mfu_threshold``, is captured at full depth
@@ -104,8 +106,14 @@ class CaptureConfig:
                             ready), native (build it now, before the first step), dispatch (the
                             Python TorchDispatchMode only)
     PLASMIENT_EXPORT_INTERVAL_S  how long finished steps are batched before one stitch+export (2 s)
-    PLASMIENT_FLUSH_TIMEOUT_S    the most the job waits at exit for queued steps (5 s)
+    PLASMIENT_FLUSH_TIMEOUT_S    the most the job waits at exit (or SIGTERM) for queued steps (5 s)
+    PLASMIENT_SPILL_DIR     where spans wait while the collector is down (default plasmient-spill/
+                            beside PLASMIENT_OUT, else in the working directory); PLASMIENT_SPILL_MAX_MB
+                            bounds it (1024)
+    PLASMIENT_VERBOSE=1     also say where traces go and what runs in the background (failures are
+                            always said, once)
     OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_EXPORTER (otlp | console | none),
+    OTEL_METRICS_EXPORTER=none (no step metrics over OTLP),
     OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT / PROTOCOL / HEADERS / TIMEOUT: as in every OTel SDK.
     """
 
