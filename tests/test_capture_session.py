@@ -471,7 +471,7 @@ def test_gpu_path_wiring_with_a_stand_in_cupti(monkeypatch, op_hook):
     steps = {r["plasmient.step"]: r for r in rows if r["plasmient.level"] == "step"}
     assert sorted(steps) == [0, 1]
     assert [steps[s]["plasmient.cupti.dropped_records"] for s in (0, 1)] == [10, 20]
-    assert all(s["plasmient.device.type"] == "gpu" and s["plasmient.unjoined_kernels"] == 0 for s in steps.values())
+    assert all(s["plasmient.device.type"] == "gpu" and s["plasmient.unjoined_kernels"] == 0 for s in steps.values()), [(s["plasmient.device.type"], s["plasmient.unjoined_kernels"], s["plasmient.kernels"]) for s in steps.values()]
     assert all(s["plasmient.util.nvml"] == pytest.approx(0.97) for s in steps.values())
     kernels = [r for r in rows if r["plasmient.level"] == "kernel"]
     ops = [r for r in rows if r["plasmient.level"] == "op"]
