@@ -4,6 +4,7 @@ that nothing tracing does can break or block the job."""
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 
 import pyarrow as pa
@@ -488,3 +489,21 @@ def test_gpu_path_wiring_with_a_stand_in_cupti(monkeypatch, op_hook):
     assert module["name"] == "Sequential.0"
     assert isinstance(session.ops, torch_hooks.NativeOpRecorder) == (op_hook == "native")
     assert addmm["plasmient.flops"] > 0 and addmm["plasmient.mfu"] is not None
+
+
+def test_uninstrument_undoes_instrument_and_patches_keep_wrapped():
+    from plasmient_trace import capture
+    from plasmient_trace.capture import autostart
+    from plasmient_trace.capture_instrumentor import PlasmientInstrumentor
+
+    original_step = torch.profiler.profile.step
+    inst = PlasmientInstrumentor()
+    inst.instrument(skip_dep_check=True)
+    try:
+        session = capture.current()
+        assert session is not None  # torch is imported already: the capture started at once
+        assert torch.profiler.profile.step.__wrapped__ is original_step
+    finally:
+        inst.uninstrument()
+    assert capture.current() is None and torch.profiler.profile.step is original_step
+    assert not any(type(f).__name__ == "_TorchWatcher" for f in sys.meta_path) and not autostart._installed

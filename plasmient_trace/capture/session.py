@@ -18,6 +18,7 @@ attributes are left absent rather than reported as zero (``plasmient.sampled_dep
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 import threading
@@ -317,6 +318,7 @@ class CaptureSession:
         original = prof_cls.step
         session = self
 
+        @functools.wraps(original)  # keeps __wrapped__, as instrumentors do
         def step(self_prof: Any, *args: Any, **kwargs: Any) -> Any:
             out = original(self_prof, *args, **kwargs)
             session.mark_step("profiler")
@@ -329,6 +331,7 @@ class CaptureSession:
         for name, hook in (("start", self._suspend_cupti), ("stop", self._resume_cupti)):
             orig = getattr(prof_cls, name)
 
+            @functools.wraps(orig)
             def wrapped(self_prof: Any, *a: Any, _orig: Any = orig, _hook: Any = hook, _name: str = name, **k: Any) -> Any:
                 if getattr(self_prof, "_plasmient_own", False):  # our Kineto fallback's own run
                     return _orig(self_prof, *a, **k)
