@@ -507,3 +507,30 @@ def test_uninstrument_undoes_instrument_and_patches_keep_wrapped():
         inst.uninstrument()
     assert capture.current() is None and torch.profiler.profile.step is original_step
     assert not any(type(f).__name__ == "_TorchWatcher" for f in sys.meta_path) and not autostart._installed
+
+
+@pytest.mark.parametrize("op_hook", ["native"])
+def test_every_full_step_groups_the_optimizer_under_its_optimizer_step_span(op_hook):
+    """torch's post hook runs inside its Optimizer.step#<cls>.step scope; the step now ends after
+    that scope closes, so every step (the last included) has the span and AdamW's ops under it."""
+    from plasmient_trace.capture import native
+
+    if native.load(build_if_missing=True) is None:
+        pytest.skip(f"native observer unavailable: {native.failure()}")
+    original = torch.optim.AdamW.__dict__.get("step")
+    session, sink = run(steps=4, every=1, op_hook=op_hook)
+    rows = sink.rows()
+    by_id = {r["span_id"]: r for r in rows}
+    for step in range(4):
+        in_step = [r for r in rows if r["plasmient.step"] == step]
+        scopes = [r for r in in_step if r["name"] == "Optimizer.step#AdamW.step"]
+        assert len(scopes) == 1, step
+        adam_ops = [r for r in in_step if r["name"] in ("aten::lerp_", "aten::_foreach_lerp_", "aten::addcdiv_",
+                                                        "aten::_foreach_addcdiv_")]
+        assert adam_ops
+        for r in adam_ops:  # under the scope (directly or through an enclosing op), never flat under the step
+            parent = by_id[r["parent_span_id"]]
+            while parent["span_id"] != scopes[0]["span_id"]:
+                assert parent["plasmient.level"] == "op", (step, r["name"], parent["name"])
+                parent = by_id[parent["parent_span_id"]]
+    assert torch.optim.AdamW.__dict__.get("step") is original  # close restored torch's own wrapper

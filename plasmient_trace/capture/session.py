@@ -103,6 +103,7 @@ class CaptureSession:
         self._patched: list[tuple[Any, str, Any]] = []
         self._opt_hook: Any = None
         self._opt_clock: Any = None
+        self._opt_wrapped_depth = 0
         self.cupti: Any = None
         self.kineto: Any = None    # kineto_fallback.KinetoCollector, when cupti-python is not used
         self._user_profilers = 0   # the job's own torch.profiler runs now active
@@ -390,7 +391,39 @@ class CaptureSession:
                 return
         except TypeError:
             pass
+        if self._opt_wrapped_depth or self._wrap_optimizer_step(optimizer):
+            return  # the wrapper marks the boundary once torch's Optimizer.step# scope has closed
         self.mark_step("optimizer")
+
+    def _wrap_optimizer_step(self, optimizer: Any) -> bool:
+        """Move the step boundary outside torch's ``Optimizer.step#<cls>.step`` record_function. The
+        post hook runs inside that scope, so a step ending there cut the scope off from its step: the
+        span was missing and the optimizer's ops sat flat under the step. From the next step on, a
+        wrapper around the class's (already profiled) ``step`` marks the boundary after the scope
+        closes; ``hooked`` is kept so torch does not wrap it again. False: this call ends its step
+        from the hook as before."""
+        cls = type(optimizer)
+        current = cls.__dict__.get("step")
+        if current is None or not getattr(current, "hooked", False) or getattr(current, "_plasmient", False):
+            return False
+        session = self
+
+        @functools.wraps(current)
+        def step(opt: Any, *args: Any, **kwargs: Any) -> Any:
+            session._opt_wrapped_depth += 1
+            try:
+                return current(opt, *args, **kwargs)
+            finally:
+                session._opt_wrapped_depth -= 1
+                clock = session._opt_clock() if session._opt_clock is not None else None
+                if clock is opt and not session._opt_wrapped_depth:
+                    session.mark_step("optimizer")
+
+        step.hooked = True  # type: ignore[attr-defined]
+        step._plasmient = True  # type: ignore[attr-defined]
+        cls.step = step
+        self._patched.append((cls, "step", current))
+        return False
 
     def close(self, timeout: float | None = None) -> None:
         """Stop capturing, export what is queued (waiting at most ``timeout`` s), remove the hooks."""
