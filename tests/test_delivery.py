@@ -301,3 +301,11 @@ def test_gpu_check_with_a_cpu_only_torch_says_skipped_and_exits_0() -> None:
     if torch_has_cuda:
         pytest.skip("this machine has CUDA: the check itself ran")
     assert proc.returncode == 0 and proc.stdout.strip().count("\n") == 0 and "torch.cuda.is_available() is False" in proc.stdout
+
+
+def test_ingest_below_a_file_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
+    (tmp_path / "plain").write_text("not a folder")
+    code = main(["ingest", str(trace_path(TRACE)), "--quiet", "--out", str(tmp_path / "plain" / "t.jsonl")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "is not a directory" in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]
