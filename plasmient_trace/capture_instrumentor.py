@@ -22,6 +22,6 @@ class PlasmientInstrumentor(BaseInstrumentor):
         autostart.install()
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        from . import capture
+        from .capture import autostart
 
-        capture.stop()
+        autostart.uninstall()

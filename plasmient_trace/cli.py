@@ -120,7 +120,6 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_BAD_INPUT
 
-    from .export import otlp, otlp_json, parquet
     from .report.summary import render_summary
 
     batch = result.batch
@@ -129,41 +128,61 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     for note in result.stats.get("notes", []):
         _say(args, f"plasmient: {note}")
 
-    try:
-        config = otlp.OtlpConfig.from_env(endpoint=args.endpoint, protocol=args.protocol)
-    except ValueError as err:
-        print(f"plasmient: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    send = config.endpoint is not None and config.explicit
-    out = args.out
-    if out is None and not send:
-        out = "traces.jsonl"
-    status = 0
-    if out is not None:
-        lines = otlp_json.write_jsonl(batch, out)
-        _say(args, f"plasmient: wrote {lines} trace(s), {len(batch)} spans to {out}")
-    if send:
-        from .export import metrics
-
-        try:
-            stats = otlp.send_spans(batch, config)
-            _say(args, f"plasmient: sent {len(batch)} spans to {config.endpoint} ({config.protocol}){_fmt_stats(stats)}")
-            metrics.send_metrics(batch, config)
-            _say(args, "plasmient: sent step metrics (MFU, util, stall, wasted $) with trace-id exemplars")
-        except otlp.ExportError as err:
-            print(f"plasmient: error: {err}", file=sys.stderr)
-            status = EXIT_EXPORT_FAILED
-    if args.parquet:
-        files = parquet.write_parquet(result.records, batch, args.parquet)
-        _say(args, f"plasmient: wrote {len(files)} Parquet files to {args.parquet}")
+    status = _deliver(args, result)
+    if status == EXIT_BAD_INPUT:
+        return status
     if console is not None:
         render_summary(batch, console=console)
     return status
 
 
-def _fmt_stats(stats: Any) -> str:
-    requests = getattr(stats, "requests", None)
-    return f", {requests} request(s)" if requests is not None else ""
+def _deliver(args: argparse.Namespace, result: Any) -> int:
+    """The export tail of ingest: the one delivery path live capture uses too (export.delivery)."""
+    from .export import delivery, otlp, spill
+
+    batch = result.batch
+    try:
+        config = otlp.OtlpConfig.from_env(endpoint=args.endpoint, protocol=args.protocol)
+    except ValueError as err:
+        print(f"plasmient: error: {otlp.redact(str(err))}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    send = config.endpoint is not None and config.explicit
+    out = args.out if args.out is not None or send else "traces.jsonl"
+    local: list[Any] = []
+    if out is not None:
+        local.append(delivery.FileSink(out, append=False))
+    if args.parquet:
+        local.append(delivery.ParquetSink(args.parquet, result.records))
+    remote = [delivery.OtlpSink(config, "traces"), delivery.OtlpSink(config, "metrics")] if send else []
+    spill_dir = spill.SpillDir(spill.default_spill_dir(out)) if send else None
+    said: list[str] = []
+    sink = delivery.Delivery(local, remote, spill_dir, say=lambda key, line: said.append(line))
+    try:
+        if out is not None:
+            delivery.check_output_path(out)
+        sink.submit(batch)
+    except delivery.OutputError as err:
+        print(f"plasmient: error: cannot write {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if out is not None:
+        _say(args, f"plasmient: wrote {local[0].lines} trace(s), {len(batch)} spans to {out}")
+    if args.parquet:
+        _say(args, f"plasmient: wrote {len(local[-1].files)} Parquet files to {args.parquet}")
+    if not send:
+        return 0
+    stats = sink.shutdown(None)  # every request has its own deadline: this wait is bounded
+    if stats.errors:
+        lost = sum(stats.dropped.values())
+        where = f"{sum(stats.spilled.values())} span(s) spilled to {spill_dir.path}; resend with `plasmient replay {spill_dir.path}`"
+        if lost:
+            where += f"; {lost} span(s) could not be spilled and are lost"
+        first = next(iter(stats.errors.values()))
+        print(f"plasmient: error: {first}; {where}", file=sys.stderr)
+        return EXIT_EXPORT_FAILED
+    endpoint = otlp.redact_url(config.endpoint)
+    _say(args, f"plasmient: sent {len(batch)} spans to {endpoint} ({config.protocol}), {stats.requests.get('traces', 0)} request(s)")
+    _say(args, "plasmient: sent step metrics (MFU, util, stall, wasted $) with trace-id exemplars")
+    return 0
 
 
 def _say(args: argparse.Namespace, line: str) -> None:

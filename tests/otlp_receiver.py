@@ -187,8 +187,9 @@ class OtlpReceiver:
         with self._lock:
             self.received.clear()
 
-    def wait_for(self, requests: int = 1, spans: int | None = None, signal: str = "traces", timeout: float = 10.0) -> bool:
-        """Block until ``requests`` requests (or ``spans`` spans) of the signal arrived; False on timeout."""
+    def wait_for(self, requests: int = 1, spans: int | None = None, signal: str = "traces", timeout: float = 120.0) -> bool:
+        """Block until ``requests`` requests (or ``spans`` spans) of the signal arrived; False on timeout
+        (generous by default: a loaded machine is slow, and a condition met returns at once)."""
         deadline = time.monotonic() + timeout
         with self._lock:
             while True:

@@ -192,3 +192,16 @@ def test_torchrun_simulated_second_node(env, tmp_path):
         assert {n["name"] for n in node_rows} == {f"node sim-{r}"}
         assert {batch.resources[n["resource_index"]]["host.name"] for n in node_rows} == {f"sim-{r}"}
     assert all(n["plasmient.gpus"] == 1 for n in nodes)
+
+
+def test_torchrun_ranks_sharing_one_out_file_never_tear_a_line(env, tmp_path):
+    out = tmp_path / "shared.jsonl"
+    cmd = [str(BIN / "plasmient"), "run", "--out", str(out), "--", str(BIN / "torchrun"), "--standalone",
+           "--nproc_per_node=2", str(ROOT / "examples" / "ddp_tiny.py"), "--steps", "3"]
+    proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = out.read_bytes().split(b"\n")
+    assert lines[-1] == b"" and all(line.startswith(b'{"resourceSpans"') for line in lines[:-1])
+    assert max(map(len, lines)) > 4096  # longer than PIPE_BUF: only one write per line keeps them whole
+    batch = read_jsonl(out)  # every line parses
+    _check_one_tree_per_step([batch], steps=3, hosts=1)  # both ranks' every step, in one file

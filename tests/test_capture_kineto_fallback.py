@@ -12,7 +12,7 @@ import orjson
 import pytest
 import torch
 
-from plasmient_trace.capture import session as session_mod
+from plasmient_trace.capture import config as config_mod
 from plasmient_trace.capture.session import CaptureConfig, CaptureSession
 
 from capture_helpers import Collect, tiny  # noqa: E402
@@ -21,7 +21,7 @@ from capture_helpers import Collect, tiny  # noqa: E402
 @pytest.fixture(autouse=True)
 def fresh_messages(monkeypatch):
     # say_once remembers keys for the process: each test sees its own one-time messages.
-    monkeypatch.setattr(session_mod, "_said", set())
+    monkeypatch.setattr(config_mod, "_said", set())
 
 
 def _module_of(span: dict, by_id: dict) -> str | None:

@@ -192,3 +192,43 @@ def test_the_op_hook_variable_picks_the_recorder(value, expected):
     session.start()
     session.close(timeout=5)
     assert type(session.ops).__name__ == expected
+
+
+def _fake_cxx(tmp_path, body: str):
+    cxx = tmp_path / "fake-c++"
+    cxx.write_text('#!/bin/sh\nfor out; do :; done\n' + body)  # the last argument is the output file
+    cxx.chmod(0o755)
+    return cxx
+
+
+def test_a_job_that_exits_mid_build_leaves_a_finished_cache_not_a_temp_file(tmp_path):
+    """The background build outlives a short job: the next run loads it instead of compiling again."""
+    cxx = _fake_cxx(tmp_path, 'sleep 3\necho built > "$out"\n')
+    env = dict(os.environ, CXX=str(cxx), PLASMIENT_CACHE_DIR=str(tmp_path / "cache"))
+    # the job exits (without any cleanup) as soon as the compile has begun
+    code = ("import os, pathlib, time\nfrom plasmient_trace.capture import native\nnative.build_async()\n"
+            "root = pathlib.Path(os.environ['PLASMIENT_CACHE_DIR'])\nt = time.monotonic()\n"
+            "while not list(root.rglob('*.building')) and time.monotonic() - t < 200:\n    time.sleep(0.05)\n"
+            "os._exit(0)\n")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
+    entry = next((tmp_path / "cache" / "native").iterdir())
+    deadline = time.monotonic() + 300
+    while any(p.name.endswith(".building") for p in entry.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    import importlib.machinery
+
+    final = f"{native.MODULE_NAME}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    names = sorted(p.name for p in entry.iterdir())
+    assert names == [final, f"{final}.log"], names  # the finished artifact; no temp file, no lock
+    assert (entry / final).read_text() == "built\n"
+
+
+def test_a_failed_build_names_the_compilers_message_and_leaves_nothing_behind(tmp_path, monkeypatch):
+    from plasmient_trace.capture import native
+
+    monkeypatch.setenv("CXX", str(_fake_cxx(tmp_path, 'echo "error: boom in op_observer.cpp" >&2\nexit 1\n')))
+    monkeypatch.setenv("PLASMIENT_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(RuntimeError, match="exit 1.*boom in op_observer.cpp"):
+        native.build(timeout_s=120)
+    leftovers = [p.name for p in (tmp_path / "cache").rglob("*") if p.is_file() and not p.name.endswith(".log")]
+    assert leftovers == []

@@ -4,6 +4,7 @@ that nothing tracing does can break or block the job."""
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 
 import pyarrow as pa
@@ -301,19 +302,25 @@ def test_resource_comes_from_the_environment():
     assert {r["plasmient.job.id"] for r in sink.rows()} == {"77"}
 
 
-def test_exporter_choice_follows_the_otel_variables(tmp_path):
-    from plasmient_trace.capture.session import build_exporters
+def test_sink_choice_follows_the_otel_variables(tmp_path):
+    from plasmient_trace.capture.session import build_delivery
 
     def kinds(env, **cfg):
-        return [type(e).__name__ for _, e in build_exporters(CaptureConfig.from_env(env, **cfg), {})]
+        d = build_delivery(CaptureConfig.from_env(env, **cfg), {})
+        return [type(s).__name__ for s in d.local] + [f"{type(s).__name__}:{s.signal}" for s in d.remote]
 
-    assert kinds({}) == ["FileExporter"]  # the embedded default: no server needed
-    assert build_exporters(CaptureConfig.from_env({}), {"plasmient.world_size": 4, "plasmient.rank": 3})[0][0].endswith("traces.rank3.jsonl")
-    assert kinds({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}) == ["OtlpExporter"]
-    assert kinds({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317", "PLASMIENT_OUT": str(tmp_path / "t.jsonl")}) == ["FileExporter", "OtlpExporter"]
-    assert kinds({"OTEL_TRACES_EXPORTER": "otlp"}) == ["OtlpExporter"]  # the spec's default endpoint
-    assert kinds({"OTEL_TRACES_EXPORTER": "console"}) == ["ConsoleExporter"]
+    assert kinds({}) == ["FileSink"]  # the embedded default: no server needed
+    assert build_delivery(CaptureConfig.from_env({}), {"plasmient.world_size": 4, "plasmient.rank": 3}).local[0].name.endswith("traces.rank3.jsonl")
+    otlp = ["OtlpSink:traces", "OtlpSink:metrics"]  # live runs send the step metrics too, as ingest does
+    assert kinds({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}) == otlp
+    assert kinds({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317", "OTEL_METRICS_EXPORTER": "none"}) == otlp[:1]
+    assert kinds({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317", "PLASMIENT_OUT": str(tmp_path / "t.jsonl")}) == ["FileSink"] + otlp
+    assert kinds({"OTEL_TRACES_EXPORTER": "otlp"}) == otlp  # the spec's default endpoint
+    assert kinds({"OTEL_TRACES_EXPORTER": "console"}) == ["ConsoleSink"]
     assert kinds({"OTEL_TRACES_EXPORTER": "none"}) == []
+    spill = build_delivery(CaptureConfig.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317",
+                                                   "PLASMIENT_OUT": str(tmp_path / "t.jsonl")}), {}).spill
+    assert spill.path == tmp_path / "plasmient-spill"  # documented: beside the output file
 
 
 def test_config_reads_the_documented_variables_and_ignores_garbage(capsys):
@@ -465,7 +472,7 @@ def test_gpu_path_wiring_with_a_stand_in_cupti(monkeypatch, op_hook):
     steps = {r["plasmient.step"]: r for r in rows if r["plasmient.level"] == "step"}
     assert sorted(steps) == [0, 1]
     assert [steps[s]["plasmient.cupti.dropped_records"] for s in (0, 1)] == [10, 20]
-    assert all(s["plasmient.device.type"] == "gpu" and s["plasmient.unjoined_kernels"] == 0 for s in steps.values())
+    assert all(s["plasmient.device.type"] == "gpu" and s["plasmient.unjoined_kernels"] == 0 for s in steps.values()), [(s["plasmient.device.type"], s["plasmient.unjoined_kernels"], s["plasmient.kernels"]) for s in steps.values()]
     assert all(s["plasmient.util.nvml"] == pytest.approx(0.97) for s in steps.values())
     kernels = [r for r in rows if r["plasmient.level"] == "kernel"]
     ops = [r for r in rows if r["plasmient.level"] == "op"]
@@ -482,3 +489,48 @@ def test_gpu_path_wiring_with_a_stand_in_cupti(monkeypatch, op_hook):
     assert module["name"] == "Sequential.0"
     assert isinstance(session.ops, torch_hooks.NativeOpRecorder) == (op_hook == "native")
     assert addmm["plasmient.flops"] > 0 and addmm["plasmient.mfu"] is not None
+
+
+def test_uninstrument_undoes_instrument_and_patches_keep_wrapped():
+    from plasmient_trace import capture
+    from plasmient_trace.capture import autostart
+    from plasmient_trace.capture_instrumentor import PlasmientInstrumentor
+
+    original_step = torch.profiler.profile.step
+    inst = PlasmientInstrumentor()
+    inst.instrument(skip_dep_check=True)
+    try:
+        session = capture.current()
+        assert session is not None  # torch is imported already: the capture started at once
+        assert torch.profiler.profile.step.__wrapped__ is original_step
+    finally:
+        inst.uninstrument()
+    assert capture.current() is None and torch.profiler.profile.step is original_step
+    assert not any(type(f).__name__ == "_TorchWatcher" for f in sys.meta_path) and not autostart._installed
+
+
+@pytest.mark.parametrize("op_hook", ["native"])
+def test_every_full_step_groups_the_optimizer_under_its_optimizer_step_span(op_hook):
+    """torch's post hook runs inside its Optimizer.step#<cls>.step scope; the step now ends after
+    that scope closes, so every step (the last included) has the span and AdamW's ops under it."""
+    from plasmient_trace.capture import native
+
+    if native.load(build_if_missing=True) is None:
+        pytest.skip(f"native observer unavailable: {native.failure()}")
+    original = torch.optim.AdamW.__dict__.get("step")
+    session, sink = run(steps=4, every=1, op_hook=op_hook)
+    rows = sink.rows()
+    by_id = {r["span_id"]: r for r in rows}
+    for step in range(4):
+        in_step = [r for r in rows if r["plasmient.step"] == step]
+        scopes = [r for r in in_step if r["name"] == "Optimizer.step#AdamW.step"]
+        assert len(scopes) == 1, step
+        adam_ops = [r for r in in_step if r["name"] in ("aten::lerp_", "aten::_foreach_lerp_", "aten::addcdiv_",
+                                                        "aten::_foreach_addcdiv_")]
+        assert adam_ops
+        for r in adam_ops:  # under the scope (directly or through an enclosing op), never flat under the step
+            parent = by_id[r["parent_span_id"]]
+            while parent["span_id"] != scopes[0]["span_id"]:
+                assert parent["plasmient.level"] == "op", (step, r["name"], parent["name"])
+                parent = by_id[parent["parent_span_id"]]
+    assert torch.optim.AdamW.__dict__.get("step") is original  # close restored torch's own wrapper

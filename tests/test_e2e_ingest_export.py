@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pyarrow.parquet as pq
+import orjson
 import pytest
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
@@ -17,6 +18,8 @@ from conftest import ingested, trace_path
 from otlp_receiver import OtlpReceiver
 
 from plasmient_trace.cli import main
+from plasmient_trace.export import otlp_json
+from plasmient_trace.pipeline import IngestOptions, ingest_paths
 
 TRACE = "h100/bert_small_inference.json.gz"
 MULTI = "a100/nccl_training_rank0_of2.json.gz"
@@ -75,16 +78,20 @@ def test_ingest_sends_every_span_over_real_otlp(protocol, tmp_path, monkeypatch,
     assert {"plasmient.step.mfu", "plasmient.step.util.resident", "plasmient.step.wasted_usd"} <= names
 
 
-def test_collector_down_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
+def test_collector_down_is_one_line_exit_1_and_the_spans_wait_in_the_spill_directory(tmp_path, monkeypatch, capsys):
     with OtlpReceiver() as receiver:
         dead = receiver.grpc_endpoint
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", dead)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2000")
     code = main(["ingest", str(trace_path(TRACE)), "--job-id", "j", "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code == 1
     assert "Traceback" not in err and len(err.splitlines()) == 1
-    assert dead.split("//")[1] in err
+    assert dead.split("//")[1] in err and "plasmient replay" in err
+    spilled = (tmp_path / "plasmient-spill" / "traces.jsonl").read_bytes().splitlines()
+    expected = ingest_paths([trace_path(TRACE)], IngestOptions(job_id="j")).batch
+    assert sum(len(otlp_json.batch_from_otlp_dicts([orjson.loads(line)])) for line in spilled) == len(expected)
 
 
 def test_embedded_default_writes_collector_file_format(tmp_path):

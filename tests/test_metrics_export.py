@@ -141,7 +141,7 @@ def test_metrics_arrive_over_otlp_and_exemplars_name_existing_traces(protocol: s
         endpoint = rx.grpc_endpoint if protocol == "grpc" else rx.http_endpoint
         config = OtlpConfig.from_env({}, endpoint=endpoint, protocol=protocol, timeout_s=10)
         stats = send_metrics(batch, config)
-        assert rx.wait_for(requests=stats.requests, signal="metrics")
+        assert rx.wait_for(requests=stats.requests, signal="metrics", timeout=120)
         got = rx.metrics
     assert not rx.traces  # metrics went to the metrics service / path
     points = _points(got)

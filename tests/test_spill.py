@@ -1,187 +1,207 @@
-"""Export robustness (plasmient_trace.export.spill): a collector outage never blocks the job and loses no span."""
+"""The spill directory and `plasmient replay`: every spilled span reaches the collector exactly once,
+even when the replay is killed mid-way or a spiller keeps writing while it runs; processes sharing
+a file never tear each other's lines."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
 import threading
-import time
+from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 
+import orjson
 import pytest
 from conftest import trace_path
 from otlp_receiver import OtlpReceiver
 
 from plasmient_trace.conventions import SpanBatch
-from plasmient_trace.export.otlp import ExportError, OtlpConfig
-from plasmient_trace.export.spill import SpillingExporter, replay, spill_files
+from plasmient_trace.export import otlp
+from plasmient_trace.export.delivery import FileSink
+from plasmient_trace.export.otlp_json import batch_from_otlp_dicts, encode_jsonl_lines
+from plasmient_trace.export.spill import SpillDir, SpillFull, replay
 
-MULTIRANK = ["a100_multirank/rank-0.json.gz", "a100_multirank/rank-1.json.gz"]
-SUBMIT_BOUND_S = 1.0  # generous: a submit only enqueues (or appends to a local file)
+RANK0 = "a100_multirank/rank-0.json.gz"  # two steps, each an OTLP/JSON line of over 3 MiB
+REPO = Path(__file__).resolve().parents[1]
 
 
 @lru_cache(maxsize=None)
-def _batch() -> SpanBatch:
+def _batch(name: str = RANK0) -> SpanBatch:
     from plasmient_trace.pipeline import IngestOptions, ingest_paths
 
-    return ingest_paths([trace_path(p) for p in MULTIRANK], IngestOptions(job_id="spill-job")).batch
+    return ingest_paths([trace_path(name)], IngestOptions(job_id="spill-job")).batch
 
 
-def _chunks(batch: SpanBatch, n: int) -> list[SpanBatch]:
-    size = -(-len(batch) // n)
-    return [SpanBatch(batch.table.slice(i, size), batch.resources) for i in range(0, len(batch), size)]
+def _per_trace(batch: SpanBatch) -> list[SpanBatch]:
+    """One batch per trace line, as the live path submits steps."""
+    return [batch_from_otlp_dicts([orjson.loads(line)]) for line in encode_jsonl_lines(batch)]
 
 
-def _ids(batch: SpanBatch) -> list[tuple[bytes, int]]:
+def _span_keys(batch: SpanBatch) -> list[tuple[bytes, int]]:
     return list(zip(batch.table.column("trace_id").to_pylist(), batch.table.column("span_id").to_pylist()))
 
 
-def _received(rx: OtlpReceiver) -> list[tuple[bytes, int]]:
-    return [(s.trace_id, int.from_bytes(s.span_id, "big"))
-            for req in rx.traces for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
+def _received(rx: OtlpReceiver) -> Counter:
+    return Counter((s.trace_id, int.from_bytes(s.span_id, "big"))
+                   for req in rx.traces for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans)
 
 
-def _config(rx: OtlpReceiver, protocol: str = "grpc") -> OtlpConfig:
-    endpoint = rx.grpc_endpoint if protocol == "grpc" else rx.http_endpoint
-    # A short timeout so a dead collector is noticed quickly; the exporter's own retries come on top.
-    return OtlpConfig.from_env({}, endpoint=endpoint, protocol=protocol, timeout_s=0.5, retry_initial_s=0.05, retry_max_s=0.1)
+def _lines_of(path: Path) -> list[bytes]:
+    return [line for line in path.read_bytes().split(b"\n") if line]
 
 
-def _submit_all(exporter: SpillingExporter, batches: list[SpanBatch]) -> float:
-    slowest = 0.0
-    for b in batches:
-        t0 = time.monotonic()
-        exporter.submit(b)
-        slowest = max(slowest, time.monotonic() - t0)
-    return slowest
+def _spans_in_lines(lines: list[bytes]) -> list[tuple[bytes, int]]:
+    return [k for line in lines for k in _span_keys(batch_from_otlp_dicts([orjson.loads(line)]))]
 
 
-@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
-def test_collector_killed_mid_run_then_replay_delivers_every_span(tmp_path: Path, protocol: str) -> None:
+# --------------------------------------------------------------------------------------------
+# Several writers, one file
+
+
+def _append_many(path: str, lines: list[bytes], rounds: int) -> None:
+    sink = FileSink(path, append=True)
+    batches = [batch_from_otlp_dicts([orjson.loads(line)]) for line in lines]
+    for _ in range(rounds):
+        for b in batches:
+            sink.write(b)
+
+
+def test_processes_appending_megabyte_lines_to_one_file_never_interleave(tmp_path: Path) -> None:
+    lines = list(encode_jsonl_lines(_batch()))
+    assert max(map(len, lines)) > (1 << 20) > os.pathconf(str(tmp_path), "PC_PIPE_BUF")
+    out = tmp_path / "shared.jsonl"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_append_many, args=(str(out), lines, 3)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+        assert p.exitcode == 0
+    written = _lines_of(out)
+    assert len(written) == 3 * 3 * len(lines)  # every line of every process, none torn
+    assert Counter(written) == Counter({line.rstrip(b"\n"): 9 for line in lines})
+
+
+# --------------------------------------------------------------------------------------------
+# The spill directory
+
+
+def test_spill_is_bounded_and_segments_seal_at_their_size(tmp_path: Path) -> None:
+    lines = list(encode_jsonl_lines(_batch("cpu_only/rank-34.json.gz")))
+    spill = SpillDir(tmp_path / "spill", max_bytes=40_000, segment_bytes=20_000)
+    written = 0
+    with pytest.raises(SpillFull, match="full"):
+        for _ in range(100):
+            written += spill.append("traces", lines)
+    assert written <= 40_000 and spill.size() == written
+    assert len(spill.segments("traces")) >= 1  # sealed at 20 kB; the open segment keeps the rest
+
+
+def test_replay_sends_traces_and_metrics_then_removes_them(tmp_path: Path) -> None:
     batch = _batch()
-    parts = _chunks(batch, 24)
-    spill = tmp_path / "spill.jsonl"
+    spill = SpillDir(tmp_path / "spill")
+    for part in _per_trace(batch):
+        spill.append("traces", list(encode_jsonl_lines(part)))
+    spill.append("metrics", list(encode_jsonl_lines(batch)))
     with OtlpReceiver() as rx:
-        config = _config(rx, protocol)
-        exporter = SpillingExporter(config, spill, max_attempts=2, initial_backoff_s=0.05, probe_interval_s=0.2)
-        slowest = _submit_all(exporter, parts[:8])
-        assert exporter.flush(30)
-        rx.stop()  # the collector dies mid-run
-        slowest = max(slowest, _submit_all(exporter, parts[8:16]))
-        assert exporter.flush(60)
-        assert exporter.collector_down and spill.exists()
-        rx.start()  # back on the same ports
-        time.sleep(0.3)  # past the probe interval: the next batch probes and finds it alive
-        slowest = max(slowest, _submit_all(exporter, parts[16:]))
-        stats = exporter.close(60)
-        assert slowest < SUBMIT_BOUND_S, f"a submit took {slowest:.3f}s"
-        assert stats.submitted_spans == len(batch)
-        assert stats.sent_spans + stats.spilled_spans == len(batch) and stats.spilled_spans > 0
-        assert not exporter.collector_down  # it noticed the collector came back
+        env = dict(os.environ, PYTHONPATH=str(REPO), OTEL_EXPORTER_OTLP_ENDPOINT=rx.grpc_endpoint)
+        proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "replay", str(spill.path)],
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert _received(rx) == Counter(_span_keys(batch))
+        assert rx.metrics  # the step metrics of the metrics segment, recomputed from its spans
+    assert not spill.pending() and not list(spill.path.glob("*.jsonl*"))
 
-        delivered = replay(spill, config)
-        assert delivered == stats.spilled_spans
-        assert spill_files(spill) == []  # replayed files are removed
+
+def test_replay_killed_mid_way_then_rerun_delivers_every_span_exactly_once(tmp_path: Path) -> None:
+    # many small lines: one trace from each of 12 jobs, distinct ids
+    from plasmient_trace.pipeline import IngestOptions, ingest_paths
+
+    spill = SpillDir(tmp_path / "spill")
+    expected: list[tuple[bytes, int]] = []
+    for i in range(12):
+        b = ingest_paths([trace_path("cpu_only/rank-34.json.gz")], IngestOptions(job_id=f"job-{i}")).batch
+        spill.append("traces", list(encode_jsonl_lines(b)))
+        expected += _span_keys(b)
+    assert len(set(expected)) == len(expected)
+    with OtlpReceiver() as rx:
+        rx.delay_s = 0.4  # each request takes a while: the kill lands mid-way
+        env = dict(os.environ, PYTHONPATH=str(REPO), OTEL_EXPORTER_OTLP_ENDPOINT=rx.grpc_endpoint)
+        cmd = [sys.executable, "-m", "plasmient_trace.cli", "replay", str(spill.path)]
+        proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+        assert rx.wait_for(requests=3, timeout=120)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        assert proc.returncode == -signal.SIGTERM  # died of the signal, after committing the line in flight
+        assert 3 <= len(rx.traces) < 12
+        rx.delay_s = 0.0
+        again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0, again.stderr
         got = _received(rx)
-    expected = _ids(batch)
-    assert set(got) == set(expected)  # every span arrived; duplicates would be allowed, none expected
-    assert len(got) == len(expected)
+    assert got == Counter(expected)  # each span once: no loss, no duplicate
 
 
-def test_a_full_queue_spills_instead_of_growing(tmp_path: Path) -> None:
-    batch = _batch()
-    parts = _chunks(batch, 10)
-    release = threading.Event()
-    sent: list[SpanBatch] = []
+def test_a_spiller_writing_during_replay_loses_nothing(tmp_path: Path) -> None:
+    lines = list(encode_jsonl_lines(_batch("cpu_only/rank-34.json.gz")))
+    spill = SpillDir(tmp_path / "spill")
+    sent: list[tuple[bytes, int]] = []
+    stop = threading.Event()
+    appended = 0
 
-    def slow_send(b: SpanBatch) -> None:  # a collector that hangs until released
-        release.wait(30)
-        sent.append(b)
+    def spiller() -> None:
+        nonlocal appended
+        while not stop.is_set():
+            spill.append("traces", lines)
+            appended += 1
 
-    spill = tmp_path / "spill.jsonl"
-    bound = 2 * len(parts[0])
-    exporter = SpillingExporter(send=slow_send, spill_path=spill, max_queue_spans=bound)
-    peak = 0
-    accepted = []
-    for p in parts:
-        t0 = time.monotonic()
-        accepted.append(exporter.submit(p))
-        assert time.monotonic() - t0 < SUBMIT_BOUND_S
-        peak = max(peak, exporter.queued_spans)
-    assert peak <= bound
-    assert accepted[:2] == [True, True] and not any(accepted[2:])
-    release.set()
-    stats = exporter.close(30)
-    assert stats.sent_spans == sum(len(b) for b in sent) == 2 * len(parts[0])
-    assert stats.spilled_spans == len(batch) - stats.sent_spans
-    replayed: list[SpanBatch] = []
-    assert replay(spill, send=replayed.append) == stats.spilled_spans
-    got = [i for b in sent + replayed for i in _ids(b)]
-    assert sorted(got) == sorted(_ids(batch))
+    t = threading.Thread(target=spiller)
+    t.start()
+    try:
+        for _ in range(5):
+            replay(spill.path, {"traces": lambda b: sent.extend(_span_keys(b))})
+    finally:
+        stop.set()
+        t.join()
+    replay(spill.path, {"traces": lambda b: sent.extend(_span_keys(b))})
+    assert appended > 0 and len(sent) == appended * len(_spans_in_lines(lines))
 
 
-def test_spill_file_rotates_at_its_cap_and_replay_reads_every_rotation(tmp_path: Path) -> None:
-    batch = _batch()
+def test_replay_stops_at_a_dead_collector_and_resumes_without_repeats(tmp_path: Path) -> None:
+    spill = SpillDir(tmp_path / "spill")
+    lines = list(encode_jsonl_lines(_batch("cpu_only/rank-34.json.gz")))
+    for _ in range(6):
+        spill.append("traces", lines)
+    calls = 0
+    sent: list[tuple[bytes, int]] = []
 
-    def down(b: SpanBatch) -> None:
-        raise ConnectionRefusedError("collector down")
+    def flaky(b: SpanBatch) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 4:
+            raise otlp.ExportError("collector went away")
+        sent.extend(_span_keys(b))
 
-    spill = tmp_path / "spill.jsonl"
-    exporter = SpillingExporter(send=down, spill_path=spill, max_attempts=1, probe_interval_s=60, spill_max_bytes=200_000)
-    _submit_all(exporter, _chunks(batch, 6))
-    stats = exporter.close(30)
-    files = spill_files(spill)
-    assert stats.spilled_spans == len(batch) and stats.spill_rotations >= 2
-    assert len(files) == stats.spill_rotations + 1 and files[-1] == spill
-    assert all(f.stat().st_size <= 200_000 or sum(1 for _ in open(f, "rb")) == 1 for f in files)
-    order: list[SpanBatch] = []
-    assert replay(spill, send=order.append) == len(batch)
-    assert sorted(i for b in order for i in _ids(b)) == sorted(_ids(batch))
-    assert spill_files(spill) == []
-
-
-def test_replay_interrupted_by_a_dead_collector_resumes_where_it_stopped(tmp_path: Path) -> None:
-    batch = _batch()
-
-    def down(b: SpanBatch) -> None:
-        raise ConnectionRefusedError("collector down")
-
-    spill = tmp_path / "spill.jsonl"
-    with SpillingExporter(send=down, spill_path=spill, max_attempts=1) as exporter:
-        _submit_all(exporter, _chunks(batch, 4))
-    lines_before = sum(1 for _ in open(spill, "rb"))
-    assert lines_before >= 2  # one line per trace at least (2 steps)
-
-    calls = {"n": 0}
-    first: list[SpanBatch] = []
-
-    def dies_after_one(b: SpanBatch) -> None:
-        calls["n"] += 1
-        if calls["n"] > 1:
-            raise ExportError("collector went away")
-        first.append(b)
-
-    with pytest.raises(ExportError):
-        replay(spill, send=dies_after_one)
-    assert sum(1 for _ in open(spill, "rb")) == lines_before - 1  # the delivered line is gone
-    rest: list[SpanBatch] = []
-    replay(spill, send=rest.append)
-    assert sorted(i for b in first + rest for i in _ids(b)) == sorted(_ids(batch))
+    with pytest.raises(otlp.ExportError):
+        replay(spill.path, {"traces": flaky})
+    replay(spill.path, {"traces": flaky})
+    assert len(sent) == 6 * len(_spans_in_lines(lines)) and not spill.pending()
 
 
-def test_cli_replay_sends_the_spill_file(tmp_path: Path) -> None:
-    from plasmient_trace.cli import main
+def test_replay_of_an_empty_directory_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "replay", str(tmp_path / "nothing")],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
-    batch = _batch()
 
-    def down(b: SpanBatch) -> None:
-        raise ConnectionRefusedError("collector down")
-
-    spill = tmp_path / "spill.jsonl"
-    with SpillingExporter(send=down, spill_path=spill, max_attempts=1) as exporter:
-        exporter.submit(batch)
-    with OtlpReceiver() as rx:
-        assert main(["replay", str(spill), "--endpoint", rx.http_endpoint, "--protocol", "http/protobuf"]) == 0
-        assert sorted(_received(rx)) == sorted(_ids(batch))
-    assert not spill.exists()
-    # Nothing left: a second replay says so and exits with the bad-input status.
-    assert main(["replay", str(spill)]) == 2
+def test_sealing_moves_the_open_segment_aside_for_a_replay(tmp_path: Path) -> None:
+    spill = SpillDir(tmp_path / "spill")
+    assert spill.seal("traces") is None  # nothing spilled, nothing sealed
+    spill.append("traces", [b'{"resourceSpans":[]}'])
+    sealed = spill.seal("traces")
+    assert sealed is not None and sealed.read_bytes() == b'{"resourceSpans":[]}\n'
+    assert spill.segments("traces") == [sealed] and not spill.live("traces").exists()

@@ -36,6 +36,7 @@ def start(config: Any = None, exporters: list | None = None, **overrides: Any) -
                 _session = None
             else:
                 atexit.register(stop)
+                _flush_on_sigterm()
         except Exception as err:  # e.g. torch not importable
             try:
                 print(f"plasmient-trace: tracing not started: {type(err).__name__}: {err}", file=sys.stderr)
@@ -45,6 +46,37 @@ def start(config: Any = None, exporters: list | None = None, **overrides: Any) -
         return _session
 
 
+def _flush_on_sigterm() -> None:
+    """SIGTERM's default action skips atexit, losing every queued step. Where the job left SIGTERM
+    at its default, flush (bounded by PLASMIENT_FLUSH_TIMEOUT_S) and then die of SIGTERM as the job
+    would have, so the exit status is unchanged. A job's own handler is left alone: it exits through
+    SystemExit, and atexit flushes. SIGINT needs nothing: KeyboardInterrupt runs atexit."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):
+        pass
+
+
+def _on_sigterm(signum: int, _frame: Any) -> None:
+    import os
+    import signal
+
+    # A second SIGTERM is common (a scheduler signals the process group and `plasmient run` forwards
+    # its own): ignored while the bounded flush runs, then the default action ends the process.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        stop()
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def stop(timeout: float | None = None) -> None:
     """Flush queued steps (bounded wait) and remove every hook."""
     global _session
@@ -52,6 +84,13 @@ def stop(timeout: float | None = None) -> None:
         session, _session = _session, None
     if session is not None:
         session.close(timeout)
+    try:
+        import signal
+
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except (ValueError, OSError):
+        pass
 
 
 def current() -> Any:

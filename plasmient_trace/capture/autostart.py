@@ -92,6 +92,17 @@ def install() -> None:
         sys.meta_path.insert(0, _TorchWatcher())
 
 
+def uninstall() -> None:
+    """Undo :func:`install`: disarm the import hook if torch has not been imported yet and stop a
+    running capture (its hooks and patches removed), so a later ``install`` starts afresh."""
+    global _installed
+    _installed = False
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _TorchWatcher)]
+    from . import stop
+
+    stop()
+
+
 def maybe_install() -> None:
     """The .pth / sitecustomize entry: arms the capture only when PLASMIENT_TRACE is set."""
     if enabled():

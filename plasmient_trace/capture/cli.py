@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -63,8 +64,48 @@ def run_command(args: argparse.Namespace) -> int:
         except OSError as err:
             print(f"plasmient: error: cannot run {cmd[0]!r}: {err}", file=sys.stderr)
             return 127
+        code = _wait_forwarding(proc)
+    if code < 0:
+        _die_like_child(-code)
+    return code
+
+
+def _wait_forwarding(proc: subprocess.Popen) -> int:
+    """Wait for the child. SIGTERM/SIGHUP sent to this process alone (a scheduler, ``kill``) are
+    passed on so the child can flush; SIGINT from a terminal already reached the whole group."""
+    forwarded = (signal.SIGTERM, signal.SIGHUP)
+    saved = {}
+
+    def forward(signum: int, _frame: Any) -> None:
+        try:
+            proc.send_signal(signum)
+        except OSError:
+            pass
+
+    for sig in forwarded:
+        try:
+            saved[sig] = signal.signal(sig, forward)
+        except ValueError:  # not the main thread
+            pass
+    try:
         while True:
             try:
                 return proc.wait()
             except KeyboardInterrupt:
                 continue  # the child got the same SIGINT; wait for it to flush and exit
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _die_like_child(signum: int) -> None:
+    """The child died of a signal: die of the same one, so a shell sees 128+N and a parent process
+    sees -N, exactly as without ``plasmient run``. Falls back to exit 128+N if the signal is caught."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+    except (OSError, ValueError):
+        pass
+    os._exit(128 + signum)

@@ -2,10 +2,12 @@
 
 On the training thread the session only flips hooks on and off at step boundaries and swaps record
 lists; a background thread turns each finished step into a RecordSet, runs
-``pipeline.stitch_records`` (the same joins, metrics and span tree as offline ingest) and exports.
-The queue between them is bounded: when the exporter falls behind (a dead collector) new steps are
-dropped and counted, never waited for, so tracing cannot slow or block a step. Every tracing error
-is caught, reported once on stderr, and never raised into the job.
+``pipeline.stitch_records`` (the same joins, metrics and span tree as offline ingest) and hands the
+spans to the same :class:`..export.delivery.Delivery` as ingest: the file at once, the network from
+its own bounded queue, the spill directory when the collector is down. The step queue is bounded:
+if stitching falls behind, new steps are dropped and counted, never waited for, so tracing cannot
+slow or block a step. Every tracing error is caught, reported once on stderr, and never raised into
+the job.
 
 Sampling: every step gets a cheap step span (no op or module hooks); every ``every``-th step, and
 the step after one whose estimated MFU fell below ``mfu_threshold``, is captured at full depth
@@ -16,15 +18,15 @@ attributes are left absent rather than reported as zero (``plasmient.sampled_dep
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
-import sys
 import threading
 import time
 import weakref
 from dataclasses import dataclass, field
 from time import perf_counter_ns
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -33,189 +35,10 @@ import pyarrow.compute as pc
 from ..conventions import SpanBatch
 from ..records import DeviceInfo, RecordSet, table_from_columns
 from . import distributed
+from .config import CaptureConfig, Exporter, build_delivery, default_out_path, notice, say_once
 
-Exporter = Callable[[SpanBatch], None]
-
-_PREFIX = "plasmient-trace:"
-_said: set[str] = set()
-_said_lock = threading.Lock()
-
-
-def say_once(key: str, message: str) -> None:
-    """One line on stderr per distinct ``key`` for the life of the process."""
-    with _said_lock:
-        if key in _said:
-            return
-        _said.add(key)
-    try:
-        print(f"{_PREFIX} {message}", file=sys.stderr, flush=True)
-    except Exception:
-        pass
-
-
-def _env_float(env: Mapping[str, str], name: str) -> float | None:
-    value = env.get(name, "").strip()
-    if not value:
-        return None
-    try:
-        out = float(value)
-    except ValueError:
-        say_once(f"bad-{name}", f"ignoring {name}={value!r}: not a number")
-        return None
-    return out if out > 0 else None
-
-
-def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
-    value = env.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        out = int(value)
-        if out > 0:
-            return out
-    except ValueError:
-        pass
-    say_once(f"bad-{name}", f"ignoring {name}={value!r}: not a positive integer")
-    return default
-
-
-@dataclass
-class CaptureConfig:
-    """What the capture does; ``from_env`` reads the documented PLASMIENT_* and OTEL_* variables.
-
-    PLASMIENT_OUT           OTLP/JSON lines file (default traces.jsonl, traces.rank<R>.jsonl with ranks)
-    PLASMIENT_EVERY         full depth every N-th step (default 10; 1 = every step)
-    PLASMIENT_MFU_THRESHOLD capture the next step at full depth when a step's estimated MFU is below
-    PLASMIENT_JOB_ID        job id the trace ids derive from (else SLURM_JOB_ID, TORCHELASTIC_RUN_ID)
-    PLASMIENT_PEAK_TFLOPS   override the device peak (TFLOP/s); skips the CPU calibration
-    PLASMIENT_GPU_PRICE     USD per device-hour
-    PLASMIENT_CUPTI=0 / PLASMIENT_NVML=0   disable those sources
-    PLASMIENT_CUPTI=kineto  kernels through torch.profiler (Kineto) instead of cupti-python, which is
-                            also the fallback when cupti-python is missing or CUPTI is taken
-    PLASMIENT_OP_HOOK       how full-depth steps see ops: auto (default: the native RecordFunction
-                            observer, built once in the background, the dispatch hook until it is
-                            ready), native (build it now, before the first step), dispatch (the
-                            Python TorchDispatchMode only)
-    PLASMIENT_EXPORT_INTERVAL_S  how long finished steps are batched before one stitch+export (2 s)
-    PLASMIENT_FLUSH_TIMEOUT_S    the most the job waits at exit for queued steps (5 s)
-    OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_EXPORTER (otlp | console | none),
-    OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT / PROTOCOL / HEADERS / TIMEOUT: as in every OTel SDK.
-    """
-
-    out: str | None = None
-    every: int = 10
-    mfu_threshold: float | None = None
-    job_id: str | None = None
-    peak_tflops: float | None = None
-    gpu_price: float | None = None
-    service_name: str | None = None
-    traces_exporter: str = ""
-    cupti: bool = True
-    kineto: bool = False   # force the Kineto fallback (PLASMIENT_CUPTI=kineto)
-    nvml: bool = True
-    op_hook: str = "auto"  # auto | native | dispatch (PLASMIENT_OP_HOOK)
-    queue_steps: int = 64
-    flush_timeout_s: float = 5.0
-    export_interval_s: float = 2.0
-    max_batch_steps: int = 64
-    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "CaptureConfig":
-        env = dict(os.environ if environ is None else environ)
-        job = env.get("PLASMIENT_JOB_ID") or env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or None
-        cfg = cls(
-            out=env.get("PLASMIENT_OUT") or None,
-            every=_env_int(env, "PLASMIENT_EVERY", 10),
-            mfu_threshold=_env_float(env, "PLASMIENT_MFU_THRESHOLD"),
-            job_id=job,
-            peak_tflops=_env_float(env, "PLASMIENT_PEAK_TFLOPS"),
-            gpu_price=_env_float(env, "PLASMIENT_GPU_PRICE"),
-            service_name=env.get("OTEL_SERVICE_NAME") or None,
-            traces_exporter=env.get("OTEL_TRACES_EXPORTER", "").strip().lower(),
-            cupti=env.get("PLASMIENT_CUPTI", "1") not in ("0", "false", "no"),
-            kineto=env.get("PLASMIENT_CUPTI", "").strip().lower() == "kineto",
-            nvml=env.get("PLASMIENT_NVML", "1") not in ("0", "false", "no"),
-            op_hook=(env.get("PLASMIENT_OP_HOOK") or "auto").strip().lower(),
-            flush_timeout_s=_env_float(env, "PLASMIENT_FLUSH_TIMEOUT_S") or 5.0,
-            export_interval_s=_env_float(env, "PLASMIENT_EXPORT_INTERVAL_S") or 2.0,
-            environ=env,
-        )
-        for k, v in overrides.items():
-            if v is not None:
-                setattr(cfg, k, v)
-        return cfg
-
-
-# ---------------------------------------------------------------------------------------------
-# Exporters
-
-
-class FileExporter:
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __call__(self, batch: SpanBatch) -> None:
-        from ..export.otlp_json import write_jsonl
-
-        write_jsonl(batch, self.path, append=True)
-
-
-class OtlpExporter:
-    def __init__(self, config: Any) -> None:
-        self.config = config
-
-    def __call__(self, batch: SpanBatch) -> None:
-        from ..export import otlp
-
-        otlp.send_spans(batch, self.config)
-
-
-class ConsoleExporter:
-    def __call__(self, batch: SpanBatch) -> None:
-        from ..export.otlp_json import write_jsonl
-
-        write_jsonl(batch, sys.stderr.buffer)
-        sys.stderr.flush()
-
-
-def default_out_path(resource: Mapping[str, Any]) -> str:
-    world = resource.get("plasmient.world_size")
-    rank = resource.get("plasmient.rank")
-    if isinstance(world, int) and world > 1 and isinstance(rank, int):
-        return f"traces.rank{rank}.jsonl"
-    return "traces.jsonl"
-
-
-def build_exporters(config: CaptureConfig, resource: Mapping[str, Any]) -> list[tuple[str, Exporter]]:
-    """The standard OTel choice: OTEL_TRACES_EXPORTER, else OTLP when an endpoint is configured, else
-    the embedded default (an OTLP/JSON lines file). PLASMIENT_OUT always adds the file."""
-    kinds = [k.strip() for k in config.traces_exporter.split(",") if k.strip()]
-    out: list[tuple[str, Exporter]] = []
-    otlp_cfg = None
-    if "none" in kinds:
-        kinds = []
-    want_otlp = "otlp" in kinds or not kinds
-    if want_otlp:
-        try:
-            from ..export import otlp
-
-            otlp_cfg = otlp.OtlpConfig.from_env(config.environ)
-        except Exception as err:
-            say_once("otlp-config", f"OTLP export disabled: {err}")
-            otlp_cfg = None
-        if otlp_cfg is not None and (otlp_cfg.explicit or "otlp" in kinds):
-            out.append((f"OTLP {otlp_cfg.protocol} {otlp_cfg.endpoint}", OtlpExporter(otlp_cfg)))
-    if "console" in kinds:
-        out.append(("stderr", ConsoleExporter()))
-    path = config.out
-    if path is None and not out and config.traces_exporter.strip().lower() != "none":
-        path = default_out_path(resource)
-    if path is not None:
-        # The local file goes first: a slow or dead collector must not delay it.
-        out.insert(0, (os.path.abspath(path), FileExporter(path)))
-    return out
-
+__all__ = ["CaptureConfig", "CaptureSession", "StepCapture", "build_delivery", "default_out_path", "say_once",
+           "blank_unmeasured", "step_sample_attributes", "per_step_dropped"]
 
 # ---------------------------------------------------------------------------------------------
 # Steps
@@ -260,6 +83,7 @@ class CaptureSession:
     def __init__(self, config: CaptureConfig | None = None, exporters: list[tuple[str, Exporter]] | None = None) -> None:
         self.config = config or CaptureConfig.from_env()
         self._exporters = exporters
+        self.delivery: Any = None
         self.started = False
         self.closed = False
         self.failed = False
@@ -279,6 +103,7 @@ class CaptureSession:
         self._patched: list[tuple[Any, str, Any]] = []
         self._opt_hook: Any = None
         self._opt_clock: Any = None
+        self._opt_wrapped_depth = 0
         self.cupti: Any = None
         self.kineto: Any = None    # kineto_fallback.KinetoCollector, when cupti-python is not used
         self._user_profilers = 0   # the job's own torch.profiler runs now active
@@ -329,12 +154,12 @@ class CaptureSession:
         self.modules = torch_hooks.ModuleRecorder(on_forward=self._on_forward)
         self.modules.install()
         self._install_step_hooks(torch)
-        if self._exporters is None:
-            self._exporters = build_exporters(cfg, self.resource)
-        for where, _ in self._exporters:
-            say_once(f"where-{where}", f"tracing job {self.job_id!r}: writing traces to {where}")
-        if not self._exporters:
-            say_once("no-exporter", "OTEL_TRACES_EXPORTER=none: traces are captured but not exported")
+        self.delivery = build_delivery(cfg, self.resource, self._exporters)
+        for sink in self.delivery.local + self.delivery.remote:
+            what = "traces" if not hasattr(sink, "signal") else sink.signal
+            notice(f"where-{sink.name}-{what}", f"tracing job {self.job_id!r}: writing {what} to {sink.name}")
+        if not (self.delivery.local or self.delivery.remote):
+            notice("no-exporter", "OTEL_TRACES_EXPORTER=none: traces are captured but not exported")
         self._worker = threading.Thread(target=self._work, name="plasmient-export", daemon=True)
         self._worker.start()
         self.started = True
@@ -356,7 +181,7 @@ class CaptureSession:
         elif hook == "native" or native.failure() is not None:
             self._native_unavailable()
         else:
-            say_once("native-build", f"building the native op observer once, in the background (cached in "
+            notice("native-build", f"building the native op observer once, in the background (cached in "
                                      f"{native.cache_dir()}); full-depth steps use the slower dispatch hook until then")
             native.build_async()
             self._native_pending = True
@@ -476,9 +301,13 @@ class CaptureSession:
         # is cached per CPU model and thread count, so later runs read a file.
         self._cpu_pending = False
         try:
+            import torch
+
             from ..metrics import hardware
 
-            self.cpu_spec = hardware.cpu_spec()
+            # The calibration draws random matrices: the job's RNG stream must not notice.
+            with torch.random.fork_rng(devices=[]):
+                self.cpu_spec = hardware.cpu_spec()
         except Exception as err:
             say_once("cpu-spec", f"CPU peak calibration failed ({err}): no MFU on CPU spans")
 
@@ -490,6 +319,7 @@ class CaptureSession:
         original = prof_cls.step
         session = self
 
+        @functools.wraps(original)  # keeps __wrapped__, as instrumentors do
         def step(self_prof: Any, *args: Any, **kwargs: Any) -> Any:
             out = original(self_prof, *args, **kwargs)
             session.mark_step("profiler")
@@ -502,6 +332,7 @@ class CaptureSession:
         for name, hook in (("start", self._suspend_cupti), ("stop", self._resume_cupti)):
             orig = getattr(prof_cls, name)
 
+            @functools.wraps(orig)
             def wrapped(self_prof: Any, *a: Any, _orig: Any = orig, _hook: Any = hook, _name: str = name, **k: Any) -> Any:
                 if getattr(self_prof, "_plasmient_own", False):  # our Kineto fallback's own run
                     return _orig(self_prof, *a, **k)
@@ -560,7 +391,39 @@ class CaptureSession:
                 return
         except TypeError:
             pass
+        if self._opt_wrapped_depth or self._wrap_optimizer_step(optimizer):
+            return  # the wrapper marks the boundary once torch's Optimizer.step# scope has closed
         self.mark_step("optimizer")
+
+    def _wrap_optimizer_step(self, optimizer: Any) -> bool:
+        """Move the step boundary outside torch's ``Optimizer.step#<cls>.step`` record_function. The
+        post hook runs inside that scope, so a step ending there cut the scope off from its step: the
+        span was missing and the optimizer's ops sat flat under the step. From the next step on, a
+        wrapper around the class's (already profiled) ``step`` marks the boundary after the scope
+        closes; ``hooked`` is kept so torch does not wrap it again. False: this call ends its step
+        from the hook as before."""
+        cls = type(optimizer)
+        current = cls.__dict__.get("step")
+        if current is None or not getattr(current, "hooked", False) or getattr(current, "_plasmient", False):
+            return False
+        session = self
+
+        @functools.wraps(current)
+        def step(opt: Any, *args: Any, **kwargs: Any) -> Any:
+            session._opt_wrapped_depth += 1
+            try:
+                return current(opt, *args, **kwargs)
+            finally:
+                session._opt_wrapped_depth -= 1
+                clock = session._opt_clock() if session._opt_clock is not None else None
+                if clock is opt and not session._opt_wrapped_depth:
+                    session.mark_step("optimizer")
+
+        step.hooked = True  # type: ignore[attr-defined]
+        step._plasmient = True  # type: ignore[attr-defined]
+        cls.step = step
+        self._patched.append((cls, "step", current))
+        return False
 
     def close(self, timeout: float | None = None) -> None:
         """Stop capturing, export what is queued (waiting at most ``timeout`` s), remove the hooks."""
@@ -589,11 +452,18 @@ class CaptureSession:
                 if distributed.active():
                     # rank 0 may still be waiting for the slowest rank's last summary
                     timeout = max(timeout, distributed.wait_s(self.config.environ) + 2.0)
-            self.flush(timeout)
+            deadline = time.monotonic() + timeout
+            if not self.flush(timeout):
+                say_once("flush-timeout", f"{self._queue.unfinished_tasks} step(s) still being traced after "
+                                          f"{timeout:g}s at exit were not written (PLASMIENT_FLUSH_TIMEOUT_S)")
             try:
                 self._queue.put_nowait(None)
             except queue.Full:
                 pass  # the worker is a daemon: a wedged exporter dies with the process
+            if self.delivery is not None:
+                # What the network has not taken by the deadline goes to the spill directory.
+                self.delivery.shutdown(max(deadline - time.monotonic(), 0.0))
+                self._report_delivery()
             if self.cupti is not None:
                 self.cupti.stop()
             if self.nvml is not None:
@@ -602,6 +472,13 @@ class CaptureSession:
             self._fail("close", err)
         if self.stats["steps_dropped"]:
             say_once("dropped", f"{self.stats['steps_dropped']} step(s) were not exported: the exporter fell behind")
+
+    def _report_delivery(self) -> None:
+        # An outage was reported when it began (with the spill directory); only a loss is news here.
+        stats = self.delivery.stats
+        dropped = sum(stats.dropped.values())
+        if dropped:
+            say_once("delivery-dropped", f"{dropped} span(s) could not be delivered nor spilled")
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until every queued step is exported (True) or ``timeout`` passes (False)."""
@@ -816,14 +693,9 @@ class CaptureSession:
                     self._queue.task_done()
 
     def _export(self, batch: SpanBatch) -> None:
-        for where, exporter in self._exporters or []:
-            try:
-                exporter(batch)
-                self.stats["exported_batches"] += 1
-            except Exception as err:
-                self.stats["export_errors"] += 1
-                say_once(f"export-{where}", f"export to {where} failed ({type(err).__name__}: {err}); "
-                                            "the job continues, later steps are still attempted")
+        self.delivery.submit(batch)  # local sinks now, the network in the delivery thread
+        self.stats["exported_batches"] += 1
+        self.stats["export_errors"] = self.delivery.stats.local_errors
 
     def record_set(self, items: list[StepCapture]) -> RecordSet:
         from . import cupti as cupti_mod

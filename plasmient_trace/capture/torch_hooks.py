@@ -36,6 +36,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..records import table_from_columns
 
 _get_native_id = threading.get_native_id
+# True while dynamo traces a frame. The module hooks return at once then: dynamo inlines global
+# hooks into the graph it builds, and a hook that touches Python state there (the path cache, the
+# per-thread stack) either breaks the graph or fails the compile ("already tracked for mutation").
+# Compiled regions still show up as their ops and kernels; only their inner module spans are absent.
+_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
 _current_node = torch._C._current_autograd_node
 _get_seq = torch._C._autograd._get_sequence_nr
 _Tensor = torch.Tensor
@@ -55,6 +60,7 @@ for _name, _spelling in (("float8_e4m3fn", "c10::Float8_e4m3fn"), ("float8_e5m2"
         _DTYPE_NAMES[getattr(torch, _name)] = _spelling
 
 _TENSOR_LIST = "TensorList"
+
 
 
 def _meta(values: Any) -> list[Any]:
@@ -287,8 +293,14 @@ class ModuleRecorder:
         self.failed: BaseException | None = None
 
     def install(self) -> None:
+        import warnings
+
         from torch.nn.modules import module as m
 
+        # torch warns that global hooks fire once more for a torch.compile wrapper; the hooks are
+        # ours, the user did nothing to act on, and the wrapper is skipped in _pre/_post below.
+        warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks",
+                                category=UserWarning)
         self._handles = [m.register_module_forward_pre_hook(self._pre),
                          m.register_module_forward_hook(self._post, always_call=True)]
 
@@ -322,13 +334,15 @@ class ModuleRecorder:
         return self._paths[module]
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
+        if _compiling():
+            return None
         if self._on_forward is not None:
             try:
                 self._on_forward()
             except Exception as err:  # pragma: no cover - defensive
                 self.failed = self.failed or err
-        if not self.enabled:
-            return None
+        if not self.enabled or type(module).__name__ == "OptimizedModule":
+            return None  # torch.compile's wrapper: its original module is recorded under its own name
         try:
             st = self._stack()
             parent = st[-1][1] if st else None
@@ -338,7 +352,7 @@ class ModuleRecorder:
         return None
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if not self.enabled:
+        if not self.enabled or _compiling() or type(module).__name__ == "OptimizedModule":
             return None
         try:
             t1 = perf_counter_ns()

@@ -5,8 +5,11 @@ so writing a JSON lines file never pays for the gRPC import.
 
 * :mod:`.otlp_json`  ``write_jsonl``, ``encode_jsonl_lines``, ``read_jsonl`` (Collector file-exporter format)
 * :mod:`.otlp_proto` ``encode_requests`` (serialized ExportTraceServiceRequest, split at a byte limit)
-* :mod:`.otlp`       ``OtlpConfig.from_env``, ``send_spans``, ``ExportError``, ``ExportStats``, ``OtlpClient``
+* :mod:`.otlp`       ``OtlpConfig.from_env``, ``export_spans``/``send_spans``, ``ExportError``, ``OtlpClient``
+  (the one retry loop), ``redact``
 * :mod:`.parquet`    ``write_parquet``
+* :mod:`.delivery`   ``Delivery``: the one delivery path of ingest and live capture (sinks, bounded queue, spill)
+* :mod:`.spill`      the spill directory and ``replay`` (``plasmient replay``)
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ _EXPORTS = {
     "ExportError": "otlp",
     "ExportStats": "otlp",
     "send_spans": "otlp",
+    "export_spans": "otlp",
+    "Delivery": "delivery",
     "write_parquet": "parquet",
 }
 

@@ -265,24 +265,31 @@ def request_json(request: ExportMetricsServiceRequest) -> bytes:
     return orjson.dumps(doc)
 
 
+def export_metrics(client: Any, batch: SpanBatch, stop: Any = None) -> MetricsSendStats:
+    """Deliver the batch's step metrics over an open metrics :class:`.otlp.OtlpClient`; raises
+    :class:`.otlp.ExportError` when they cannot be (its retries, backoff and deadline)."""
+    config = client.config
+    stats = MetricsSendStats(endpoint=client.display_endpoint, protocol=config.protocol)
+    attempts0 = client.attempts
+    for request in metric_requests(batch, max_bytes=config.max_request_bytes):
+        body = request_json(request) if config.protocol == "http/json" else request.SerializeToString()
+        rejected, _ = client.export(body, stop=stop)
+        stats.requests += 1
+        stats.data_points += _data_points(request)
+        stats.rejected += rejected
+    stats.retries = client.attempts - attempts0 - stats.requests
+    return stats
+
+
 def send_metrics(batch: SpanBatch, config: Any = None) -> MetricsSendStats:
-    """Deliver the batch's step metrics over OTLP; raises :class:`.otlp.ExportError` when they cannot be.
+    """Deliver the batch's step metrics over OTLP with a client of its own.
 
     ``config`` is the trace exporter's :class:`.otlp.OtlpConfig` (None: from OTEL_EXPORTER_OTLP_*);
     it is re-targeted to the metrics signal (OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, else the generic
-    endpoint + /v1/metrics for HTTP, the same target for gRPC). Retries, backoff and the timeout are
-    the trace exporter's (:class:`.otlp.OtlpClient`).
+    endpoint + /v1/metrics for HTTP, the same target for gRPC).
     """
     from plasmient_trace.export import otlp
 
     config = (config or otlp.OtlpConfig.from_env()).for_signal("metrics")
-    stats = MetricsSendStats(endpoint=config.endpoint, protocol=config.protocol)
     with otlp.OtlpClient(config) as client:
-        for request in metric_requests(batch, max_bytes=config.max_request_bytes):
-            body = request_json(request) if config.protocol == "http/json" else request.SerializeToString()
-            rejected, _ = client.export(body)
-            stats.requests += 1
-            stats.data_points += _data_points(request)
-            stats.rejected += rejected
-        stats.retries = client.attempts - stats.requests
-    return stats
+        return export_metrics(client, batch)

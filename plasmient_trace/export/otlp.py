@@ -16,7 +16,10 @@ over both. Choices where the spec leaves room, and why:
 
 Retryable failures (gRPC CANCELLED, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED, OUT_OF_RANGE,
 UNAVAILABLE, DATA_LOSS; HTTP 429, 502, 503, 504; refused or dropped connections) are retried with
-exponential backoff and jitter, honouring gRPC RetryInfo and HTTP Retry-After, until the timeout.
+exponential backoff and jitter, honouring gRPC RetryInfo and HTTP Retry-After (never below the
+backoff, and a hint past the deadline ends the export), until the timeout. The timeout is a deadline
+for each request, retries and slow reads included: an HTTP answer still arriving at the deadline is
+cut off by closing the socket. Error lines never show header values or URL credentials (:func:`redact`).
 :class:`OtlpClient` is signal-generic (traces, metrics) so the metrics exporter reuses it.
 """
 
@@ -24,6 +27,9 @@ from __future__ import annotations
 
 import gzip
 import http.client
+import re
+import socket
+import threading
 import logging
 import math
 import os
@@ -31,7 +37,7 @@ import random
 import ssl
 import time
 import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -41,7 +47,8 @@ from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.export.otlp_json import encode_jsonl_lines, package_version
 from plasmient_trace.export.otlp_proto import DEFAULT_MAX_REQUEST_BYTES, encode_requests
 
-__all__ = ["PROTOCOLS", "DEFAULT_PROTOCOL", "ExportError", "OtlpConfig", "ExportStats", "OtlpClient", "send_spans", "parse_headers"]
+__all__ = ["PROTOCOLS", "DEFAULT_PROTOCOL", "ExportError", "OtlpConfig", "ExportStats", "OtlpClient", "export_spans", "send_spans",
+           "parse_headers", "redact", "redact_url", "backoff_wait"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +58,8 @@ DEFAULT_TIMEOUT_S = 10.0
 _DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 _DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
 _RETRYABLE_HTTP = frozenset({429, 502, 503, 504})
+_STOP_POLL_S = 0.05  # how often an in-flight request looks at its stop event
+_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@")
 _GZIP_LEVEL = 5  # gzip -5: most of -9's ratio on OTLP payloads at a fraction of its CPU time
 
 # gRPC service and response message per signal.
@@ -155,6 +164,14 @@ class OtlpConfig:
             raise ValueError(f"OTLP signal {self.signal!r} is not one of {', '.join(_SERVICES)}")
         if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
             raise ValueError(f"OTLP timeout must be a positive number of seconds, got {self.timeout_s!r}")
+        for key, value in self.headers.items():
+            if any(ord(c) < 0x20 or ord(c) == 0x7F for c in str(value)):
+                # The value is a credential more often than not: name the header, never show it.
+                raise ValueError(f"OTLP header {key!r} has a control character (newline?) in its value (value not shown)")
+
+    def __repr__(self) -> str:
+        shown = {k: "***" for k in self.headers}
+        return f"OtlpConfig(endpoint={redact_url(self.endpoint)!r}, protocol={self.protocol!r}, headers={shown}, timeout_s={self.timeout_s:g})"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, signal: str = "traces", **overrides: Any) -> OtlpConfig:
@@ -355,42 +372,58 @@ class OtlpClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- the retry loop ----------------------------------------------------------------------
+    # -- the retry loop (the only one: Delivery, send_spans, send_metrics and replay all use it) --
 
-    def export(self, body: bytes) -> tuple[int, str]:
+    def export(self, body: bytes, deadline: float | None = None, stop: threading.Event | None = None) -> tuple[int, str]:
+        """Send one serialized request, retrying transient failures until ``deadline`` (a
+        ``time.monotonic()`` value; default now + ``config.timeout_s``). The deadline bounds the whole
+        call, retries and slow reads included; ``stop`` (set by a shutdown) ends a backoff wait or an
+        in-flight request at once. Raises :class:`ExportError` naming the endpoint with secrets redacted."""
         cfg = self.config
         # gRPC compresses on the wire itself (grpc-encoding: gzip); HTTP sends a gzip body.
         http_gzip = cfg.compression == "gzip" and cfg.protocol != "grpc"
         payload = gzip.compress(body, compresslevel=_GZIP_LEVEL) if http_gzip else body
         self.last_sent_bytes = len(payload)
         start = time.monotonic()
-        deadline = start + cfg.timeout_s
+        own = start + cfg.timeout_s
+        deadline = own if deadline is None else min(deadline, own)
+        stop = stop or threading.Event()
         delay = cfg.retry_initial_s
         attempts = 0
         while True:
             attempts += 1
             self.attempts += 1
-            remaining = max(deadline - time.monotonic(), 0.001)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or stop.is_set():
+                why = "stopped by shutdown" if stop.is_set() else "export deadline passed"
+                raise ExportError(self._describe(why, attempts - 1, start))
             try:
                 if cfg.protocol == "grpc":
-                    return self._grpc_attempt(payload, remaining)
-                return self._http_attempt(payload, remaining)
+                    return self._grpc_attempt(payload, remaining, stop)
+                return self._http_attempt(payload, remaining, stop)
             except _Fail as exc:
                 raise ExportError(self._describe(str(exc), attempts, start)) from None
             except _Retry as exc:
-                wait = exc.after_s if exc.after_s is not None else delay * random.uniform(0.8, 1.2)
+                wait = backoff_wait(exc.after_s, delay, cfg.retry_max_s)
                 delay = min(delay * 2, cfg.retry_max_s)
                 if time.monotonic() + wait >= deadline:
-                    raise ExportError(self._describe(exc.what, attempts, start)) from None
-                log.debug("OTLP export to %s: %s; retrying in %.2fs", cfg.endpoint, exc.what, wait)
-                time.sleep(wait)
+                    what = exc.what if exc.after_s is None or wait != exc.after_s else \
+                        f"{exc.what} (asked to retry after {exc.after_s:g}s, past the deadline)"
+                    raise ExportError(self._describe(what, attempts, start)) from None
+                log.debug("OTLP export to %s: %s; retrying in %.2fs", self.display_endpoint, redact(exc.what, cfg), wait)
+                if stop.wait(wait):
+                    raise ExportError(self._describe(f"{exc.what}; stopped by shutdown", attempts, start)) from None
+
+    @property
+    def display_endpoint(self) -> str:
+        return redact_url(self.config.endpoint)
 
     def _describe(self, what: str, attempts: int, start: float) -> str:
         cfg = self.config
-        return _one_line(
-            f"OTLP export to {cfg.endpoint} ({cfg.protocol}) failed: {what} "
+        return redact(_one_line(
+            f"OTLP export to {self.display_endpoint} ({cfg.protocol}) failed: {what} "
             f"[{attempts} attempt{'s' if attempts != 1 else ''} in {time.monotonic() - start:.1f}s, timeout {cfg.timeout_s:g}s]"
-        )
+        ), cfg)
 
     def _partial(self, response_bytes: bytes) -> tuple[int, str]:
         import importlib
@@ -448,12 +481,24 @@ class OtlpClient:
         self._grpc_call = self._channel.unary_unary(self._method_path, request_serializer=None, response_deserializer=None)
         self._metadata = tuple(cfg.headers.items())
 
-    def _grpc_attempt(self, payload: bytes, timeout: float) -> tuple[int, str]:
+    def _grpc_attempt(self, payload: bytes, timeout: float, stop: threading.Event) -> tuple[int, str]:
         import grpc
 
         compression = grpc.Compression.Gzip if self.config.compression == "gzip" else None
         try:
-            response = self._grpc_call(payload, timeout=timeout, metadata=self._metadata, compression=compression)
+            # gRPC's timeout is a deadline for the whole call; the future lets a shutdown cancel it.
+            future = self._grpc_call.future(payload, timeout=timeout, metadata=self._metadata, compression=compression)
+            done = threading.Event()
+            future.add_done_callback(lambda _f: done.set())
+            while not done.wait(_STOP_POLL_S):
+                if stop.is_set():
+                    future.cancel()
+                    break
+            response = future.result()
+        except grpc.FutureCancelledError:
+            raise _Fail("stopped by shutdown") from None
+        except ValueError as exc:  # metadata gRPC refuses
+            raise _Fail(f"invalid request metadata: {type(exc).__name__}") from None
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             details = exc.details() if hasattr(exc, "details") else str(exc)
@@ -490,7 +535,18 @@ class OtlpClient:
                 self._conn.sock.settimeout(timeout)
         return self._conn
 
-    def _http_attempt(self, payload: bytes, timeout: float) -> tuple[int, str]:
+    def _abort_http(self) -> None:
+        """Shut the socket under a blocked request: a collector that answers one byte a second keeps
+        every socket timeout happy, so the deadline is enforced from outside."""
+        conn = self._conn
+        sock = conn.sock if conn is not None else None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _http_attempt(self, payload: bytes, timeout: float, stop: threading.Event) -> tuple[int, str]:
         cfg = self.config
         json_body = cfg.protocol == "http/json"
         headers = {
@@ -500,18 +556,26 @@ class OtlpClient:
         }
         if cfg.compression == "gzip":
             headers["Content-Encoding"] = "gzip"
+        watchdog = _Watchdog(timeout, stop, self._abort_http)
         try:
             conn = self._connection(timeout)
             conn.request("POST", self._path, body=payload, headers=headers)
             resp = conn.getresponse()
             data = resp.read()
-        except (OSError, http.client.HTTPException) as exc:
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            watchdog.cancel()
+            if isinstance(exc, ValueError):  # http.client refuses a header value (e.g. a newline)
+                raise _Fail(f"invalid request: {type(exc).__name__}") from None
             # Refused, reset, timed out or a half-closed keep-alive connection: reconnect and retry.
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
             what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            if watchdog.fired:
+                what = "stopped by shutdown" if stop.is_set() else f"timed out: no complete answer within the deadline ({what})"
+                raise _Fail(what) from None
             raise _Retry(what) from None
+        watchdog.cancel()
         status = resp.status
         if resp.getheader("Connection", "").lower() == "close" and self._conn is not None:
             self._conn.close()
@@ -556,6 +620,66 @@ def _grpc_retry_delay(exc: Any) -> float | None:
     except Exception:  # details are advisory; a malformed one must not break the retry loop
         return None
     return None
+
+
+def backoff_wait(after_s: float | None, delay_s: float, max_s: float) -> float:
+    """How long to wait before the next attempt. Without a server hint: ``delay_s`` with +-20% jitter.
+    A hint (Retry-After, RetryInfo) is honoured but never below the backoff (``Retry-After: 0``
+    must not become a request storm); a hint beyond the deadline ends the export instead of waiting."""
+    jittered = delay_s * random.uniform(0.8, 1.2)
+    if after_s is None:
+        return min(jittered, max_s)
+    return max(after_s, jittered) if math.isfinite(after_s) else math.inf
+
+
+class _Watchdog:
+    """Calls ``abort`` once the attempt's time is up or ``stop`` is set, unless cancelled first."""
+
+    def __init__(self, timeout: float, stop: threading.Event, abort: Callable[[], None]) -> None:
+        self.fired = False
+        self._done = threading.Event()
+        self._abort = abort
+        self._thread = threading.Thread(target=self._run, args=(time.monotonic() + timeout, stop), daemon=True,
+                                        name="plasmient-otlp-watchdog")
+        self._thread.start()
+
+    def _run(self, deadline: float, stop: threading.Event) -> None:
+        while not self._done.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or stop.is_set():
+                self.fired = True
+                self._abort()
+                return
+            self._done.wait(min(left, _STOP_POLL_S))
+
+    def cancel(self) -> None:
+        self._done.set()
+
+
+def redact_url(url: str) -> str:
+    """The URL with any ``user:password@`` replaced by ``***@``."""
+    return _USERINFO.sub(r"\1***@", str(url))
+
+
+def redact(text: str, config: OtlpConfig | None = None) -> str:
+    """``text`` with URL credentials and every configured header value (also as the escaped forms
+    error messages quote: repr, percent-encoded, line by line) replaced by ``***``."""
+    text = redact_url(text)
+    if config is None:
+        return text
+    secrets: set[str] = set()
+    userinfo = urllib.parse.urlsplit(config.endpoint if "://" in config.endpoint else f"//{config.endpoint}").netloc
+    if "@" in userinfo:  # also where a library quotes the netloc without its scheme (gRPC's resolver)
+        secrets.add(userinfo.rsplit("@", 1)[0])
+    for value in config.headers.values():
+        value = str(value)
+        forms = {value, repr(value)[1:-1], repr(value.encode("utf-8", "replace"))[2:-1],
+                 urllib.parse.quote(value, safe=""), urllib.parse.quote(value)}
+        forms |= {part for part in value.splitlines()} | {part for part in value.split()}
+        secrets |= {f for f in forms if len(f.strip()) >= 3}
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -606,26 +730,33 @@ def _payloads(batch: SpanBatch, config: OtlpConfig) -> Iterable[bytes]:
         yield from encode_requests(batch, max_bytes=config.max_request_bytes)
 
 
-def send_spans(batch: SpanBatch, config: OtlpConfig | None = None) -> ExportStats:
-    """Export every span of the batch; raises ExportError when a request cannot be delivered in time.
+def export_spans(client: OtlpClient, batch: SpanBatch, stop: threading.Event | None = None) -> ExportStats:
+    """Export every span of the batch over an open client; raises ExportError when a request cannot be
+    delivered within the timeout (each request has its own deadline, retries and slow reads included).
 
-    Requests are sent one after another (one per trace, split at ``config.max_request_bytes``);
-    the first one that fails for good stops the export. Partial-success rejections are counted in
-    the returned stats and logged, not raised: the collector accepted the request.
+    Requests go one after another (one per trace, split at ``config.max_request_bytes``); the first
+    that fails for good stops the export. Partial-success rejections are counted in the stats and
+    logged, not raised: the collector accepted the request.
     """
-    config = config or OtlpConfig.from_env()
-    stats = ExportStats(endpoint=config.endpoint, protocol=config.protocol, spans=len(batch))
+    config = client.config
+    stats = ExportStats(endpoint=client.display_endpoint, protocol=config.protocol, spans=len(batch))
     start = time.monotonic()
-    with OtlpClient(config) as client:
-        for body in _payloads(batch, config):
-            rejected, message = client.export(body)
-            stats.requests += 1
-            stats.bytes += len(body)
-            stats.bytes_sent += client.last_sent_bytes
-            if rejected or message:
-                stats.rejected += rejected
-                stats.messages.append(message)
-                log.warning("OTLP endpoint %s rejected %d span(s): %s", config.endpoint, rejected, message or "(no message)")
-        stats.retries = client.attempts - stats.requests
+    attempts0 = client.attempts
+    for body in _payloads(batch, config):
+        rejected, message = client.export(body, stop=stop)
+        stats.requests += 1
+        stats.bytes += len(body)
+        stats.bytes_sent += client.last_sent_bytes
+        if rejected or message:
+            stats.rejected += rejected
+            stats.messages.append(message)
+            log.warning("OTLP endpoint %s rejected %d span(s): %s", stats.endpoint, rejected, message or "(no message)")
+    stats.retries = client.attempts - attempts0 - stats.requests
     stats.seconds = time.monotonic() - start
     return stats
+
+
+def send_spans(batch: SpanBatch, config: OtlpConfig | None = None) -> ExportStats:
+    """:func:`export_spans` over a client of its own (one-off sends: tests, scripts)."""
+    with OtlpClient(config or OtlpConfig.from_env()) as client:
+        return export_spans(client, batch)

@@ -1,35 +1,32 @@
-"""Export that never blocks the job and never loses spans: bounded queue, retry, spill file, replay.
+"""The spill directory: where spans wait while a collector is down, and ``plasmient replay`` that resends them.
 
-``SpillingExporter.submit(batch)`` only enqueues (O(1), no network). A background thread sends each
-batch with the trace exporter (:func:`.otlp.send_spans`), retrying transient failures with
-exponential backoff and jitter. When a batch still fails, the collector is considered down: that
-batch and everything queued behind it are appended to a spill file as OTLP/JSON lines (the
-Collector file-exporter format, one line per trace), and while it stays down new batches go
-straight to the spill file, with one probe send every ``probe_interval_s`` to notice recovery.
+Layout of a spill directory (default ``plasmient-spill/`` next to the output file, else in the
+working directory; ``PLASMIENT_SPILL_DIR`` names another):
 
-Bounds: the queue holds at most ``max_queue_spans`` spans and ``max_queue_bytes`` of Arrow
-memory; a batch that does not fit is spilled by the submitting thread (a local append, no network
-wait), so memory stays bounded even when the disk is the only place left. The spill file is
-rotated when it reaches ``spill_max_bytes`` (``spill.jsonl`` -> ``spill.jsonl.1``, ``.2``, ...);
-rotated files are kept (``max_spill_files`` bounds them, counting what is dropped).
+* ``traces.jsonl`` / ``metrics.jsonl``: the open segment of each signal, OTLP/JSON trace lines (the
+  Collector file-exporter format). Both hold spans: a metrics line is a trace whose step metrics
+  still have to be sent (they are recomputed from its spans at replay), so a trace that reached
+  the collector while its metrics did not is never sent twice.
+* ``<signal>.<time_ns>-<pid>.jsonl``: sealed segments, oldest first by name. A segment is sealed
+  when it reaches ``segment_bytes`` or when a replay claims it; nobody appends to it afterwards.
+* ``<segment>.done``: a replay's progress in that segment (bytes delivered), replaced atomically
+  after every delivered line, so a replay killed mid-way resumes after the last delivered line.
+* ``.lock``: writers append under a shared ``flock``, sealing takes it exclusively, so several
+  processes (ranks) can spill into one directory while a replay runs, and no line is lost or torn.
 
-``replay(spill_path, config)`` resends every spill file, oldest first, line by line, and rewrites
-each file to hold only the lines not yet delivered (atomically: write a temporary file, then
-rename), deleting it when empty: a replay interrupted half-way resumes where it stopped. A line
-delivered just before a crash may be delivered again; span and trace ids are deterministic, so the
-backend sees the same span twice, not two different spans. ``plasmient replay SPILL`` runs it.
+Every line is one ``write`` to an ``O_APPEND`` descriptor. The directory is bounded by ``max_bytes``
+(``PLASMIENT_SPILL_MAX_MB``, default 1024): past it new lines are dropped and counted.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
-import queue
-import random
+import signal
 import sys
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,243 +34,108 @@ from typing import Any
 import orjson
 
 from plasmient_trace.conventions import SpanBatch
-from plasmient_trace.export.otlp_json import batch_from_otlp_dicts, encode_jsonl_lines
+from plasmient_trace.export.otlp_json import batch_from_otlp_dicts
 
-__all__ = ["SpillingExporter", "SpillStats", "replay", "spill_files", "register"]
+__all__ = ["SIGNALS", "SpillDir", "SpillFull", "append_lines", "default_spill_dir", "replay", "register"]
 
-DEFAULT_SPILL_MAX_BYTES = 256 * 1024 * 1024
+SIGNALS = ("traces", "metrics")
+DEFAULT_MAX_BYTES = 1024 * 1024 * 1024
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+
+
+class SpillFull(OSError):
+    """The spill directory reached its size bound; the lines were not written."""
+
+
+def append_lines(fd: int, lines: Iterable[bytes]) -> int:
+    """Append each line with one ``write`` (O_APPEND: concurrent writers never interleave within a
+    line, however long); returns the bytes written. A short write (disk full) raises OSError."""
+    total = 0
+    for line in lines:
+        if not line.endswith(b"\n"):
+            line += b"\n"
+        n = os.write(fd, line)
+        if n != len(line):
+            raise OSError(f"short write ({n} of {len(line)} bytes): disk full?")
+        total += n
+    return total
+
+
+def default_spill_dir(out: str | None, environ: Any = os.environ) -> Path:
+    """``PLASMIENT_SPILL_DIR``, else ``plasmient-spill`` beside ``out``, else in the working directory."""
+    named = (environ.get("PLASMIENT_SPILL_DIR") or "").strip()
+    if named:
+        return Path(named)
+    base = Path(out).resolve().parent if out else Path.cwd()
+    return base / "plasmient-spill"
 
 
 @dataclass
-class SpillStats:
-    submitted_spans: int = 0
-    sent_spans: int = 0
-    spilled_spans: int = 0
-    dropped_spans: int = 0       # only when max_spill_files forced an old spill file out
-    send_failures: int = 0
-    spill_rotations: int = 0
-    last_error: str | None = None
+class SpillDir:
+    """A spill directory shared by every process that spills into it (see the module docstring)."""
 
+    path: Path
+    max_bytes: int = DEFAULT_MAX_BYTES
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
 
-def spill_files(spill_path: str | os.PathLike[str]) -> list[Path]:
-    """The spill file and its rotations, oldest first (highest suffix first, the live file last)."""
-    path = Path(spill_path)
-    rotated = []
-    for p in path.parent.glob(path.name + ".*"):
-        suffix = p.name[len(path.name) + 1 :]
-        if suffix.isdigit():
-            rotated.append((int(suffix), p))
-    out = [p for _, p in sorted(rotated, reverse=True)]
-    if path.exists():
-        out.append(path)
-    return out
+    def __post_init__(self) -> None:
+        self.path = Path(self.path)
 
+    def live(self, signal_name: str) -> Path:
+        return self.path / f"{signal_name}.jsonl"
 
-class _SpillWriter:
-    """Appends OTLP/JSON lines to the spill file, rotating at a size cap; thread-safe."""
+    def _lock(self, mode: int) -> int:
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, mode)
+        return fd
 
-    def __init__(self, path: Path, max_bytes: int, max_files: int | None, stats: SpillStats) -> None:
-        self.path, self.max_bytes, self.max_files, self.stats = path, max_bytes, max_files, stats
-        self.lock = threading.Lock()
+    def size(self) -> int:
+        return sum(p.stat().st_size for p in self.path.glob("*.jsonl") if p.is_file()) if self.path.is_dir() else 0
 
-    def write(self, batch: SpanBatch) -> None:
-        lines = list(encode_jsonl_lines(batch))
-        with self.lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            f = open(self.path, "ab")  # noqa: SIM115 - reopened after a rotation
+    def append(self, signal_name: str, lines: list[bytes]) -> int:
+        """Append the lines to the signal's open segment; returns their bytes. Raises SpillFull past
+        ``max_bytes`` (nothing written) and OSError when the disk refuses."""
+        need = sum(len(line) + 1 for line in lines)
+        if self.size() + need > self.max_bytes:
+            raise SpillFull(f"spill directory {self.path} is full ({self.max_bytes // (1 << 20)} MiB bound)")
+        lock = self._lock(fcntl.LOCK_SH)
+        try:
+            live = self.live(signal_name)
+            fd = os.open(live, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
-                for line in lines:
-                    if not line.endswith(b"\n"):
-                        line += b"\n"
-                    if f.tell() > 0 and f.tell() + len(line) > self.max_bytes:
-                        f.close()
-                        self._rotate()
-                        f = open(self.path, "ab")  # noqa: SIM115
-                    f.write(line)
-                f.flush()
-                os.fsync(f.fileno())
+                written = append_lines(fd, lines)
+                os.fsync(fd)
+                full = os.fstat(fd).st_size >= self.segment_bytes
             finally:
-                f.close()
-            self.stats.spilled_spans += len(batch)
+                os.close(fd)
+        finally:
+            os.close(lock)
+        if full:
+            self.seal(signal_name)
+        return written
 
-    def _rotate(self) -> None:
-        existing = sorted((int(p.name.rsplit(".", 1)[1]), p) for p in spill_files(self.path) if p != self.path)
-        for n, p in reversed(existing):
-            if self.max_files is not None and n + 1 > self.max_files:
-                self.stats.dropped_spans += _count_spans(p)
-                p.unlink()
-            else:
-                p.rename(p.with_name(f"{self.path.name}.{n + 1}"))
-        self.path.rename(self.path.with_name(self.path.name + ".1"))
-        self.stats.spill_rotations += 1
+    def seal(self, signal_name: str) -> Path | None:
+        """Close the open segment (rename it to a sealed name); None when it is empty or absent."""
+        lock = self._lock(fcntl.LOCK_EX)
+        try:
+            live = self.live(signal_name)
+            if not live.exists() or live.stat().st_size == 0:
+                return None
+            sealed = self.path / f"{signal_name}.{time.time_ns():020d}-{os.getpid()}.jsonl"
+            os.replace(live, sealed)
+            return sealed
+        finally:
+            os.close(lock)
 
+    def segments(self, signal_name: str) -> list[Path]:
+        """Sealed segments of a signal, oldest first."""
+        if not self.path.is_dir():
+            return []
+        return sorted(p for p in self.path.glob(f"{signal_name}.*-*.jsonl") if p.is_file())
 
-def _count_spans(path: Path) -> int:
-    n = 0
-    with open(path, "rb") as f:
-        for line in f:
-            if line.strip():
-                n += len(batch_from_otlp_dicts([orjson.loads(line)]))
-    return n
-
-
-def _default_send(config: Any) -> Callable[[SpanBatch], Any]:
-    from plasmient_trace.export import otlp
-
-    return lambda batch: otlp.send_spans(batch, config)
-
-
-class SpillingExporter:
-    """Non-blocking span export with a bounded queue, retries, and a spill file (see module docstring)."""
-
-    def __init__(
-        self,
-        config: Any = None,
-        spill_path: str | os.PathLike[str] = "plasmient-spill.jsonl",
-        *,
-        send: Callable[[SpanBatch], Any] | None = None,
-        max_queue_spans: int = 1_000_000,
-        max_queue_bytes: int = 512 * 1024 * 1024,
-        max_attempts: int = 4,
-        initial_backoff_s: float = 0.2,
-        max_backoff_s: float = 5.0,
-        probe_interval_s: float = 5.0,
-        spill_max_bytes: int = DEFAULT_SPILL_MAX_BYTES,
-        max_spill_files: int | None = None,
-    ) -> None:
-        self.config = config
-        self.spill_path = Path(spill_path)
-        self._send = send or _default_send(config)
-        self.max_queue_spans, self.max_queue_bytes = max_queue_spans, max_queue_bytes
-        self.max_attempts = max(1, max_attempts)
-        self.initial_backoff_s, self.max_backoff_s = initial_backoff_s, max_backoff_s
-        self.probe_interval_s = probe_interval_s
-        self.stats = SpillStats()
-        self._writer = _SpillWriter(self.spill_path, spill_max_bytes, max_spill_files, self.stats)
-        self._queue: queue.Queue[SpanBatch | None] = queue.Queue()
-        self._lock = threading.Lock()
-        self._queued_spans = 0
-        self._queued_bytes = 0
-        self._down_since: float | None = None
-        self._last_probe = 0.0
-        self._closed = False
-        self._idle = threading.Event()
-        self._idle.set()
-        self._stop = threading.Event()  # wakes backoff sleeps on close
-        self._thread = threading.Thread(target=self._run, name="plasmient-export", daemon=True)
-        self._thread.start()
-
-    # ---- producer side
-    def submit(self, batch: SpanBatch) -> bool:
-        """Queue a batch for export; returns False when it went straight to the spill file. Never waits on the network."""
-        if self._closed:
-            raise RuntimeError("SpillingExporter is closed")
-        n, nbytes = len(batch), batch.table.nbytes
-        if n == 0:
-            return True
-        with self._lock:
-            self.stats.submitted_spans += n
-            fits = (self._queued_spans + n <= self.max_queue_spans and self._queued_bytes + nbytes <= self.max_queue_bytes) \
-                or self._queued_spans == 0
-            if fits:
-                self._queued_spans += n
-                self._queued_bytes += nbytes
-                self._idle.clear()
-        if not fits:
-            self._writer.write(batch)
-            return False
-        self._queue.put(batch)
-        return True
-
-    @property
-    def queued_spans(self) -> int:
-        return self._queued_spans
-
-    @property
-    def collector_down(self) -> bool:
-        return self._down_since is not None
-
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every queued batch was sent or spilled; False on timeout."""
-        return self._idle.wait(timeout)
-
-    def close(self, timeout: float | None = 30.0) -> SpillStats:
-        """Stop accepting batches, drain the queue (sending or spilling) and stop the thread."""
-        if not self._closed:
-            self._closed = True
-            self._queue.put(None)
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                # The sender is stuck past the timeout: spill what is still queued so nothing is lost.
-                self._stop.set()
-                self._thread.join(5.0)
-        return self.stats
-
-    def __enter__(self) -> SpillingExporter:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    # ---- sender thread
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                self._mark_idle()
-                return
-            try:
-                self._handle(item)
-            except Exception as err:  # noqa: BLE001 - the thread must survive anything
-                self.stats.last_error = f"{type(err).__name__}: {err}"
-                self._writer.write(item)
-            finally:
-                with self._lock:
-                    self._queued_spans -= len(item)
-                    self._queued_bytes -= item.table.nbytes
-                self._mark_idle()
-
-    def _mark_idle(self) -> None:
-        with self._lock:
-            if self._queued_spans == 0 and self._queue.empty():
-                self._idle.set()
-
-    def _handle(self, batch: SpanBatch) -> None:
-        if self._stop.is_set():
-            self._writer.write(batch)
-            return
-        if self._down_since is not None:
-            now = time.monotonic()
-            if now - self._last_probe < self.probe_interval_s:
-                self._writer.write(batch)
-                return
-            self._last_probe = now
-            attempts = 1  # a probe: one try, the collector has been failing
-        else:
-            attempts = self.max_attempts
-        if self._try_send(batch, attempts):
-            self.stats.sent_spans += len(batch)
-            self._down_since = None
-        else:
-            if self._down_since is None:
-                self._down_since = time.monotonic()
-                self._last_probe = self._down_since
-            self._writer.write(batch)
-
-    def _try_send(self, batch: SpanBatch, attempts: int) -> bool:
-        delay = self.initial_backoff_s
-        for attempt in range(attempts):
-            try:
-                self._send(batch)
-                return True
-            except Exception as err:  # noqa: BLE001 - any failure: retry, then spill
-                self.stats.send_failures += 1
-                self.stats.last_error = f"{type(err).__name__}: {err}"
-            if attempt + 1 < attempts:
-                if self._stop.wait(delay * (0.5 + random.random())):
-                    return False
-                delay = min(delay * 2, self.max_backoff_s)
-        return False
+    def pending(self) -> bool:
+        return any(self.segments(s) or (self.live(s).exists() and self.live(s).stat().st_size) for s in SIGNALS)
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,89 +143,157 @@ class SpillingExporter:
 # --------------------------------------------------------------------------------------------
 
 
-def _rewrite(path: Path, lines: list[bytes]) -> None:
-    if not lines:
-        path.unlink(missing_ok=True)
-        return
-    tmp = path.with_name(path.name + ".replay-tmp")
-    with open(tmp, "wb") as f:
-        for line in lines:
-            f.write(line)
+def _done_path(segment: Path) -> Path:
+    return segment.with_name(segment.name + ".done")
+
+
+def _read_done(segment: Path) -> int:
+    try:
+        return int(_done_path(segment).read_text().strip() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def _write_done(segment: Path, offset: int) -> None:
+    tmp = segment.with_name(segment.name + ".done.tmp")
+    with open(tmp, "w") as f:
+        f.write(str(offset))
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    os.replace(tmp, _done_path(segment))
 
 
-def replay(
-    spill_path: str | os.PathLike[str],
-    config: Any = None,
-    send: Callable[[SpanBatch], Any] | None = None,
-) -> int:
-    """Resend every spilled span, oldest file first; returns the spans delivered.
+@dataclass
+class ReplayStats:
+    spans: int = 0
+    traces: int = 0
+    segments: int = 0
+    bad_lines: int = 0
 
-    Delivered lines are removed from their file as soon as the file is done or a send fails; on a
-    failure the exception propagates after the file was rewritten with what is still pending, so a
-    later replay resumes there. Blank or unparseable lines are kept out of the way in ``*.bad``.
+
+def replay(spill_dir: str | os.PathLike[str], senders: dict[str, Callable[[SpanBatch], Any]]) -> ReplayStats:
+    """Resend every spilled line, oldest segment first, each exactly once.
+
+    ``senders`` maps a signal (traces, metrics) to a function that delivers a batch or raises.
+    The open segments are sealed first (writers move on to a new one). After each delivered line
+    the segment's ``.done`` offset is replaced atomically, with SIGINT/SIGTERM held back from the
+    send to that commit (see :class:`_DeferSignals`), so an interrupted replay resumes exactly after the last delivered line;
+    only SIGKILL between a send and its commit can repeat that one line. A finished segment is
+    deleted. Unparseable lines are moved to ``bad.jsonl`` and skipped.
     """
-    if send is None:
-        if config is None:
-            from plasmient_trace.export import otlp
+    spill = SpillDir(Path(spill_dir))
+    stats = ReplayStats()
+    with _DeferSignals() as deferred:
+        for signal_name in SIGNALS:
+            if signal_name not in senders:
+                continue
+            spill.seal(signal_name)
+            for segment in spill.segments(signal_name):
+                _replay_segment(spill, segment, senders[signal_name], stats, deferred)
+    return stats
 
-            config = otlp.OtlpConfig.from_env()
-        send = _default_send(config)
-    delivered = 0
-    for path in spill_files(spill_path):
-        with open(path, "rb") as f:
-            lines = [line if line.endswith(b"\n") else line + b"\n" for line in f if line.strip()]
-        pending = list(lines)
-        bad: list[bytes] = []
-        try:
-            while pending:
-                line = pending[0]
-                try:
-                    batch = batch_from_otlp_dicts([orjson.loads(line)])
-                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                    bad.append(pending.pop(0))
-                    continue
-                send(batch)
-                pending.pop(0)
-                delivered += len(batch)
-        finally:
-            _rewrite(path, pending)
-            if bad:
-                with open(path.with_name(path.name + ".bad"), "ab") as f:
-                    f.writelines(bad)
-    return delivered
+
+class _DeferSignals:
+    """SIGINT/SIGTERM arriving during a send wait until its progress is committed; then the replay
+    stops and the signal takes its usual effect. Only the main thread can install handlers; elsewhere
+    this does nothing."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._saved: dict[int, Any] = {}
+
+    def __enter__(self) -> _DeferSignals:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._saved[sig] = signal.signal(sig, self._hold)
+        return self
+
+    def _hold(self, signum: int, _frame: Any) -> None:
+        self.received = signum
+
+    def check(self) -> None:
+        """Called between lines: act on a held signal now that nothing is in flight."""
+        if self.received is not None:
+            self._restore()
+            os.kill(os.getpid(), self.received)  # the saved handler (or the default action) runs now
+            time.sleep(0.1)
+            raise KeyboardInterrupt
+
+    def _restore(self) -> None:
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+        self._saved = {}
+
+    def __exit__(self, *exc: Any) -> None:
+        self._restore()
+
+
+def _replay_segment(spill: SpillDir, segment: Path, send: Callable[[SpanBatch], Any], stats: ReplayStats,
+                    deferred: _DeferSignals) -> None:
+    offset = _read_done(segment)
+    with open(segment, "rb") as f:
+        f.seek(offset)
+        for line in f:
+            end = offset + len(line)
+            if not line.endswith(b"\n"):
+                break  # a torn tail (a writer killed mid-line) is never sent
+            try:
+                batch = batch_from_otlp_dicts([orjson.loads(line)])
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                with open(spill.path / "bad.jsonl", "ab") as bad:
+                    bad.write(line)
+                stats.bad_lines += 1
+                _write_done(segment, end)
+                offset = end
+                continue
+            send(batch)
+            _write_done(segment, end)
+            offset = end
+            stats.spans += len(batch)
+            stats.traces += 1
+            deferred.check()
+    stats.segments += 1
+    segment.unlink()
+    _done_path(segment).unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------------------------
-# CLI: plasmient replay SPILL
+# CLI: plasmient replay [DIR]
 # --------------------------------------------------------------------------------------------
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from plasmient_trace.export import otlp
+    from plasmient_trace.export import metrics, otlp
 
-    files = spill_files(args.spill)
-    if not files:
-        print(f"plasmient: error: no spill file at {args.spill}", file=sys.stderr)
+    spill = SpillDir(Path(args.spill))
+    if not spill.pending():
+        print(f"plasmient: error: {args.spill}: no spilled spans there (a spill directory holds traces*.jsonl)", file=sys.stderr)
         return 2
-    config = otlp.OtlpConfig.from_env(endpoint=args.endpoint, protocol=args.protocol)
     try:
-        n = replay(args.spill, config)
-    except Exception as err:  # noqa: BLE001 - one line for the user, the spill file keeps the rest
-        left = spill_files(args.spill)
-        print(f"plasmient: error: replay to {getattr(config, 'endpoint', None)} failed ({err}); "
-              f"{len(left)} spill file(s) keep what was not delivered", file=sys.stderr)
-        return 1
-    print(f"plasmient: replayed {n} spans from {len(files)} file(s) to {getattr(config, 'endpoint', None)}", file=sys.stderr)
+        config = otlp.OtlpConfig.from_env(endpoint=args.endpoint, protocol=args.protocol)
+    except ValueError as err:
+        print(f"plasmient: error: {otlp.redact(str(err))}", file=sys.stderr)
+        return 2
+    with otlp.OtlpClient(config) as traces, otlp.OtlpClient(config.for_signal("metrics")) as metrics_client:
+        senders = {"traces": lambda b: otlp.export_spans(traces, b),
+                   "metrics": lambda b: metrics.export_metrics(metrics_client, b)}
+        try:
+            stats = replay(spill.path, senders)
+        except otlp.ExportError as err:
+            print(f"plasmient: error: replay stopped: {err}; run it again to resume (nothing is sent twice)", file=sys.stderr)
+            return 1
+    print(f"plasmient: replayed {stats.traces} trace line(s), {stats.spans} spans from {stats.segments} segment(s) "
+          f"to {otlp.redact_url(config.endpoint)}", file=sys.stderr)
     return 0
 
 
 def register(subparsers: Any) -> None:
-    """Add ``plasmient replay SPILL [--endpoint URL] [--protocol P]`` to the CLI."""
-    p = subparsers.add_parser("replay", help="resend spans a collector outage left in a spill file, then remove them")
-    p.add_argument("spill", metavar="SPILL", help="spill file (its rotations SPILL.1, SPILL.2, ... are replayed too)")
+    """Add ``plasmient replay [DIR] [--endpoint URL] [--protocol P]`` to the CLI."""
+    p = subparsers.add_parser("replay", help="resend what a collector outage left in a spill directory, exactly once")
+    p.add_argument("spill", metavar="DIR", nargs="?", default=os.environ.get("PLASMIENT_SPILL_DIR") or "plasmient-spill",
+                   help="spill directory (default $PLASMIENT_SPILL_DIR, else ./plasmient-spill)")
     p.add_argument("--endpoint", help="OTLP endpoint (default $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / $OTEL_EXPORTER_OTLP_ENDPOINT)")
     p.add_argument("--protocol", choices=("grpc", "http/protobuf", "http/json"), help="OTLP protocol (default $OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
     p.set_defaults(func=_cmd_replay)

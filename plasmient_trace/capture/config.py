@@ -1,0 +1,193 @@
+"""Live capture's configuration and where its spans go: CaptureConfig (the PLASMIENT_* and OTEL_*
+variables), the once-only stderr lines of the capture, and the Delivery a live run exports through
+(the same :class:`..export.delivery.Delivery` as ``plasmient ingest``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from ..conventions import SpanBatch
+
+Exporter = Callable[[SpanBatch], None]
+
+_PREFIX = "plasmient-trace:"
+_said: set[str] = set()
+_said_lock = threading.Lock()
+
+
+def say_once(key: str, message: str) -> None:
+    """One line on stderr per distinct ``key`` for the life of the process."""
+    with _said_lock:
+        if key in _said:
+            return
+        _said.add(key)
+    try:
+        print(f"{_PREFIX} {message}", file=sys.stderr, flush=True)
+    except Exception:
+        pass
+
+
+def notice(key: str, message: str) -> None:
+    """Like :func:`say_once`, for news that is not a failure (where traces go, a background build):
+    printed only with PLASMIENT_VERBOSE=1, so the job's stderr stays exactly its own."""
+    if os.environ.get("PLASMIENT_VERBOSE", "").strip().lower() in ("1", "true", "yes", "on"):
+        say_once(key, message)
+
+
+def _env_float(env: Mapping[str, str], name: str) -> float | None:
+    value = env.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        out = float(value)
+    except ValueError:
+        say_once(f"bad-{name}", f"ignoring {name}={value!r}: not a number")
+        return None
+    return out if out > 0 else None
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    value = env.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        out = int(value)
+        if out > 0:
+            return out
+    except ValueError:
+        pass
+    say_once(f"bad-{name}", f"ignoring {name}={value!r}: not a positive integer")
+    return default
+
+
+@dataclass
+class CaptureConfig:
+    """What the capture does; ``from_env`` reads the documented PLASMIENT_* and OTEL_* variables.
+
+    PLASMIENT_OUT           OTLP/JSON lines file (default traces.jsonl, traces.rank<R>.jsonl with ranks)
+    PLASMIENT_EVERY         full depth every N-th step (default 10; 1 = every step)
+    PLASMIENT_MFU_THRESHOLD capture the next step at full depth when a step's estimated MFU is below
+    PLASMIENT_JOB_ID        job id the trace ids derive from (else SLURM_JOB_ID, TORCHELASTIC_RUN_ID)
+    PLASMIENT_PEAK_TFLOPS   override the device peak (TFLOP/s); skips the CPU calibration
+    PLASMIENT_GPU_PRICE     USD per device-hour
+    PLASMIENT_CUPTI=0 / PLASMIENT_NVML=0   disable those sources
+    PLASMIENT_CUPTI=kineto  kernels through torch.profiler (Kineto) instead of cupti-python, which is
+                            also the fallback when cupti-python is missing or CUPTI is taken
+    PLASMIENT_OP_HOOK       how full-depth steps see ops: auto (default: the native RecordFunction
+                            observer, built once in the background, the dispatch hook until it is
+                            ready), native (build it now, before the first step), dispatch (the
+                            Python TorchDispatchMode only)
+    PLASMIENT_EXPORT_INTERVAL_S  how long finished steps are batched before one stitch+export (2 s)
+    PLASMIENT_FLUSH_TIMEOUT_S    the most the job waits at exit (or SIGTERM) for queued steps (5 s)
+    PLASMIENT_SPILL_DIR     where spans wait while the collector is down (default plasmient-spill/
+                            beside PLASMIENT_OUT, else in the working directory); PLASMIENT_SPILL_MAX_MB
+                            bounds it (1024)
+    PLASMIENT_VERBOSE=1     also say where traces go and what runs in the background (failures are
+                            always said, once)
+    OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_EXPORTER (otlp | console | none),
+    OTEL_METRICS_EXPORTER=none (no step metrics over OTLP),
+    OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT / PROTOCOL / HEADERS / TIMEOUT: as in every OTel SDK.
+    """
+
+    out: str | None = None
+    every: int = 10
+    mfu_threshold: float | None = None
+    job_id: str | None = None
+    peak_tflops: float | None = None
+    gpu_price: float | None = None
+    service_name: str | None = None
+    traces_exporter: str = ""
+    cupti: bool = True
+    kineto: bool = False   # force the Kineto fallback (PLASMIENT_CUPTI=kineto)
+    nvml: bool = True
+    op_hook: str = "auto"  # auto | native | dispatch (PLASMIENT_OP_HOOK)
+    queue_steps: int = 64
+    flush_timeout_s: float = 5.0
+    export_interval_s: float = 2.0
+    max_batch_steps: int = 64
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "CaptureConfig":
+        env = dict(os.environ if environ is None else environ)
+        job = env.get("PLASMIENT_JOB_ID") or env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or None
+        cfg = cls(
+            out=env.get("PLASMIENT_OUT") or None,
+            every=_env_int(env, "PLASMIENT_EVERY", 10),
+            mfu_threshold=_env_float(env, "PLASMIENT_MFU_THRESHOLD"),
+            job_id=job,
+            peak_tflops=_env_float(env, "PLASMIENT_PEAK_TFLOPS"),
+            gpu_price=_env_float(env, "PLASMIENT_GPU_PRICE"),
+            service_name=env.get("OTEL_SERVICE_NAME") or None,
+            traces_exporter=env.get("OTEL_TRACES_EXPORTER", "").strip().lower(),
+            cupti=env.get("PLASMIENT_CUPTI", "1") not in ("0", "false", "no"),
+            kineto=env.get("PLASMIENT_CUPTI", "").strip().lower() == "kineto",
+            nvml=env.get("PLASMIENT_NVML", "1") not in ("0", "false", "no"),
+            op_hook=(env.get("PLASMIENT_OP_HOOK") or "auto").strip().lower(),
+            flush_timeout_s=_env_float(env, "PLASMIENT_FLUSH_TIMEOUT_S") or 5.0,
+            export_interval_s=_env_float(env, "PLASMIENT_EXPORT_INTERVAL_S") or 2.0,
+            environ=env,
+        )
+        for k, v in overrides.items():
+            if v is not None:
+                setattr(cfg, k, v)
+        return cfg
+
+
+# ---------------------------------------------------------------------------------------------
+# Delivery
+
+
+def default_out_path(resource: Mapping[str, Any]) -> str:
+    world = resource.get("plasmient.world_size")
+    rank = resource.get("plasmient.rank")
+    if isinstance(world, int) and world > 1 and isinstance(rank, int):
+        return f"traces.rank{rank}.jsonl"
+    return "traces.jsonl"
+
+
+def build_delivery(config: CaptureConfig, resource: Mapping[str, Any], extra: list[tuple[str, Exporter]] | None = None) -> Any:
+    """The live run's :class:`..export.delivery.Delivery`, chosen as every OTel SDK does:
+    OTEL_TRACES_EXPORTER, else OTLP when an endpoint is configured, else the embedded default (an
+    OTLP/JSON lines file). PLASMIENT_OUT always adds the file; OTLP brings the step metrics too
+    (unless OTEL_METRICS_EXPORTER=none). ``extra`` (name, fn) pairs are further local sinks; given
+    alone they replace the configured ones."""
+    from ..export import delivery, spill
+
+    kinds = [k.strip() for k in config.traces_exporter.split(",") if k.strip()]
+    local: list[Any] = [delivery.CallableSink(name, fn) for name, fn in extra or []]
+    remote: list[Any] = []
+    if extra is None:
+        if "none" in kinds:
+            kinds = []
+        elif not kinds:
+            kinds = ["otlp?"]  # OTLP only when an endpoint is configured
+        if "otlp" in kinds or "otlp?" in kinds:
+            try:
+                from ..export import otlp
+
+                otlp_cfg = otlp.OtlpConfig.from_env(config.environ)
+            except Exception as err:
+                from ..export.otlp import redact
+
+                say_once("otlp-config", f"OTLP export disabled: {redact(str(err))}")
+                otlp_cfg = None
+            if otlp_cfg is not None and (otlp_cfg.explicit or "otlp" in kinds):
+                remote.append(delivery.OtlpSink(otlp_cfg, "traces"))
+                if config.environ.get("OTEL_METRICS_EXPORTER", "").strip().lower() != "none":
+                    remote.append(delivery.OtlpSink(otlp_cfg, "metrics"))
+        if "console" in kinds:
+            local.append(delivery.ConsoleSink())
+        path = config.out
+        if path is None and not remote and not local and config.traces_exporter.strip().lower() != "none":
+            path = default_out_path(resource)
+        if path is not None:
+            # The local file goes first and never waits for the network.
+            local.insert(0, delivery.FileSink(os.path.abspath(path), append=True))
+    spill_dir = spill.SpillDir(spill.default_spill_dir(config.out, config.environ),
+                               max_bytes=int((_env_float(config.environ, "PLASMIENT_SPILL_MAX_MB") or 1024) * (1 << 20)))
+    return delivery.Delivery(local, remote, spill_dir if remote else None, say=say_once, strict_local=False)

@@ -1,0 +1,386 @@
+"""The one delivery path of ``plasmient ingest`` and live capture: local sinks at once, network sinks
+behind one bounded batch processor that retries, spills to disk and never blocks its caller.
+
+``Delivery.submit(batch)`` first writes the local sinks (the OTLP/JSON lines file, stderr, Parquet) in
+the calling thread, so the file never waits for the network, then queues the batch for the network
+sinks (OTLP traces, OTLP step metrics with trace exemplars). One background thread exports each
+queued batch to each network sink through that sink's persistent client, whose retry loop
+(:meth:`.otlp.OtlpClient.export`) is the only one: backoff with jitter, sane Retry-After, a deadline
+per request, all cut short by ``shutdown``. A batch a sink cannot take is appended to the spill
+directory (:mod:`.spill`) and the outage is reported once; while the sink stays down, batches go
+straight to the spill, with one probe export every ``probe_interval_s``. A batch that does not fit
+the bounded queue is spilled by the submitter (a local append).
+
+The contract is the OpenTelemetry SDK's BatchSpanProcessor: ``force_flush(timeout)`` waits for what
+is queued, ``shutdown(timeout)`` flushes within the timeout and then interrupts the exporter and
+spills the rest, and a forked child starts with an empty queue and fresh clients (gRPC channels
+must not cross a fork).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from plasmient_trace.conventions import SpanBatch
+from plasmient_trace.export.spill import SpillDir, SpillFull, append_lines
+
+__all__ = ["Delivery", "DeliveryStats", "FileSink", "ConsoleSink", "ParquetSink", "OtlpSink", "CallableSink", "OutputError",
+           "check_output_path"]
+
+Say = Callable[[str, str], None]  # (key, message): the caller prints each key once
+
+
+class OutputError(OSError):
+    """A local output cannot be written: one line naming the path and the problem."""
+
+
+class LocalSink(Protocol):
+    name: str
+
+    def write(self, batch: SpanBatch) -> None: ...
+
+
+class RemoteSink(Protocol):
+    name: str
+    signal: str
+
+    def export(self, batch: SpanBatch, stop: threading.Event) -> Any: ...
+    def reset(self) -> None: ...
+    def close(self) -> None: ...
+
+
+def check_output_path(path: str | os.PathLike[str]) -> None:
+    """Raise OutputError when ``path`` cannot be an output file (a directory, an unwritable folder)."""
+    p = Path(path)
+    if p.is_dir():
+        raise OutputError(f"{p}: is a directory, not a file")
+    parent = p.parent if str(p.parent) else Path(".")
+    if parent.exists() and not parent.is_dir():
+        raise OutputError(f"{p}: {parent} is not a directory")
+    if parent.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"{p}: cannot write in {parent} (permission denied)")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise OutputError(f"{p}: permission denied")
+
+
+def _os_problem(err: OSError) -> str:
+    return err.strerror or str(err)
+
+
+class FileSink:
+    """OTLP/JSON lines file. ``append=True`` (live): each line is one ``write`` to an O_APPEND
+    descriptor, so processes sharing the file never interleave. ``append=False`` (ingest): the file
+    is written beside its final name and renamed into place, so a failure leaves no partial file."""
+
+    def __init__(self, path: str | os.PathLike[str], append: bool) -> None:
+        self.path = Path(path)
+        self.append = append
+        self.name = str(self.path)
+        self.lines = 0
+
+    def write(self, batch: SpanBatch) -> None:
+        from plasmient_trace.export.otlp_json import encode_jsonl_lines, write_jsonl
+
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.append:
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    lines = list(encode_jsonl_lines(batch))
+                    append_lines(fd, lines)
+                finally:
+                    os.close(fd)
+                self.lines += len(lines)
+                return
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+            try:
+                with os.fdopen(fd, "wb", buffering=1 << 20) as f:
+                    self.lines += write_jsonl(batch, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError as err:
+            raise OutputError(f"{self.path}: {_os_problem(err)}") from None
+
+
+class ConsoleSink:
+    """OTLP/JSON lines on stderr (OTEL_TRACES_EXPORTER=console)."""
+
+    name = "stderr"
+
+    def write(self, batch: SpanBatch) -> None:
+        from plasmient_trace.export.otlp_json import encode_jsonl_lines
+
+        append_lines(sys.stderr.fileno(), encode_jsonl_lines(batch))
+
+
+class CallableSink:
+    """Any ``fn(batch)`` as a local sink (tests, embedding applications)."""
+
+    def __init__(self, name: str, fn: Callable[[SpanBatch], Any]) -> None:
+        self.name = name
+        self.write = fn
+
+
+class ParquetSink:
+    """Every record table and the spans as Parquet files in a directory (ingest)."""
+
+    def __init__(self, directory: str | os.PathLike[str], records: Any) -> None:
+        self.directory = directory
+        self.records = records
+        self.name = str(directory)
+        self.files: list[Any] = []
+
+    def write(self, batch: SpanBatch) -> None:
+        from plasmient_trace.export import parquet
+
+        try:
+            self.files = parquet.write_parquet(self.records, batch, self.directory)
+        except OSError as err:
+            raise OutputError(f"{self.directory}: {_os_problem(err)}") from None
+
+
+class OtlpSink:
+    """One OTLP signal (traces, or step metrics computed from the spans) over a persistent client."""
+
+    def __init__(self, config: Any, signal: str = "traces") -> None:
+        from plasmient_trace.export import otlp
+
+        self.signal = signal
+        self.config = config if signal == "traces" else config.for_signal(signal)
+        self.name = f"{otlp.redact_url(self.config.endpoint)} ({self.config.protocol})"
+        self._client: Any = None
+
+    def export(self, batch: SpanBatch, stop: threading.Event) -> Any:
+        from plasmient_trace.export import metrics, otlp
+
+        if self._client is None:
+            self._client = otlp.OtlpClient(self.config)
+        if self.signal == "traces":
+            return otlp.export_spans(self._client, batch, stop)
+        return metrics.export_metrics(self._client, batch, stop)
+
+    def reset(self) -> None:
+        self._client = None  # the parent's channel belongs to the parent: forget it, never close it
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+@dataclass
+class DeliveryStats:
+    submitted_spans: int = 0
+    sent: dict[str, int] = field(default_factory=dict)       # signal -> spans delivered
+    requests: dict[str, int] = field(default_factory=dict)   # signal -> requests sent
+    spilled: dict[str, int] = field(default_factory=dict)    # signal -> spans in the spill directory
+    dropped: dict[str, int] = field(default_factory=dict)    # signal -> spans lost (spill full or off)
+    errors: dict[str, str] = field(default_factory=dict)     # signal -> first export error
+    local_errors: int = 0                                    # failed local writes (live only)
+
+
+def _stderr_once() -> Say:
+    said: set[str] = set()
+
+    def say(key: str, message: str) -> None:
+        if key not in said:
+            said.add(key)
+            print(f"plasmient: {message}", file=sys.stderr, flush=True)
+
+    return say
+
+
+class Delivery:
+    """Local sinks written at submit, network sinks behind one bounded queue and thread (module docstring)."""
+
+    def __init__(self, local: list[Any] | None = None, remote: list[Any] | None = None, spill: SpillDir | None = None, *,
+                 max_queue_spans: int = 2_000_000, max_queue_bytes: int = 512 << 20, probe_interval_s: float = 5.0,
+                 say: Say | None = None, strict_local: bool = True) -> None:
+        self.local = list(local or [])
+        self.remote = list(remote or [])
+        self.spill = spill
+        self.max_queue_spans, self.max_queue_bytes = max_queue_spans, max_queue_bytes
+        self.probe_interval_s = probe_interval_s
+        self.say = say or _stderr_once()
+        # strict (ingest): a local sink's OutputError propagates. Not strict (live): it is reported
+        # once per sink and counted, and the other sinks still get the batch.
+        self.strict_local = strict_local
+        self.stats = DeliveryStats()
+        self._down: dict[str, float] = {}  # sink name -> when its last probe failed
+        self._init_state()
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: (d := ref()) is not None and d._after_fork())
+
+    def _init_state(self) -> None:
+        self._cond = threading.Condition()
+        self._queue: deque[SpanBatch] = deque()
+        self._queued_spans = 0
+        self._queued_bytes = 0
+        self._busy = False
+        self._closed = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _after_fork(self) -> None:
+        # A forked child (DataLoader worker, multiprocessing) inherits neither the thread nor usable
+        # channels; what the parent had queued is the parent's to deliver.
+        self._init_state()
+        for sink in self.remote:
+            sink.reset()
+
+    # ---- producer side -------------------------------------------------------------------------
+
+    def submit(self, batch: SpanBatch) -> None:
+        """Write the local sinks now (OutputError propagates: the caller decides how to report),
+        then queue the batch for the network sinks without waiting on them."""
+        if self._closed:
+            raise RuntimeError("Delivery is shut down")
+        if len(batch) == 0:
+            return
+        self.stats.submitted_spans += len(batch)
+        for sink in self.local:
+            if self.strict_local:
+                sink.write(batch)
+                continue
+            try:
+                sink.write(batch)
+            except Exception as err:  # noqa: BLE001 - live: no sink may break the job or the others
+                self.stats.local_errors += 1
+                self.say(f"local-{sink.name}", f"export to {sink.name} failed ({type(err).__name__}: {err}); "
+                                               "the job continues, later steps are still attempted")
+        if not self.remote:
+            return
+        nbytes = batch.table.nbytes
+        with self._cond:
+            fits = not self._queue or (self._queued_spans + len(batch) <= self.max_queue_spans
+                                       and self._queued_bytes + nbytes <= self.max_queue_bytes)
+            if fits:
+                self._queue.append(batch)
+                self._queued_spans += len(batch)
+                self._queued_bytes += nbytes
+                self._ensure_thread()
+                self._cond.notify_all()
+        if not fits:
+            self.say("queue-full", "the export queue is full (the collector is slower than the job): "
+                                   f"later batches go to {self._spill_where()}")
+            for sink in self.remote:
+                self._spill(sink, batch, "export queue full")
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="plasmient-delivery", daemon=True)
+            self._thread.start()
+
+    # ---- the processor thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                batch = self._queue.popleft()
+                self._busy = True
+            try:
+                for sink in self.remote:
+                    self._export(sink, batch)
+            finally:
+                with self._cond:
+                    self._queued_spans -= len(batch)
+                    self._queued_bytes -= batch.table.nbytes
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _export(self, sink: Any, batch: SpanBatch) -> None:
+        from plasmient_trace.export.otlp import ExportError
+
+        if self._stop.is_set():
+            self._spill(sink, batch, "shut down before it was sent")
+            return
+        down = self._down.get(sink.name)
+        if down is not None and time.monotonic() - down < self.probe_interval_s:
+            self._spill(sink, batch, "collector down")
+            return
+        try:
+            result = sink.export(batch, self._stop)
+        except (ExportError, OSError, ValueError) as err:
+            self._down[sink.name] = time.monotonic()
+            self.stats.errors.setdefault(sink.signal, str(err))
+            hint = f" (resend them with `plasmient replay {self.spill.path}`)" if self.spill is not None else ""
+            # One line for the whole outage, whichever signal notices it first.
+            self.say("down", f"{err}; traces and metrics go to {self._spill_where()} until it answers{hint}")
+            self._spill(sink, batch, str(err))
+            return
+        if down is not None:
+            del self._down[sink.name]
+            self.say("up", f"{sink.name} answers again; what is spilled stays for `plasmient replay`")
+        self.stats.sent[sink.signal] = self.stats.sent.get(sink.signal, 0) + len(batch)
+        self.stats.requests[sink.signal] = self.stats.requests.get(sink.signal, 0) + int(getattr(result, "requests", 0) or 0)
+
+    def _spill_where(self) -> str:
+        return f"the spill directory {self.spill.path}" if self.spill is not None else "nowhere (spilling is off): they are dropped"
+
+    def _spill(self, sink: Any, batch: SpanBatch, why: str) -> None:
+        from plasmient_trace.export.otlp_json import encode_jsonl_lines
+
+        signal = sink.signal
+        if self.spill is not None:
+            try:
+                self.spill.append(signal, list(encode_jsonl_lines(batch)))
+                self.stats.spilled[signal] = self.stats.spilled.get(signal, 0) + len(batch)
+                return
+            except SpillFull as err:
+                self.say("spill-full", f"{err}: further {signal} are dropped")
+            except OSError as err:
+                self.say("spill-error", f"cannot spill to {self.spill.path} ({_os_problem(err)}): {signal} are dropped")
+        self.stats.dropped[signal] = self.stats.dropped.get(signal, 0) + len(batch)
+
+    # ---- flush and shutdown --------------------------------------------------------------------
+
+    def force_flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued batch was exported or spilled; False when ``timeout`` passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._busy:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def shutdown(self, timeout: float | None = None) -> DeliveryStats:
+        """Flush for at most ``timeout`` seconds (None: until done), then interrupt the exporter and
+        spill what is still queued; idempotent. Returns the stats."""
+        if self._closed:
+            return self.stats
+        flushed = self.force_flush(timeout)
+        with self._cond:
+            self._closed = True
+            if not flushed:
+                self._stop.set()  # ends a backoff wait or an in-flight request at once
+            left = list(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(2.0)
+        for batch in left:
+            for sink in self.remote:
+                self._spill(sink, batch, "shut down before it was sent")
+        for sink in self.remote:
+            sink.close()
+        return self.stats

@@ -1,0 +1,282 @@
+"""Live capture never breaks the job and never loses a trace: real jobs run plain and under `plasmient
+run`, their exit status, stdout and stderr compared byte for byte, every step looked up in the file;
+collectors that are dead, slow or flapping are real receivers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from otlp_receiver import OtlpReceiver
+from test_export import free_port
+
+from plasmient_trace.export.otlp_json import read_jsonl
+
+REPO = Path(__file__).resolve().parents[1]
+TIMEOUT = 600  # generous: two cores shared by several test runs
+
+STEPS_JOB = '''
+import sys, time, torch
+torch.manual_seed(0)
+steps, pause = int(sys.argv[1]), float(sys.argv[2])
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+for i in range(steps):
+    loss = model(torch.randn(16, 32)).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    print(f"step {i} loss {loss.item():.6f}", flush=True)
+    time.sleep(pause)
+'''
+
+COMPILE_JOB = '''
+import torch
+torch.manual_seed(0)
+class Attn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q = torch.nn.Linear(16, 16)
+    def forward(self, x):
+        return torch.softmax(self.q(x) @ x.transpose(-1, -2), -1) @ x
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(16)
+        self.attn = Attn()
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16))
+    def forward(self, x):
+        x = x + self.attn(self.ln(x))
+        return x + self.mlp(x)
+class LM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte = torch.nn.Embedding(50, 16)
+        self.h = torch.nn.ModuleList(Block() for _ in range(2))
+        self.head = torch.nn.Linear(16, 50)
+    def forward(self, idx):
+        x = self.wte(idx)
+        for b in self.h:
+            x = b(x)
+        return self.head(x)
+model = LM()
+compiled = torch.compile(model)  # inductor on CPU
+opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+for i in range(4):
+    idx = torch.randint(0, 50, (2, 8))
+    loss = torch.nn.functional.cross_entropy(compiled(idx).flatten(0, 1), idx.flatten())
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    print(f"step {i} loss {loss.item():.6f}")
+'''
+
+HOSTILE_JOB = '''
+import threading, torch
+from torch.utils.checkpoint import checkpoint
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU())
+        self.b = torch.nn.Linear(64, 4)
+    def forward(self, x):
+        return self.b(checkpoint(self.a, x, use_reentrant=False))  # activation checkpointing
+def batches(loader):  # a generator between the loader and the loop
+    for x, y in loader:
+        yield x, y
+if __name__ == "__main__":
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = TensorDataset(torch.randn(96, 16), torch.randint(0, 4, (96,)))
+    loader = DataLoader(data, batch_size=16, num_workers=2, shuffle=False)  # worker processes
+    probe = torch.nn.Linear(16, 4)
+    side = []
+    def background():  # a thread running its own forwards while the loop trains
+        with torch.no_grad():
+            for _ in range(20):
+                side.append(float(probe(torch.ones(2, 16)).sum()))
+    t = threading.Thread(target=background)
+    t.start()
+    for i, (x, y) in enumerate(batches(loader)):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        print(f"step {i} loss {loss.item():.6f}")
+    t.join()
+    print(f"side {len(side)} {side[-1]:.4f}")
+'''
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PLASMIENT_"))}
+    env.update(PYTHONPATH=str(REPO), PLASMIENT_JOB_ID="never-breaks", **extra)
+    return env
+
+
+def _script(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _plain(tmp_path: Path, script: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=_env(tmp_path),
+                          capture_output=True, timeout=TIMEOUT)
+
+
+def _traced(tmp_path: Path, script: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "plasmient_trace.cli", "run", "--out", str(tmp_path / "t.jsonl"), "--",
+           sys.executable, str(script), *args]
+    return subprocess.run(cmd, cwd=tmp_path, env=_env(tmp_path, **env), capture_output=True, timeout=TIMEOUT)
+
+
+def _steps(path: Path) -> list[int]:
+    """Step numbers of the step spans in an OTLP/JSON lines file (or every file of a spill segment set)."""
+    files = [path] if path.is_file() else sorted(path.glob("traces*.jsonl"))
+    steps: list[int] = []
+    for f in files:
+        t = read_jsonl(f).table
+        level = t.column("plasmient.level").to_pylist()
+        steps += [s for s, lv in zip(t.column("plasmient.step").to_pylist(), level) if lv == "step"]
+    return sorted(steps)
+
+
+def _span_ids(path: Path) -> Counter:
+    files = [path] if path.is_file() else sorted(path.glob("traces*.jsonl"))
+    out: Counter = Counter()
+    for f in files:
+        t = read_jsonl(f).table
+        out.update(zip(t.column("trace_id").to_pylist(), t.column("span_id").to_pylist()))
+    return out
+
+
+def _received_ids(rx: OtlpReceiver) -> Counter:
+    return Counter((s.trace_id, int.from_bytes(s.span_id, "big"))
+                   for req in rx.traces for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans)
+
+
+def _same_run(plain: subprocess.CompletedProcess, traced: subprocess.CompletedProcess) -> None:
+    assert traced.returncode == plain.returncode, traced.stderr.decode()[-3000:]
+    assert traced.stdout == plain.stdout
+    assert traced.stderr == plain.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# The job is untouched
+
+
+def test_torch_compile_job_runs_unchanged_and_every_step_is_traced(tmp_path: Path) -> None:
+    script = _script(tmp_path, "compiled.py", COMPILE_JOB)
+    plain = _plain(tmp_path, script)
+    assert plain.returncode == 0, plain.stderr.decode()[-2000:]
+    traced = _traced(tmp_path, script, PLASMIENT_EVERY="2")
+    _same_run(plain, traced)  # no AssertionError from dynamo, no UserWarning about our hooks
+    assert _steps(tmp_path / "t.jsonl") == [0, 1, 2, 3]
+    t = read_jsonl(tmp_path / "t.jsonl").table.to_pylist()
+    full_ops = [r for r in t if r["plasmient.level"] == "op" and r["plasmient.step"] == 0]
+    assert full_ops  # the compiled region still shows its ops
+
+
+def test_checkpointing_dataloader_workers_threads_and_generators_leave_the_job_unchanged(tmp_path: Path) -> None:
+    script = _script(tmp_path, "hostile.py", HOSTILE_JOB)
+    plain = _plain(tmp_path, script)
+    assert plain.returncode == 0, plain.stderr.decode()[-2000:]
+    traced = _traced(tmp_path, script, PLASMIENT_EVERY="2")
+    _same_run(plain, traced)
+    assert _steps(tmp_path / "t.jsonl") == list(range(6))  # 96 rows / 16 per batch
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_mid_run_flushes_every_finished_step_and_keeps_the_exit_status(tmp_path: Path, sig: int) -> None:
+    script = _script(tmp_path, "steps.py", STEPS_JOB)
+    cmd = [sys.executable, "-m", "plasmient_trace.cli", "run", "--out", str(tmp_path / "t.jsonl"), "--",
+           sys.executable, str(script), "100000", "0.02"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    printed = []
+    for line in proc.stdout:  # wait for the job to be well into its loop
+        printed.append(line)
+        if len(printed) == 30:
+            break
+    os.killpg(proc.pid, sig)  # as a terminal or a scheduler does: the whole process group
+    rest, err = proc.communicate(timeout=TIMEOUT)
+    finished = len(printed) + len(rest.splitlines())
+    # the child died of the signal and `plasmient run` reports it the way the plain job would
+    assert proc.returncode == -sig, err.decode()[-2000:]
+    steps = _steps(tmp_path / "t.jsonl")
+    assert steps[: finished] == list(range(finished))  # every step the job finished is in the file
+    assert b"Traceback" not in err or sig == signal.SIGINT  # SIGINT: the job's own KeyboardInterrupt
+
+
+# --------------------------------------------------------------------------------------------
+# The collector misbehaves; the file and the spill keep everything
+
+
+def test_a_dead_collector_spills_every_trace_reports_once_and_replay_delivers_them(tmp_path: Path) -> None:
+    script = _script(tmp_path, "steps.py", STEPS_JOB)
+    plain = _plain(tmp_path, script, "30", "0")
+    traced = _traced(tmp_path, script, "30", "0", OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{free_port()}",
+                     OTEL_EXPORTER_OTLP_TIMEOUT="500", PLASMIENT_SPILL_DIR=str(tmp_path / "spill"))
+    assert traced.returncode == plain.returncode == 0 and traced.stdout == plain.stdout
+    ours = traced.stderr.decode().splitlines()
+    assert len(ours) == 1 and "plasmient replay" in ours[0] and str(tmp_path / "spill") in ours[0]
+    assert _steps(tmp_path / "t.jsonl") == list(range(30))
+    assert _span_ids(tmp_path / "spill") == _span_ids(tmp_path / "t.jsonl")
+    with OtlpReceiver() as rx:
+        replay = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "replay", str(tmp_path / "spill")],
+                                env=_env(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=rx.grpc_endpoint),
+                                capture_output=True, timeout=TIMEOUT)
+        assert replay.returncode == 0, replay.stderr
+        assert _received_ids(rx) == _span_ids(tmp_path / "t.jsonl")  # every span once
+        assert rx.metrics  # the live run's step metrics, with their exemplars
+
+
+def test_a_slow_collector_never_delays_the_file_and_every_span_is_delivered_or_spilled(tmp_path: Path) -> None:
+    script = _script(tmp_path, "steps.py", STEPS_JOB)
+    with OtlpReceiver() as rx:
+        rx.delay_s = 1.5  # every request waits, longer than the job's steps
+        traced = _traced(tmp_path, script, "30", "0.02", OTEL_EXPORTER_OTLP_ENDPOINT=rx.grpc_endpoint,
+                         OTEL_EXPORTER_OTLP_TIMEOUT="10000", PLASMIENT_SPILL_DIR=str(tmp_path / "spill"),
+                         PLASMIENT_EXPORT_INTERVAL_S="0.2")
+        received = _received_ids(rx)
+    assert traced.returncode == 0, traced.stderr.decode()
+    assert _steps(tmp_path / "t.jsonl") == list(range(30))
+    spilled = _span_ids(tmp_path / "spill") if (tmp_path / "spill").exists() else Counter()
+    assert set(received) | set(spilled) == set(_span_ids(tmp_path / "t.jsonl"))
+    # The request in flight when the job exits is cut off and spilled; a collector that still
+    # stores it has it twice (at least once, as OTLP is): never more than that one request.
+    assert max((received + spilled).values()) <= 2
+
+
+def test_a_flapping_collector_loses_nothing(tmp_path: Path) -> None:
+    script = _script(tmp_path, "steps.py", STEPS_JOB)
+    with OtlpReceiver() as rx:
+        env = dict(OTEL_EXPORTER_OTLP_ENDPOINT=rx.http_endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+                   OTEL_EXPORTER_OTLP_TIMEOUT="1000", PLASMIENT_SPILL_DIR=str(tmp_path / "spill"),
+                   PLASMIENT_EXPORT_INTERVAL_S="0.2")
+        box: dict[str, subprocess.CompletedProcess] = {}
+        job = threading.Thread(target=lambda: box.update(p=_traced(tmp_path, script, "80", "0.05", **env)))
+        job.start()
+        assert rx.wait_for(requests=1, timeout=TIMEOUT)  # the collector took some steps...
+        rx.stop()  # ...went away...
+        job.join(3.0)
+        rx.start()  # ...and came back on the same ports while the job still runs
+        job.join(TIMEOUT)
+        received = _received_ids(rx)
+    traced = box["p"]
+    assert traced.returncode == 0, traced.stderr.decode()
+    assert _steps(tmp_path / "t.jsonl") == list(range(80))
+    spilled = _span_ids(tmp_path / "spill") if (tmp_path / "spill").exists() else Counter()
+    assert set(received) | set(spilled) == set(_span_ids(tmp_path / "t.jsonl"))
+    # A request the collector stored but whose answer died with it is sent again (at least once):
+    # that repeats at most the one request in flight, never more.
+    assert max((received + spilled).values()) <= 2

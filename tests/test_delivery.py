@@ -1,0 +1,311 @@
+"""The one delivery path (plasmient_trace.export.delivery + the OTLP client's retry loop): the file is
+written before and regardless of the network, the queue is bounded, shutdown interrupts backoff and
+slow collectors, Retry-After cannot cause a storm or an endless wait, secrets never reach a message."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import trace_path
+from otlp_receiver import OtlpReceiver
+from test_export import free_port, small_batch
+
+from plasmient_trace.cli import main
+from plasmient_trace.conventions import SpanBatch
+from plasmient_trace.export import otlp
+from plasmient_trace.export.delivery import Delivery, FileSink, OtlpSink
+from plasmient_trace.export.otlp import ExportError, OtlpConfig, send_spans
+from plasmient_trace.export.otlp_json import read_jsonl
+from plasmient_trace.export.spill import SpillDir
+
+TRACE = "cpu_only/rank-34.json.gz"
+
+
+class Blocked:
+    """A network sink that hangs until released (a collector that never answers)."""
+
+    signal = "traces"
+    name = "blocked collector"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.got: list[int] = []
+
+    def export(self, batch: SpanBatch, stop: threading.Event) -> None:
+        self.entered.set()
+        while not self.release.wait(0.05):
+            if stop.is_set():
+                raise ExportError("stopped by shutdown")
+        self.got.append(len(batch))
+
+    def reset(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Trickle:
+    """An HTTP 'collector' that reads the request, then answers one byte every 0.1 s for minutes."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(5)
+            try:
+                conn.recv(1 << 20)
+                for byte in b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\n" * 100:
+                    if self.stop.wait(0.1):
+                        return
+                    conn.sendall(bytes([byte]))
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+
+
+def _file_spans(path: Path) -> int:
+    return len(read_jsonl(path)) if path.exists() else 0
+
+
+# --------------------------------------------------------------------------------------------
+# Delivery
+
+
+def test_the_file_is_written_at_submit_while_the_collector_hangs(tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    blocked = Blocked()
+    d = Delivery([FileSink(out, append=True)], [blocked], SpillDir(tmp_path / "spill"), say=lambda k, m: None)
+    batch = small_batch()
+    for _ in range(3):
+        d.submit(batch)
+        assert blocked.entered.wait(30)
+    assert _file_spans(out) == 3 * len(batch)  # all three, although the collector has taken none
+    stats = d.shutdown(0.2)  # interrupts the hung export: it and the queued ones go to the spill
+    assert stats.spilled["traces"] == 3 * len(batch) and not blocked.got
+
+
+def test_a_full_queue_spills_at_submit_and_nothing_is_lost(tmp_path: Path) -> None:
+    blocked = Blocked()
+    said: list[str] = []
+    batch = small_batch()
+    d = Delivery([], [blocked], SpillDir(tmp_path / "spill"), max_queue_spans=2 * len(batch), say=lambda k, m: said.append(k))
+    for _ in range(10):
+        d.submit(batch)
+    blocked.release.set()
+    stats = d.shutdown(None)
+    assert sum(blocked.got) + stats.spilled["traces"] == 10 * len(batch)
+    assert stats.spilled["traces"] >= 7 * len(batch) and set(said) == {"queue-full"}  # one key: said once
+
+
+def test_shutdown_interrupts_the_backoff_of_a_dead_collector(tmp_path: Path) -> None:
+    config = OtlpConfig.from_env({}, endpoint=f"http://127.0.0.1:{free_port()}", protocol="http/protobuf",
+                                 timeout_s=600, retry_initial_s=5, retry_max_s=5)
+    sink = OtlpSink(config)
+    d = Delivery([], [sink], SpillDir(tmp_path / "spill"), say=lambda k, m: None)
+    d.submit(small_batch())
+    deadline = time.monotonic() + 60
+    while (sink._client is None or sink._client.attempts == 0) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    start = time.monotonic()
+    stats = d.shutdown(0.1)
+    assert time.monotonic() - start < 60  # not the 600 s timeout: the backoff wait was cut short
+    assert stats.spilled["traces"] == len(small_batch())
+    assert "stopped by shutdown" in stats.errors["traces"]
+
+
+def test_a_dead_collector_is_reported_once_and_probed_not_hammered(tmp_path: Path) -> None:
+    said: list[tuple[str, str]] = []
+    config = OtlpConfig.from_env({}, endpoint=f"http://127.0.0.1:{free_port()}", protocol="grpc", timeout_s=0.3,
+                                 retry_initial_s=0.05)
+    d = Delivery([], [OtlpSink(config), OtlpSink(config, "metrics")], SpillDir(tmp_path / "spill"), probe_interval_s=3600,
+                 say=lambda k, m: said.append((k, m)))
+    for _ in range(5):
+        d.submit(small_batch())
+    stats = d.shutdown(None)
+    assert [k for k, _ in said] == ["down"] and "plasmient replay" in said[0][1]
+    assert stats.spilled == {"traces": 5 * len(small_batch()), "metrics": 5 * len(small_batch())}
+    assert SpillDir(tmp_path / "spill").live("metrics").exists()
+
+
+def test_a_forked_child_starts_with_an_empty_queue_and_its_own_thread(tmp_path: Path) -> None:
+    blocked = Blocked()
+    d = Delivery([], [blocked], SpillDir(tmp_path / "spill"), say=lambda k, m: None)
+    d.submit(small_batch())
+    assert blocked.entered.wait(30)  # the parent's thread is busy, holding nothing the child needs
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        ok = d.force_flush(5) and d.shutdown(5).spilled == {}
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    blocked.release.set()
+    d.shutdown(None)
+    assert os.waitstatus_to_exitcode(status) == 0 and blocked.got == [len(small_batch())]
+
+
+# --------------------------------------------------------------------------------------------
+# The retry loop
+
+
+def test_retry_after_zero_still_backs_off(tmp_path: Path) -> None:
+    with OtlpReceiver() as rx:
+        rx.fail_next(4, http_status=503, retry_after="0")
+        config = OtlpConfig.from_env({}, endpoint=rx.http_endpoint, protocol="http/protobuf", retry_initial_s=0.1,
+                                     retry_max_s=0.2, timeout_s=60)
+        start = time.monotonic()
+        stats = send_spans(small_batch(), config)
+        elapsed = time.monotonic() - start
+    assert stats.retries == 4
+    # the floor of the backoff (0.1, 0.2, 0.2, 0.2 s, -20% jitter) was waited, not four instant retries
+    assert elapsed >= 0.8 * (0.1 + 0.2 + 0.2 + 0.2)
+
+
+def test_an_absurd_retry_after_ends_the_export_instead_of_waiting() -> None:
+    with OtlpReceiver() as rx:
+        rx.fail_next(1, http_status=429, retry_after="999999")
+        config = OtlpConfig.from_env({}, endpoint=rx.http_endpoint, protocol="http/protobuf", timeout_s=120)
+        start = time.monotonic()
+        with pytest.raises(ExportError, match=r"asked to retry after 999999s, past the deadline.*\[1 attempt "):
+            send_spans(small_batch(), config)
+    assert time.monotonic() - start < 60  # far below both the hint and the timeout
+
+
+@pytest.mark.parametrize("after", [None, 0.0, 1.0, 1e9, float("inf")])
+def test_backoff_wait_is_never_below_the_backoff_and_never_negative(after: float | None) -> None:
+    wait = otlp.backoff_wait(after, 0.5, 5.0)
+    assert wait >= 0.4 and (after is None or wait >= after)
+
+
+def test_a_collector_trickling_its_answer_is_cut_off_at_the_deadline() -> None:
+    trickle = Trickle()
+    try:
+        config = OtlpConfig.from_env({"OTEL_EXPORTER_OTLP_TIMEOUT": "1000"}, endpoint=f"http://127.0.0.1:{trickle.port}",
+                                     protocol="http/protobuf")
+        start = time.monotonic()
+        with pytest.raises(ExportError, match="timed out"):
+            send_spans(small_batch(), config)
+        assert time.monotonic() - start < 60  # the answer would take minutes at one byte per 0.1 s
+    finally:
+        trickle.close()
+
+
+def test_ingest_to_a_trickling_collector_ends_spills_and_exits_1(tmp_path: Path, monkeypatch, capsys) -> None:
+    trickle = Trickle()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1000")
+    try:
+        code = main(["ingest", str(trace_path(TRACE)), "--quiet", "--out", "t.jsonl", "--protocol", "http/protobuf",
+                     "--endpoint", f"http://127.0.0.1:{trickle.port}"])
+    finally:
+        trickle.close()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "timed out" in err[0]
+    assert _file_spans(tmp_path / "t.jsonl") == _file_spans_of_spill(tmp_path / "plasmient-spill") > 0
+
+
+def _file_spans_of_spill(path: Path) -> int:
+    return sum(len(read_jsonl(p)) for p in path.glob("traces*.jsonl"))
+
+
+# --------------------------------------------------------------------------------------------
+# Secrets and output errors
+
+
+def test_secrets_never_reach_an_error_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "500")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer%20tok-hunter2,x-api=k3y-hunter2")
+    for protocol in ("grpc", "http/protobuf"):
+        code = main(["ingest", str(trace_path(TRACE)), "--quiet", "--protocol", protocol,
+                     "--endpoint", f"http://alice:pa55-hunter2@127.0.0.1:{free_port()}"])
+        err = capsys.readouterr().err
+        assert code == 1 and "127.0.0.1" in err and "***@" in err
+        assert "hunter2" not in err, err
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer%0Atok-hunter2")
+    code = main(["ingest", str(trace_path(TRACE)), "--quiet", "--endpoint", "http://127.0.0.1:1"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "authorization" in err and "hunter2" not in err
+
+
+def test_redact_covers_the_escaped_forms_messages_quote() -> None:
+    config = OtlpConfig(headers={"authorization": "Bearer tok-hunter2"})
+    for text in ("Bearer tok-hunter2", "b'Bearer tok-hunter2'", "Bearer%20tok-hunter2", "tok-hunter2"):
+        assert "hunter2" not in otlp.redact(f"error: {text}", config)
+    assert otlp.redact_url("https://u:p@host:4318/v1/traces") == "https://***@host:4318/v1/traces"
+    assert "hunter2" not in repr(config)
+
+
+def test_ingest_to_a_directory_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
+    code = main(["ingest", str(trace_path(TRACE)), "--quiet", "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "is a directory" in err[0] and str(tmp_path) in err[0]
+
+
+def test_a_full_disk_leaves_no_partial_file(tmp_path: Path, monkeypatch, capsys) -> None:
+    import plasmient_trace.export.otlp_json as otlp_json
+
+    def full(batch: SpanBatch, f, append: bool = False) -> int:
+        f.write(b'{"resourceSpans": [')
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(otlp_json, "write_jsonl", full)
+    code = main(["ingest", str(trace_path(TRACE)), "--quiet", "--out", str(tmp_path / "t.jsonl")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "No space left on device" in err[0] and "t.jsonl" in err[0]
+    assert list(tmp_path.iterdir()) == []  # neither the file nor its temporary
+
+
+def test_gpu_check_without_a_gpu_says_skipped_and_exits_0(tmp_path: Path) -> None:
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu-check.sh"
+    proc = subprocess.run(["bash", str(script)], env={"PATH": str(tmp_path) + ":/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("gpu-check: SKIPPED:") and len(proc.stdout.splitlines()) == 1
+    (tmp_path / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed: no devices were found' >&2\nexit 6\n")
+    (tmp_path / "nvidia-smi").chmod(0o755)
+    proc = subprocess.run(["bash", str(script)], env={"PATH": str(tmp_path) + ":/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "SKIPPED" in proc.stdout and "no devices were found" in proc.stdout
+
+
+def test_gpu_check_with_a_cpu_only_torch_says_skipped_and_exits_0() -> None:
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    torch_has_cuda = "SKIPPED" not in proc.stdout
+    if torch_has_cuda:
+        pytest.skip("this machine has CUDA: the check itself ran")
+    assert proc.returncode == 0 and proc.stdout.strip().count("\n") == 0 and "torch.cuda.is_available() is False" in proc.stdout
+
+
+def test_ingest_below_a_file_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
+    (tmp_path / "plain").write_text("not a folder")
+    code = main(["ingest", str(trace_path(TRACE)), "--quiet", "--out", str(tmp_path / "plain" / "t.jsonl")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "is not a directory" in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]
