@@ -28,7 +28,7 @@ def main() -> int:
     args = ap.parse_args()
     paths = [Path(p) for p in args.traces] or sorted(TRACES.glob("*/*.json.gz"))
     print(f"{'trace':48} {'idle ops':>9} {'sum step':>10} {'elapsed':>10} {'worst culprit/step':>18} "
-          f"{'max spans':>9} {'kernel spans':>12}")
+          f"{'max spans':>9} {'kernel spans':>12} {'coverage':>9}")
     for path in paths:
         result = ingest_paths([path], IngestOptions(job_id="m", max_spans=args.max_spans))
         rows = result.batch.table.to_pylist()
@@ -54,8 +54,23 @@ def main() -> int:
             kernel_spans += r["plasmient.level"] == "kernel"
         name = str(path.relative_to(TRACES)) if path.is_relative_to(TRACES) else path.name
         print(f"{name:48} {idle_ops:9.0%} {sum(window) * 1e3:8.1f}ms {elapsed * 1e3:8.1f}ms {worst:18.2f} "
-              f"{max(per_trace.values()):9d} {kernel_spans:12d}")
+              f"{max(per_trace.values()):9d} {kernel_spans:12d} {_coverage(rows, steps):9.1%}")
     return 0
+
+
+def _coverage(rows: list[dict], steps: list[dict]) -> float:
+    """Busy-time share with known FLOPs: the steps' plasmient.flops.coverage; for outputs from before that
+    attribute, the share of exported kernel time with FLOPs > 0 or a copy/collective (a known zero)."""
+    if steps and "plasmient.flops.coverage" in steps[0]:
+        busy = np.array([r["plasmient.busy_s"] or 0.0 for r in steps])
+        cov = np.array([np.nan if r["plasmient.flops.coverage"] is None else r["plasmient.flops.coverage"] for r in steps])
+        ok = ~np.isnan(cov)
+        return float((cov[ok] * busy[ok]).sum() / busy[ok].sum()) if busy[ok].sum() > 0 else float("nan")
+    kernels = [r for r in rows if r["plasmient.level"] == "kernel"]
+    dur = np.array([r["end_ns"] - r["start_ns"] for r in kernels], float)
+    known = np.array([(r["plasmient.flops"] or 0) > 0 or r.get("plasmient.kernel.kind") in ("memcpy", "memset", "collective")
+                      for r in kernels], bool)
+    return float(dur[known].sum() / dur.sum()) if dur.sum() > 0 else float("nan")
 
 
 if __name__ == "__main__":
