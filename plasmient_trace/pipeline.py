@@ -102,11 +102,12 @@ def _observed_cpu_rates(records: RecordSet, costs: Any) -> dict[str, float]:
             for d in np.unique(dtypes[ok])}
 
 
-def rank_input(records: RecordSet, options: IngestOptions) -> RankInput:
+def rank_input(records: RecordSet, options: IngestOptions, notes: list[str] | None = None) -> RankInput:
     costs = flops_model.model_ops(records.ops)
     if records.kernels.num_rows == 0 and options.cpu_spec is not None:
-        # A calibrated CPU peak that a recorded op beat by more than 5% is wrong: raise it (said once).
-        options.cpu_spec = hardware.raise_cpu_peak(options.cpu_spec, _observed_cpu_rates(records, costs))
+        # A calibrated CPU peak that a recorded op beat by more than 5% is wrong: raise it (said once, as a note).
+        options.cpu_spec = hardware.raise_cpu_peak(options.cpu_spec, _observed_cpu_rates(records, costs),
+                                                   say=(notes.append if notes is not None else lambda _: None))
     return RankInput(
         records=records, spec=resolve_device(records, options),
         op_flops=np.asarray(costs.flops, np.float64), op_bytes=np.asarray(costs.bytes, np.float64),
@@ -120,13 +121,15 @@ def stitch_records(record_sets: list[RecordSet], options: IngestOptions) -> Inge
         # Ranks on different hosts have different clocks: align them on their collectives first.
         alignment = estimate_alignment(record_sets)
         record_sets = apply_offsets(record_sets, alignment.offsets)
-    inputs = [rank_input(r, options) for r in record_sets]
+    notes: list[str] = []
+    inputs = [rank_input(r, options, notes) for r in record_sets]
     result = stitch(inputs, StitchOptions(
         job_id=options.job_id, max_spans=options.max_spans, baseline_mfu=options.baseline_mfu,
         ranks_per_node=options.ranks_per_node, host=options.host, service_name=options.service_name,
         full_depth_steps=options.full_depth_steps, extra_resource=dict(options.extra_resource),
     ))
     stats = dict(result.stats)
+    stats["notes"] = notes
     if alignment is not None:
         stats["clock_offsets_ns"] = alignment.offsets
         stats["clock_alignment"] = alignment.method
@@ -160,5 +163,5 @@ def ingest_paths(
     if progress:
         progress("stitching", len(paths), len(paths))
     result = stitch_records(record_sets, options)
-    result.stats["notes"] = notes
+    result.stats["notes"] = notes + result.stats["notes"]
     return result

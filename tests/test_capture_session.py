@@ -122,7 +122,11 @@ def test_metrics_on_every_span_and_mfu_on_every_full_depth_span(traced):
         assert r["plasmient.wall_s"] is not None and r["plasmient.device.type"] == "cpu"
         assert r["plasmient.cost.usd"] is None or r["plasmient.cost.usd"] >= 0
         if r["plasmient.step"] != 1 and r["plasmient.level"] != "kernel":
-            assert r["plasmient.mfu"] is not None and r["plasmient.util.resident"] is not None, r["name"]
+            if r["plasmient.device.window_s"] is None:
+                # ran no device work of its own (an alias inside addmm, a view): no device metrics at all
+                assert r["plasmient.level"] in ("op", "module") and r["plasmient.mfu"] is None and r["plasmient.flops"] is None
+            elif r["plasmient.flops.coverage"]:
+                assert r["plasmient.mfu"] is not None and r["plasmient.util.resident"] is not None, r["name"]
     shallow = next(r for r in rows if r["plasmient.step"] == 1 and r["plasmient.level"] == "step")
     # a step-level step ran without op hooks: its FLOPs are unknown, not zero
     assert shallow["plasmient.flops"] is None and shallow["plasmient.mfu"] is None and shallow["plasmient.busy_s"] is None
