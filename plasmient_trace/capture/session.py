@@ -296,20 +296,33 @@ class CaptureSession:
                 say_once("nvml", sampler.reason)
 
     def _init_cpu(self) -> None:
-        # Called at the first step end, on the training thread: torch's thread count is the job's by
-        # then (the capture starts at `import torch`, before the script sets it), and the result
-        # is cached per CPU model and thread count, so later runs read a file.
+        # Called at the first step end: torch's thread count is the job's by then (the capture starts at
+        # `import torch`, before the script sets it). The calibration itself runs in a child process (its
+        # own torch, threads and RNG), never on the training thread; a cached CPU resolves at once. The
+        # background worker waits for it before stitching (cpu_spec_for_stitch), not the training loop.
         self._cpu_pending = False
         try:
             import torch
 
             from ..metrics import hardware
 
-            # The calibration draws random matrices: the job's RNG stream must not notice.
-            with torch.random.fork_rng(devices=[]):
-                self.cpu_spec = hardware.cpu_spec()
+            self._cpu_future = hardware.start_cpu_calibration(torch.get_num_threads())
         except Exception as err:
             say_once("cpu-spec", f"CPU peak calibration failed ({err}): no MFU on CPU spans")
+
+    def cpu_spec_for_stitch(self) -> Any:
+        """The calibrated CPU spec, waiting (on the worker) at most PLASMIENT_CALIBRATION_WAIT_S for the
+        child process; None (no MFU, said once) when it failed or is still running."""
+        future = getattr(self, "_cpu_future", None)
+        if self.cpu_spec is None and future is not None:
+            try:
+                self.cpu_spec = future.result(timeout=float(self.config.environ.get("PLASMIENT_CALIBRATION_WAIT_S", "60")))
+            except Exception as err:
+                say_once("cpu-spec", f"CPU peak calibration did not finish ({type(err).__name__}: {err}): "
+                                     "no MFU on CPU spans until it does")
+                if future.done():
+                    self._cpu_future = None
+        return self.cpu_spec
 
     def _install_step_hooks(self, torch: Any) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -752,7 +765,7 @@ class CaptureSession:
         full = {c.step for c in items if c.full}
         options = IngestOptions(job_id=self.job_id, peak_tflops=self.config.peak_tflops, gpu_price=self.config.gpu_price,
                                 service_name=self.config.service_name, full_depth_steps=full,
-                                cpu_spec=self.cpu_spec)
+                                cpu_spec=self.cpu_spec_for_stitch())
         result = stitch_records([rs], options)
         batch = result.batch
         shallow = [c.step for c in items if not c.full]
