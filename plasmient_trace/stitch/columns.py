@@ -191,8 +191,8 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     if dropped is not None:
         cols["plasmient.cupti.dropped_records"] = masked(np.full(len(sel), dropped, np.int64), ~is_step)
 
-    lists: list[list[dict[str, Any]] | None] = [culprits[int(s)] if u else None for s, u in zip(srow.tolist(), upper.tolist())]
-    cols.update(culprit_columns(lists))
+    carriers = np.nonzero(upper)[0]
+    cols.update(culprit_columns(len(sel), {int(i): culprits[int(srow[i])] for i in carriers}))
     _per_record_columns(cols, sel, t, inp, j)
     return cv.SpanBatch(table=cv.span_table_from_columns(cols, len(sel)), resources=[resource_for_rank(inp, rank, node, options)])
 

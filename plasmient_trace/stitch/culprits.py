@@ -162,17 +162,18 @@ def merge_culprits(lists: list[tuple[int, list[dict[str, Any]]]], rows: int = CU
     return out
 
 
-def culprit_columns(lists: list[list[dict[str, Any]] | None]) -> dict[str, pa.Array]:
-    """plasmient.culprits (JSON rows) and the plasmient.culprit.* attributes of the first row."""
-    cols: dict[str, list[Any]] = {k: [] for k in ("kernel", "op", "module", "rank", "wasted_s", "bound", "suggestion")}
-    js: list[str | None] = []
-    for items in lists:
-        first = items[0] if items else None
-        js.append(json.dumps(items, separators=(",", ":")) if items else None)
-        for k in cols:
-            cols[k].append(first.get(k) if first else None)
-    out = {f"plasmient.culprit.{k}": pa.array(v, cv.ATTRIBUTE_BY_NAME[f"plasmient.culprit.{k}"].type) for k, v in cols.items()}
-    out["plasmient.culprits"] = pa.array(js, pa.string())
+def culprit_columns(n: int, lists: dict[int, list[dict[str, Any]]]) -> dict[str, pa.Array]:
+    """plasmient.culprits (JSON rows) and the plasmient.culprit.* attributes of the first row, for the
+    n spans of a table of which `lists` (row -> culprit rows) names the few that carry them."""
+    have = sorted(i for i, items in lists.items() if items)
+    where = np.full(n, -1, np.int64)
+    where[have] = np.arange(len(have))
+    idx = pa.array(where, mask=where < 0)
+    out: dict[str, pa.Array] = {}
+    for k in ("kernel", "op", "module", "rank", "wasted_s", "bound", "suggestion"):
+        typ = cv.ATTRIBUTE_BY_NAME[f"plasmient.culprit.{k}"].type
+        out[f"plasmient.culprit.{k}"] = pa.array([lists[i][0].get(k) for i in have], typ).take(idx)
+    out["plasmient.culprits"] = pa.array([json.dumps(lists[i], separators=(",", ":")) for i in have], pa.string()).take(idx)
     return out
 
 

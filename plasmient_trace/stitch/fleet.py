@@ -204,7 +204,7 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
                                                                           if isinstance(cols[name], pa.Array) else cols[name], np.float64)))
     cols["plasmient.bound"] = pa.array([None if u else b for u, b in zip(unmeasured.tolist(), cols["plasmient.bound"].to_pylist())], pa.string())
     lists = [None if u else merge_culprits([(s.rank, s.culprits) for s in g[3]]) for g, u in zip(groups, unmeasured.tolist())]
-    cols.update(culprit_columns(lists))
+    cols.update(culprit_columns(n, {i: rows for i, rows in enumerate(lists) if rows}))
     return cv.SpanBatch(table=cv.span_table_from_columns(cols, n), resources=resources)
 
 

@@ -48,23 +48,44 @@ def _plausible_output(sp_in: list[int], kernel: list[int], sp_out: list[int]) ->
 
 
 class _Rows:
-    """Row access to the few ops the passes look at, without converting whole columns to Python."""
+    """Row access to the few ops the passes look at: each column is dictionary-encoded once, and a
+    distinct value is parsed once however many ops share it (a replicated or long trace repeats its
+    signatures), so the passes cost a few dict lookups per op, not a JSON parse."""
 
     def __init__(self, ops: pa.Table):
-        self._cols = {c: ops.column(c) for c in ("name", "input_dims", "input_types", "concrete_inputs")
-                      if c in ops.column_names}
+        self._codes: dict[str, np.ndarray] = {}
+        self._values: dict[str, list[Any]] = {}
+        self._parsed: dict[str, dict[int, Any]] = {}
+        for c in ("name", "input_dims", "input_types", "concrete_inputs"):
+            if c in ops.column_names:
+                enc = pc.dictionary_encode(ops.column(c).combine_chunks())
+                self._codes[c] = enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+                self._values[c] = enc.dictionary.to_pylist()
+                self._parsed[c] = {}
+
+    def code(self, column: str, r: int) -> int:
+        codes = self._codes.get(column)
+        return -1 if codes is None else int(codes[r])
 
     def get(self, column: str, r: int) -> Any:
         """A JSON column's parsed value at row r."""
-        col = self._cols.get(column)
-        return None if col is None else _loads(col[r].as_py())
+        k = self.code(column, r)
+        if k < 0:
+            return None
+        cache = self._parsed[column]
+        if k not in cache:
+            cache[k] = _loads(self._values[column][k])
+        return cache[k]
 
     def name(self, r: int) -> str:
-        return str(self._cols["name"][r].as_py())
+        return str(self._values["name"][self._codes["name"][r]])
 
     def args(self, r: int) -> OpArgs | None:
         d, t = self.get("input_dims", r), self.get("input_types", r)
         return OpArgs(d, t, self.get("concrete_inputs", r)) if isinstance(d, list) and isinstance(t, list) else None
+
+    def signature(self, r: int) -> tuple[int, ...]:
+        return tuple(self.code(c, r) for c in ("name", "input_dims", "input_types", "concrete_inputs"))
 
 
 def apply_context(ops: pa.Table, flops: np.ndarray, nbytes: np.ndarray, model: np.ndarray) -> None:
@@ -92,12 +113,14 @@ def _conv_from_consumer(cands: np.ndarray, rows: _Rows, start: np.ndarray, end: 
     order = np.lexsort((start, thread))
     pos = np.empty(len(order), np.int64)
     pos[order] = np.arange(len(order))
-    parsed: dict[int, list[int] | None] = {}
+    parsed: dict[tuple[int, int], list[int] | None] = {}
+    decided: dict[tuple[int, ...], Any] = {}
 
     def shape_of(r: int) -> list[int] | None:
-        if r not in parsed:
-            parsed[r] = _first_tensor_shape(rows.get("input_dims", r), rows.get("input_types", r))
-        return parsed[r]
+        key = (rows.code("input_dims", r), rows.code("input_types", r))
+        if key not in parsed:
+            parsed[key] = _first_tensor_shape(rows.get("input_dims", r), rows.get("input_types", r))
+        return parsed[key]
 
     for r in cands.tolist():
         a = rows.args(r)
@@ -114,7 +137,10 @@ def _conv_from_consumer(cands: np.ndarray, rows: _Rows, start: np.ndarray, end: 
             if S is None or len(S) != nsp + 2 or S[0] != X[0] or S[1] != W[0]:
                 continue
             if _plausible_output(X[2:], W[2:], S[2:]):
-                res = conv_forward_with_output(rows.name(r), a, S[2:])
+                key = rows.signature(r) + tuple(S)
+                if key not in decided:
+                    decided[key] = conv_forward_with_output(rows.name(r), a, S[2:])
+                res = decided[key]
                 if res is not None:
                     flops[r], nbytes[r], model[r] = res
             break  # the first op reading a [N, C_out, ...] tensor decides; no further guessing
