@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import gzip
 import socket
+import sys
 import threading
 import time
 from concurrent import futures
@@ -150,6 +151,7 @@ class OtlpReceiver:
         self.delay_s = 0.0  # sleep before answering: a slow collector
         self._grpc_server: grpc.Server | None = None
         self._http_server: ThreadingHTTPServer | None = None
+        self.http_errors: list[str] = []
         self._http_thread: threading.Thread | None = None
         self._connections: set[socket.socket] = set()
 
@@ -408,10 +410,18 @@ class OtlpReceiver:
                 else:
                     self._reply(200, response.SerializeToString(), "application/x-protobuf")
 
+        receiver = self
+
         class Server(ThreadingHTTPServer):
             daemon_threads = True
             allow_reuse_address = True
             block_on_close = False
+
+            def handle_error(self, request, client_address) -> None:  # noqa: ANN001
+                # A client that drops a request half-way (a deadline cut it, a job exited) is normal for a
+                # collector: record it, as a collector logs it, instead of printing a traceback into
+                # whatever test's captured stderr is current.
+                receiver.http_errors.append(f"{client_address}: {sys.exc_info()[1]!r}")
 
         server = Server((self.host, self.http_port), Handler)
         self.http_port = server.server_address[1]

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 from plasmient_trace.conventions import LEVELS, SpanBatch
 from plasmient_trace.report.frame import SpanFrame, weighted_mean
+from plasmient_trace.stitch.culprits import merge_culprits
 
 MAX_STEP_ROWS = 20
 
@@ -119,27 +120,9 @@ def _culprit_lists(frame: SpanFrame) -> dict[int, list[dict[str, Any]]]:
         rank = int(frame.rank[i])
         per_trace.setdefault(int(frame.trace[i]), []).append((rank, rows))
     for tr, items in per_trace.items():
-        out[tr] = [_culprit(c) for c in merge_rows(items)] if len(items) > 1 else [_culprit(c) for c in items[0][1]]
+        out[tr] = [_culprit(c) for c in merge_culprits(items, None)] if len(items) > 1 else [_culprit(c) for c in items[0][1]]
     frame._culprit_lists = out  # type: ignore[attr-defined]
     return out
-
-
-def merge_rows(items: list[tuple[int, list[dict[str, Any]]]], top: int | None = None) -> list[dict[str, Any]]:
-    """Culprit rows of several spans summed by (kernel, op, module), most waste first."""
-    merged: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
-    for rank, rows in items:
-        for r in rows:
-            key = (r.get("kernel"), r.get("op"), r.get("module"))
-            m = merged.get(key)
-            if m is None:
-                m = merged[key] = {**r, "calls": 0, "layers": 0, "wasted_s": 0.0}
-                if r.get("rank") is None and rank >= 0:
-                    m["rank"] = rank
-            m["calls"] += int(r.get("calls") or 0)
-            m["layers"] = max(m["layers"], int(r.get("layers") or 0))
-            m["wasted_s"] += float(r.get("wasted_s") or 0.0)
-    out = sorted(merged.values(), key=lambda r: -r["wasted_s"])
-    return out[:top] if top else out
 
 
 def _culprit(r: dict[str, Any]) -> dict[str, Any]:
@@ -302,7 +285,7 @@ def culprits_from_frame(frame: SpanFrame, top: int = 5) -> list[dict[str, Any]]:
     """The culprit rows of every trace summed by (kernel, op, module)."""
     lists = _culprit_lists(frame)
     raw = [(-1, [{**c, "calls": c["count"]} for c in rows]) for rows in lists.values()]
-    return [_culprit(c) for c in merge_rows(raw, top)]
+    return [_culprit(c) for c in merge_culprits(raw, top)]
 
 
 def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:

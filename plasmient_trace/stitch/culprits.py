@@ -141,21 +141,23 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
     return out
 
 
-def merge_culprits(lists: list[tuple[int, list[dict[str, Any]]]], rows: int = CULPRIT_ROWS) -> list[dict[str, Any]]:
-    """Fleet/node: the ranks' culprit rows summed by (kernel, op, module); the rank losing most is named."""
+def merge_culprits(lists: list[tuple[int, list[dict[str, Any]]]], rows: int | None = CULPRIT_ROWS) -> list[dict[str, Any]]:
+    """Culprit rows of several spans summed by (kernel, op, module), most waste first; the rank losing
+    most to a row is named (a row that already names one keeps it where its span's rank is unknown, -1)."""
     merged: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
     for rank, items in lists:
         for r in items:
             key = (r.get("kernel"), r.get("op"), r.get("module"))
             m = merged.get(key)
             if m is None:
-                merged[key] = m = {**r, "calls": 0, "layers": 0, "wasted_s": 0.0, "rank": rank, "_worst": -1.0}
+                merged[key] = m = {**r, "calls": 0, "layers": 0, "wasted_s": 0.0, "_worst": -1.0}
             m["calls"] += int(r.get("calls") or 0)
             m["layers"] = max(m["layers"], int(r.get("layers") or 0))
-            m["wasted_s"] += float(r.get("wasted_s") or 0.0)
-            if float(r.get("wasted_s") or 0.0) > m["_worst"]:
-                m["_worst"] = float(r.get("wasted_s") or 0.0)
-                m["rank"] = rank
+            wasted = float(r.get("wasted_s") or 0.0)
+            m["wasted_s"] += wasted
+            if wasted > m["_worst"]:
+                m["_worst"] = wasted
+                m["rank"] = rank if rank >= 0 else r.get("rank")
     out = sorted(merged.values(), key=lambda r: -r["wasted_s"])[:rows]
     for r in out:
         r.pop("_worst", None)
