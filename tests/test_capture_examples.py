@@ -49,6 +49,13 @@ def env(tmp_path_factory) -> dict[str, str]:
     # One CPU calibration for the whole module (it is cached per machine, as for users).
     e["PLASMIENT_CACHE_DIR"] = str(tmp_path_factory.mktemp("calibration"))
     e["PYTHONUNBUFFERED"] = "1"
+    # The calibration runs in a child process beside the job; a short job can end before it does (its
+    # steps then carry no MFU). Fill the cache first, as a user's earlier run or an image build would.
+    import torch
+
+    for threads in sorted({1, torch.get_num_threads()}):  # the examples run single-threaded
+        subprocess.run([sys.executable, "-m", "plasmient_trace.metrics.cpu_peak", "--threads", str(threads),
+                        "--cache-dir", e["PLASMIENT_CACHE_DIR"]], env=e, check=True, capture_output=True, timeout=600)
     return e
 
 
@@ -197,3 +204,20 @@ def test_launch_module_runs_a_script_as_main(env, tmp_path):
     out = subprocess.run([sys.executable, "-m", "plasmient_trace.capture.launch", str(script), "a", "b"],
                          env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "__main__ ['a', 'b']"
+
+
+def test_a_short_job_on_a_cold_cache_exits_without_waiting_for_the_calibration(hooked_python, env, tmp_path):
+    # The CPU peak is measured in a detached child process: the job neither waits for it nor loses a step
+    # to it (steps exported before it is known carry no MFU), and the cache is filled for the next run.
+    cold = dict(env, PLASMIENT_TRACE="1", PLASMIENT_EVERY="1", PLASMIENT_JOB_ID="cold",
+                PLASMIENT_CACHE_DIR=str(tmp_path / "cold-cache"))
+    proc = run([str(hooked_python), str(EXAMPLES / "train_tiny_transformer.py"), "--steps", "2"], cold, tmp_path)
+    traces = spans_by_trace(tmp_path / "traces.jsonl")
+    assert len(traces) == 2 and "Traceback" not in proc.stderr
+    import time
+
+    deadline = time.monotonic() + 180
+    cache = tmp_path / "cold-cache" / "cpu_calibration.json"
+    while not cache.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert cache.exists(), "the detached calibration did not fill the cache"

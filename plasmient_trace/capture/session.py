@@ -21,6 +21,7 @@ import contextlib
 import functools
 import os
 import queue
+from concurrent import futures
 import threading
 import time
 import weakref
@@ -312,16 +313,22 @@ class CaptureSession:
 
     def cpu_spec_for_stitch(self) -> Any:
         """The calibrated CPU spec, waiting (on the worker) at most PLASMIENT_CALIBRATION_WAIT_S for the
-        child process; None (no MFU, said once) when it failed or is still running."""
+        child process, and not at all once the session is closing: steps are never held back from the
+        exit flush for it. None (no MFU, said once) while it is not known."""
         future = getattr(self, "_cpu_future", None)
-        if self.cpu_spec is None and future is not None:
+        if self.cpu_spec is not None or future is None:
+            return self.cpu_spec
+        deadline = time.monotonic() + float(self.config.environ.get("PLASMIENT_CALIBRATION_WAIT_S", "60"))
+        while not future.done() and not self.closed and time.monotonic() < deadline:
+            futures.wait([future], timeout=0.25)
+        if future.done():
+            self._cpu_future = None
             try:
-                self.cpu_spec = future.result(timeout=float(self.config.environ.get("PLASMIENT_CALIBRATION_WAIT_S", "60")))
+                self.cpu_spec = future.result()
             except Exception as err:
-                say_once("cpu-spec", f"CPU peak calibration did not finish ({type(err).__name__}: {err}): "
-                                     "no MFU on CPU spans until it does")
-                if future.done():
-                    self._cpu_future = None
+                say_once("cpu-spec", f"CPU peak calibration failed ({type(err).__name__}: {err}): no MFU on CPU spans")
+        else:
+            say_once("cpu-spec-pending", "CPU peak calibration still running: steps exported meanwhile carry no MFU")
         return self.cpu_spec
 
     def _install_step_hooks(self, torch: Any) -> None:

@@ -280,7 +280,13 @@ def start_cpu_calibration(threads: int | None = None,
             cmd = [sys.executable, "-m", "plasmient_trace.metrics.cpu_peak", "--threads", str(threads)]
             if cache_dir is not None:
                 cmd += ["--cache-dir", str(cache_dir)]
-            subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+            # Detached (own session, no pipes): a job that exits first does not kill the measurement, so
+            # the cache is filled for its next run.
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+            code = proc.wait(timeout=600)
+            if code != 0:
+                raise RuntimeError(f"calibration process exited {code}")
             done.set_result(cpu_spec(cache_dir, threads))
         except Exception as err:  # the Future carries any failure to the caller
             done.set_exception(err)
