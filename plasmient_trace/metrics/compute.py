@@ -40,7 +40,7 @@ def rollup(parent: np.ndarray, depth: np.ndarray, values: np.ndarray) -> np.ndar
     return total
 
 
-def _grouped_union_ns(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def grouped_union_ns(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per group: (keys, union length, min start, max end). Intervals must come sorted by start."""
     order = np.argsort(group, kind="stable")
     g, s, e = group[order], start[order], end[order]
@@ -106,7 +106,7 @@ def subtree_device_stats(parent: np.ndarray, depth: np.ndarray, k_span: np.ndarr
                 _credit(out, up // n_dev, union_ns, gmin, gmax, n)
                 continue
         live = np.nonzero(k_depth >= d)[0]
-        prev = _grouped_union_ns(cur[live] * n_dev + dev[live], k_start[live], k_end[live])
+        prev = grouped_union_ns(cur[live] * n_dev + dev[live], k_start[live], k_end[live])
         _credit(out, prev[0] // n_dev, prev[1], prev[2], prev[3], n)
     return out
 

@@ -26,6 +26,7 @@ def suggestion(
     mean_kernel_s: float | None = None,
     device_type: str = "gpu",
     idle_row: bool = False,
+    idle_host_share: float | None = None,
 ) -> str:
     """A short, specific hint for one culprit row."""
     text = f"{kernel or ''} {op or ''}"
@@ -35,8 +36,12 @@ def suggestion(
         if cpu:
             return (f"CPU idle {idle_fraction:.0%} of the step between ops: the Python loop, data loading or I/O "
                     f"holds it; profile the host side and overlap data loading")
-        return (f"device idle {idle_fraction:.0%} of the step: the host did not feed it; capture with CUDA graphs or "
-                f"torch.compile, raise the batch, and overlap data loading")
+        if idle_host_share is not None and idle_host_share < 0.5:
+            return (f"device idle {idle_fraction:.0%} of the step with kernels already queued: it waited on a "
+                    f"dependency (a stream or event wait, a collective on a slower rank, a host sync); find the wait "
+                    f"before adding work, CUDA graphs will not help")
+        return (f"device idle {idle_fraction:.0%} of the step with nothing queued: the host did not feed it; capture "
+                f"with CUDA graphs or torch.compile, raise the batch, and overlap data loading")
     if kind == "collective" or bound == "communication":
         return "communication-bound: overlap collectives with compute (DDP buckets, FSDP prefetch) or shard less"
     if kind in ("memcpy", "memset"):

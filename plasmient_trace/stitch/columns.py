@@ -131,8 +131,7 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     cols["plasmient.ideal_s"] = nan_to_null(np.where(t.peak_known & dev, (t.col("ideal_s") - t.col("recompute_ideal_s"))[sel], np.nan))
     cols["plasmient.idle_s"] = masked(t.col("idle_s")[sel], ~upper)
     cols["plasmient.kernel_s"] = masked(t.col("kernel_s")[sel], ~upper)
-    cols["plasmient.comm.total_s"] = masked(t.col("comm_s")[sel], ~upper)
-    cols["plasmient.memcpy.total_s"] = masked(t.col("copy_s")[sel], ~upper)
+    _overlap_columns(cols, t, np.maximum(t.step_row[sel], 0), upper)
     cols["plasmient.util.resident"] = nan_to_null(met.util[sel])
     cols["plasmient.mfu"] = nan_to_null(met.mfu[sel])
     cols["plasmient.hfu"] = nan_to_null(met.hfu[sel])
@@ -195,6 +194,26 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     cols.update(culprit_columns(len(sel), {int(i): culprits[int(srow[i])] for i in carriers}))
     _per_record_columns(cols, sel, t, inp, j)
     return cv.SpanBatch(table=cv.span_table_from_columns(cols, len(sel)), resources=[resource_for_rank(inp, rank, node, options)])
+
+
+def _overlap_columns(cols: dict[str, Any], t: RankTree, srow: np.ndarray, upper: np.ndarray) -> None:
+    """Communication/copy overlap, the idle split and the launch queue of each step, on its step and rank spans."""
+    o = t.overlap
+    if o is None or t.n_steps == 0:
+        return
+    with np.errstate(divide="ignore", invalid="ignore"):
+        comm_overlap = np.where(o.comm_total_s > 0, 1.0 - o.comm_exposed_s / o.comm_total_s, np.nan)
+        copy_overlap = np.where(o.copy_total_s > 0, 1.0 - o.copy_exposed_s / o.copy_total_s, np.nan)
+    idle = t.col("idle_s")[t.base["step"]:t.base["step"] + t.n_steps]
+    idle_device = np.minimum(o.idle_device_s, idle)
+    for name, values in (("plasmient.comm.total_s", o.comm_total_s), ("plasmient.comm.exposed_s", o.comm_exposed_s),
+                         ("plasmient.comm.overlap", comm_overlap), ("plasmient.memcpy.total_s", o.copy_total_s),
+                         ("plasmient.memcpy.exposed_s", o.copy_exposed_s), ("plasmient.memcpy.overlap", copy_overlap),
+                         ("plasmient.idle.host_s", idle - idle_device), ("plasmient.idle.device_s", idle_device),
+                         ("plasmient.launch_queue.mean", o.queue_mean)):
+        cols[name] = nan_to_null(np.where(upper, values[srow], np.nan))
+    qmax = o.queue_max[srow]
+    cols["plasmient.launch_queue.max"] = pa.array(np.nan_to_num(qmax).astype(np.int64), mask=~upper | np.isnan(qmax))
 
 
 def _step_depth(steps: np.ndarray, is_step: np.ndarray, full: set[int] | None) -> pa.Array:

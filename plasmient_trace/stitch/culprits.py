@@ -128,6 +128,9 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
     step_spans = tree.base["step"] + np.arange(tree.n_steps)
     idle = tree.col("idle_s")[step_spans]
     util = met.util[step_spans]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        host_share = (np.where(idle > 0, 1.0 - np.minimum(tree.overlap.idle_device_s, idle) / idle, np.nan)
+                      if tree.overlap is not None else np.full(tree.n_steps, np.nan))
     for s in range(tree.n_steps):
         if idle[s] > 0:
             out[s].append({"kernel": IDLE_LABEL, "op": None, "module": None, "calls": 0, "layers": 0,
@@ -137,7 +140,8 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
         for r in out[s]:
             r["suggestion"] = suggestion(r["kernel"] if r["kernel"] != IDLE_LABEL else None, r["op"], r["module"],
                                          r["bound"], r["kind"], 1.0 - float(np.nan_to_num(util[s], nan=1.0)),
-                                         device_type=device_type, idle_row=r["kernel"] == IDLE_LABEL)
+                                         device_type=device_type, idle_row=r["kernel"] == IDLE_LABEL,
+                                         idle_host_share=None if np.isnan(host_share[s]) else float(host_share[s]))
     return out
 
 

@@ -27,7 +27,8 @@ from . import ids
 from .culprits import culprit_columns, merge_culprits
 from .inputs import StitchOptions
 
-_FLOATS = ("flops", "ideal_s", "recompute_flops", "recompute_ideal_s", "busy_s", "union_s", "known_s", "bytes", "kernel_s", "comm_s", "copy_s", "wasted_s",
+_FLOATS = ("flops", "ideal_s", "recompute_flops", "recompute_ideal_s", "comm_total_s", "comm_exposed_s",
+           "copy_total_s", "copy_exposed_s", "idle_device_s", "queue_mean", "queue_max", "busy_s", "union_s", "known_s", "bytes", "kernel_s", "comm_s", "copy_s", "wasted_s",
            "charged_s", "idle_s", "price_per_hour", "ridge")
 
 
@@ -62,6 +63,13 @@ class RankSummary:
     device_type: str = "gpu"
     recompute_flops: float = 0.0      # activation-checkpointing recompute: hardware FLOPs, not model FLOPs
     recompute_ideal_s: float = 0.0
+    comm_total_s: float = 0.0         # union of collective time (comm_s above is the summed durations)
+    comm_exposed_s: float = 0.0
+    copy_total_s: float = 0.0
+    copy_exposed_s: float = 0.0
+    idle_device_s: float = 0.0        # idle with a kernel queued; idle_s - this is the host's share
+    queue_mean: float = float("nan")  # launch queue over the window (NaN: no launch records)
+    queue_max: float = float("nan")
     culprits: list[dict[str, Any]] = field(default_factory=list)
     service_name: str | None = None
 
@@ -191,8 +199,7 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
         "plasmient.wasted_s.self": skew,
         "plasmient.kernels": kernels.astype(np.int64),
         "plasmient.kernel_s": total("kernel_s"),
-        "plasmient.comm.total_s": total("comm_s"),
-        "plasmient.memcpy.total_s": total("copy_s"),
+        **_overlap_columns(groups, total, device_s),
     }
     # A rank whose step was not measured (a live step-level step: flops NaN) leaves the group's FLOP-derived
     # numbers, bound, waste and culprits absent: a partial sum would read as a measurement.
@@ -206,6 +213,30 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
     lists = [None if u else merge_culprits([(s.rank, s.culprits) for s in g[3]]) for g, u in zip(groups, unmeasured.tolist())]
     cols.update(culprit_columns(n, {i: rows for i, rows in enumerate(lists) if rows}))
     return cv.SpanBatch(table=cv.span_table_from_columns(cols, n), resources=resources)
+
+
+def _overlap_columns(groups: list, total: Any, device_s: np.ndarray) -> dict[str, Any]:
+    """Communication/copy overlap, idle split and launch queue of a node or the fleet, from its ranks."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        comm, copy = total("comm_total_s"), total("copy_total_s")
+        out = {
+            "plasmient.comm.total_s": comm, "plasmient.comm.exposed_s": total("comm_exposed_s"),
+            "plasmient.comm.overlap": _nan_to_null(np.where(comm > 0, 1 - total("comm_exposed_s") / comm, np.nan)),
+            "plasmient.memcpy.total_s": copy, "plasmient.memcpy.exposed_s": total("copy_exposed_s"),
+            "plasmient.memcpy.overlap": _nan_to_null(np.where(copy > 0, 1 - total("copy_exposed_s") / copy, np.nan)),
+            "plasmient.idle.device_s": total("idle_device_s"),
+            "plasmient.idle.host_s": total("idle_s") - total("idle_device_s"),
+        }
+    # the queue: the deepest any rank's got, and the ranks' means weighted by their device-seconds
+    qmax = np.array([max((s.queue_max for s in g[3] if np.isfinite(s.queue_max)), default=np.nan) for g in groups])
+    out["plasmient.launch_queue.max"] = pa.array(np.nan_to_num(qmax).astype(np.int64), mask=np.isnan(qmax))
+    qmean = []
+    for g in groups:
+        pairs = [(s.queue_mean, (s.window_end_ns - s.window_start_ns) * s.gpus) for s in g[3] if np.isfinite(s.queue_mean)]
+        w = sum(p[1] for p in pairs)
+        qmean.append(sum(m * x for m, x in pairs) / w if pairs and w > 0 else np.nan)
+    out["plasmient.launch_queue.mean"] = _nan_to_null(np.array(qmean))
+    return out
 
 
 def merge_span_batches(batches: list[cv.SpanBatch]) -> cv.SpanBatch:
@@ -264,7 +295,12 @@ def summaries_from_batch(batch: cv.SpanBatch, baseline_mfu: float | None = None)
             busy_s=float(busy[i]), union_s=float(num("plasmient.util.resident", 0.0)[i] * charged[i]),
             known_s=float(num("plasmient.flops.coverage", 0.0)[i] * busy[i]), bytes=float(num("plasmient.bytes", 0.0)[i]),
             kernels=int(num("plasmient.kernels", 0.0)[i]), kernel_s=float(num("plasmient.kernel_s", 0.0)[i]),
+            # summed collective/copy durations are not exported: their unions stand in (for the bound only)
             comm_s=float(num("plasmient.comm.total_s", 0.0)[i]), copy_s=float(num("plasmient.memcpy.total_s", 0.0)[i]),
+            comm_total_s=float(num("plasmient.comm.total_s", 0.0)[i]), comm_exposed_s=float(num("plasmient.comm.exposed_s", 0.0)[i]),
+            copy_total_s=float(num("plasmient.memcpy.total_s", 0.0)[i]), copy_exposed_s=float(num("plasmient.memcpy.exposed_s", 0.0)[i]),
+            idle_device_s=float(num("plasmient.idle.device_s", 0.0)[i]), queue_mean=float(num("plasmient.launch_queue.mean")[i]),
+            queue_max=float(num("plasmient.launch_queue.max")[i]),
             wasted_s=float(num("plasmient.wasted_s", 0.0)[i]), charged_s=float(charged[i]),
             idle_s=float(num("plasmient.idle_s", 0.0)[i]), price_per_hour=price,
             ridge=float(peak[i] / bw[i]) if bw[i] > 0 else float("nan"),

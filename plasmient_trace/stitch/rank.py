@@ -24,6 +24,7 @@ from .inputs import KIND_CODE, LEVEL_CODE, RankInput, StitchOptions
 from .joins import JoinedRank
 from .nesting import depth_levels, tree_depth, tree_root
 from .ownership import cpu_kernel_ops, kernel_peaks, kernel_work, yields_flops
+from .overlap import StepOverlap, step_overlap
 from .recompute import Recompute, find_recompute
 from .windows import kernel_shares_ns, step_windows
 
@@ -71,6 +72,7 @@ class RankTree:
     over_peak_by_step: np.ndarray
     outside_kernels: int
     outside_kernel_s: float
+    overlap: StepOverlap | None = None  # per step: communication/copy overlap, idle split, launch queue
 
     def span(self, level: str, rows: np.ndarray | int) -> np.ndarray | int:
         return self.base[level] + rows
@@ -238,6 +240,12 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
         under_children[:, c] = np.bincount(parent[non_kernel_child], weights=total[non_kernel_child, c], minlength=n)
     self_ = total - under_children
 
+    launch_rows = np.concatenate([j.kernel_launch, np.full(len(synth_ops), -1, np.int64)])[live_k]
+    l_start = rs.launches.column("start_ns").to_numpy() if rs.launches.num_rows else np.zeros(0, np.int64)
+    launch_start = np.where(launch_rows >= 0, l_start[np.maximum(launch_rows, 0)] if len(l_start) else -1, -1)
+    overlap = step_overlap(n_steps, kstep[live_k], devs, cs, ce, kind_live == KIND_CODE["collective"],
+                           (kind_live == KIND_CODE["memcpy"]) | (kind_live == KIND_CODE["memset"]),
+                           launch_start, w_start, w_end)
     outside = ~k_alive[:n_k] if n_k else np.zeros(0, bool)
     return RankTree(
         n_steps=n_steps, n_mod=n_mod, n_op=n_op, n_k=n_k, base=base, level=level, parent=parent, start=start,
@@ -247,6 +255,7 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
         peak_known=inp.spec.peak_for is not None, k_rows=live_k, k_waste=waste, k_launch_op=ko[live_k],
         k_kind=kind_live, over_peak_by_step=over_peak_by_step, outside_kernels=int(outside.sum()),
         outside_kernel_s=float(((j.kernel_end - j.kernel_start)[outside]).sum() / 1e9) if n_k else 0.0,
+        overlap=overlap,
     )
 
 

@@ -76,6 +76,11 @@ def stitch_rank(inp: RankInput, rank: int, node: str, options: StitchOptions, al
                                                   "wasted_s", "charged_s", "idle_s", "recompute_flops")}
         total["flops"] = float(tree.col("flops")[r] - tree.col("recompute_flops")[r])
         recompute_ideal = float(tree.col("recompute_ideal_s")[r]) if tree.peak_known else float("nan")
+        o = tree.overlap
+        total.update(comm_total_s=float(o.comm_total_s[s]), comm_exposed_s=float(o.comm_exposed_s[s]),
+                     copy_total_s=float(o.copy_total_s[s]), copy_exposed_s=float(o.copy_exposed_s[s]),
+                     idle_device_s=float(min(o.idle_device_s[s], total["idle_s"])), queue_mean=float(o.queue_mean[s]),
+                     queue_max=float(o.queue_max[s]))
         summaries.append(RankSummary(
             job_id=options.job_id, step=int(j.steps[s]), rank=rank, host=node,
             start_ns=int(tree.start[r]), end_ns=int(tree.end[r]),
