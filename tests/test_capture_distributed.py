@@ -19,6 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from capture_helpers import warm_cpu_calibration
 
 from plasmient_trace import pipeline
 from plasmient_trace.capture import distributed
@@ -135,6 +136,7 @@ def env(tmp_path_factory) -> dict[str, str]:
     e["PLASMIENT_EVERY"] = "1"  # every step at full depth: the flops sums are checked on each
     e["PLASMIENT_FLUSH_TIMEOUT_S"] = "60"  # let rank 0 wait for rank 1 at exit
     e["PYTHONUNBUFFERED"] = "1"
+    warm_cpu_calibration(e)  # a short job can end before the detached calibration does
     return e
 
 

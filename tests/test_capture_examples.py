@@ -13,6 +13,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from capture_helpers import warm_cpu_calibration
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,13 +50,7 @@ def env(tmp_path_factory) -> dict[str, str]:
     # One CPU calibration for the whole module (it is cached per machine, as for users).
     e["PLASMIENT_CACHE_DIR"] = str(tmp_path_factory.mktemp("calibration"))
     e["PYTHONUNBUFFERED"] = "1"
-    # The calibration runs in a child process beside the job; a short job can end before it does (its
-    # steps then carry no MFU). Fill the cache first, as a user's earlier run or an image build would.
-    import torch
-
-    for threads in sorted({1, torch.get_num_threads()}):  # the examples run single-threaded
-        subprocess.run([sys.executable, "-m", "plasmient_trace.metrics.cpu_peak", "--threads", str(threads),
-                        "--cache-dir", e["PLASMIENT_CACHE_DIR"]], env=e, check=True, capture_output=True, timeout=600)
+    warm_cpu_calibration(e)  # a short job can end before the detached calibration does
     return e
 
 
