@@ -95,6 +95,11 @@ SPAN_ATTRIBUTES: tuple[SpanAttribute, ...] = (
     SpanAttribute("plasmient.peak_flops", _F, "{flop}/s", ("fleet", "node", "rank", "step"), "dense peak of the device for its dominant dtype"),
     SpanAttribute("plasmient.fleet.ranks_missing", _I, "{rank}", ("fleet", "node"), "live multi-rank: ranks whose step summary had not arrived within PLASMIENT_FLEET_WAIT_S"),
     SpanAttribute("plasmient.peak_bandwidth", _F, "By/s", ("fleet", "node", "rank", "step"), "memory bandwidth of the device (roofline slope)"),
+    SpanAttribute("plasmient.collectives.matched", _I, "{collective}", ("fleet", "node"), "collectives seen on at least two of the ranks below (the k-th of each name in the step, per rank)"),
+    SpanAttribute("plasmient.collectives.skew_max_s", _F, "s", ("fleet", "node"), "largest spread of the ranks' arrivals (collective kernel starts) at one collective"),
+    SpanAttribute("plasmient.collectives.skew_mean_s", _F, "s", ("fleet", "node"), "mean spread of the ranks' arrivals over the matched collectives"),
+    SpanAttribute("plasmient.straggler.rank", _I, "", ("fleet", "node"), "the rank that arrived last at the collectives most costly to the others"),
+    SpanAttribute("plasmient.straggler.wait_s", _F, "s", ("fleet", "node"), "device-seconds the other ranks spent waiting in collectives for the straggler"),
     SpanAttribute("plasmient.peak.source", _S, "", ("rank",), "table:<model> | override | calibrated | unknown"),
     SpanAttribute("plasmient.clock.offset_ns", _I, "ns", ("rank",), "shift applied to GPU timestamps so no kernel starts before its launch"),
     SpanAttribute("plasmient.util.nvml", _F, "1", ("step",), "mean NVML utilization.gpu sampled during the step"),
@@ -183,6 +188,9 @@ class SpanBatch:
 
     table: pa.Table
     resources: list[dict[str, Any]] = field(default_factory=list)
+    # The stitcher's per-(step, rank) reductions (stitch.fleet.RankSummary) behind the rank spans, when the
+    # batch came from the stitcher: what live multi-rank capture exchanges to build fleet/node spans.
+    summaries: list[Any] = field(default_factory=list)
 
     def __len__(self) -> int:
         return self.table.num_rows

@@ -779,6 +779,9 @@ class CaptureSession:
         table = batch.table
         if shallow:
             table = blank_unmeasured(table, shallow, on_gpu=self.on_gpu)
+            for summary in batch.summaries:  # the fleet/node reduce must not read them as measured either
+                if summary.step in shallow:
+                    summary.flops = summary.ideal_s = float("nan")
         if rs.samples.num_rows:
             table = step_sample_attributes(table, rs.samples)
         if len(items) > 1 and self.cupti is not None:
@@ -787,7 +790,7 @@ class CaptureSession:
         from ..stitch.tree import StitchOptions
 
         # Multi-rank: this rank's fleet/node rows give way to ones built from every rank's summary.
-        return distributed.coordinate(SpanBatch(table=table, resources=batch.resources), self.job_id,
+        return distributed.coordinate(SpanBatch(table=table, resources=batch.resources, summaries=batch.summaries), self.job_id,
                                       StitchOptions(job_id=self.job_id, baseline_mfu=options.baseline_mfu,
                                                     service_name=self.config.service_name), say_once)
 

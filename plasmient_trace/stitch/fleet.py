@@ -72,6 +72,8 @@ class RankSummary:
     queue_max: float = float("nan")
     culprits: list[dict[str, Any]] = field(default_factory=list)
     service_name: str | None = None
+    # collective kernels of the step in time order: [name, start_ns, end_ns] (straggler analysis)
+    collectives: list[list[Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         # NaN is not JSON: None stands for it on the wire.
@@ -200,6 +202,7 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
         "plasmient.kernels": kernels.astype(np.int64),
         "plasmient.kernel_s": total("kernel_s"),
         **_overlap_columns(groups, total, device_s),
+        **straggler_columns(groups),
     }
     # A rank whose step was not measured (a live step-level step: flops NaN) leaves the group's FLOP-derived
     # numbers, bound, waste and culprits absent: a partial sum would read as a measurement.
@@ -239,6 +242,57 @@ def _overlap_columns(groups: list, total: Any, device_s: np.ndarray) -> dict[str
     return out
 
 
+def straggler_columns(groups: list) -> dict[str, Any]:
+    """Who made the others wait at the collectives of a node or the fleet.
+
+    Within one step every rank runs the same sequence of collectives, so the k-th collective of a given name
+    on each rank is one collective. Its kernel starts when that rank arrives and cannot finish before the last
+    one does: the skew is the spread of the starts, the last to arrive is the straggler, and every other rank
+    waited (last start - its start) for it. Offline, clocks are aligned on the collectives first.
+    """
+    n = len(groups)
+    count = np.zeros(n, np.int64)
+    skew_max = np.full(n, np.nan)
+    skew_mean = np.full(n, np.nan)
+    straggler = np.full(n, -1, np.int64)
+    cost = np.full(n, np.nan)
+    for i, g in enumerate(groups):
+        members = [s for s in g[3] if s.collectives]
+        if len(members) < 2:
+            continue
+        by_name: dict[str, list[list[tuple[int, int]]]] = {}
+        for m in members:
+            seen: dict[str, int] = {}
+            for name, start, _end in m.collectives:
+                k = seen.get(name, 0)
+                seen[name] = k + 1
+                slots = by_name.setdefault(name, [])
+                while len(slots) <= k:
+                    slots.append([])
+                slots[k].append((m.rank, int(start)))
+        skews, imposed = [], {}
+        for slots in by_name.values():
+            for arrivals in slots:
+                if len(arrivals) < 2:
+                    continue
+                starts = np.array([a[1] for a in arrivals], np.int64)
+                last = int(np.argmax(starts))
+                skews.append((starts.max() - starts.min()) / 1e9)
+                rank = arrivals[last][0]
+                imposed[rank] = imposed.get(rank, 0.0) + float((starts.max() - starts).sum()) / 1e9
+        if skews:
+            count[i] = len(skews)
+            skew_max[i], skew_mean[i] = max(skews), float(np.mean(skews))
+            straggler[i], cost[i] = max(imposed.items(), key=lambda kv: (kv[1], -kv[0]))
+    return {
+        "plasmient.collectives.matched": pa.array(count, mask=count == 0),
+        "plasmient.collectives.skew_max_s": _nan_to_null(skew_max),
+        "plasmient.collectives.skew_mean_s": _nan_to_null(skew_mean),
+        "plasmient.straggler.rank": pa.array(np.maximum(straggler, 0), mask=straggler < 0),
+        "plasmient.straggler.wait_s": _nan_to_null(cost),
+    }
+
+
 def merge_span_batches(batches: list[cv.SpanBatch]) -> cv.SpanBatch:
     """Concatenate batches, re-basing each batch's resource indices onto the merged resource list."""
     tables, resources = [], []
@@ -250,9 +304,10 @@ def merge_span_batches(batches: list[cv.SpanBatch]) -> cv.SpanBatch:
         i = t.schema.get_field_index("resource_index")
         tables.append(t.set_column(i, t.schema.field(i), pa.array(idx, pa.int32())))
         resources.extend(b.resources)
+    summaries = [x for b in batches for x in b.summaries]
     if not tables:
-        return cv.SpanBatch(table=cv.empty_span_table(), resources=[])
-    return cv.SpanBatch(table=pa.concat_tables(tables), resources=resources)
+        return cv.SpanBatch(table=cv.empty_span_table(), resources=[], summaries=summaries)
+    return cv.SpanBatch(table=pa.concat_tables(tables), resources=resources, summaries=summaries)
 
 
 def summaries_from_batch(batch: cv.SpanBatch, baseline_mfu: float | None = None) -> list[RankSummary]:

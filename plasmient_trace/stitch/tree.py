@@ -70,6 +70,7 @@ def stitch_rank(inp: RankInput, rank: int, node: str, options: StitchOptions, al
     batch = rank_columns(inp, j, tree, met, export, rank, node, options, culprits)
     summaries = []
     service = batch.resources[0].get("service.name") if batch.resources else None
+    collectives = _collectives_by_step(tree, j)
     for s in range(tree.n_steps):
         r = tree.base["rank"] + s
         total = {k: float(tree.col(k)[r]) for k in ("busy_s", "known_s", "bytes", "kernel_s", "comm_s", "copy_s",
@@ -88,12 +89,37 @@ def stitch_rank(inp: RankInput, rank: int, node: str, options: StitchOptions, al
             ideal_s=float(tree.col("ideal_s")[r]) - recompute_ideal if tree.peak_known else float("nan"),
             recompute_ideal_s=recompute_ideal, union_s=float(tree.union_s[r]),
             kernels=int(tree.col("kernels")[r]), price_per_hour=float(tree.price), ridge=float(inp.spec.ridge()),
-            device_type=inp.spec.device_type, culprits=culprits[s], service_name=service, **total,
+            device_type=inp.spec.device_type, culprits=culprits[s], service_name=service,
+            collectives=collectives.get(s, []), **total,
         ))
     stats = {"spans": int(export.sum()), "kernels": tree.n_k,
              "kernels_folded": int((~export[tree.base["kernel"]:tree.base["kernel"] + tree.n_k] &
                                     tree.alive[tree.base["kernel"]:tree.base["kernel"] + tree.n_k]).sum())}
+    batch.summaries = summaries
     return RankResult(batch=batch, joined=j, summaries=summaries, stats=stats)
+
+
+# A summary carries at most this many collectives per step (what stragglers are computed from).
+MAX_COLLECTIVES_PER_STEP = 4096
+
+
+def _collectives_by_step(tree: Any, j: JoinedRank) -> dict[int, list[list[Any]]]:
+    """Per step row, its collective kernels in start order as [name, start_ns, end_ns]."""
+    from .inputs import KIND_CODE
+
+    comm = tree.k_kind == KIND_CODE["collective"]
+    rows = tree.k_rows[comm & (tree.k_rows < tree.n_k)]
+    if not len(rows):
+        return {}
+    steps = tree.step_row[tree.base["kernel"] + rows]
+    starts, ends = j.kernel_start[rows], j.kernel_end[rows]
+    names = j.records.kernels.column("name").take(rows).to_pylist()
+    out: dict[int, list[list[Any]]] = {}
+    for i in np.lexsort((starts, steps)).tolist():
+        items = out.setdefault(int(steps[i]), [])
+        if len(items) < MAX_COLLECTIVES_PER_STEP:
+            items.append([names[i], int(starts[i]), int(ends[i])])
+    return out
 
 
 def stitch(inputs: list[RankInput], options: StitchOptions, with_top_spans: bool = True) -> StitchResult:

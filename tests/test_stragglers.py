@@ -1,0 +1,69 @@
+"""Stragglers at the collectives: on the two ranks of one real job (a100_multirank), the fleet span's skew,
+straggler rank and the seconds it cost the other rank equal what the raw JSON of both files says (to the
+1 µs the parser keeps of these older files)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+
+from conftest import raw_trace, trace_path
+
+FILES = ["a100_multirank/rank-0.json.gz", "a100_multirank/rank-1.json.gz"]
+RUNTIME_CATS = {"cuda_runtime", "Runtime", "cuda_driver"}
+
+
+def _arrivals(name: str) -> dict[int, dict[str, list[int]]]:
+    """Per ProfilerStep number, per collective kernel name, the start times (ns) in order: the kernels
+    launched inside that step's CPU range."""
+    doc = raw_trace(name)
+    base = doc.get("baseTimeNanoseconds") or 0
+    launch, steps, kernels = {}, [], []
+    for e in doc["traceEvents"]:
+        if e.get("ph") != "X":
+            continue
+        ts = base + round(float(e["ts"]) * 1000)
+        if e.get("cat") in RUNTIME_CATS and "correlation" in e.get("args", {}):
+            launch[e["args"]["correlation"]] = ts
+        elif str(e.get("name", "")).startswith("ProfilerStep#"):
+            steps.append((ts, ts + round(float(e["dur"]) * 1000), int(e["name"][13:])))
+        elif e.get("cat") == "kernel" and str(e.get("name", "")).lower().startswith("nccl"):
+            kernels.append((ts, e["name"], e["args"].get("correlation")))
+    out: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for ts, kname, corr in sorted(kernels):
+        at = launch.get(corr, ts)
+        step = next((n for a, b, n in steps if a <= at < b), None)
+        if step is not None:
+            out[step][kname].append(ts)
+    return out
+
+
+def test_fleet_names_the_straggler_and_what_it_cost():
+    from plasmient_trace.pipeline import IngestOptions, ingest_paths
+
+    result = ingest_paths([trace_path(f) for f in FILES], IngestOptions(job_id="strag", gpu_model="NVIDIA A100-SXM4-80GB"))
+    assert set(result.stats["clock_offsets_ns"].values()) == {0}  # these two files share a clock
+    fleets = {r["plasmient.step"]: r for r in result.batch.table.to_pylist() if r["plasmient.level"] == "fleet"}
+    per_rank = [_arrivals(f) for f in FILES]
+    for step, fleet in fleets.items():
+        skews, imposed = [], defaultdict(float)
+        for kname in per_rank[0][step]:
+            a, b = per_rank[0][step][kname], per_rank[1][step].get(kname, [])
+            for s0, s1 in zip(a, b):  # the k-th collective of a name is the same collective on both ranks
+                skews.append(abs(s0 - s1) / 1e9)
+                imposed[0 if s0 > s1 else 1] += abs(s0 - s1) / 1e9
+        assert fleet["plasmient.collectives.matched"] == len(skews) > 0
+        assert fleet["plasmient.collectives.skew_max_s"] == pytest.approx(max(skews), abs=2e-6)
+        assert fleet["plasmient.collectives.skew_mean_s"] == pytest.approx(sum(skews) / len(skews), abs=2e-6)
+        worst = max(imposed, key=imposed.get)
+        assert fleet["plasmient.straggler.rank"] == worst
+        assert fleet["plasmient.straggler.wait_s"] == pytest.approx(imposed[worst], abs=2e-6 * len(skews))
+
+
+def test_a_single_rank_names_no_straggler():
+    from plasmient_trace.pipeline import IngestOptions, ingest_paths
+
+    rows = ingest_paths([trace_path(FILES[0])], IngestOptions(job_id="one")).batch.table.to_pylist()
+    fleet = [r for r in rows if r["plasmient.level"] == "fleet"]
+    assert fleet and all(r["plasmient.straggler.rank"] is None and r["plasmient.collectives.matched"] is None for r in fleet)
