@@ -153,8 +153,9 @@ def test_a_spiller_writing_during_replay_loses_nothing(tmp_path: Path) -> None:
     appended = 0
 
     def spiller() -> None:
+        # Bounded: an unbounded producer faster than the replay (a loaded machine) would never let it end.
         nonlocal appended
-        while not stop.is_set():
+        while not stop.is_set() and appended < 40:
             spill.append("traces", lines)
             appended += 1
 
