@@ -1,0 +1,218 @@
+"""`plasmient diff A B`: what changed between two runs, per module pattern, op name and kernel name.
+
+Each side is a span file (OTLP JSON lines as ``plasmient ingest --out`` writes, or the ``spans.parquet`` of
+``--parquet``) or a profiler trace, ingested first. Both are cut into the same exclusive *units* of device
+time, so every device-second of a side lands in exactly one row of each table:
+
+- every kernel span, with its own busy/wasted seconds, FLOPs, ideal seconds and wasted $;
+- the part of a non-kernel span's exclusive (``.self``) quantities that no kernel child carries: on an op or
+  module, the kernels the span budget folded (``[kernels not exported]``); on a step, its host gaps
+  (``[device idle]``); on rank, node and fleet, the time spent waiting for a straggler.
+
+A unit is named by its kernel name, by its nearest op (itself or an ancestor) and by the module pattern of its
+nearest module (layer numbers as ``*``, as the culprit rows name them, so twelve layers are one row). The
+three tables sum the units per name: *device time* is the sum of ``plasmient.busy_s.self`` over the row's
+units (concurrent kernels share a device-second, so nothing is counted twice), *wasted* the sum of
+``plasmient.wasted_s.self``; a row's MFU is its ideal seconds over its busy seconds (MFU of the time its
+kernels held the device, at each kernel's own peak; a lower bound where FLOPs are unknown). Rows are ranked by
+the absolute change in wasted seconds. The CI gate compares step-weighted MFU: the step spans' MFU weighted
+by their device-seconds, as the terminal summary's "all" row computes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from plasmient_trace.conventions import SpanBatch
+from plasmient_trace.report.frame import LEVEL_CODE, SpanFrame, weighted_mean
+from plasmient_trace.stitch.culprits import IDLE_LABEL, module_pattern
+
+DIMENSIONS = ("module", "op", "kernel")
+NOT_EXPORTED = "[kernels not exported]"
+STRAGGLER_WAIT = "[waiting for other ranks]"
+NO_OP, NO_MODULE = "(no op)", "(no module)"
+# Summed per row; None in a row = unknown on that side (every unit of the row lacked it).
+QUANTITIES = ("busy_s", "wasted_s", "flops", "ideal_s", "wasted_usd")
+_SELF_COLUMNS = {"busy_s": "plasmient.busy_s.self", "wasted_s": "plasmient.wasted_s.self",
+                 "flops": "plasmient.flops.self", "wasted_usd": "plasmient.cost.wasted_usd.self"}
+# A residual below this share of the span's own value is floating-point noise, not folded work.
+_RESIDUAL_RTOL = 1e-9
+EXIT_OK, EXIT_MFU_DROPPED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+# ---- units and per-name sums ------------------------------------------------------------------
+
+
+def _children_sum(frame: SpanFrame, values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Per span, the sum of `values` over its direct children among `rows` (NaN children count as 0)."""
+    child = rows[frame.parent[rows] >= 0]
+    return np.bincount(frame.parent[child], weights=np.nan_to_num(values[child]), minlength=frame.n)
+
+
+def _names_at(frame: SpanFrame, rows: np.ndarray, column: str) -> np.ndarray:
+    """Labels of `rows` (object array, None where absent), looked up once per distinct value."""
+    out = np.full(frame.n, None, dtype=object)
+    if rows.size == 0:
+        return out
+    enc = pc.dictionary_encode(frame.strings(column).take(pa.array(rows)))
+    values = np.array(enc.dictionary.to_pylist() + [None], dtype=object)
+    out[rows] = values[enc.indices.fill_null(len(enc.dictionary)).to_numpy(zero_copy_only=False)]
+    return out
+
+
+def unit_table(batch: SpanBatch) -> pa.Table:
+    """The exclusive units of device time of a batch (module docstring), one row each, with their three names."""
+    frame = SpanFrame(batch)
+    level = frame.level
+    kernel = np.nonzero(level == LEVEL_CODE["kernel"])[0]
+    other = np.nonzero((level >= 0) & (level != LEVEL_CODE["kernel"]))[0]
+    values: dict[str, np.ndarray] = {}
+    residual_any = np.zeros(frame.n, dtype=bool)
+    for q, col in _SELF_COLUMNS.items():
+        own = frame.num(col)
+        res = own - _children_sum(frame, own, kernel)
+        res[np.abs(res) <= _RESIDUAL_RTOL * np.abs(own)] = 0.0
+        residual_any |= np.nan_to_num(res) != 0
+        values[q] = np.where(level == LEVEL_CODE["kernel"], own, res)
+    # ideal_s has no .self: a span's own share is its total minus its children's (the attribute is additive).
+    ideal = frame.num("plasmient.ideal_s")
+    ideal_res = ideal - _children_sum(frame, ideal, np.nonzero(frame.parent >= 0)[0])
+    ideal_res[np.abs(ideal_res) <= _RESIDUAL_RTOL * np.abs(ideal)] = 0.0
+    values["ideal_s"] = np.where(level == LEVEL_CODE["kernel"], ideal, ideal_res)
+    units = np.union1d(kernel, other[residual_any[other]])
+
+    op_row = frame.ancestor_at("op", include_self=True)
+    mod_row = frame.ancestor_at("module", include_self=True)
+    op_names = _names_at(frame, np.unique(op_row[op_row >= 0]), "name")
+    mods = np.unique(mod_row[mod_row >= 0])
+    paths = _names_at(frame, mods, "plasmient.module.path")
+    missing = mods[paths[mods] == None]  # noqa: E711 (elementwise on an object array)
+    paths[missing] = _names_at(frame, missing, "name")[missing]
+    kernel_names = _names_at(frame, kernel, "name")
+
+    # Units outside any op/module: a step's idle gaps, a rank's straggler wait, or a kernel with no op.
+    lvl = level[units]
+    own_label = np.where(lvl == LEVEL_CODE["step"], IDLE_LABEL,
+                         np.where(lvl < LEVEL_CODE["step"], STRAGGLER_WAIT, NOT_EXPORTED)).astype(object)
+    above_ops = lvl <= LEVEL_CODE["step"]
+    k_label = np.where(lvl == LEVEL_CODE["kernel"], kernel_names[units], own_label)
+    o_of = op_row[units]
+    o_label = np.where(o_of >= 0, op_names[np.maximum(o_of, 0)], np.where(above_ops, own_label, NO_OP))
+    m_of = mod_row[units]
+    m_label = np.where(m_of >= 0, paths[np.maximum(m_of, 0)], np.where(above_ops, own_label, NO_MODULE))
+    columns: dict[str, Any] = {
+        "module": _patterns(pa.array(m_label.tolist(), pa.string())),
+        "op": pa.array(o_label.tolist(), pa.string()),
+        "kernel": pa.array(k_label.tolist(), pa.string()),
+        "kernels": pa.array((lvl == LEVEL_CODE["kernel"]).astype(np.int64)),
+    }
+    for q in QUANTITIES:
+        v = values[q][units]
+        columns[q] = pa.array(v, pa.float64(), mask=np.isnan(v))
+    return pa.table(columns)
+
+
+def _patterns(paths: pa.Array) -> pa.Array:
+    """Module paths with layer numbers as '*', computed once per distinct path."""
+    enc = pc.dictionary_encode(paths)
+    pats = pa.array([module_pattern(p) if p is not None else None for p in enc.dictionary.to_pylist()], pa.string())
+    return pats.take(enc.indices)
+
+
+def per_name(units: pa.Table, dimension: str) -> pa.Table:
+    """Units summed per name of one dimension; a quantity no unit of the row knows stays null."""
+    aggs = [(q, "sum") for q in QUANTITIES] + [("kernels", "sum")]
+    out = units.group_by(dimension).aggregate(aggs)
+    return out.rename_columns([c.removesuffix("_sum") for c in out.column_names])
+
+
+# ---- the comparison -----------------------------------------------------------------------------
+
+
+@dataclass
+class Side:
+    """One input: its units, totals and step-weighted MFU."""
+
+    label: str
+    units: pa.Table
+    mfu: float | None  # step spans' MFU weighted by their device-seconds; None when no step has one
+    steps: int
+
+    def total(self, q: str) -> float | None:
+        col = self.units.column(q)
+        return None if col.null_count == len(col) else float(pc.sum(col).as_py())
+
+
+def side_from_batch(batch: SpanBatch, label: str) -> Side:
+    frame = SpanFrame(batch)
+    steps = np.nonzero(frame.is_level("step"))[0]
+    mfu = weighted_mean(frame.num("plasmient.mfu")[steps], frame.device_s[steps]) if steps.size else None
+    return Side(label, unit_table(batch), mfu, int(steps.size))
+
+
+def _side_values(table: pa.Table, q: str, present: np.ndarray) -> np.ndarray:
+    """A summed column after the outer join: 0 where the name did not run on that side, NaN where unknown."""
+    v = np.array(table.column(q).to_numpy(zero_copy_only=False), dtype=np.float64)
+    v[~present] = 0.0
+    return v
+
+
+def compare(a: Side, b: Side, dimension: str) -> list[dict[str, Any]]:
+    """Rows for one dimension, ranked by |change in wasted seconds| (unknown changes last)."""
+    ta, tb = per_name(a.units, dimension), per_name(b.units, dimension)
+    ta = ta.append_column("_a", pa.array(np.ones(ta.num_rows, dtype=bool)))
+    tb = tb.append_column("_b", pa.array(np.ones(tb.num_rows, dtype=bool)))
+    joined = ta.join(tb, keys=dimension, join_type="full outer", left_suffix=".a", right_suffix=".b",
+                     coalesce_keys=True)
+    if joined.num_rows == 0:
+        return []
+    in_a = joined.column("_a").fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+    in_b = joined.column("_b").fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+    col: dict[str, np.ndarray] = {}
+    for q in QUANTITIES + ("kernels",):
+        col[q + "_a"] = _side_values(joined, q + ".a", in_a)
+        col[q + "_b"] = _side_values(joined, q + ".b", in_b)
+        col[q + "_delta"] = col[q + "_b"] - col[q + "_a"]
+    for s in ("a", "b"):
+        busy, ideal = col[f"busy_s_{s}"], col[f"ideal_s_{s}"]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            col[f"mfu_{s}"] = np.where(busy > 0, ideal / busy, np.nan)
+    col["mfu_delta"] = col["mfu_b"] - col["mfu_a"]
+    key = np.abs(col["wasted_s_delta"])
+    order = np.lexsort((-np.abs(np.nan_to_num(col["busy_s_delta"])), -np.nan_to_num(key, nan=-1.0)))
+    names = joined.column(dimension).to_pylist()
+    rows = []
+    for i in order.tolist():
+        row: dict[str, Any] = {"name": names[i], "in_a": bool(in_a[i]), "in_b": bool(in_b[i])}
+        for k, v in col.items():
+            x = float(v[i])
+            row[k] = None if np.isnan(x) else x
+        row["kernels_a"] = int(row["kernels_a"] or 0)
+        row["kernels_b"] = int(row["kernels_b"] or 0)
+        rows.append(row)
+    return rows
+
+
+def diff(a: Side, b: Side) -> dict[str, Any]:
+    """The whole comparison: totals per side and the ranked rows of each dimension."""
+    totals = {}
+    for q in QUANTITIES:
+        ta, tb = a.total(q), b.total(q)
+        totals[q] = {"a": ta, "b": tb, "delta": None if ta is None or tb is None else tb - ta}
+    totals["mfu"] = {"a": a.mfu, "b": b.mfu, "delta": None if a.mfu is None or b.mfu is None else b.mfu - a.mfu}
+    totals["steps"] = {"a": a.steps, "b": b.steps, "delta": b.steps - a.steps}
+    return {"a": a.label, "b": b.label, "totals": totals, **{d: compare(a, b, d) for d in DIMENSIONS}}
+
+
+def mfu_drop(result: dict[str, Any]) -> float | None:
+    """Relative drop of B's step-weighted MFU below A's (0.05 = 5% lower); None when either is unknown."""
+    a, b = result["totals"]["mfu"]["a"], result["totals"]["mfu"]["b"]
+    if a is None or b is None or a <= 0:
+        return None
+    return (a - b) / a
