@@ -252,3 +252,48 @@ def test_bad_inputs_exit_2_with_one_line(spans_dir: Path, tmp_path: Path, capsys
             err = capsys.readouterr().err.strip().splitlines()
             assert rc == 2, what
             assert len(err) == 1 and str(bad) in err[0] and "Traceback" not in err[0], (what, err)
+
+
+# ---- the HTML section ----------------------------------------------------------------------------
+
+
+DIFF_ROWS_JS = """Object.fromEntries([...document.querySelectorAll('table.diff')].map(t => [t.dataset.dimension,
+  [...t.querySelectorAll('tbody tr[data-name]')].map(tr => Object.fromEntries([...tr.querySelectorAll('td[data-field]')]
+    .map(td => [td.dataset.field, [td.textContent, td.dataset.value]])))]))"""
+
+
+def test_html_report_of_b_opens_with_the_diff(spans_dir: Path, tmp_path: Path) -> None:
+    from browser import Browser, chromium_path
+
+    if chromium_path() is None:
+        pytest.skip("/usr/bin/chromium is missing: run scripts/install-test-deps.sh")
+    src = spans_dir / "vit.jsonl"
+    spans = raw_spans(src)
+    module = "ViTModel_*.ViTEncoder_*.ViTLayer_*.LayerNorm_*"
+    _write_slowed(src, tmp_path / "slow.jsonl", module, 3.0)
+    page = tmp_path / "diff.html"
+    rc, result = run_diff(src, tmp_path / "slow.jsonl", tmp_path, "--html", str(page), "--quiet")
+    assert rc == 0
+    plain = tmp_path / "plain.html"
+    assert main(["report", str(src), "--html", str(plain), "--quiet"]) == 0
+    with Browser(width=1400, height=1000) as b:
+        b.goto(page.resolve().as_uri())
+        assert b.eval("document.body.getAttribute('data-ready')") == "1"
+        assert b.js_errors() == []
+        assert b.eval("document.getElementById('diff-section').hidden") is False
+        shown = b.eval(DIFF_ROWS_JS)
+        totals = b.eval("Object.fromEntries([...document.querySelectorAll('#diff-totals tr[data-total]')]"
+                        ".map(tr => [tr.dataset.total, [...tr.querySelectorAll('td')].map(td => td.textContent)]))")
+        b.goto(plain.resolve().as_uri())
+        assert b.eval("document.getElementById('diff-section').hidden") is True
+    first = shown["module"][0]
+    assert first["name"][0] == module
+    # the page's numbers are the slowed spans' own: 2x the module's exclusive waste, from the raw JSON
+    mod_of = _module_of(spans)
+    waste = sum(s["attrs"].get("plasmient.wasted_s.self") or 0.0 for s in spans
+                if s["attrs"].get("plasmient.level") == "op" and mod_of[s["id"]] == module)
+    assert float(first["wasted_s_delta"][1]) == pytest.approx(2 * waste, rel=1e-9)
+    assert first["wasted_s_delta"][0] == "+" + fmt_seconds(2 * waste)
+    assert [r["name"][0] for r in shown["op"]] == [r["name"] for r in result["op"][:len(shown["op"])]]
+    assert totals["wasted"][1] == fmt_seconds(sum(s["attrs"]["plasmient.wasted_s"] for s in spans
+                                                  if s["attrs"].get("plasmient.level") == "fleet"))

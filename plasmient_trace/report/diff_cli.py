@@ -50,7 +50,7 @@ def add_diff_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exit 1 when B's step-weighted MFU is more than PCT (relative, e.g. 5%%) below A's")
     parser.add_argument("--top", type=int, default=10, help="rows per table (default 10)")
     parser.add_argument("--json", metavar="OUT.json", help="also write every row of the comparison as JSON")
-    parser.add_argument("--html", metavar="OUT.html", help="also write the comparison as a self-contained HTML page")
+    parser.add_argument("--html", metavar="OUT.html", help="also write B's HTML report with the comparison as its first section")
     parser.add_argument("--quiet", "-q", action="store_true", help="print no tables (the exit status still applies)")
     add_stitch_arguments(parser)
 
@@ -183,7 +183,8 @@ def run_diff(args: argparse.Namespace) -> int:
 
     try:
         a = D.side_from_batch(load_side(args.a, args), args.a)
-        b = D.side_from_batch(load_side(args.b, args), args.b)
+        batch_b = load_side(args.b, args)
+        b = D.side_from_batch(batch_b, args.b)
     except DiffInputError as err:
         print(f"plasmient diff: error: {err}", file=sys.stderr)  # plain print: rich would wrap the one line
         return D.EXIT_BAD_INPUT
@@ -194,9 +195,11 @@ def run_diff(args: argparse.Namespace) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1, allow_nan=False))
         if args.html:
-            from plasmient_trace.report.html import write_diff_report
+            from plasmient_trace.report.html import write_report
 
-            write_diff_report(result, args.html, top=max(args.top, 1))
+            # B's own report, with the comparison as its first section
+            write_report(batch_b, args.html, title=f"plasmient diff: {Path(args.a).name} → {Path(args.b).name}",
+                         diff=result)
     except OSError as err:
         print(f"plasmient diff: error: cannot write {err.filename}: {err.strerror}", file=sys.stderr)
         return D.EXIT_BAD_INPUT
