@@ -297,3 +297,20 @@ def test_html_report_of_b_opens_with_the_diff(spans_dir: Path, tmp_path: Path) -
     assert [r["name"][0] for r in shown["op"]] == [r["name"] for r in result["op"][:len(shown["op"])]]
     assert totals["wasted"][1] == fmt_seconds(sum(s["attrs"]["plasmient.wasted_s"] for s in spans
                                                   if s["attrs"].get("plasmient.level") == "fleet"))
+
+
+def test_per_step_divides_each_side_by_its_step_count(spans_dir: Path, tmp_path: Path) -> None:
+    a, v = raw_spans(spans_dir / "rank0.jsonl"), raw_spans(spans_dir / "vit.jsonl")
+    steps_a = sum(1 for s in a if s["attrs"].get("plasmient.level") == "step")
+    assert steps_a == 2
+    rc, result = run_diff(spans_dir / "rank0.jsonl", spans_dir / "vit.jsonl", tmp_path, "--per-step", "--quiet")
+    assert rc == 0 and result["per_step"] is True
+    t = result["totals"]
+    assert t["busy_s"]["a"] == pytest.approx(_sum(a, "plasmient.busy_s", "fleet") / steps_a, rel=1e-9)
+    assert t["busy_s"]["b"] == pytest.approx(_sum(v, "plasmient.busy_s", "fleet"), rel=1e-9)  # one step
+    kernels = _by_name(a, "plasmient.wasted_s", "kernel")
+    rows = {r["name"]: r for r in result["kernel"]}
+    for name, w in kernels.items():
+        assert rows[name]["wasted_s_a"] == pytest.approx(w / steps_a, rel=1e-9, abs=1e-15)
+    only_a = kernels.keys() - _by_name(v, "plasmient.wasted_s", "kernel").keys()
+    assert only_a and all(rows[n]["in_b"] is False and rows[n]["wasted_s_b"] == 0 for n in only_a)

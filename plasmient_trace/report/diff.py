@@ -15,7 +15,8 @@ three tables sum the units per name: *device time* is the sum of ``plasmient.bus
 units (concurrent kernels share a device-second, so nothing is counted twice), *wasted* the sum of
 ``plasmient.wasted_s.self``; a row's MFU is its ideal seconds over its busy seconds (MFU of the time its
 kernels held the device, at each kernel's own peak; a lower bound where FLOPs are unknown). Rows are ranked by
-the absolute change in wasted seconds. The CI gate compares step-weighted MFU: the step spans' MFU weighted
+the absolute change in wasted seconds; with ``per_step`` each side is first divided by its number of step spans.
+The CI gate compares step-weighted MFU: the step spans' MFU weighted
 by their device-seconds, as the terminal summary's "all" row computes it.
 """
 
@@ -55,15 +56,10 @@ def _children_sum(frame: SpanFrame, values: np.ndarray, rows: np.ndarray) -> np.
     return np.bincount(frame.parent[child], weights=np.nan_to_num(values[child]), minlength=frame.n)
 
 
-def _names_at(frame: SpanFrame, rows: np.ndarray, column: str) -> np.ndarray:
-    """Labels of `rows` (object array, None where absent), looked up once per distinct value."""
-    out = np.full(frame.n, None, dtype=object)
-    if rows.size == 0:
-        return out
-    enc = pc.dictionary_encode(frame.strings(column).take(pa.array(rows)))
-    values = np.array(enc.dictionary.to_pylist() + [None], dtype=object)
-    out[rows] = values[enc.indices.fill_null(len(enc.dictionary)).to_numpy(zero_copy_only=False)]
-    return out
+def _codes(arr: pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """Per row, an index into the returned dictionary of distinct values (-1 where null)."""
+    enc = pc.dictionary_encode(arr)
+    return enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64), enc.dictionary
 
 
 def unit_table(batch: SpanBatch) -> pa.Table:
@@ -75,11 +71,11 @@ def unit_table(batch: SpanBatch) -> pa.Table:
     values: dict[str, np.ndarray] = {}
     residual_any = np.zeros(frame.n, dtype=bool)
     for q, col in _SELF_COLUMNS.items():
-        own = frame.num(col)
-        res = own - _children_sum(frame, own, kernel)
-        res[np.abs(res) <= _RESIDUAL_RTOL * np.abs(own)] = 0.0
+        exclusive = frame.num(col)
+        res = exclusive - _children_sum(frame, exclusive, kernel)
+        res[np.abs(res) <= _RESIDUAL_RTOL * np.abs(exclusive)] = 0.0
         residual_any |= np.nan_to_num(res) != 0
-        values[q] = np.where(level == LEVEL_CODE["kernel"], own, res)
+        values[q] = np.where(level == LEVEL_CODE["kernel"], exclusive, res)
     # ideal_s has no .self: a span's own share is its total minus its children's (the attribute is additive).
     ideal = frame.num("plasmient.ideal_s")
     ideal_res = ideal - _children_sum(frame, ideal, np.nonzero(frame.parent >= 0)[0])
@@ -87,42 +83,32 @@ def unit_table(batch: SpanBatch) -> pa.Table:
     values["ideal_s"] = np.where(level == LEVEL_CODE["kernel"], ideal, ideal_res)
     units = np.union1d(kernel, other[residual_any[other]])
 
-    op_row = frame.ancestor_at("op", include_self=True)
-    mod_row = frame.ancestor_at("module", include_self=True)
-    op_names = _names_at(frame, np.unique(op_row[op_row >= 0]), "name")
-    mods = np.unique(mod_row[mod_row >= 0])
-    paths = _names_at(frame, mods, "plasmient.module.path")
-    missing = mods[paths[mods] == None]  # noqa: E711 (elementwise on an object array)
-    paths[missing] = _names_at(frame, missing, "name")[missing]
-    kernel_names = _names_at(frame, kernel, "name")
+    # Every label is a code into one vocabulary: the bracketed labels of time outside any kernel, op or
+    # module first, then the span names and module patterns, so no Python runs per span.
+    special = [IDLE_LABEL, STRAGGLER_WAIT, NOT_EXPORTED, NO_OP, NO_MODULE]
+    name_code, names = _codes(frame.strings("name"))
+    path = pc.coalesce(frame.strings("plasmient.module.path"), frame.strings("name"))
+    path_code, paths = _codes(pc.if_else(pa.array(level == LEVEL_CODE["module"]), path, pa.scalar(None, pa.string())))
+    patterns = pa.array([module_pattern(p) for p in paths.to_pylist()], pa.string())
+    vocab = pa.concat_arrays([pa.array(special, pa.string()), names.cast(pa.string()), patterns])
+    name_base, pattern_base = len(special), len(special) + len(names)
 
-    # Units outside any op/module: a step's idle gaps, a rank's straggler wait, or a kernel with no op.
     lvl = level[units]
-    own_label = np.where(lvl == LEVEL_CODE["step"], IDLE_LABEL,
-                         np.where(lvl < LEVEL_CODE["step"], STRAGGLER_WAIT, NOT_EXPORTED)).astype(object)
-    above_ops = lvl <= LEVEL_CODE["step"]
-    k_label = np.where(lvl == LEVEL_CODE["kernel"], kernel_names[units], own_label)
-    o_of = op_row[units]
-    o_label = np.where(o_of >= 0, op_names[np.maximum(o_of, 0)], np.where(above_ops, own_label, NO_OP))
-    m_of = mod_row[units]
-    m_label = np.where(m_of >= 0, paths[np.maximum(m_of, 0)], np.where(above_ops, own_label, NO_MODULE))
-    columns: dict[str, Any] = {
-        "module": _patterns(pa.array(m_label.tolist(), pa.string())),
-        "op": pa.array(o_label.tolist(), pa.string()),
-        "kernel": pa.array(k_label.tolist(), pa.string()),
-        "kernels": pa.array((lvl == LEVEL_CODE["kernel"]).astype(np.int64)),
-    }
+    own = np.where(lvl == LEVEL_CODE["step"], 0, np.where(lvl < LEVEL_CODE["step"], 1, 2))
+    is_kernel = lvl == LEVEL_CODE["kernel"]
+    k_code = np.where(is_kernel, name_base + name_code[units], own)
+    o_of = frame.ancestor_at("op", include_self=True)[units]
+    o_code = np.where(o_of >= 0, name_base + name_code[np.maximum(o_of, 0)], np.where(is_kernel, 3, own))
+    m_of = frame.ancestor_at("module", include_self=True)[units]
+    m_code = np.where(m_of >= 0, pattern_base + path_code[np.maximum(m_of, 0)],
+                      np.where(lvl > LEVEL_CODE["step"], 4, own))
+    columns: dict[str, Any] = {dim: vocab.take(pa.array(code)) for dim, code in
+                               (("module", m_code), ("op", o_code), ("kernel", k_code))}
+    columns["kernels"] = pa.array(is_kernel.astype(np.int64))
     for q in QUANTITIES:
         v = values[q][units]
         columns[q] = pa.array(v, pa.float64(), mask=np.isnan(v))
     return pa.table(columns)
-
-
-def _patterns(paths: pa.Array) -> pa.Array:
-    """Module paths with layer numbers as '*', computed once per distinct path."""
-    enc = pc.dictionary_encode(paths)
-    pats = pa.array([module_pattern(p) if p is not None else None for p in enc.dictionary.to_pylist()], pa.string())
-    return pats.take(enc.indices)
 
 
 def per_name(units: pa.Table, dimension: str) -> pa.Table:
@@ -143,6 +129,17 @@ class Side:
     units: pa.Table
     mfu: float | None  # step spans' MFU weighted by their device-seconds; None when no step has one
     steps: int
+
+    def per_step(self) -> "Side":
+        """The same side with every additive quantity divided by its number of steps (kernel counts stay
+        totals), for runs that profiled a different number of steps; unchanged when it has no step."""
+        if self.steps <= 1:
+            return self
+        units = self.units
+        for q in QUANTITIES:
+            i = units.schema.get_field_index(q)
+            units = units.set_column(i, q, pc.divide(units.column(q), float(self.steps)))
+        return Side(self.label, units, self.mfu, self.steps)
 
     def total(self, q: str) -> float | None:
         col = self.units.column(q)
@@ -199,15 +196,19 @@ def compare(a: Side, b: Side, dimension: str) -> list[dict[str, Any]]:
     return rows
 
 
-def diff(a: Side, b: Side) -> dict[str, Any]:
-    """The whole comparison: totals per side and the ranked rows of each dimension."""
+def diff(a: Side, b: Side, per_step: bool = False) -> dict[str, Any]:
+    """The whole comparison: totals per side and the ranked rows of each dimension (per step of each
+    side with `per_step`)."""
+    if per_step:
+        a, b = a.per_step(), b.per_step()
     totals = {}
     for q in QUANTITIES:
         ta, tb = a.total(q), b.total(q)
         totals[q] = {"a": ta, "b": tb, "delta": None if ta is None or tb is None else tb - ta}
     totals["mfu"] = {"a": a.mfu, "b": b.mfu, "delta": None if a.mfu is None or b.mfu is None else b.mfu - a.mfu}
     totals["steps"] = {"a": a.steps, "b": b.steps, "delta": b.steps - a.steps}
-    return {"a": a.label, "b": b.label, "totals": totals, **{d: compare(a, b, d) for d in DIMENSIONS}}
+    return {"a": a.label, "b": b.label, "per_step": per_step, "totals": totals,
+            **{d: compare(a, b, d) for d in DIMENSIONS}}
 
 
 def mfu_drop(result: dict[str, Any]) -> float | None:

@@ -48,6 +48,8 @@ def add_diff_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("b", metavar="B", help="the run compared with it, in any of the same forms")
     parser.add_argument("--fail-if-mfu-drops", metavar="PCT", type=parse_percent, default=None,
                         help="exit 1 when B's step-weighted MFU is more than PCT (relative, e.g. 5%%) below A's")
+    parser.add_argument("--per-step", action="store_true",
+                        help="divide each side's times, FLOPs and $ by its number of steps (runs that profiled different step counts)")
     parser.add_argument("--top", type=int, default=10, help="rows per table (default 10)")
     parser.add_argument("--json", metavar="OUT.json", help="also write every row of the comparison as JSON")
     parser.add_argument("--html", metavar="OUT.html", help="also write B's HTML report with the comparison as its first section")
@@ -136,7 +138,8 @@ def render(result: dict[str, Any], console: Any, top: int) -> None:
     from rich.text import Text
 
     t = result["totals"]
-    head = Table(title=f"plasmient diff: A = {result['a']}, B = {result['b']}", title_justify="left", header_style="bold")
+    per = " (per step)" if result["per_step"] else ""
+    head = Table(title=f"plasmient diff{per}: A = {result['a']}, B = {result['b']}", title_justify="left", header_style="bold")
     for col in ("", "A", "B", "change"):
         head.add_column(col, justify="right" if col else "left", no_wrap=True)
     head.add_row("steps", str(t["steps"]["a"]), str(t["steps"]["b"]), f"{t['steps']['delta']:+d}")
@@ -188,7 +191,7 @@ def run_diff(args: argparse.Namespace) -> int:
     except DiffInputError as err:
         print(f"plasmient diff: error: {err}", file=sys.stderr)  # plain print: rich would wrap the one line
         return D.EXIT_BAD_INPUT
-    result = D.diff(a, b)
+    result = D.diff(a, b, per_step=args.per_step)
     if not args.quiet:
         render(result, Console(), max(args.top, 1))
     try:
