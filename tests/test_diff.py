@@ -314,3 +314,25 @@ def test_per_step_divides_each_side_by_its_step_count(spans_dir: Path, tmp_path:
         assert rows[name]["wasted_s_a"] == pytest.approx(w / steps_a, rel=1e-9, abs=1e-15)
     only_a = kernels.keys() - _by_name(v, "plasmient.wasted_s", "kernel").keys()
     assert only_a and all(rows[n]["in_b"] is False and rows[n]["wasted_s_b"] == 0 for n in only_a)
+
+
+def test_parquet_rows_are_the_json_rows_in_the_documented_schema(spans_dir: Path, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    from plasmient_trace.report.diff import DIFF_ROW_SCHEMA, diff_document
+
+    out = tmp_path / "rows.parquet"
+    rc, result = run_diff(spans_dir / "rank0.jsonl", spans_dir / "rank1.jsonl", tmp_path, "--parquet", str(out), "--quiet")
+    assert rc == 0
+    table = pq.read_table(out)
+    assert table.schema.equals(DIFF_ROW_SCHEMA, check_metadata=False)
+    rows = table.to_pylist()
+    assert len(rows) == sum(len(result[d]) for d in ("module", "op", "kernel"))
+    for dim in ("module", "op", "kernel"):
+        mine = [r for r in rows if r["dimension"] == dim]
+        assert [r["position"] for r in mine] == list(range(1, len(mine) + 1))
+        for r, j in zip(mine, result[dim]):
+            assert {k: v for k, v in r.items() if k not in ("dimension", "position")} == {k: j[k] for k in r if k in j}
+    documented = {f["name"] for f in diff_document()["rows"]}
+    assert documented == set(table.column_names)
+    assert documented - {"dimension", "position"} <= set(result["kernel"][0])

@@ -217,3 +217,56 @@ def mfu_drop(result: dict[str, Any]) -> float | None:
     if a is None or b is None or a <= 0:
         return None
     return (a - b) / a
+
+
+# ---- the rows as a table (--parquet) and their documented schema ------------------------------------
+
+_ROW_UNITS = {"busy_s": ("s", "exclusive busy device-seconds (sum of plasmient.busy_s.self of the row's units)"),
+              "wasted_s": ("s", "exclusive wasted device-seconds (sum of plasmient.wasted_s.self)"),
+              "flops": ("{flop}", "useful FLOPs (sum of plasmient.flops.self)"),
+              "ideal_s": ("s", "seconds the FLOPs take at each kernel's peak (plasmient.ideal_s)"),
+              "wasted_usd": ("USD", "exclusive wasted dollars (sum of plasmient.cost.wasted_usd.self)"),
+              "kernels": ("{kernel}", "kernel spans in the row (a count, never divided per step)"),
+              "mfu": ("1", "ideal_s / busy_s of the row; null without busy time or a known peak")}
+
+
+def _row_fields() -> list[pa.Field]:
+    def f(name: str, typ: pa.DataType, unit: str, doc: str, nullable: bool = True) -> pa.Field:
+        return pa.field(name, typ, nullable=nullable, metadata={"unit": unit, "description": doc})
+
+    fields = [f("dimension", pa.string(), "", "module | op | kernel", False),
+              f("position", pa.int64(), "", "1-based place in its dimension, largest |wasted_s_delta| first", False),
+              f("name", pa.string(), "", "module pattern (layer numbers as *), op name or kernel name; "
+                "[device idle], [waiting for other ranks], [kernels not exported], (no op), (no module) for time "
+                "outside those", False),
+              f("in_a", pa.bool_(), "", "the name ran in A", False), f("in_b", pa.bool_(), "", "the name ran in B", False)]
+    for q, (unit, doc) in _ROW_UNITS.items():
+        fields += [f(f"{q}_a", pa.float64(), unit, f"A: {doc}; 0 where the name did not run, null where unknown"),
+                   f(f"{q}_b", pa.float64(), unit, f"B: {doc}"),
+                   f(f"{q}_delta", pa.float64(), unit, "B - A; null where either side is unknown")]
+    return fields
+
+
+DIFF_ROW_SCHEMA = pa.schema(_row_fields())
+
+
+def rows_table(result: dict[str, Any]) -> pa.Table:
+    """Every row of every dimension as one Arrow table in DIFF_ROW_SCHEMA."""
+    cols: dict[str, list[Any]] = {f.name: [] for f in DIFF_ROW_SCHEMA}
+    for dim in DIMENSIONS:
+        for pos, row in enumerate(result[dim], 1):
+            for name in cols:
+                cols[name].append(dim if name == "dimension" else pos if name == "position" else row[name])
+    return pa.Table.from_pydict(cols, schema=DIFF_ROW_SCHEMA)
+
+
+def diff_document() -> dict[str, Any]:
+    """The row schema as schemas/ documents tables (name, type, nullable, unit, description)."""
+    return {
+        "description": "Rows of `plasmient diff A B` (--json per dimension, --parquet as one table): per module "
+                       "pattern, op name and kernel name, the exclusive device time, waste, FLOPs and MFU of each side. "
+                       "Totals in --json: the same quantities summed over all units, plus mfu = the step spans' MFU "
+                       "weighted by their device-seconds, and steps.",
+        "rows": [{"name": f.name, "type": str(f.type), "nullable": f.nullable,
+                  **{k.decode(): v.decode() for k, v in (f.metadata or {}).items()}} for f in DIFF_ROW_SCHEMA],
+    }

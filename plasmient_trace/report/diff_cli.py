@@ -52,6 +52,7 @@ def add_diff_arguments(parser: argparse.ArgumentParser) -> None:
                         help="divide each side's times, FLOPs and $ by its number of steps (runs that profiled different step counts)")
     parser.add_argument("--top", type=int, default=10, help="rows per table (default 10)")
     parser.add_argument("--json", metavar="OUT.json", help="also write every row of the comparison as JSON")
+    parser.add_argument("--parquet", metavar="OUT.parquet", help="also write every row as one Parquet table (report.diff.DIFF_ROW_SCHEMA)")
     parser.add_argument("--html", metavar="OUT.html", help="also write B's HTML report with the comparison as its first section")
     parser.add_argument("--quiet", "-q", action="store_true", help="print no tables (the exit status still applies)")
     add_stitch_arguments(parser)
@@ -197,6 +198,10 @@ def run_diff(args: argparse.Namespace) -> int:
     try:
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1, allow_nan=False))
+        if args.parquet:
+            import pyarrow.parquet as pq
+
+            pq.write_table(D.rows_table(result), args.parquet, compression="zstd")
         if args.html:
             from plasmient_trace.report.html import write_report
 
