@@ -240,15 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
         report.set_defaults(func=run_report)
     except ImportError:
         pass
-    try:
-        from .report.diff_cli import add_diff_arguments, run_diff
-
-        diff = sub.add_parser("diff", help="compare two runs (span files or traces) per module, op and kernel; CI gate on MFU")
-        add_diff_arguments(diff)
-        diff.set_defaults(func=run_diff)
-    except ImportError:
-        pass
-    for module, name in (("capture.cli", "run"), ("export.spill", "replay")):
+    for module, name in (("capture.cli", "run"), ("export.spill", "replay"), ("report.diff_cli", "diff")):
         try:
             mod = __import__(f"plasmient_trace.{module}", fromlist=["register"])
             mod.register(sub)

@@ -58,6 +58,13 @@ def add_diff_arguments(parser: argparse.ArgumentParser) -> None:
     add_stitch_arguments(parser)
 
 
+def register(sub: Any) -> None:
+    """Add `diff` to the top-level `plasmient` subcommands (called by plasmient_trace/cli.py)."""
+    parser = sub.add_parser("diff", help="compare two runs (span files or traces) per module, op and kernel; CI gate on MFU")
+    add_diff_arguments(parser)
+    parser.set_defaults(func=run_diff)
+
+
 # ---- inputs -------------------------------------------------------------------------------------
 
 
