@@ -252,6 +252,10 @@ def test_bad_inputs_exit_2_with_one_line(spans_dir: Path, tmp_path: Path, capsys
             err = capsys.readouterr().err.strip().splitlines()
             assert rc == 2, what
             assert len(err) == 1 and str(bad) in err[0] and "Traceback" not in err[0], (what, err)
+    # an output that cannot be written is bad input too
+    rc = main(["diff", str(good), str(good), "--quiet", "--json", str(tmp_path / "no" / "such" / "dir.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "dir.json" in err[0]
 
 
 # ---- the HTML section ----------------------------------------------------------------------------

@@ -137,7 +137,15 @@ def _pp(x: float | None) -> str:
 
 
 def _flops(x: float | None) -> str:
-    return "n/a" if x is None else f"{x / 1e9:,.3g} GFLOP" if x else "0"
+    """FLOPs with an SI prefix and 3 significant digits (1.65 TFLOP), as the page's fmtSi writes them."""
+    if x is None:
+        return "n/a"
+    if x == 0:
+        return "0"
+    prefixes, i, v = ("", "k", "M", "G", "T", "P", "E"), 0, x
+    while abs(v) >= 1000 and i < len(prefixes) - 1:
+        v, i = v / 1000, i + 1
+    return f"{v:.3g} {prefixes[i]}FLOP"
 
 
 def render(result: dict[str, Any], console: Any, top: int) -> None:
