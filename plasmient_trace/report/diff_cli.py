@@ -190,7 +190,9 @@ def gate(result: dict[str, Any], threshold: float | None) -> tuple[int, str | No
     drop = D.mfu_drop(result)
     mfu = result["totals"]["mfu"]
     if drop is None:
-        side = result["a"] if mfu["a"] is None or not mfu["a"] else result["b"]
+        if mfu["a"] == 0:
+            return D.EXIT_BAD_INPUT, f"{result['a']}: its step-weighted MFU is 0, so a relative drop is undefined"
+        side = result["a"] if mfu["a"] is None else result["b"]
         return D.EXIT_BAD_INPUT, f"{side}: no step has a known MFU, so --fail-if-mfu-drops cannot be judged"
     line = (f"step-weighted MFU {fmt_pct(mfu['a'])} -> {fmt_pct(mfu['b'])} "
             f"({-drop * 100 + 0.0:+.1f}% relative; limit -{threshold * 100:g}%)")
