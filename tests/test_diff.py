@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import trace_path
+from conftest import ALL_TRACES, ingested, trace_path
 from plasmient_trace.cli import main
 from plasmient_trace.report.summary import fmt_seconds
 
@@ -109,6 +109,31 @@ def test_two_ranks_totals_and_rows_equal_the_raw_span_sums(spans_dir: Path, tmp_
     # the step's host gaps are one row, equal to the steps' own waste
     idle = next(r for r in result["op"] if r["name"] == "[device idle]")
     assert idle["wasted_s_a"] == pytest.approx(_sum(a, "plasmient.wasted_s.self", "step"), rel=1e-9)
+
+
+@pytest.mark.parametrize("name", ALL_TRACES)
+def test_every_table_partitions_the_fleet_totals_of_every_shared_trace(name: str) -> None:
+    """Each device-second, wasted second, FLOP, ideal second and wasted dollar of a trace is in exactly one
+    row of each table: the rows sum to the fleet spans' inclusive totals, whatever the trace holds (CUDA
+    graphs, NCCL, AMD, CPU only, folded kernels)."""
+    import pyarrow.compute as pc
+
+    from plasmient_trace.report.diff import diff, side_from_batch
+
+    batch = ingested(name).batch
+    side = side_from_batch(batch, name)
+    result = diff(side, side)
+    fleet = batch.table.filter(pc.equal(batch.table.column("plasmient.level"), "fleet"))
+    for q, attr in (("busy_s", "plasmient.busy_s"), ("wasted_s", "plasmient.wasted_s"), ("flops", "plasmient.flops"),
+                    ("ideal_s", "plasmient.ideal_s"), ("wasted_usd", "plasmient.cost.wasted_usd")):
+        ref = pc.sum(fleet.column(attr)).as_py()
+        assert (result["totals"][q]["a"] is None) == (ref is None), (q, ref)
+        if ref is None:
+            continue
+        assert result["totals"][q]["a"] == pytest.approx(ref, rel=1e-6, abs=1e-12), q
+        for dim in ("module", "op", "kernel"):
+            rows = [r[f"{q}_a"] for r in result[dim] if r[f"{q}_a"] is not None]
+            assert sum(rows) == pytest.approx(ref, rel=1e-6, abs=1e-12), (q, dim)
 
 
 # ---- a run against itself, and against itself slowed down ----------------------------------------
