@@ -127,6 +127,9 @@ def test_every_table_partitions_the_fleet_totals_of_every_shared_trace(name: str
     for q, attr in (("busy_s", "plasmient.busy_s"), ("wasted_s", "plasmient.wasted_s"), ("flops", "plasmient.flops"),
                     ("ideal_s", "plasmient.ideal_s"), ("wasted_usd", "plasmient.cost.wasted_usd")):
         ref = pc.sum(fleet.column(attr)).as_py()
+        if q == "ideal_s":  # and the busy seconds of known-FLOP kernels, as the fleet's coverage gives them
+            known = pc.sum(pc.multiply(fleet.column("plasmient.flops.coverage"), fleet.column("plasmient.busy_s"))).as_py()
+            assert result["totals"]["covered_s"]["a"] == pytest.approx(known, rel=1e-6, abs=1e-12)
         assert (result["totals"][q]["a"] is None) == (ref is None), (q, ref)
         if ref is None:
             continue
@@ -213,6 +216,15 @@ def test_a_run_against_itself_changes_nothing(spans_dir: Path, tmp_path: Path) -
                 assert r[f"{q}_delta"] in (0, None), (dim, r["name"], q)
             assert r["busy_s_delta"] == 0
     assert all(t["delta"] == 0 for t in result["totals"].values())
+    # a kernel whose FLOPs no model knows (coverage 0 on its spans) has an unknown MFU, never 0%
+    cov: dict[str, set] = defaultdict(set)
+    for s in raw_spans(src):
+        if s["attrs"].get("plasmient.level") == "kernel":
+            cov[s["name"]].add(s["attrs"].get("plasmient.flops.coverage"))
+    rows = {r["name"]: r for r in result["kernel"]}
+    unknown = [n for n, c in cov.items() if c == {0.0}]
+    assert unknown and all(rows[n]["mfu_a"] is None and rows[n]["coverage_a"] == 0 for n in unknown)
+    assert all(rows[n]["mfu_a"] is not None and rows[n]["coverage_a"] == 1 for n, c in cov.items() if c == {1.0})
     # the trace file itself (ingested on the fly) and the Parquet spans read the same as the span file
     for other in (trace_path(VIT), spans_dir / "vit_parquet"):
         rc, result = run_diff(src, other, tmp_path)

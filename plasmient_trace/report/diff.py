@@ -14,7 +14,8 @@ nearest module (layer numbers as ``*``, as the culprit rows name them, so twelve
 three tables sum the units per name: *device time* is the sum of ``plasmient.busy_s.self`` over the row's
 units (concurrent kernels share a device-second, so nothing is counted twice), *wasted* the sum of
 ``plasmient.wasted_s.self``; a row's MFU is its ideal seconds over its busy seconds (MFU of the time its
-kernels held the device, at each kernel's own peak; a lower bound where FLOPs are unknown). Rows are ranked by
+kernels held the device, at each kernel's own peak), a lower bound where its coverage (busy share of kernels
+with known FLOPs) is below 1 and unknown where it is 0. Rows are ranked by
 the absolute change in wasted seconds; with ``per_step`` each side is first divided by its number of step spans.
 The CI gate compares step-weighted MFU: the step spans' MFU weighted
 by their device-seconds, as the terminal summary's "all" row computes it.
@@ -39,7 +40,7 @@ NOT_EXPORTED = "[kernels not exported]"
 STRAGGLER_WAIT = "[waiting for other ranks]"
 NO_OP, NO_MODULE = "(no op)", "(no module)"
 # Summed per row; None in a row = unknown on that side (every unit of the row lacked it).
-QUANTITIES = ("busy_s", "wasted_s", "flops", "ideal_s", "wasted_usd")
+QUANTITIES = ("busy_s", "wasted_s", "flops", "ideal_s", "covered_s", "wasted_usd")
 _SELF_COLUMNS = {"busy_s": "plasmient.busy_s.self", "wasted_s": "plasmient.wasted_s.self",
                  "flops": "plasmient.flops.self", "wasted_usd": "plasmient.cost.wasted_usd.self"}
 # A residual below this share of the span's own value is floating-point noise, not folded work.
@@ -76,11 +77,14 @@ def unit_table(batch: SpanBatch) -> pa.Table:
         res[np.abs(res) <= _RESIDUAL_RTOL * np.abs(exclusive)] = 0.0
         residual_any |= np.nan_to_num(res) != 0
         values[q] = np.where(level == LEVEL_CODE["kernel"], exclusive, res)
-    # ideal_s has no .self: a span's own share is its total minus its children's (the attribute is additive).
-    ideal = frame.num("plasmient.ideal_s")
-    ideal_res = ideal - _children_sum(frame, ideal, np.nonzero(frame.parent >= 0)[0])
-    ideal_res[np.abs(ideal_res) <= _RESIDUAL_RTOL * np.abs(ideal)] = 0.0
-    values["ideal_s"] = np.where(level == LEVEL_CODE["kernel"], ideal, ideal_res)
+    # ideal_s and covered_s (busy seconds of kernels whose FLOPs are known: coverage * busy) have no .self:
+    # a span's own share is its total minus its children's, as both are additive.
+    children = np.nonzero(frame.parent >= 0)[0]
+    covered = frame.num("plasmient.flops.coverage") * frame.num("plasmient.busy_s")
+    for q, total in (("ideal_s", frame.num("plasmient.ideal_s")), ("covered_s", covered)):
+        res = total - _children_sum(frame, total, children)
+        res[np.abs(res) <= _RESIDUAL_RTOL * np.abs(total)] = 0.0
+        values[q] = np.where(level == LEVEL_CODE["kernel"], total, res)
     units = np.union1d(kernel, other[residual_any[other]])
 
     # Every label is a code into one vocabulary: the bracketed labels of time outside any kernel, op or
@@ -177,10 +181,13 @@ def compare(a: Side, b: Side, dimension: str) -> list[dict[str, Any]]:
         col[q + "_b"] = _side_values(joined, q + ".b", in_b)
         col[q + "_delta"] = col[q + "_b"] - col[q + "_a"]
     for s in ("a", "b"):
-        busy, ideal = col[f"busy_s_{s}"], col[f"ideal_s_{s}"]
+        busy, ideal, covered = col[f"busy_s_{s}"], col[f"ideal_s_{s}"], col[f"covered_s_{s}"]
         with np.errstate(divide="ignore", invalid="ignore"):
-            col[f"mfu_{s}"] = np.where(busy > 0, ideal / busy, np.nan)
+            # No kernel of the row with known FLOPs: its MFU is unknown, not 0.
+            col[f"mfu_{s}"] = np.where((busy > 0) & (covered > 0), ideal / busy, np.nan)
+            col[f"coverage_{s}"] = np.where(busy > 0, covered / busy, np.nan)
     col["mfu_delta"] = col["mfu_b"] - col["mfu_a"]
+    col["coverage_delta"] = col["coverage_b"] - col["coverage_a"]
     key = np.abs(col["wasted_s_delta"])
     order = np.lexsort((-np.abs(np.nan_to_num(col["busy_s_delta"])), -np.nan_to_num(key, nan=-1.0)))
     names = joined.column(dimension).to_pylist()
@@ -225,9 +232,12 @@ _ROW_UNITS = {"busy_s": ("s", "exclusive busy device-seconds (sum of plasmient.b
               "wasted_s": ("s", "exclusive wasted device-seconds (sum of plasmient.wasted_s.self)"),
               "flops": ("{flop}", "useful FLOPs (sum of plasmient.flops.self)"),
               "ideal_s": ("s", "seconds the FLOPs take at each kernel's peak (plasmient.ideal_s)"),
+              "covered_s": ("s", "busy_s of kernels whose FLOPs are known (plasmient.flops.coverage * busy_s)"),
               "wasted_usd": ("USD", "exclusive wasted dollars (sum of plasmient.cost.wasted_usd.self)"),
               "kernels": ("{kernel}", "kernel spans in the row (a count, never divided per step)"),
-              "mfu": ("1", "ideal_s / busy_s of the row; null without busy time or a known peak")}
+              "mfu": ("1", "ideal_s / busy_s of the row, a lower bound where coverage < 1; null without busy time, "
+                      "without a known peak or without any kernel whose FLOPs are known"),
+              "coverage": ("1", "covered_s / busy_s: the share of the row's busy time whose FLOPs are known")}
 
 
 def _row_fields() -> list[pa.Field]:

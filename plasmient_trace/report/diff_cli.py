@@ -181,6 +181,8 @@ def render(result: dict[str, Any], console: Any, top: int) -> None:
         if len(rows) > top:
             table.add_row(*[""] * 5, f"… {len(rows) - top} more", style="dim")
         console.print(table)
+    console.print(Text("time and wasted are exclusive (each kernel once, host gaps as [device idle]); a row's MFU "
+                       "counts its known FLOPs only (n/a where none is known; coverage per row in --json)", style="dim"))
 
 
 def gate(result: dict[str, Any], threshold: float | None) -> tuple[int, str | None]:

@@ -567,6 +567,7 @@ def report_data(
 
 
 _DIFF_FIELDS = ("name", "in_a", "in_b", "busy_s_a", "busy_s_b", "busy_s_delta", "flops_delta", "mfu_a", "mfu_b",
+                "coverage_a", "coverage_b",
                 "wasted_s_a", "wasted_s_b", "wasted_s_delta", "wasted_usd_delta")
 
 

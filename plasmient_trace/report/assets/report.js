@@ -162,6 +162,8 @@
         td("busy_s_delta", r.busy_s_delta, delta(fmtSeconds, r.busy_s_delta));
         td("flops_delta", r.flops_delta, delta(gflop, r.flops_delta));
         td("mfu", r.mfu_b, fmtPct(r.mfu_a) + " → " + fmtPct(r.mfu_b));
+        tr.lastChild.title = "FLOP coverage " + fmtPct(r.coverage_a) + " → " + fmtPct(r.coverage_b) +
+          " (MFU counts known FLOPs only; n/a where none is known)";
         td("wasted_s_delta", r.wasted_s_delta, delta(fmtSeconds, r.wasted_s_delta));
         td("wasted_usd_delta", r.wasted_usd_delta, delta(fmtUsd, r.wasted_usd_delta));
         tb.appendChild(tr);
