@@ -377,3 +377,26 @@ def test_parquet_rows_are_the_json_rows_in_the_documented_schema(spans_dir: Path
     documented = {f["name"] for f in diff_document()["rows"]}
     assert documented == set(table.column_names)
     assert documented - {"dimension", "position"} <= set(result["kernel"][0])
+
+
+def _step_weighted_mfu(spans: list[dict]) -> float:
+    steps = [s["attrs"] for s in spans if s["attrs"].get("plasmient.level") == "step"]
+    w = [a["plasmient.device.window_s"] * a["plasmient.gpus"] for a in steps]
+    return sum(a["plasmient.mfu"] * x for a, x in zip(steps, w)) / sum(w)
+
+
+def test_gate_on_two_real_ranks_ingested_from_their_traces(tmp_path: Path) -> None:
+    """Rank 0 and rank 1 of one job, given as traces with the GPU named: rank 0's MFU is slightly lower, so
+    the gate trips only below that relative difference. The MFUs are the raw step spans' own."""
+    gpu = ["--gpu-model", "NVIDIA A100-SXM4-80GB"]
+    mfu = {}
+    for trace in (RANK0, RANK1):
+        mfu[trace] = _step_weighted_mfu(raw_spans(_ingest(trace, tmp_path / f"{Path(trace).name}.jsonl", *gpu)))
+    drop = (mfu[RANK1] - mfu[RANK0]) / mfu[RANK1]
+    assert 0.001 < drop < 0.05, drop
+    a, b = trace_path(RANK1), trace_path(RANK0)
+    rc, result = run_diff(a, b, tmp_path, *gpu, "--quiet", "--fail-if-mfu-drops", f"{drop * 100 / 2:.3f}%")
+    assert rc == 1
+    assert result["totals"]["mfu"]["a"] == pytest.approx(mfu[RANK1], rel=1e-9)
+    assert result["totals"]["mfu"]["b"] == pytest.approx(mfu[RANK0], rel=1e-9)
+    assert run_diff(a, b, tmp_path, *gpu, "--quiet", "--fail-if-mfu-drops", f"{drop * 100 * 2:.3f}%")[0] == 0
