@@ -278,6 +278,11 @@ def _bad_inputs(tmp: Path) -> dict[str, Path]:
     raw = trace_path(VIT).read_bytes()
     (tmp / "cut.json.gz").write_bytes(raw[: len(raw) // 2])
     (tmp / "dir").mkdir()
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"x": [1]}), tmp / "foreign.parquet")
+    (tmp / "noise.parquet").write_bytes(b"PAR1 but nothing else")
     return {"missing": tmp / "nope.jsonl", **{p.name: p for p in tmp.iterdir() if p.name != "diff.json"}}
 
 

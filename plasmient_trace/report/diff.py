@@ -15,16 +15,15 @@ three tables sum the units per name: *device time* is the sum of ``plasmient.bus
 units (concurrent kernels share a device-second, so nothing is counted twice), *wasted* the sum of
 ``plasmient.wasted_s.self``; a row's MFU is its ideal seconds over its busy seconds (MFU of the time its
 kernels held the device, at each kernel's own peak), a lower bound where its coverage (busy share of kernels
-with known FLOPs) is below 1 and unknown where it is 0. Rows are ranked by
-the absolute change in wasted seconds; with ``per_step`` each side is first divided by its number of step spans.
-The CI gate compares step-weighted MFU: the step spans' MFU weighted
-by their device-seconds, as the terminal summary's "all" row computes it.
+with known FLOPs) is below 1 and unknown where it is 0. Rows are ranked by the absolute change in wasted
+seconds; with ``per_step`` each side is first divided by its number of step spans. The CI gate compares
+step-weighted MFU: the step spans' MFU weighted by their device-seconds, as the terminal summary's "all" row
+computes it. The command around this comparison is ``report.diff_cli``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np

@@ -102,15 +102,17 @@ def load_side(path_text: str, args: argparse.Namespace) -> SpanBatch:
     if not path.exists():
         raise DiffInputError(f"{path}: no such file")
     try:
-        if path.is_dir() or path.suffix == ".parquet" or _head(path)[:4] == b"PAR1":
-            return _read_parquet(path)
-        if b'"resourceSpans"' in _head(path):
-            return read_span_files([path_text])
-        from plasmient_trace.cli import stitch_options_from_args
-        from plasmient_trace.pipeline import ingest_paths
+        head = b"" if path.is_dir() else _head(path)
+        if path.is_dir() or path.suffix == ".parquet" or head[:4] == b"PAR1":
+            batch = _read_parquet(path)
+        elif b'"resourceSpans"' in head:
+            batch = read_span_files([path_text])
+        else:
+            from plasmient_trace.cli import stitch_options_from_args
+            from plasmient_trace.pipeline import ingest_paths
 
-        options = stitch_options_from_args(args, args.job_id or path.name.split(".")[0])
-        batch = ingest_paths([path], options).batch
+            options = stitch_options_from_args(args, args.job_id or path.name.split(".")[0])
+            batch = ingest_paths([path], options).batch
     except (ReportInputError, TraceFormatError, DiffInputError) as err:
         raise DiffInputError(str(err) if str(err).startswith(str(path)) else f"{path}: {err}") from None
     except (ValueError, IndexError, TypeError, ArithmeticError, MemoryError, OSError, EOFError, zlib.error,
