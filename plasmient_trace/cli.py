@@ -240,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
         report.set_defaults(func=run_report)
     except ImportError:
         pass
-    for module, name in (("capture.cli", "run"), ("export.spill", "replay")):
+    for module, name in (("capture.cli", "run"), ("export.spill", "replay"), ("report.diff_cli", "diff")):
         try:
             mod = __import__(f"plasmient_trace.{module}", fromlist=["register"])
             mod.register(sub)

@@ -39,6 +39,7 @@ ICICLE_MAX_NODES = 20_000
 TIMELINE_MAX_KERNELS = 50_000
 TIMELINE_BINS = 2_000
 ROOFLINE_MAX_POINTS = 5_000
+DIFF_TOP_ROWS = 20  # rows per table of the diff section; the --json output of `plasmient diff` has them all
 NAME_MAX = 300  # CUDA template symbols run to kilobytes; the page shows them middle-ellipsized
 # Used only when neither the caller nor the trace (plasmient.cost.usd) gives a price; the page says so.
 DEFAULT_PRICE_PER_GPU_HOUR = 2.0
@@ -530,8 +531,13 @@ def report_data(
     max_nodes: int = ICICLE_MAX_NODES,
     max_kernels: int = TIMELINE_MAX_KERNELS,
     max_points: int = ROOFLINE_MAX_POINTS,
+    diff: dict[str, Any] | None = None,
+    diff_top: int = DIFF_TOP_ROWS,
 ) -> dict[str, Any]:
-    """The JSON the page embeds (numpy arrays inside; serialise with orjson OPT_SERIALIZE_NUMPY)."""
+    """The JSON the page embeds (numpy arrays inside; serialise with orjson OPT_SERIALIZE_NUMPY).
+
+    ``diff``, the result of ``report.diff.diff`` with this batch as its B side, adds the "what changed"
+    section: its totals and the first ``diff_top`` rows of each table, in the diff's order."""
     frame = SpanFrame(batch)
     rows = rows_from_frame(frame) if frame.n else []
     res = batch.resources
@@ -556,7 +562,26 @@ def report_data(
         "tree": _icicle(frame, title, max_nodes) if frame.n else empty_tree,
         "timeline": _timeline(frame, max_kernels, TIMELINE_BINS),
         "roofline": _roofline(frame, max_points),
+        "diff": None if diff is None else _diff_section(diff, diff_top),
     }
+
+
+_DIFF_FIELDS = ("name", "in_a", "in_b", "busy_s_a", "busy_s_b", "busy_s_delta", "flops_delta", "mfu_a", "mfu_b",
+                "coverage_a", "coverage_b",
+                "wasted_s_a", "wasted_s_b", "wasted_s_delta", "wasted_usd_delta")
+
+
+def _diff_section(diff: dict[str, Any], top: int) -> dict[str, Any]:
+    """The diff trimmed for the page: names middle-ellipsized like every other name in it."""
+    out: dict[str, Any] = {"a": diff["a"], "b": diff["b"], "totals": diff["totals"], "top": top}
+    for dim in ("module", "op", "kernel"):
+        rows = [{k: r[k] for k in _DIFF_FIELDS} for r in diff[dim][:top]]
+        for r in rows:
+            if r["name"] and len(r["name"]) > NAME_MAX:
+                half = (NAME_MAX - 1) // 2
+                r["name"] = r["name"][:half] + "…" + r["name"][-(NAME_MAX - 1 - half):]
+        out[dim] = {"rows": rows, "total_rows": len(diff[dim])}
+    return out
 
 
 def _json_for_script(data: dict[str, Any]) -> str:
@@ -615,6 +640,14 @@ _BODY = """\
   <div id="meta"></div>
 </header>
 <main>
+<section id="diff-section" hidden>
+  <h2>What changed <span class="sub" id="diff-sides"></span></h2>
+  <table id="diff-totals"><thead><tr><th></th><th>A</th><th>B</th><th>change</th></tr></thead><tbody></tbody></table>
+  <div id="diff-tables"></div>
+  <p class="note">Device time is each name's exclusive busy device-seconds (plasmient.busy_s.self of its kernels;
+  host gaps are the [device idle] row), wasted its exclusive wasted_s; MFU is ideal over busy seconds.
+  Rows are ranked by the absolute change in wasted time.</p>
+</section>
 <section id="bill-section">
   <h2>The bill</h2>
   <div class="bill-inputs">

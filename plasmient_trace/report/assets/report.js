@@ -122,6 +122,61 @@
      bill.price_source === "argument" ? "was given when the report was built" : "is assumed (none in the trace): edit it") + "." +
     (bad(bill.mfu) ? " MFU is n/a because the GPU's peak FLOP/s is unknown, so the waste cannot be priced." : "");
 
+  // ---- diff (only on pages written by `plasmient diff --html`) -------------------------------------
+  (function diffSection() {
+    var X = D.diff;
+    if (!X) return;
+    document.getElementById("diff-section").hidden = false;
+    document.getElementById("diff-sides").textContent = "A = " + X.a + " → B = " + X.b + " (this page)";
+    function delta(fmt, x) { return bad(x) ? "n/a" : x === 0 ? "0" : (x > 0 ? "+" : "") + fmt(x); }
+    function gflop(x) { return bad(x) ? "n/a" : x === 0 ? "0" : fmtSi(x, "FLOP"); }
+    function pp(x) { return bad(x) ? "n/a" : x === 0 ? "0" : (x > 0 ? "+" : "") + (x * 100).toFixed(1) + " pp"; }
+    var T = X.totals, body = document.querySelector("#diff-totals tbody");
+    [["steps", T.steps, String, function (x) { return (x > 0 ? "+" : "") + x; }],
+     ["MFU (step-weighted)", T.mfu, fmtPct, pp],
+     ["device time (busy)", T.busy_s, fmtSeconds, function (x) { return delta(fmtSeconds, x); }],
+     ["FLOPs", T.flops, gflop, function (x) { return delta(gflop, x); }],
+     ["wasted", T.wasted_s, fmtSeconds, function (x) { return delta(fmtSeconds, x); }],
+     ["wasted $", T.wasted_usd, fmtUsd, function (x) { return delta(fmtUsd, x); }]].forEach(function (r) {
+      var tr = el("tr", { "data-total": r[0] });
+      tr.appendChild(el("td", null, r[0]));
+      tr.appendChild(el("td", { "data-value": raw(r[1].a) }, r[2](r[1].a)));
+      tr.appendChild(el("td", { "data-value": raw(r[1].b) }, r[2](r[1].b)));
+      tr.appendChild(el("td", { "data-value": raw(r[1].delta) }, r[3](r[1].delta)));
+      body.appendChild(tr);
+    });
+    var box = document.getElementById("diff-tables");
+    ["module", "op", "kernel"].forEach(function (dim) {
+      var part = X[dim];
+      box.appendChild(el("h3", null, "by " + dim + (dim === "module" ? " pattern" : " name")));
+      var table = el("table", { "class": "diff", "data-dimension": dim }), head = el("tr");
+      [dim, "time A", "time B", "Δ time", "Δ FLOPs", "MFU A → B", "Δ wasted", "Δ wasted $"].forEach(function (h) { head.appendChild(el("th", null, h)); });
+      table.appendChild(el("thead")).appendChild(head);
+      var tb = table.appendChild(el("tbody"));
+      part.rows.forEach(function (r) {
+        var tr = el("tr", { "data-name": r.name });
+        function td(field, value, text) { tr.appendChild(el("td", { "data-field": field, "data-value": raw(value) }, text)); }
+        td("name", null, r.name + (r.in_a ? "" : " (new)") + (r.in_b ? "" : " (gone)"));
+        td("busy_s_a", r.busy_s_a, fmtSeconds(r.busy_s_a));
+        td("busy_s_b", r.busy_s_b, fmtSeconds(r.busy_s_b));
+        td("busy_s_delta", r.busy_s_delta, delta(fmtSeconds, r.busy_s_delta));
+        td("flops_delta", r.flops_delta, delta(gflop, r.flops_delta));
+        td("mfu", r.mfu_b, fmtPct(r.mfu_a) + " → " + fmtPct(r.mfu_b));
+        tr.lastChild.title = "FLOP coverage " + fmtPct(r.coverage_a) + " → " + fmtPct(r.coverage_b) +
+          " (MFU counts known FLOPs only; n/a where none is known)";
+        td("wasted_s_delta", r.wasted_s_delta, delta(fmtSeconds, r.wasted_s_delta));
+        td("wasted_usd_delta", r.wasted_usd_delta, delta(fmtUsd, r.wasted_usd_delta));
+        tb.appendChild(tr);
+      });
+      if (part.total_rows > part.rows.length) {
+        var more = el("tr", { "class": "more" });
+        more.appendChild(el("td", { colspan: "8" }, "… " + (part.total_rows - part.rows.length) + " more (plasmient diff --json has every row)"));
+        tb.appendChild(more);
+      }
+      box.appendChild(table);
+    });
+  })();
+
   // ---- steps table ----------------------------------------------------------------------------------
   (function steps() {
     var body = document.querySelector("#steps tbody"), MAX = 50;

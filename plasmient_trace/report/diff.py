@@ -1,0 +1,281 @@
+"""`plasmient diff A B`: what changed between two runs, per module pattern, op name and kernel name.
+
+Each side is a span file (OTLP JSON lines as ``plasmient ingest --out`` writes, or the ``spans.parquet`` of
+``--parquet``) or a profiler trace, ingested first. Both are cut into the same exclusive *units* of device
+time, so every device-second of a side lands in exactly one row of each table:
+
+- every kernel span, with its own busy/wasted seconds, FLOPs, ideal seconds and wasted $;
+- the part of a non-kernel span's exclusive (``.self``) quantities that no kernel child carries: on an op or
+  module, the kernels the span budget folded (``[kernels not exported]``); on a step, its host gaps
+  (``[device idle]``); on rank, node and fleet, the time spent waiting for a straggler.
+
+A unit is named by its kernel name, by its nearest op (itself or an ancestor) and by the module pattern of its
+nearest module (layer numbers as ``*``, as the culprit rows name them, so twelve layers are one row). The
+three tables sum the units per name: *device time* is the sum of ``plasmient.busy_s.self`` over the row's
+units (concurrent kernels share a device-second, so nothing is counted twice), *wasted* the sum of
+``plasmient.wasted_s.self``; a row's MFU is its ideal seconds over its busy seconds (MFU of the time its
+kernels held the device, at each kernel's own peak), a lower bound where its coverage (busy share of kernels
+with known FLOPs) is below 1 and unknown where it is 0. Rows are ranked by the absolute change in wasted
+seconds; with ``per_step`` each side is first divided by its number of step spans. The CI gate compares
+step-weighted MFU: the step spans' MFU weighted by their device-seconds, as the terminal summary's "all" row
+computes it. The command around this comparison is ``report.diff_cli``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from plasmient_trace.conventions import SpanBatch
+from plasmient_trace.report.frame import LEVEL_CODE, SpanFrame, weighted_mean
+from plasmient_trace.stitch.culprits import IDLE_LABEL, module_pattern
+
+DIMENSIONS = ("module", "op", "kernel")
+NOT_EXPORTED = "[kernels not exported]"
+STRAGGLER_WAIT = "[waiting for other ranks]"
+NO_OP, NO_MODULE = "(no op)", "(no module)"
+# Summed per row; None in a row = unknown on that side (every unit of the row lacked it).
+QUANTITIES = ("busy_s", "wasted_s", "flops", "ideal_s", "covered_s", "wasted_usd")
+_SELF_COLUMNS = {"busy_s": "plasmient.busy_s.self", "wasted_s": "plasmient.wasted_s.self",
+                 "flops": "plasmient.flops.self", "wasted_usd": "plasmient.cost.wasted_usd.self"}
+# A residual below this share of the span's own value is floating-point noise, not folded work.
+_RESIDUAL_RTOL = 1e-9
+EXIT_OK, EXIT_MFU_DROPPED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+# ---- units and per-name sums ------------------------------------------------------------------
+
+
+def _children_sum(frame: SpanFrame, values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Per span, the sum of `values` over its direct children among `rows` (NaN children count as 0)."""
+    child = rows[frame.parent[rows] >= 0]
+    return np.bincount(frame.parent[child], weights=np.nan_to_num(values[child]), minlength=frame.n)
+
+
+def _codes(arr: pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """Per row, an index into the returned dictionary of distinct values (-1 where null)."""
+    enc = pc.dictionary_encode(arr)
+    return enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64), enc.dictionary
+
+
+def unit_table(batch: SpanBatch) -> pa.Table:
+    """The exclusive units of device time of a batch (module docstring), one row each, with their three names."""
+    frame = SpanFrame(batch)
+    level = frame.level
+    kernel = np.nonzero(level == LEVEL_CODE["kernel"])[0]
+    other = np.nonzero((level >= 0) & (level != LEVEL_CODE["kernel"]))[0]
+    values: dict[str, np.ndarray] = {}
+    residual_any = np.zeros(frame.n, dtype=bool)
+    for q, col in _SELF_COLUMNS.items():
+        exclusive = frame.num(col)
+        res = exclusive - _children_sum(frame, exclusive, kernel)
+        res[np.abs(res) <= _RESIDUAL_RTOL * np.abs(exclusive)] = 0.0
+        residual_any |= np.nan_to_num(res) != 0
+        values[q] = np.where(level == LEVEL_CODE["kernel"], exclusive, res)
+    # ideal_s and covered_s (busy seconds of kernels whose FLOPs are known: coverage * busy) have no .self:
+    # a span's own share is its total minus its children's, as both are additive.
+    children = np.nonzero(frame.parent >= 0)[0]
+    covered = frame.num("plasmient.flops.coverage") * frame.num("plasmient.busy_s")
+    for q, total in (("ideal_s", frame.num("plasmient.ideal_s")), ("covered_s", covered)):
+        res = total - _children_sum(frame, total, children)
+        res[np.abs(res) <= _RESIDUAL_RTOL * np.abs(total)] = 0.0
+        values[q] = np.where(level == LEVEL_CODE["kernel"], total, res)
+    units = np.union1d(kernel, other[residual_any[other]])
+
+    # Every label is a code into one vocabulary: the bracketed labels of time outside any kernel, op or
+    # module first, then the span names and module patterns, so no Python runs per span.
+    special = [IDLE_LABEL, STRAGGLER_WAIT, NOT_EXPORTED, NO_OP, NO_MODULE]
+    name_code, names = _codes(frame.strings("name"))
+    path = pc.coalesce(frame.strings("plasmient.module.path"), frame.strings("name"))
+    path_code, paths = _codes(pc.if_else(pa.array(level == LEVEL_CODE["module"]), path, pa.scalar(None, pa.string())))
+    patterns = pa.array([module_pattern(p) for p in paths.to_pylist()], pa.string())
+    vocab = pa.concat_arrays([pa.array(special, pa.string()), names.cast(pa.string()), patterns])
+    name_base, pattern_base = len(special), len(special) + len(names)
+
+    lvl = level[units]
+    own = np.where(lvl == LEVEL_CODE["step"], 0, np.where(lvl < LEVEL_CODE["step"], 1, 2))
+    is_kernel = lvl == LEVEL_CODE["kernel"]
+    k_code = np.where(is_kernel, name_base + name_code[units], own)
+    o_of = frame.ancestor_at("op", include_self=True)[units]
+    o_code = np.where(o_of >= 0, name_base + name_code[np.maximum(o_of, 0)], np.where(is_kernel, 3, own))
+    m_of = frame.ancestor_at("module", include_self=True)[units]
+    m_code = np.where(m_of >= 0, pattern_base + path_code[np.maximum(m_of, 0)],
+                      np.where(lvl > LEVEL_CODE["step"], 4, own))
+    columns: dict[str, Any] = {dim: vocab.take(pa.array(code)) for dim, code in
+                               (("module", m_code), ("op", o_code), ("kernel", k_code))}
+    columns["kernels"] = pa.array(is_kernel.astype(np.int64))
+    for q in QUANTITIES:
+        v = values[q][units]
+        columns[q] = pa.array(v, pa.float64(), mask=np.isnan(v))
+    return pa.table(columns)
+
+
+def per_name(units: pa.Table, dimension: str) -> pa.Table:
+    """Units summed per name of one dimension; a quantity no unit of the row knows stays null."""
+    aggs = [(q, "sum") for q in QUANTITIES] + [("kernels", "sum")]
+    out = units.group_by(dimension).aggregate(aggs)
+    return out.rename_columns([c.removesuffix("_sum") for c in out.column_names])
+
+
+# ---- the comparison -----------------------------------------------------------------------------
+
+
+@dataclass
+class Side:
+    """One input: its units, totals and step-weighted MFU."""
+
+    label: str
+    units: pa.Table
+    mfu: float | None  # step spans' MFU weighted by their device-seconds; None when no step has one
+    steps: int
+
+    def per_step(self) -> "Side":
+        """The same side with every additive quantity divided by its number of steps (kernel counts stay
+        totals), for runs that profiled a different number of steps; unchanged when it has no step."""
+        if self.steps <= 1:
+            return self
+        units = self.units
+        for q in QUANTITIES:
+            i = units.schema.get_field_index(q)
+            units = units.set_column(i, q, pc.divide(units.column(q), float(self.steps)))
+        return Side(self.label, units, self.mfu, self.steps)
+
+    def total(self, q: str) -> float | None:
+        col = self.units.column(q)
+        return None if col.null_count == len(col) else float(pc.sum(col).as_py())
+
+
+def side_from_batch(batch: SpanBatch, label: str) -> Side:
+    frame = SpanFrame(batch)
+    steps = np.nonzero(frame.is_level("step"))[0]
+    mfu = weighted_mean(frame.num("plasmient.mfu")[steps], frame.device_s[steps]) if steps.size else None
+    return Side(label, unit_table(batch), mfu, int(steps.size))
+
+
+def _side_values(table: pa.Table, q: str, present: np.ndarray) -> np.ndarray:
+    """A summed column after the outer join: 0 where the name did not run on that side, NaN where unknown."""
+    v = np.array(table.column(q).to_numpy(zero_copy_only=False), dtype=np.float64)
+    v[~present] = 0.0
+    return v
+
+
+def compare(a: Side, b: Side, dimension: str) -> list[dict[str, Any]]:
+    """Rows for one dimension, ranked by |change in wasted seconds| (unknown changes last)."""
+    ta, tb = per_name(a.units, dimension), per_name(b.units, dimension)
+    ta = ta.append_column("_a", pa.array(np.ones(ta.num_rows, dtype=bool)))
+    tb = tb.append_column("_b", pa.array(np.ones(tb.num_rows, dtype=bool)))
+    joined = ta.join(tb, keys=dimension, join_type="full outer", left_suffix=".a", right_suffix=".b",
+                     coalesce_keys=True)
+    if joined.num_rows == 0:
+        return []
+    in_a = joined.column("_a").fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+    in_b = joined.column("_b").fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+    col: dict[str, np.ndarray] = {}
+    for q in QUANTITIES + ("kernels",):
+        col[q + "_a"] = _side_values(joined, q + ".a", in_a)
+        col[q + "_b"] = _side_values(joined, q + ".b", in_b)
+        col[q + "_delta"] = col[q + "_b"] - col[q + "_a"]
+    for s in ("a", "b"):
+        busy, ideal, covered = col[f"busy_s_{s}"], col[f"ideal_s_{s}"], col[f"covered_s_{s}"]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            # No kernel of the row with known FLOPs: its MFU is unknown, not 0.
+            col[f"mfu_{s}"] = np.where((busy > 0) & (covered > 0), ideal / busy, np.nan)
+            col[f"coverage_{s}"] = np.where(busy > 0, covered / busy, np.nan)
+    col["mfu_delta"] = col["mfu_b"] - col["mfu_a"]
+    col["coverage_delta"] = col["coverage_b"] - col["coverage_a"]
+    key = np.abs(col["wasted_s_delta"])
+    order = np.lexsort((-np.abs(np.nan_to_num(col["busy_s_delta"])), -np.nan_to_num(key, nan=-1.0)))
+    names = joined.column(dimension).to_pylist()
+    rows = []
+    for i in order.tolist():
+        row: dict[str, Any] = {"name": names[i], "in_a": bool(in_a[i]), "in_b": bool(in_b[i])}
+        for k, v in col.items():
+            x = float(v[i])
+            row[k] = None if np.isnan(x) else x
+        row["kernels_a"] = int(row["kernels_a"] or 0)
+        row["kernels_b"] = int(row["kernels_b"] or 0)
+        rows.append(row)
+    return rows
+
+
+def diff(a: Side, b: Side, per_step: bool = False) -> dict[str, Any]:
+    """The whole comparison: totals per side and the ranked rows of each dimension (per step of each
+    side with `per_step`)."""
+    if per_step:
+        a, b = a.per_step(), b.per_step()
+    totals = {}
+    for q in QUANTITIES:
+        ta, tb = a.total(q), b.total(q)
+        totals[q] = {"a": ta, "b": tb, "delta": None if ta is None or tb is None else tb - ta}
+    totals["mfu"] = {"a": a.mfu, "b": b.mfu, "delta": None if a.mfu is None or b.mfu is None else b.mfu - a.mfu}
+    totals["steps"] = {"a": a.steps, "b": b.steps, "delta": b.steps - a.steps}
+    return {"a": a.label, "b": b.label, "per_step": per_step, "totals": totals,
+            **{d: compare(a, b, d) for d in DIMENSIONS}}
+
+
+def mfu_drop(result: dict[str, Any]) -> float | None:
+    """Relative drop of B's step-weighted MFU below A's (0.05 = 5% lower); None when either is unknown."""
+    a, b = result["totals"]["mfu"]["a"], result["totals"]["mfu"]["b"]
+    if a is None or b is None or a <= 0:
+        return None
+    return (a - b) / a
+
+
+# ---- the rows as a table (--parquet) and their documented schema ------------------------------------
+
+_ROW_UNITS = {"busy_s": ("s", "exclusive busy device-seconds (sum of plasmient.busy_s.self of the row's units)"),
+              "wasted_s": ("s", "exclusive wasted device-seconds (sum of plasmient.wasted_s.self)"),
+              "flops": ("{flop}", "useful FLOPs (sum of plasmient.flops.self)"),
+              "ideal_s": ("s", "seconds the FLOPs take at each kernel's peak (plasmient.ideal_s)"),
+              "covered_s": ("s", "busy_s of kernels whose FLOPs are known (plasmient.flops.coverage * busy_s)"),
+              "wasted_usd": ("USD", "exclusive wasted dollars (sum of plasmient.cost.wasted_usd.self)"),
+              "kernels": ("{kernel}", "kernel spans in the row (a count, never divided per step)"),
+              "mfu": ("1", "ideal_s / busy_s of the row, a lower bound where coverage < 1; null without busy time, "
+                      "without a known peak or without any kernel whose FLOPs are known"),
+              "coverage": ("1", "covered_s / busy_s: the share of the row's busy time whose FLOPs are known")}
+
+
+def _row_fields() -> list[pa.Field]:
+    def f(name: str, typ: pa.DataType, unit: str, doc: str, nullable: bool = True) -> pa.Field:
+        return pa.field(name, typ, nullable=nullable, metadata={"unit": unit, "description": doc})
+
+    fields = [f("dimension", pa.string(), "", "module | op | kernel", False),
+              f("position", pa.int64(), "", "1-based place in its dimension, largest |wasted_s_delta| first", False),
+              f("name", pa.string(), "", "module pattern (layer numbers as *), op name or kernel name; "
+                "[device idle], [waiting for other ranks], [kernels not exported], (no op), (no module) for time "
+                "outside those", False),
+              f("in_a", pa.bool_(), "", "the name ran in A", False), f("in_b", pa.bool_(), "", "the name ran in B", False)]
+    for q, (unit, doc) in _ROW_UNITS.items():
+        fields += [f(f"{q}_a", pa.float64(), unit, f"A: {doc}; 0 where the name did not run, null where unknown"),
+                   f(f"{q}_b", pa.float64(), unit, f"B: {doc}"),
+                   f(f"{q}_delta", pa.float64(), unit, "B - A; null where either side is unknown")]
+    return fields
+
+
+DIFF_ROW_SCHEMA = pa.schema(_row_fields())
+
+
+def rows_table(result: dict[str, Any]) -> pa.Table:
+    """Every row of every dimension as one Arrow table in DIFF_ROW_SCHEMA."""
+    cols: dict[str, list[Any]] = {f.name: [] for f in DIFF_ROW_SCHEMA}
+    for dim in DIMENSIONS:
+        for pos, row in enumerate(result[dim], 1):
+            for name in cols:
+                cols[name].append(dim if name == "dimension" else pos if name == "position" else row[name])
+    return pa.Table.from_pydict(cols, schema=DIFF_ROW_SCHEMA)
+
+
+def diff_document() -> dict[str, Any]:
+    """The row schema as schemas/ documents tables (name, type, nullable, unit, description)."""
+    return {
+        "description": "Rows of `plasmient diff A B` (--json per dimension, --parquet as one table): per module "
+                       "pattern, op name and kernel name, the exclusive device time, waste, FLOPs and MFU of each side. "
+                       "Totals in --json: the same quantities summed over all units, plus mfu = the step spans' MFU "
+                       "weighted by their device-seconds, and steps.",
+        "rows": [{"name": f.name, "type": str(f.type), "nullable": f.nullable,
+                  **{k.decode(): v.decode() for k, v in (f.metadata or {}).items()}} for f in DIFF_ROW_SCHEMA],
+    }

@@ -1,0 +1,238 @@
+"""The `plasmient diff A B` command: read both inputs, print the comparison, gate CI on an MFU drop.
+
+An input is a span file (OTLP JSON lines, sniffed by content, so ``traces.json`` works too), a Parquet
+``spans.parquet`` (or the directory ``--parquet`` wrote), or a profiler trace that is ingested first with the
+usual stitch flags. Exit status: 0, 1 when ``--fail-if-mfu-drops`` trips, 2 for bad input (one line naming
+the file), including a gate that cannot be judged because a side has no MFU. The comparison is
+``report.diff``; this module only reads, prints and decides the status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from plasmient_trace.conventions import SpanBatch
+from plasmient_trace.report import diff as D
+from plasmient_trace.report.summary import _ellipsize, fmt_pct, fmt_seconds, fmt_usd
+
+NAME_WIDTH = 70
+
+
+class DiffInputError(ValueError):
+    """An input the diff cannot use; str(err) is one line naming the file."""
+
+
+def parse_percent(text: str) -> float:
+    """'5%' or '5' -> 0.05: the relative MFU drop the CI gate tolerates."""
+    try:
+        value = float(text.strip().removesuffix("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage (e.g. 5%)") from None
+    if not 0 <= value < 100:
+        raise argparse.ArgumentTypeError(f"{text!r}: the drop must be between 0% and 100%")
+    return value / 100.0
+
+
+def add_diff_arguments(parser: argparse.ArgumentParser) -> None:
+    from plasmient_trace.cli import add_stitch_arguments
+
+    parser.add_argument("a", metavar="A", help="the baseline: span file (.jsonl[.gz], spans.parquet or its directory) or a trace")
+    parser.add_argument("b", metavar="B", help="the run compared with it, in any of the same forms")
+    parser.add_argument("--fail-if-mfu-drops", metavar="PCT", type=parse_percent, default=None,
+                        help="exit 1 when B's step-weighted MFU is more than PCT (relative, e.g. 5%%) below A's")
+    parser.add_argument("--per-step", action="store_true",
+                        help="divide each side's times, FLOPs and $ by its number of steps (runs that profiled different step counts)")
+    parser.add_argument("--top", type=int, default=10, help="rows per table (default 10)")
+    parser.add_argument("--json", metavar="OUT.json", help="also write every row of the comparison as JSON")
+    parser.add_argument("--parquet", metavar="OUT.parquet", help="also write every row as one Parquet table (report.diff.DIFF_ROW_SCHEMA)")
+    parser.add_argument("--html", metavar="OUT.html", help="also write B's HTML report with the comparison as its first section")
+    parser.add_argument("--quiet", "-q", action="store_true", help="print no tables (the exit status still applies)")
+    add_stitch_arguments(parser)
+
+
+def register(sub: Any) -> None:
+    """Add `diff` to the top-level `plasmient` subcommands (called by plasmient_trace/cli.py)."""
+    parser = sub.add_parser("diff", help="compare two runs (span files or traces) per module, op and kernel; CI gate on MFU")
+    add_diff_arguments(parser)
+    parser.set_defaults(func=run_diff)
+
+
+# ---- inputs -------------------------------------------------------------------------------------
+
+
+def _head(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    if head[:2] == b"\x1f\x8b":
+        with gzip.open(path, "rb") as g:
+            head = g.read(4096)
+    return head
+
+
+def _read_parquet(path: Path) -> SpanBatch:
+    import pyarrow.parquet as pq
+
+    spans = path / "spans.parquet" if path.is_dir() else path
+    if not spans.is_file():
+        raise DiffInputError(f"{path}: no spans.parquet in this directory")
+    table = pq.read_table(spans)
+    needed = {"trace_id", "span_id", "parent_span_id", "name", "plasmient.level"}
+    if not needed <= set(table.column_names):
+        raise DiffInputError(f"{spans}: not a plasmient span table (missing {', '.join(sorted(needed - set(table.column_names)))})")
+    # Hex-string ids join parent to child as well as binary ones do; only the resource links are lost.
+    if "resource_index" not in table.column_names:
+        table = table.append_column("resource_index", pa.array([0] * table.num_rows, pa.int32()))
+    return SpanBatch(table, [])
+
+
+def load_side(path_text: str, args: argparse.Namespace) -> SpanBatch:
+    """One input as a SpanBatch; every failure is a DiffInputError naming the file."""
+    from plasmient_trace.report.cli import ReportInputError, read_span_files
+    from plasmient_trace.sources.kineto import TraceFormatError
+
+    path = Path(path_text)
+    if not path.exists():
+        raise DiffInputError(f"{path}: no such file")
+    try:
+        head = b"" if path.is_dir() else _head(path)
+        if path.is_dir() or path.suffix == ".parquet" or head[:4] == b"PAR1":
+            batch = _read_parquet(path)
+        elif b'"resourceSpans"' in head:
+            batch = read_span_files([path_text])
+        else:
+            from plasmient_trace.cli import stitch_options_from_args
+            from plasmient_trace.pipeline import ingest_paths
+
+            options = stitch_options_from_args(args, args.job_id or path.name.split(".")[0])
+            batch = ingest_paths([path], options).batch
+    except (ReportInputError, TraceFormatError, DiffInputError) as err:
+        raise DiffInputError(str(err) if str(err).startswith(str(path)) else f"{path}: {err}") from None
+    except (ValueError, IndexError, TypeError, ArithmeticError, MemoryError, OSError, EOFError, zlib.error,
+            pa.ArrowException) as err:
+        what = (str(err).splitlines() or [""])[0][:200]
+        raise DiffInputError(f"{path}: cannot read ({type(err).__name__}{': ' + what if what else ''})") from None
+    if len(batch) == 0:
+        raise DiffInputError(f"{path}: no spans to compare")
+    return batch
+
+
+# ---- output -------------------------------------------------------------------------------------
+
+
+def _delta(fmt: Any, x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return ("+" if x > 0 else "") + fmt(x) if x != 0 else "0"
+
+
+def _pp(x: float | None) -> str:
+    """A change of MFU in percentage points."""
+    return "n/a" if x is None else f"{x * 100:+.1f} pp" if x else "0"
+
+
+def _flops(x: float | None) -> str:
+    """FLOPs with an SI prefix and 3 significant digits (1.65 TFLOP), as the page's fmtSi writes them."""
+    if x is None:
+        return "n/a"
+    if x == 0:
+        return "0"
+    prefixes, i, v = ("", "k", "M", "G", "T", "P", "E"), 0, x
+    while abs(v) >= 1000 and i < len(prefixes) - 1:
+        v, i = v / 1000, i + 1
+    return f"{v:.3g} {prefixes[i]}FLOP"
+
+
+def render(result: dict[str, Any], console: Any, top: int) -> None:
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    t = result["totals"]
+    per = " (per step)" if result["per_step"] else ""
+    head = Table(title=f"plasmient diff{per}: A = {result['a']}, B = {result['b']}", title_justify="left", header_style="bold")
+    for col in ("", "A", "B", "change"):
+        head.add_column(col, justify="right" if col else "left", no_wrap=True)
+    head.add_row("steps", str(t["steps"]["a"]), str(t["steps"]["b"]), f"{t['steps']['delta']:+d}")
+    head.add_row("MFU (step-weighted)", fmt_pct(t["mfu"]["a"]), fmt_pct(t["mfu"]["b"]), _pp(t["mfu"]["delta"]))
+    head.add_row("device time (busy)", fmt_seconds(t["busy_s"]["a"]), fmt_seconds(t["busy_s"]["b"]), _delta(fmt_seconds, t["busy_s"]["delta"]))
+    head.add_row("FLOPs", _flops(t["flops"]["a"]), _flops(t["flops"]["b"]), _delta(_flops, t["flops"]["delta"]))
+    head.add_row("wasted", fmt_seconds(t["wasted_s"]["a"]), fmt_seconds(t["wasted_s"]["b"]), _delta(fmt_seconds, t["wasted_s"]["delta"]))
+    head.add_row("wasted $", fmt_usd(t["wasted_usd"]["a"]), fmt_usd(t["wasted_usd"]["b"]), _delta(fmt_usd, t["wasted_usd"]["delta"]))
+    console.print(head)
+    for dim in D.DIMENSIONS:
+        rows = result[dim]
+        table = Table(title=f"by {dim}{' pattern' if dim == 'module' else ' name'} (largest change in wasted time first)",
+                      title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+        # Numbers first and never wrapped; the (often kilobyte-long) name takes the width that is left.
+        for col in ("Δ time", "Δ FLOPs", "MFU A → B", "Δ wasted", "Δ wasted $"):
+            table.add_column(col, justify="right", no_wrap=True)
+        table.add_column(dim, overflow="fold", min_width=16, ratio=1)
+        for r in rows[:top]:
+            name = _ellipsize(r["name"] or "", NAME_WIDTH) + ("" if r["in_a"] else " (new)") + ("" if r["in_b"] else " (gone)")
+            table.add_row(_delta(fmt_seconds, r["busy_s_delta"]), _delta(_flops, r["flops_delta"]),
+                          f"{fmt_pct(r['mfu_a'])} → {fmt_pct(r['mfu_b'])}", _delta(fmt_seconds, r["wasted_s_delta"]),
+                          _delta(fmt_usd, r["wasted_usd_delta"]), Text(name))
+        if len(rows) > top:
+            table.add_row(*[""] * 5, f"… {len(rows) - top} more", style="dim")
+        console.print(table)
+    console.print(Text("time and wasted are exclusive (each kernel once, host gaps as [device idle]); a row's MFU "
+                       "counts its known FLOPs only (n/a where none is known; coverage per row in --json)", style="dim"))
+
+
+def gate(result: dict[str, Any], threshold: float | None) -> tuple[int, str | None]:
+    """The CI exit status and the line that explains it."""
+    if threshold is None:
+        return D.EXIT_OK, None
+    drop = D.mfu_drop(result)
+    mfu = result["totals"]["mfu"]
+    if drop is None:
+        if mfu["a"] == 0:
+            return D.EXIT_BAD_INPUT, f"{result['a']}: its step-weighted MFU is 0, so a relative drop is undefined"
+        side = result["a"] if mfu["a"] is None else result["b"]
+        return D.EXIT_BAD_INPUT, f"{side}: no step has a known MFU, so --fail-if-mfu-drops cannot be judged"
+    line = (f"step-weighted MFU {fmt_pct(mfu['a'])} -> {fmt_pct(mfu['b'])} "
+            f"({-drop * 100 + 0.0:+.1f}% relative; limit -{threshold * 100:g}%)")
+    return (D.EXIT_MFU_DROPPED, f"MFU dropped: {line}") if drop > threshold else (D.EXIT_OK, line)
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    try:
+        a = D.side_from_batch(load_side(args.a, args), args.a)
+        batch_b = load_side(args.b, args)
+        b = D.side_from_batch(batch_b, args.b)
+    except DiffInputError as err:
+        print(f"plasmient diff: error: {err}", file=sys.stderr)  # plain print: rich would wrap the one line
+        return D.EXIT_BAD_INPUT
+    result = D.diff(a, b, per_step=args.per_step)
+    if not args.quiet:
+        render(result, Console(), max(args.top, 1))
+    try:
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1, allow_nan=False))
+        if args.parquet:
+            import pyarrow.parquet as pq
+
+            pq.write_table(D.rows_table(result), args.parquet, compression="zstd")
+        if args.html:
+            from plasmient_trace.report.html import write_report
+
+            # B's own report, with the comparison as its first section
+            write_report(batch_b, args.html, title=f"plasmient diff: {Path(args.a).name} → {Path(args.b).name}",
+                         diff=result)
+    except OSError as err:
+        print(f"plasmient diff: error: cannot write {err.filename}: {err.strerror}", file=sys.stderr)
+        return D.EXIT_BAD_INPUT
+    status, line = gate(result, args.fail_if_mfu_drops)
+    if line:
+        print(f"plasmient diff: {'error: ' if status == D.EXIT_BAD_INPUT else ''}{line}", file=sys.stderr)
+    return status
