@@ -50,7 +50,10 @@ def spans_document() -> dict[str, Any]:
 
 def documents() -> dict[str, str]:
     dump = lambda doc: json.dumps(doc, indent=2, sort_keys=False) + "\n"  # noqa: E731
-    return {"records.json": dump(records_document()), "span_attributes.json": dump(spans_document())}
+    from .report.diff import diff_document
+
+    return {"records.json": dump(records_document()), "span_attributes.json": dump(spans_document()),
+            "diff.json": dump(diff_document())}
 
 
 def main(argv: list[str] | None = None) -> int:
