@@ -73,19 +73,28 @@ def _steps(name: str) -> list[dict]:
     return sorted((r for r in rows if r["plasmient.level"] == "step"), key=lambda r: r["plasmient.device.start_ns"])
 
 
-@pytest.mark.parametrize("name", MULTI_GPU)
-def test_exposed_communication_matches_the_raw_trace(name):
-    steps = _steps(name)
+def _setup(name: str):
+    """The steps in time order, the raw activities, and a clipper onto a step's device window (raw times
+    shifted by the rank's clock mapping)."""
     offset = max(ingested(name).joined[0].stats.clock_offset_ns.values(), default=0)
-    acts = _raw(name)
-    for step in steps:
+
+    def clipper(step: dict):
         lo = step["plasmient.device.start_ns"]
         hi = lo + round(step["plasmient.device.window_s"] * 1e9)
+        return lambda t, shift=offset: min(max(t + shift, lo), hi)
+
+    return _steps(name), _raw(name), clipper
+
+
+@pytest.mark.parametrize("name", MULTI_GPU)
+def test_exposed_communication_matches_the_raw_trace(name):
+    steps, acts, clipper = _setup(name)
+    for step in steps:
+        at = clipper(step)
         total = exposed = 0
         for dev in {a[0] for a in acts}:
             def clip(kind):
-                return [(min(max(s + offset, lo), hi), min(max(e + offset, lo), hi)) for d, s, e, k, _, n in acts
-                        if d == dev and k == kind and n == step["plasmient.step"]]
+                return [(at(s), at(e)) for d, s, e, k, _, n in acts if d == dev and k == kind and n == step["plasmient.step"]]
             comm, comp = clip("comm"), clip("compute")
             t = _union_ns(comm)
             hidden = t + _union_ns(comp) - _union_ns(comm + comp)
@@ -101,20 +110,17 @@ def test_exposed_communication_matches_the_raw_trace(name):
 
 @pytest.mark.parametrize("name", MULTI_GPU)
 def test_idle_splits_into_host_and_device_waits(name):
-    steps = _steps(name)
-    offset = max(ingested(name).joined[0].stats.clock_offset_ns.values(), default=0)
-    acts = _raw(name)
+    steps, acts, clipper = _setup(name)
     for step in steps:
         host, device = step["plasmient.idle.host_s"], step["plasmient.idle.device_s"]
         assert host >= -1e-12 and device >= -1e-12
         assert host + device == pytest.approx(step["plasmient.idle_s"], abs=1e-9)
         if step["plasmient.gpus"] != 1:
             continue
-        lo = step["plasmient.device.start_ns"]
-        hi = lo + round(step["plasmient.device.window_s"] * 1e9)
+        at = clipper(step)
         mine = [a for a in acts if a[5] == step["plasmient.step"]]
-        ks = [(min(max(s + offset, lo), hi), min(max(e + offset, lo), hi)) for _, s, e, _, _, _ in mine]
-        queued = [(min(max(la, lo), hi), min(max(s + offset, lo), hi)) for _, s, _, _, la, _ in mine if la is not None]
+        ks = [(at(s), at(e)) for _, s, e, _, _, _ in mine]
+        queued = [(at(la, 0), at(s)) for _, s, _, _, la, _ in mine if la is not None]
         expected = (_union_ns(ks + queued) - _union_ns(ks)) / 1e9
         assert device == pytest.approx(min(expected, step["plasmient.idle_s"]), abs=2e-6), step["name"]
         assert step["plasmient.launch_queue.max"] >= 1 and step["plasmient.launch_queue.mean"] > 0
