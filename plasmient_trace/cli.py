@@ -196,8 +196,9 @@ def _report_delivery(args: argparse.Namespace, stats: Any, config: Any, spill_pa
             print(f"plasmient: error: {why}; no span was delivered", file=sys.stderr)
             status = EXIT_EXPORT_FAILED
         else:
-            _say(args, f"plasmient: the backend takes no {signal} ({why}); every span was delivered. "
-                       f"Set OTEL_METRICS_EXPORTER=none to stop sending them")
+            # Printed even with --quiet: the user should switch the signal off, not see this every run.
+            print(f"plasmient: the backend takes no {signal} ({why}); every span was delivered. "
+                  f"Set OTEL_METRICS_EXPORTER=none to stop sending them", file=sys.stderr)
     if stats.errors:
         # One line for the outage: the first error names its signal; the tail says what waits where.
         failed = sorted(stats.errors, key=lambda sig: sig != "traces")

@@ -468,8 +468,9 @@ class OtlpClient:
                     deadline = max(deadline, min(caller, start + cfg.backpressure_s))
                 wait = backoff_wait(exc.after_s, delay, cfg.retry_max_s)
                 delay = min(delay * 2, cfg.retry_max_s)
-                if exc.busy and math.isfinite(wait):
-                    self.pace_s = max(self.pace_s, min(wait, cfg.retry_max_s))
+                if exc.after_s is not None and math.isfinite(exc.after_s):
+                    # The server's own estimate of when it can take more: the next requests wait that long.
+                    self.pace_s = max(self.pace_s, min(exc.after_s, cfg.retry_max_s))
                 if time.monotonic() + wait >= deadline:
                     what = exc.what if exc.after_s is None or wait != exc.after_s else \
                         f"{exc.what} (asked to retry after {exc.after_s:g}s, past the deadline)"
