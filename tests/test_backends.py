@@ -267,3 +267,32 @@ def test_ingest_rebase_time_ends_the_last_span_now_and_keeps_the_trace_id(tmp_pa
     shift = b.column("start_ns").to_numpy() - a.column("start_ns").to_numpy()
     assert (shift == shift[0]).all() and (b.column("end_ns").to_numpy() - a.column("end_ns").to_numpy() == shift[0]).all()
     assert b.column("trace_id").equals(a.column("trace_id"))
+
+
+# ---- 5. semantic-convention metric names -------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["a100/nccl_training_rank0_of2.json.gz", "h100/bert_small_inference.json.gz"])
+def test_hw_gpu_utilization_carries_each_single_gpu_ranks_resident_utilisation(name) -> None:
+    from plasmient_trace.export.metrics import metric_requests
+
+    batch = ingested(name).batch
+    t = batch.table
+    ranks = [r for r in t.select(["span_id", "plasmient.level", "plasmient.gpus", "plasmient.util.resident", "resource_index"]).to_pylist()
+             if r["plasmient.level"] == "rank" and r["plasmient.gpus"] == 1 and r["plasmient.util.resident"] is not None]
+    assert ranks
+    points = {}
+    for request in metric_requests(batch):
+        for rm in request.resource_metrics:
+            for m in (m for sm in rm.scope_metrics for m in sm.metrics if m.name == "hw.gpu.utilization"):
+                assert m.unit == "1" and m.HasField("gauge")
+                for dp in m.gauge.data_points:
+                    attrs = {kv.key: kv.value.string_value or kv.value.int_value for kv in dp.attributes}
+                    assert attrs["hw.type"] == "gpu" and attrs["hw.id"] and attrs["hw.gpu.task"] == "general"
+                    points[int.from_bytes(dp.exemplars[0].span_id, "big")] = (dp.as_double, attrs)
+    assert set(points) == {r["span_id"] for r in ranks}
+    for r in ranks:
+        value, attrs = points[r["span_id"]]
+        assert value == r["plasmient.util.resident"] and 0 < value <= 1
+        model = batch.resources[r["resource_index"]].get("plasmient.gpu.model")
+        assert attrs.get("hw.model") == model if model else "hw.model" not in attrs
