@@ -296,3 +296,20 @@ def test_hw_gpu_utilization_carries_each_single_gpu_ranks_resident_utilisation(n
         assert value == r["plasmient.util.resident"] and 0 < value <= 1
         model = batch.resources[r["resource_index"]].get("plasmient.gpu.model")
         assert attrs.get("hw.model") == model if model else "hw.model" not in attrs
+
+
+@pytest.mark.parametrize(("env", "configured", "traces", "metrics"), [
+    ({}, False, set(), set()),                                              # embedded default: the file only
+    ({}, True, {"otlp"}, {"otlp"}),                                         # an endpoint: both signals over OTLP
+    ({"OTEL_METRICS_EXPORTER": "none"}, True, {"otlp"}, set()),             # traces-only backend
+    ({"OTEL_TRACES_EXPORTER": "otlp"}, False, {"otlp"}, {"otlp"}),          # the spec's default endpoint
+    ({"OTEL_TRACES_EXPORTER": "console"}, True, {"console"}, set()),
+    ({"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "otlp"}, True, set(), {"otlp"}),
+    ({"OTEL_TRACES_EXPORTER": "otlp,console", "OTEL_METRICS_EXPORTER": "console"}, True, {"otlp", "console"}, {"console"}),
+    ({"OTEL_TRACES_EXPORTER": "none,otlp"}, True, set(), set()),           # none wins
+])
+def test_exporter_selection_follows_the_sdk_environment_spec(env, configured, traces, metrics) -> None:
+    from plasmient_trace.export.selection import select_exporters
+
+    choice = select_exporters(env, configured)
+    assert (set(choice.traces), set(choice.metrics)) == (traces, metrics) and choice.notes == ()
