@@ -15,7 +15,6 @@ import orjson
 import pytest
 import yaml
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-from opentelemetry.proto.trace.v1 import trace_pb2
 
 from conftest import REPO, ingested, raw_trace, trace_path
 from otlp_receiver import OtlpReceiver
@@ -136,7 +135,7 @@ def test_the_request_limit_is_configurable_and_the_receiver_limit_is_real(tmp_pa
                "PLASMIENT_OTLP_MAX_REQUEST_MIB": "8"}
         code = _ingest(tmp_path, monkeypatch, env)
         err = capsys.readouterr().err
-        assert code == 1 and "HTTP 413" in err and "OTLP traces export" in err
+        assert code == 1 and "HTTP 413" in err and "OTLP traces export" in err and "PLASMIENT_OTLP_MAX_REQUEST_MIB" in err
         assert rx.refused and all(r.startswith("traces: ") for r in rx.refused)
         rx.clear()
         rx.refused.clear()
@@ -146,6 +145,15 @@ def test_the_request_limit_is_configurable_and_the_receiver_limit_is_real(tmp_pa
 
 
 # ---- 2. exporter selection, traces-only backends ------------------------------------------------
+
+
+def test_a_grpc_request_over_the_receivers_limit_fails_at_once_with_the_setting_to_lower(tmp_path, monkeypatch, capsys) -> None:
+    with OtlpReceiver(max_receive_bytes=DEFAULT_LIMIT) as rx:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": rx.grpc_endpoint, "PLASMIENT_OTLP_MAX_REQUEST_MIB": "8"}
+        code = _ingest(tmp_path, monkeypatch, env)
+    err = capsys.readouterr().err
+    assert code == 1 and "RESOURCE_EXHAUSTED" in err and "PLASMIENT_OTLP_MAX_REQUEST_MIB" in err
+    assert "[1 attempt " in err  # not retried as if the backend were busy
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])

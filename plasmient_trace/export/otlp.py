@@ -70,6 +70,7 @@ _DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
 _RETRYABLE_HTTP = frozenset({429, 502, 503, 504})
 _BUSY_HTTP = frozenset({429, 503})  # answered by a live server that asks the sender to slow down
 _UNSUPPORTED_HTTP = frozenset({404, 405})  # no handler for this signal's path
+_TOO_LARGE_HINT = " (the request is larger than the backend accepts: lower PLASMIENT_OTLP_MAX_REQUEST_MIB)"
 _STOP_POLL_S = 0.05  # how often an in-flight request looks at its stop event
 _USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@")
 _GZIP_LEVEL = 5  # gzip -5: most of -9's ratio on OTLP payloads at a fraction of its CPU time
@@ -577,6 +578,9 @@ class OtlpClient:
                 grpc.StatusCode.UNAVAILABLE,
                 grpc.StatusCode.DATA_LOSS,
             }
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in str(details):
+                # The receiver's size limit, not a full queue: the same request will never fit.
+                raise _Fail(f"{what}{_TOO_LARGE_HINT}") from None
             if code in retryable:
                 raise _Retry(what, _grpc_retry_delay(exc), busy=code == grpc.StatusCode.RESOURCE_EXHAUSTED) from None
             if code == grpc.StatusCode.UNIMPLEMENTED:
@@ -657,7 +661,7 @@ class OtlpClient:
             raise _Retry(what, _retry_after(resp.getheader("Retry-After")), busy=status in _BUSY_HTTP)
         if status in _UNSUPPORTED_HTTP:
             raise _Unsupported(what)
-        raise _Fail(what)
+        raise _Fail(f"{what}{_TOO_LARGE_HINT}" if status == 413 else what)
 
     def _partial_json(self, data: bytes) -> tuple[int, str]:
         if not data.strip():
