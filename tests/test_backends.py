@@ -135,7 +135,7 @@ def test_the_request_limit_is_configurable_and_the_receiver_limit_is_real(tmp_pa
                "PLASMIENT_OTLP_MAX_REQUEST_MIB": "8"}
         code = _ingest(tmp_path, monkeypatch, env)
         err = capsys.readouterr().err
-        assert code == 1 and "HTTP 413" in err and "OTLP traces export" in err and "PLASMIENT_OTLP_MAX_REQUEST_MIB" in err
+        assert code == 1 and "HTTP 413" in err and "failed for traces:" in err and "PLASMIENT_OTLP_MAX_REQUEST_MIB" in err
         assert rx.refused and all(r.startswith("traces: ") for r in rx.refused)
         rx.clear()
         rx.refused.clear()
@@ -239,7 +239,7 @@ def test_a_backend_busy_for_good_ends_within_the_backpressure_budget_naming_the_
         code = _ingest(tmp_path, monkeypatch, env)
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1
-    assert "OTLP traces export" in err[0] and "HTTP 503" in err[0] and "plasmient replay" in err[0]
+    assert "failed for traces:" in err[0] and "HTTP 503" in err[0] and "plasmient replay" in err[0]
     spilled = [line for f in (tmp_path / "plasmient-spill").glob("traces*.jsonl") for line in f.read_bytes().splitlines()]
     assert sum(len(ss["spans"]) for line in spilled for rs in orjson.loads(line)["resourceSpans"] for ss in rs["scopeSpans"]) == 33_307
 

@@ -487,7 +487,7 @@ class OtlpClient:
     def _describe(self, what: str, attempts: int, start: float) -> str:
         cfg = self.config
         return redact(_one_line(
-            f"OTLP {cfg.signal} export to {self.display_endpoint} ({cfg.protocol}) failed: {what} "
+            f"OTLP export to {self.display_endpoint} ({cfg.protocol}) failed for {cfg.signal}: {what} "
             f"[{attempts} attempt{'s' if attempts != 1 else ''} in {time.monotonic() - start:.1f}s, timeout {cfg.timeout_s:g}s]"
         ), cfg)
 
