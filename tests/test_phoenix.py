@@ -1,7 +1,8 @@
 """Integration with Arize Phoenix, a real traces-only backend: `plasmient ingest` of a real trace over
 OTLP (gRPC and HTTP) arrives whole, as Phoenix's REST API lists it: every span, parents that
 resolve, attribute types kept; the step metrics Phoenix cannot take cost one line and exit 0;
-`--rebase-time` puts an old recording inside Phoenix's "last 7 days".
+`--rebase-time` puts an old recording inside Phoenix's "last 7 days", and without it the trace is
+found by the id `plasmient link` prints.
 
 Phoenix is never installed into the shared venv. Install it in a throwaway one and point the test at it:
 
@@ -156,3 +157,7 @@ def test_rebase_time_puts_an_old_recording_in_phoenixs_last_7_days(phoenix, tmp_
     assert len(_spans(phoenix["http"], "plasmient-as-recorded", 628)) == 628
     assert _spans(phoenix["http"], "plasmient-as-recorded", 0, start_time=week_ago) == []  # all 628 are in: no wait
     assert len(_spans(phoenix["http"], "plasmient-rebased", 628, start_time=week_ago)) == 628
+    # Without rebasing, the trace is found by the id `plasmient link` prints (step 6 of this recording).
+    assert main(["link", "--job-id", "plasmient-as-recorded", "--step", "6"]) == 0
+    trace_id = capsys.readouterr().out.strip()
+    assert len(_spans(phoenix["http"], "plasmient-as-recorded", 628, trace_id=trace_id)) == 628
