@@ -321,3 +321,18 @@ def test_exporter_selection_follows_the_sdk_environment_spec(env, configured, tr
 
     choice = select_exporters(env, configured)
     assert (set(choice.traces), set(choice.metrics)) == (traces, metrics) and choice.notes == ()
+
+
+def test_metrics_over_http_json_stay_under_the_request_limit_too() -> None:
+    from plasmient_trace.export.metrics import send_metrics
+    from plasmient_trace.export.otlp import OtlpConfig
+
+    batch = ingested("a100/nccl_training_rank0_of2.json.gz").batch
+    limit = 12 * 1024  # the whole step's metrics are ~7 KB in protobuf but ~18 KB as JSON
+    with OtlpReceiver(max_receive_bytes=limit) as rx:
+        config = OtlpConfig.from_env({}, endpoint=rx.http_endpoint, protocol="http/json", max_request_bytes=limit)
+        stats = send_metrics(batch, config)
+        assert rx.refused == [] and stats.requests == len(rx.metrics) >= 2
+        points = sum(len(m.gauge.data_points) + len(m.sum.data_points) for req in rx.metrics
+                     for rm in req.resource_metrics for sm in rm.scope_metrics for m in sm.metrics)
+    assert points == stats.data_points > 0 and max(r.body_bytes for r in rx.received) <= limit
