@@ -138,7 +138,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
 def _deliver(args: argparse.Namespace, result: Any) -> int:
     """The export tail of ingest: the one delivery path live capture uses too (export.delivery)."""
-    from .export import delivery, otlp, spill
+    from .export import delivery, otlp, rebase, selection, spill
 
     batch = result.batch
     try:
@@ -146,14 +146,26 @@ def _deliver(args: argparse.Namespace, result: Any) -> int:
     except ValueError as err:
         print(f"plasmient: error: {otlp.redact(str(err))}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    send = config.endpoint is not None and config.explicit
-    out = args.out if args.out is not None or send else "traces.jsonl"
+    choice = selection.select_exporters(os.environ, config.explicit)
+    for note in choice.notes:
+        _say(args, f"plasmient: {note}")
+    if args.rebase_time:
+        batch, offset = rebase.rebase_time(batch)
+        _say(args, f"plasmient: --rebase-time: every span moved by {offset / 1e9 / 86400:+.2f} days so the last one ends now")
+    remote = [delivery.OtlpSink(config, signal) for signal, kinds in (("traces", choice.traces), ("metrics", choice.metrics))
+              if "otlp" in kinds]
+    send = bool(remote)
+    # The embedded default (a JSON lines file) when nothing else receives the traces.
+    out = args.out if args.out is not None or choice.traces or choice.traces_off else "traces.jsonl"
     local: list[Any] = []
     if out is not None:
         local.append(delivery.FileSink(out, append=False))
+    if "console" in choice.traces:
+        local.append(delivery.ConsoleSink())
+    if "console" in choice.metrics:
+        local.append(delivery.MetricsConsoleSink())
     if args.parquet:
         local.append(delivery.ParquetSink(args.parquet, result.records))
-    remote = [delivery.OtlpSink(config, "traces"), delivery.OtlpSink(config, "metrics")] if send else []
     spill_dir = spill.SpillDir(spill.default_spill_dir(out)) if send else None
     said: list[str] = []
     sink = delivery.Delivery(local, remote, spill_dir, say=lambda key, line: said.append(line))
@@ -171,18 +183,38 @@ def _deliver(args: argparse.Namespace, result: Any) -> int:
     if not send:
         return 0
     stats = sink.shutdown(None)  # every request has its own deadline: this wait is bounded
+    return _report_delivery(args, stats, config, spill_dir.path, len(batch))
+
+
+def _report_delivery(args: argparse.Namespace, stats: Any, config: Any, spill_path: Any, spans: int) -> int:
+    """One line per signal: sent, not taken by this backend (not an error), or failed (exit 1)."""
+    from .export import otlp
+
+    status = 0
+    for signal, why in stats.unsupported.items():
+        if signal == "traces":
+            print(f"plasmient: error: {why}; no span was delivered", file=sys.stderr)
+            status = EXIT_EXPORT_FAILED
+        else:
+            # Printed even with --quiet: the user should switch the signal off, not see this every run.
+            print(f"plasmient: the backend takes no {signal} ({why}); every span was delivered. "
+                  f"Set OTEL_METRICS_EXPORTER=none to stop sending them", file=sys.stderr)
     if stats.errors:
+        # One line for the outage: the first error names its signal; the tail says what waits where.
+        failed = sorted(stats.errors, key=lambda sig: sig != "traces")
+        parts = [f"{sig} of {stats.spilled.get(sig, 0)} span(s)" for sig in failed]
+        where = f"{' and '.join(parts)} spilled to {spill_path}; resend with `plasmient replay {spill_path}`"
         lost = sum(stats.dropped.values())
-        where = f"{sum(stats.spilled.values())} span(s) spilled to {spill_dir.path}; resend with `plasmient replay {spill_dir.path}`"
         if lost:
-            where += f"; {lost} span(s) could not be spilled and are lost"
-        first = next(iter(stats.errors.values()))
-        print(f"plasmient: error: {first}; {where}", file=sys.stderr)
-        return EXIT_EXPORT_FAILED
+            where += f"; {lost} could not be spilled and are lost"
+        print(f"plasmient: error: {stats.errors[failed[0]]}; {where}", file=sys.stderr)
+        status = EXIT_EXPORT_FAILED
     endpoint = otlp.redact_url(config.endpoint)
-    _say(args, f"plasmient: sent {len(batch)} spans to {endpoint} ({config.protocol}), {stats.requests.get('traces', 0)} request(s)")
-    _say(args, "plasmient: sent step metrics (MFU, util, stall, wasted $) with trace-id exemplars")
-    return 0
+    if "traces" in stats.sent and "traces" not in stats.errors:
+        _say(args, f"plasmient: sent {spans} spans to {endpoint} ({config.protocol}), {stats.requests.get('traces', 0)} request(s)")
+    if "metrics" in stats.sent and "metrics" not in stats.errors:
+        _say(args, "plasmient: sent step metrics (MFU, util, stall, wasted $) with trace-id exemplars")
+    return status
 
 
 def _say(args: argparse.Namespace, line: str) -> None:
@@ -220,6 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--endpoint", help="OTLP endpoint (default $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / $OTEL_EXPORTER_OTLP_ENDPOINT)")
     ingest.add_argument("--protocol", choices=("grpc", "http/protobuf", "http/json"), help="OTLP protocol (default $OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
     ingest.add_argument("--parquet", metavar="DIR", help="also write every record table and the spans as Parquet")
+    ingest.add_argument("--rebase-time", action="store_true",
+                        help="shift every span by one offset so the last one ends now, keeping all relative times, "
+                             "for UIs that only search recent traces (off by default: spans keep their recording time; "
+                             "find an old trace by id with `plasmient link`)")
     ingest.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
     add_stitch_arguments(ingest)
     ingest.set_defaults(func=_cmd_ingest)

@@ -6,6 +6,11 @@ keep-alive connections cut) and bring it back on the same endpoints (``start()``
 arrives (protobuf or OTLP/JSON, gzip or not) into the generated ExportTraceServiceRequest /
 ExportMetricsServiceRequest messages and can inject failures and partial successes.
 
+Like a real backend it can limit what it takes: ``max_receive_bytes`` (gRPC
+``max_receive_message_length``; HTTP bodies above it get 413, as Jaeger, Tempo and the Collector
+answer above their 4 MiB default) and ``signals`` (a traces-only backend: gRPC answers UNIMPLEMENTED
+for metrics, HTTP 405). HTTP requests it refuses are counted in ``refused``.
+
     with OtlpReceiver() as rx:
         send_spans(batch, OtlpConfig.from_env({}, endpoint=rx.grpc_endpoint))
         rx.wait_for(requests=1)
@@ -140,8 +145,12 @@ class _Failure:
 class OtlpReceiver:
     """gRPC + HTTP OTLP receiver on 127.0.0.1; a context manager (start on enter, stop on exit)."""
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    def __init__(self, host: str = "127.0.0.1", max_receive_bytes: int = 64 * 1024 * 1024,
+                 signals: tuple[str, ...] = ("traces", "metrics")) -> None:
         self.host = host
+        self.max_receive_bytes = max_receive_bytes
+        self.signals = signals
+        self.refused: list[str] = []  # "signal: why" per request refused for size or signal
         self.grpc_port = 0
         self.http_port = 0
         self.received: list[Received] = []
@@ -319,10 +328,12 @@ class OtlpReceiver:
 
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="otlp-rx-grpc"),
-            options=[("grpc.max_receive_message_length", 64 * 1024 * 1024), ("grpc.so_reuseport", 1)],
+            options=[("grpc.max_receive_message_length", self.max_receive_bytes), ("grpc.so_reuseport", 1)],
         )
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), server)
-        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), server)
+        if "traces" in self.signals:
+            trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), server)
+        if "metrics" in self.signals:  # absent: gRPC itself answers UNIMPLEMENTED
+            metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), server)
         port = server.add_insecure_port(f"{self.host}:{self.grpc_port}")
         if not port or (self.grpc_port and port != self.grpc_port):
             raise OSError(f"test OTLP receiver could not bind gRPC port {self.host}:{self.grpc_port}")
@@ -370,6 +381,14 @@ class OtlpReceiver:
                 signal = _HTTP_PATHS.get(path)
                 if signal is None:
                     self._reply(404, b"unknown path")
+                    return
+                if signal not in receiver.signals:
+                    receiver.refused.append(f"{signal}: not served")
+                    self._reply(405, b"method not allowed")
+                    return
+                if len(raw) > receiver.max_receive_bytes:
+                    receiver.refused.append(f"{signal}: {len(raw)} bytes")
+                    self._reply(413, b"request entity too large")
                     return
                 encoding = (self.headers.get("Content-Encoding") or "").strip().lower()
                 ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()

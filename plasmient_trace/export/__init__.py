@@ -10,6 +10,8 @@ so writing a JSON lines file never pays for the gRPC import.
 * :mod:`.parquet`    ``write_parquet``
 * :mod:`.delivery`   ``Delivery``: the one delivery path of ingest and live capture (sinks, bounded queue, spill)
 * :mod:`.spill`      the spill directory and ``replay`` (``plasmient replay``)
+* :mod:`.selection`  ``select_exporters``: OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER for ingest and live
+* :mod:`.rebase`     ``rebase_time`` (``plasmient ingest --rebase-time``)
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ _EXPORTS = {
     "OtlpConfig": "otlp",
     "OtlpClient": "otlp",
     "ExportError": "otlp",
+    "UnsupportedSignal": "otlp",
+    "select_exporters": "selection",
+    "rebase_time": "rebase",
     "ExportStats": "otlp",
     "send_spans": "otlp",
     "export_spans": "otlp",

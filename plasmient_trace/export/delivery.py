@@ -9,7 +9,9 @@ queued batch to each network sink through that sink's persistent client, whose r
 per request, all cut short by ``shutdown``. A batch a sink cannot take is appended to the spill
 directory (:mod:`.spill`) and the outage is reported once; while the sink stays down, batches go
 straight to the spill, with one probe export every ``probe_interval_s``. A batch that does not fit
-the bounded queue is spilled by the submitter (a local append).
+the bounded queue is spilled by the submitter (a local append). A backend that does not serve a
+signal (a traces-only backend asked for metrics: UNIMPLEMENTED, HTTP 404/405) is no outage: that
+sink is switched off, reported once with how to turn the signal off, and nothing is spilled for it.
 
 The contract is the OpenTelemetry SDK's BatchSpanProcessor: ``force_flush(timeout)`` waits for what
 is queued, ``shutdown(timeout)`` flushes within the timeout and then interrupts the exporter and
@@ -34,7 +36,7 @@ from typing import Any, Protocol
 from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.export.spill import SpillDir, SpillFull, append_lines
 
-__all__ = ["Delivery", "DeliveryStats", "FileSink", "ConsoleSink", "ParquetSink", "OtlpSink", "CallableSink", "OutputError",
+__all__ = ["Delivery", "DeliveryStats", "FileSink", "ConsoleSink", "MetricsConsoleSink", "ParquetSink", "OtlpSink", "CallableSink", "OutputError",
            "check_output_path"]
 
 Say = Callable[[str, str], None]  # (key, message): the caller prints each key once
@@ -127,6 +129,17 @@ class ConsoleSink:
         append_lines(sys.stderr.fileno(), encode_jsonl_lines(batch))
 
 
+class MetricsConsoleSink:
+    """The step metrics as OTLP/JSON ExportMetricsServiceRequest lines on stderr (OTEL_METRICS_EXPORTER=console)."""
+
+    name = "stderr (metrics)"
+
+    def write(self, batch: SpanBatch) -> None:
+        from plasmient_trace.export.metrics import metric_requests, request_json
+
+        append_lines(sys.stderr.fileno(), [request_json(r) + b"\n" for r in metric_requests(batch)])
+
+
 class CallableSink:
     """Any ``fn(batch)`` as a local sink (tests, embedding applications)."""
 
@@ -190,6 +203,7 @@ class DeliveryStats:
     spilled: dict[str, int] = field(default_factory=dict)    # signal -> spans in the spill directory
     dropped: dict[str, int] = field(default_factory=dict)    # signal -> spans lost (spill full or off)
     errors: dict[str, str] = field(default_factory=dict)     # signal -> first export error
+    unsupported: dict[str, str] = field(default_factory=dict)  # signal -> why the backend does not take it
     local_errors: int = 0                                    # failed local writes (live only)
 
 
@@ -220,7 +234,7 @@ class Delivery:
         # once per sink and counted, and the other sinks still get the batch.
         self.strict_local = strict_local
         self.stats = DeliveryStats()
-        self._down: dict[str, float] = {}  # sink name -> when its last probe failed
+        self._down: dict[tuple[str, str], float] = {}  # (sink name, signal) -> when its last probe failed
         self._init_state()
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: (d := ref()) is not None and d._after_fork())
@@ -307,27 +321,40 @@ class Delivery:
                     self._cond.notify_all()
 
     def _export(self, sink: Any, batch: SpanBatch) -> None:
-        from plasmient_trace.export.otlp import ExportError
+        from plasmient_trace.export.otlp import ExportError, UnsupportedSignal
 
+        if sink.signal in self.stats.unsupported:
+            return
         if self._stop.is_set():
             self._spill(sink, batch, "shut down before it was sent")
             return
-        down = self._down.get(sink.name)
+        # Keyed by signal too: over gRPC both signals share one endpoint name, and metrics the
+        # backend refuses must not send the traces to the spill.
+        key = (sink.name, sink.signal)
+        down = self._down.get(key)
         if down is not None and time.monotonic() - down < self.probe_interval_s:
             self._spill(sink, batch, "collector down")
             return
         try:
             result = sink.export(batch, self._stop)
+        except UnsupportedSignal as err:
+            self.stats.unsupported[sink.signal] = str(err)
+            off = {"metrics": "OTEL_METRICS_EXPORTER=none", "traces": "OTEL_TRACES_EXPORTER=none"}.get(sink.signal, "")
+            self.say(f"unsupported-{sink.signal}", f"{sink.name} takes no {sink.signal} ({err}); "
+                                                   f"{sink.signal} are not sent (set {off} to stop trying)")
+            return
         except (ExportError, OSError, ValueError) as err:
-            self._down[sink.name] = time.monotonic()
+            outage_known = bool(self._down)
+            self._down[key] = time.monotonic()
             self.stats.errors.setdefault(sink.signal, str(err))
             hint = f" (resend them with `plasmient replay {self.spill.path}`)" if self.spill is not None else ""
-            # One line for the whole outage, whichever signal notices it first.
-            self.say("down", f"{err}; traces and metrics go to {self._spill_where()} until it answers{hint}")
+            if not outage_known:  # one line for the whole outage, whichever signal notices it first
+                signals = " and ".join(dict.fromkeys(s.signal for s in self.remote))
+                self.say("down", f"{err}; {signals} go to {self._spill_where()} until it answers{hint}")
             self._spill(sink, batch, str(err))
             return
         if down is not None:
-            del self._down[sink.name]
+            del self._down[key]
             self.say("up", f"{sink.name} answers again; what is spilled stays for `plasmient replay`")
         self.stats.sent[sink.signal] = self.stats.sent.get(sink.signal, 0) + len(batch)
         self.stats.requests[sink.signal] = self.stats.requests.get(sink.signal, 0) + int(getattr(result, "requests", 0) or 0)

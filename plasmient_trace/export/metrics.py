@@ -13,6 +13,15 @@ point is one click from the step's trace.
 | plasmient.step.wasted_usd | gauge | USD | plasmient.cost.wasted_usd |
 | plasmient.steps | monotonic cumulative sum | {step} | one per traced step |
 | plasmient.step.trace | gauge (value: step) | 1 | fleet spans only; attribute trace_id |
+| hw.gpu.utilization | gauge | 1 | plasmient.util.resident of rank spans with exactly one GPU |
+
+``hw.gpu.utilization`` is the OpenTelemetry hardware semantic convention's GPU utilisation (the
+kernel-resident fraction, what NVML reports), so dashboards built for NVML/DCGM exporters show the
+traced steps beside their samples. Its attributes are the convention's: ``hw.type`` = gpu,
+``hw.gpu.task`` = general, ``hw.id`` = the device UUID where the resource knows it, else
+``rank<N>`` (one device per rank; the device index is not guessed), ``hw.model`` where known, plus
+``plasmient.job.id`` and ``plasmient.rank``. Ranks charged for several GPUs get no point: one value
+cannot be every device's. The ``plasmient.*`` names stay: they are what alerts.yml reads.
 
 Data point attributes: ``plasmient.job.id``, ``plasmient.level`` (rank | fleet) and, on rank
 points, ``plasmient.rank``. The step number is deliberately *not* a label (one series per step
@@ -75,6 +84,7 @@ GAUGES: tuple[tuple[str, str, str, str], ...] = (
 )
 STEPS_COUNTER = ("plasmient.steps", "{step}", "traced steps; exemplars name each step's trace")
 TRACE_INFO = ("plasmient.step.trace", "1", "latest traced step (value) and its trace id (attribute trace_id), fleet level")
+HW_GPU_UTILIZATION = ("hw.gpu.utilization", "1", "fraction of the traced step a kernel was resident on the GPU (semantic convention)")
 METRIC_LEVELS = ("rank", "fleet")
 
 
@@ -91,6 +101,7 @@ class _Points:
     rank: list[int | None]
     job: list[str | None]
     step: list[int | None]
+    gpus: list[int | None]
     values: dict[str, np.ndarray]   # span attribute -> float64 (NaN = absent)
 
 
@@ -113,6 +124,7 @@ def _select(batch: SpanBatch) -> _Points:
         rank=t.column("plasmient.rank").to_pylist(),
         job=t.column("plasmient.job.id").to_pylist(),
         step=t.column("plasmient.step").to_pylist(),
+        gpus=t.column("plasmient.gpus").to_pylist(),
         values={attr: floats(attr) for _, attr, _, _ in GAUGES},
     )
 
@@ -193,7 +205,35 @@ def _resource_metrics(batch: SpanBatch, p: _Points, rows: list[int], res_idx: in
         ))
     if info.gauge.data_points:
         scope.metrics.append(info)
+    hw = _hw_gpu_utilization(p, rows, attrs)
+    if hw.gauge.data_points:
+        scope.metrics.append(hw)
     return ResourceMetrics(resource=res, scope_metrics=[scope])
+
+
+def _hw_gpu_utilization(p: _Points, rows: list[int], resource: dict[str, Any]) -> Metric:
+    name, unit, desc = HW_GPU_UTILIZATION
+    metric = Metric(name=name, unit=unit, description=desc)
+    metric.gauge.SetInParent()
+    values = p.values["plasmient.util.resident"]
+    uuid, model = resource.get("plasmient.gpu.uuid"), resource.get("plasmient.gpu.model")
+    for i in rows:
+        v = float(values[i])
+        if p.level[i] != "rank" or p.gpus[i] != 1 or not np.isfinite(v):
+            continue
+        hw_id = str(uuid) if uuid else f"rank{p.rank[i]}" if p.rank[i] is not None else None
+        if hw_id is None:
+            continue  # the convention requires hw.id
+        attrs_i = _attributes(p, i) + [KeyValue(key="hw.id", value=AnyValue(string_value=hw_id)),
+                                        KeyValue(key="hw.type", value=AnyValue(string_value="gpu")),
+                                        KeyValue(key="hw.gpu.task", value=AnyValue(string_value="general"))]
+        if model:
+            attrs_i.append(KeyValue(key="hw.model", value=AnyValue(string_value=str(model))))
+        metric.gauge.data_points.append(NumberDataPoint(
+            attributes=attrs_i, start_time_unix_nano=int(p.start[i]), time_unix_nano=int(p.end[i]),
+            as_double=v, exemplars=[_exemplar(p, i, v)],
+        ))
+    return metric
 
 
 def metric_requests(batch: SpanBatch, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> Iterator[ExportMetricsServiceRequest]:
@@ -271,7 +311,10 @@ def export_metrics(client: Any, batch: SpanBatch, stop: Any = None) -> MetricsSe
     config = client.config
     stats = MetricsSendStats(endpoint=client.display_endpoint, protocol=config.protocol)
     attempts0 = client.attempts
-    for request in metric_requests(batch, max_bytes=config.max_request_bytes):
+    # Requests are sized in protobuf bytes; their OTLP/JSON is 2.5-2.6x larger on real traces (hex
+    # ids, field names), so http/json splits at a third to stay under the same request limit.
+    limit = config.max_request_bytes // 3 if config.protocol == "http/json" else config.max_request_bytes
+    for request in metric_requests(batch, max_bytes=limit):
         body = request_json(request) if config.protocol == "http/json" else request.SerializeToString()
         rejected, _ = client.export(body, stop=stop)
         stats.requests += 1

@@ -19,7 +19,16 @@ UNAVAILABLE, DATA_LOSS; HTTP 429, 502, 503, 504; refused or dropped connections)
 exponential backoff and jitter, honouring gRPC RetryInfo and HTTP Retry-After (never below the
 backoff, and a hint past the deadline ends the export), until the timeout. The timeout is a deadline
 for each request, retries and slow reads included: an HTTP answer still arriving at the deadline is
-cut off by closing the socket. Error lines never show header values or URL credentials (:func:`redact`).
+cut off by closing the socket. A backend that *answers* that it is busy (HTTP 429/503, gRPC
+RESOURCE_EXHAUSTED, or any retryable answer with a retry hint) is alive and draining its queue, not
+down: its requests get ``backpressure_s`` (``PLASMIENT_OTLP_BACKPRESSURE_S``, default 120 s) instead
+of the timeout, and once it has pushed back the following requests are paced (each waits the last
+hint, halved after every accepted request), so a slow backend (Phoenix) receives a whole trace.
+Requests never exceed ``max_request_bytes`` (``PLASMIENT_OTLP_MAX_REQUEST_MIB``, default 3.5 MiB,
+under the 4 MiB that Jaeger, Tempo and Collector receivers accept by default).
+A signal the backend does not serve (gRPC UNIMPLEMENTED, HTTP 404/405) raises
+:class:`UnsupportedSignal` at once: a traces-only backend is a configuration fact, not an outage.
+Every error line names the signal and never shows header values or URL credentials (:func:`redact`).
 :class:`OtlpClient` is signal-generic (traces, metrics) so the metrics exporter reuses it.
 """
 
@@ -47,7 +56,7 @@ from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.export.otlp_json import encode_jsonl_lines, package_version
 from plasmient_trace.export.otlp_proto import DEFAULT_MAX_REQUEST_BYTES, encode_requests
 
-__all__ = ["PROTOCOLS", "DEFAULT_PROTOCOL", "ExportError", "OtlpConfig", "ExportStats", "OtlpClient", "export_spans", "send_spans",
+__all__ = ["PROTOCOLS", "DEFAULT_PROTOCOL", "ExportError", "UnsupportedSignal", "OtlpConfig", "ExportStats", "OtlpClient", "export_spans", "send_spans",
            "parse_headers", "redact", "redact_url", "backoff_wait"]
 
 log = logging.getLogger(__name__)
@@ -55,9 +64,13 @@ log = logging.getLogger(__name__)
 PROTOCOLS = ("grpc", "http/protobuf", "http/json")
 DEFAULT_PROTOCOL = "grpc"
 DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_BACKPRESSURE_S = 120.0
 _DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 _DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
 _RETRYABLE_HTTP = frozenset({429, 502, 503, 504})
+_BUSY_HTTP = frozenset({429, 503})  # answered by a live server that asks the sender to slow down
+_UNSUPPORTED_HTTP = frozenset({404, 405})  # no handler for this signal's path
+_TOO_LARGE_HINT = " (the request is larger than the backend accepts: lower PLASMIENT_OTLP_MAX_REQUEST_MIB)"
 _STOP_POLL_S = 0.05  # how often an in-flight request looks at its stop event
 _USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@")
 _GZIP_LEVEL = 5  # gzip -5: most of -9's ratio on OTLP payloads at a fraction of its CPU time
@@ -73,7 +86,11 @@ _REJECTED_JSON = {"traces": "rejectedSpans", "metrics": "rejectedDataPoints", "l
 
 
 class ExportError(RuntimeError):
-    """An OTLP export failed for good: one line naming endpoint, protocol and what happened."""
+    """An OTLP export failed for good: one line naming signal, endpoint, protocol and what happened."""
+
+
+class UnsupportedSignal(ExportError):
+    """The backend answered that it does not serve this signal (e.g. a traces-only backend asked for metrics)."""
 
 
 def _one_line(text: str) -> str:
@@ -113,6 +130,20 @@ def _parse_bool(name: str, value: str) -> bool:
     raise ValueError(f"{name}={value!r}: expected true or false")
 
 
+def _env_number(env: Mapping[str, str], name: str) -> float | None:
+    """A positive finite number from the environment, None when unset; ValueError naming the variable."""
+    text = env.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name}={text!r}: expected a positive number")
+    return value
+
+
 def _http_signal_url(base: str, signal: str) -> str:
     """Generic endpoint + ``v1/<signal>`` (spec: relative to the endpoint's path)."""
     parts = urllib.parse.urlsplit(base)
@@ -148,6 +179,8 @@ class OtlpConfig:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     retry_initial_s: float = 0.5
     retry_max_s: float = 5.0
+    # How long one request may wait on a backend that answers it is busy (429/503/RESOURCE_EXHAUSTED).
+    backpressure_s: float = DEFAULT_BACKPRESSURE_S
     # True when the endpoint was configured (argument or environment), False when it is the default:
     # the CLI only sends when someone asked it to.
     explicit: bool = False
@@ -164,6 +197,10 @@ class OtlpConfig:
             raise ValueError(f"OTLP signal {self.signal!r} is not one of {', '.join(_SERVICES)}")
         if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
             raise ValueError(f"OTLP timeout must be a positive number of seconds, got {self.timeout_s!r}")
+        if not self.max_request_bytes >= 1024:
+            raise ValueError(f"OTLP max request size must be at least 1 KiB, got {self.max_request_bytes!r} bytes")
+        if not (self.backpressure_s > 0 and math.isfinite(self.backpressure_s)):
+            raise ValueError(f"OTLP backpressure wait must be a positive number of seconds, got {self.backpressure_s!r}")
         for key, value in self.headers.items():
             if any(ord(c) < 0x20 or ord(c) == 0x7F for c in str(value)):
                 # The value is a credential more often than not: name the header, never show it.
@@ -181,12 +218,15 @@ class OtlpConfig:
         HTTP), ``signal_endpoint`` (used as is), ``protocol``, ``headers`` (dict or the env string
         format), ``timeout_s`` (seconds), ``compression`` ("gzip"/"none"), ``insecure``,
         ``certificate``, ``client_key``, ``client_certificate``, ``max_request_bytes``,
-        ``retry_initial_s``, ``retry_max_s``.
+        ``retry_initial_s``, ``retry_max_s``, ``backpressure_s``. plasmient's own variables:
+        ``PLASMIENT_OTLP_MAX_REQUEST_MIB`` (largest request body, MiB) and
+        ``PLASMIENT_OTLP_BACKPRESSURE_S`` (wait on a busy backend per request, seconds).
         """
         env = os.environ if env is None else env
         known = {
             "endpoint", "signal_endpoint", "protocol", "headers", "timeout_s", "compression", "insecure",
             "certificate", "client_key", "client_certificate", "max_request_bytes", "retry_initial_s", "retry_max_s",
+            "backpressure_s",
         }  # fmt: skip
         unknown = set(overrides) - known
         if unknown:
@@ -259,8 +299,12 @@ class OtlpConfig:
             return v[1] if v else None
 
         kwargs: dict[str, Any] = {
-            k: given[k] for k in ("max_request_bytes", "retry_initial_s", "retry_max_s") if k in given
+            k: given[k] for k in ("max_request_bytes", "retry_initial_s", "retry_max_s", "backpressure_s") if k in given
         }
+        if "max_request_bytes" not in kwargs and (mib := _env_number(env, "PLASMIENT_OTLP_MAX_REQUEST_MIB")) is not None:
+            kwargs["max_request_bytes"] = int(mib * (1 << 20))
+        if "backpressure_s" not in kwargs and (wait := _env_number(env, "PLASMIENT_OTLP_BACKPRESSURE_S")) is not None:
+            kwargs["backpressure_s"] = wait
         return cls(
             endpoint=endpoint,
             protocol=protocol,
@@ -318,13 +362,19 @@ class ExportStats:
 
 
 class _Retry(Exception):
-    def __init__(self, what: str, after_s: float | None = None) -> None:
+    def __init__(self, what: str, after_s: float | None = None, busy: bool = False) -> None:
         super().__init__(what)
         self.what = what
         self.after_s = after_s
+        # The server answered and asked to slow down (it is alive): the backpressure budget applies.
+        self.busy = busy or after_s is not None
 
 
 class _Fail(Exception):
+    pass
+
+
+class _Unsupported(_Fail):
     pass
 
 
@@ -347,6 +397,7 @@ class OtlpClient:
         self._conn: http.client.HTTPConnection | None = None
         self._user_agent = f"plasmient-trace/{package_version()}"
         self.last_sent_bytes = 0
+        self.pace_s = 0.0  # wait before the next request, set by a backend that pushed back
         if config.protocol == "grpc":
             self._open_grpc()
         else:
@@ -376,18 +427,21 @@ class OtlpClient:
 
     def export(self, body: bytes, deadline: float | None = None, stop: threading.Event | None = None) -> tuple[int, str]:
         """Send one serialized request, retrying transient failures until ``deadline`` (a
-        ``time.monotonic()`` value; default now + ``config.timeout_s``). The deadline bounds the whole
-        call, retries and slow reads included; ``stop`` (set by a shutdown) ends a backoff wait or an
+        ``time.monotonic()`` value; default now + ``config.timeout_s``, extended to now +
+        ``config.backpressure_s`` while the backend answers that it is busy, never past a deadline the
+        caller gave). The deadline bounds the whole call, retries and slow reads included; ``stop`` (set by a shutdown) ends a backoff wait or an
         in-flight request at once. Raises :class:`ExportError` naming the endpoint with secrets redacted."""
         cfg = self.config
         # gRPC compresses on the wire itself (grpc-encoding: gzip); HTTP sends a gzip body.
         http_gzip = cfg.compression == "gzip" and cfg.protocol != "grpc"
         payload = gzip.compress(body, compresslevel=_GZIP_LEVEL) if http_gzip else body
         self.last_sent_bytes = len(payload)
-        start = time.monotonic()
-        own = start + cfg.timeout_s
-        deadline = own if deadline is None else min(deadline, own)
         stop = stop or threading.Event()
+        if self.pace_s > 0 and stop.wait(self.pace_s):  # the backend pushed back on an earlier request
+            raise ExportError(self._describe("stopped by shutdown", 0, time.monotonic()))
+        start = time.monotonic()
+        caller = math.inf if deadline is None else deadline
+        deadline = min(caller, start + cfg.timeout_s)
         delay = cfg.retry_initial_s
         attempts = 0
         while True:
@@ -399,13 +453,25 @@ class OtlpClient:
                 raise ExportError(self._describe(why, attempts - 1, start))
             try:
                 if cfg.protocol == "grpc":
-                    return self._grpc_attempt(payload, remaining, stop)
-                return self._http_attempt(payload, remaining, stop)
+                    answer = self._grpc_attempt(payload, min(remaining, cfg.timeout_s), stop)
+                else:
+                    answer = self._http_attempt(payload, min(remaining, cfg.timeout_s), stop)
+                self.pace_s = self.pace_s / 2 if self.pace_s > 0.05 else 0.0  # speed up again as the backend keeps up
+                return answer
+            except _Unsupported as exc:
+                raise UnsupportedSignal(self._describe(str(exc), attempts, start)) from None
             except _Fail as exc:
                 raise ExportError(self._describe(str(exc), attempts, start)) from None
             except _Retry as exc:
+                if exc.busy:
+                    # Alive and busy: wait for it up to the backpressure budget, each attempt still
+                    # bounded by the timeout, and pace the requests that follow.
+                    deadline = max(deadline, min(caller, start + cfg.backpressure_s))
                 wait = backoff_wait(exc.after_s, delay, cfg.retry_max_s)
                 delay = min(delay * 2, cfg.retry_max_s)
+                if exc.after_s is not None and math.isfinite(exc.after_s):
+                    # The server's own estimate of when it can take more: the next requests wait that long.
+                    self.pace_s = max(self.pace_s, min(exc.after_s, cfg.retry_max_s))
                 if time.monotonic() + wait >= deadline:
                     what = exc.what if exc.after_s is None or wait != exc.after_s else \
                         f"{exc.what} (asked to retry after {exc.after_s:g}s, past the deadline)"
@@ -421,7 +487,7 @@ class OtlpClient:
     def _describe(self, what: str, attempts: int, start: float) -> str:
         cfg = self.config
         return redact(_one_line(
-            f"OTLP export to {self.display_endpoint} ({cfg.protocol}) failed: {what} "
+            f"OTLP export to {self.display_endpoint} ({cfg.protocol}) failed for {cfg.signal}: {what} "
             f"[{attempts} attempt{'s' if attempts != 1 else ''} in {time.monotonic() - start:.1f}s, timeout {cfg.timeout_s:g}s]"
         ), cfg)
 
@@ -512,8 +578,13 @@ class OtlpClient:
                 grpc.StatusCode.UNAVAILABLE,
                 grpc.StatusCode.DATA_LOSS,
             }
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in str(details):
+                # The receiver's size limit, not a full queue: the same request will never fit.
+                raise _Fail(f"{what}{_TOO_LARGE_HINT}") from None
             if code in retryable:
-                raise _Retry(what, _grpc_retry_delay(exc)) from None
+                raise _Retry(what, _grpc_retry_delay(exc), busy=code == grpc.StatusCode.RESOURCE_EXHAUSTED) from None
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                raise _Unsupported(what) from None
             raise _Fail(what) from None
         return self._partial(response)
 
@@ -587,8 +658,10 @@ class OtlpClient:
             return self._partial_json(data) if "json" in ctype else self._partial(data)
         what = f"HTTP {status} {resp.reason}{_http_error_detail(data, resp.getheader('Content-Type', ''))}"
         if status in _RETRYABLE_HTTP:
-            raise _Retry(what, _retry_after(resp.getheader("Retry-After")))
-        raise _Fail(what)
+            raise _Retry(what, _retry_after(resp.getheader("Retry-After")), busy=status in _BUSY_HTTP)
+        if status in _UNSUPPORTED_HTTP:
+            raise _Unsupported(what)
+        raise _Fail(f"{what}{_TOO_LARGE_HINT}" if status == 413 else what)
 
     def _partial_json(self, data: bytes) -> tuple[int, str]:
         if not data.strip():
