@@ -158,32 +158,33 @@ def build_delivery(config: CaptureConfig, resource: Mapping[str, Any], extra: li
     alone they replace the configured ones."""
     from ..export import delivery, spill
 
-    kinds = [k.strip() for k in config.traces_exporter.split(",") if k.strip()]
     local: list[Any] = [delivery.CallableSink(name, fn) for name, fn in extra or []]
     remote: list[Any] = []
+    traces_off = False
     if extra is None:
-        if "none" in kinds:
-            kinds = []
-        elif not kinds:
-            kinds = ["otlp?"]  # OTLP only when an endpoint is configured
-        if "otlp" in kinds or "otlp?" in kinds:
-            try:
-                from ..export import otlp
+        from ..export import otlp
+        from ..export.selection import select_exporters
 
-                otlp_cfg = otlp.OtlpConfig.from_env(config.environ)
-            except Exception as err:
-                from ..export.otlp import redact
-
-                say_once("otlp-config", f"OTLP export disabled: {redact(str(err))}")
-                otlp_cfg = None
-            if otlp_cfg is not None and (otlp_cfg.explicit or "otlp" in kinds):
-                remote.append(delivery.OtlpSink(otlp_cfg, "traces"))
-                if config.environ.get("OTEL_METRICS_EXPORTER", "").strip().lower() != "none":
-                    remote.append(delivery.OtlpSink(otlp_cfg, "metrics"))
-        if "console" in kinds:
+        try:
+            otlp_cfg = otlp.OtlpConfig.from_env(config.environ)
+        except Exception as err:
+            say_once("otlp-config", f"OTLP export disabled: {otlp.redact(str(err))}")
+            otlp_cfg = None
+        # the same selection ingest makes: OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER, else OTLP when an
+        # endpoint is configured
+        choice = select_exporters(config.environ, otlp_cfg is not None and otlp_cfg.explicit)
+        for note in choice.notes:
+            say_once(f"exporter:{note}", note)
+        traces_off = choice.traces_off
+        if otlp_cfg is not None:
+            remote += [delivery.OtlpSink(otlp_cfg, signal) for signal, kinds in
+                       (("traces", choice.traces), ("metrics", choice.metrics)) if "otlp" in kinds]
+        if "console" in choice.traces:
             local.append(delivery.ConsoleSink())
+        if "console" in choice.metrics:
+            local.append(delivery.MetricsConsoleSink())
         path = config.out
-        if path is None and not remote and not local and config.traces_exporter.strip().lower() != "none":
+        if path is None and not remote and not local and not traces_off:
             path = default_out_path(resource)
         if path is not None:
             # The local file goes first and never waits for the network.
