@@ -309,3 +309,12 @@ def test_ingest_below_a_file_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "is not a directory" in err[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]
+
+
+def test_the_output_file_has_the_mode_any_new_file_gets(tmp_path: Path) -> None:
+    # written beside its final name and renamed into place, it must not keep the temp file's private 0600
+    out = tmp_path / "t.jsonl"
+    assert main(["ingest", str(trace_path(TRACE)), "--quiet", "--out", str(out)]) == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask

@@ -110,6 +110,10 @@ class FileSink:
                     self.lines += write_jsonl(batch, f)
                     f.flush()
                     os.fsync(f.fileno())
+                    # mkstemp makes the file private (0600); the output gets the mode any new file would
+                    umask = os.umask(0)
+                    os.umask(umask)
+                    os.fchmod(f.fileno(), 0o666 & ~umask)
                 os.replace(tmp, self.path)
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
