@@ -44,6 +44,9 @@ class IngestOptions:
     graph_capture: str | Path | None = None
     # Processes that parse the input files (one file per rank); 1 = in this process.
     workers: int = 1
+    # Ranks that share each trace when they are stitched apart (live multi-rank): the span budget is split
+    # between them. 0 = the ranks stitched together here.
+    world_size: int = 0
 
 
 @dataclass
@@ -126,6 +129,7 @@ def stitch_records(record_sets: list[RecordSet], options: IngestOptions) -> Inge
     result = stitch(inputs, StitchOptions(
         job_id=options.job_id, max_spans=options.max_spans, baseline_mfu=options.baseline_mfu,
         ranks_per_node=options.ranks_per_node, host=options.host, service_name=options.service_name,
+        world_size=options.world_size,
         full_depth_steps=options.full_depth_steps, extra_resource=dict(options.extra_resource),
     ))
     stats = dict(result.stats)

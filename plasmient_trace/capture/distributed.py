@@ -91,6 +91,11 @@ def _remember() -> None:
     _group = Group(store=c10d._get_default_store(), rank=dist.get_rank(), world_size=world, backend=backend)
 
 
+def world_size() -> int:
+    """Ranks of the job when a multi-rank process group was found (0 otherwise)."""
+    return _group.world_size if _group is not None else 0
+
+
 def active() -> bool:
     return _group is not None
 

@@ -772,7 +772,9 @@ class CaptureSession:
         full = {c.step for c in items if c.full}
         options = IngestOptions(job_id=self.job_id, peak_tflops=self.config.peak_tflops, gpu_price=self.config.gpu_price,
                                 service_name=self.config.service_name, full_depth_steps=full,
-                                cpu_spec=self.cpu_spec_for_stitch())
+                                cpu_spec=self.cpu_spec_for_stitch(),
+                                # each rank stitches alone: its share of the trace's span budget
+                                world_size=distributed.world_size())
         result = stitch_records([rs], options)
         batch = result.batch
         shallow = [c.step for c in items if not c.full]
