@@ -214,3 +214,15 @@ def test_the_span_budget_is_held_and_keeps_the_worst_kernels(name, budget):
     # every exported span's parent is exported (chains are kept whole)
     ids = {(r["trace_id"], r["span_id"]) for r in rows}
     assert all(not r["parent_span_id"] or (r["trace_id"], r["parent_span_id"]) in ids for r in rows)
+
+
+def test_the_budget_holds_for_a_trace_stitched_from_several_ranks():
+    from plasmient_trace.pipeline import IngestOptions, ingest_paths
+    from conftest import trace_path
+
+    files = [trace_path("a100_multirank/rank-0.json.gz"), trace_path("a100_multirank/rank-1.json.gz")]
+    rows = ingest_paths(files, IngestOptions(job_id="budget", max_spans=1000)).batch.table.to_pylist()
+    per_trace = Counter(r["trace_id"] for r in rows)
+    assert max(per_trace.values()) <= 1000
+    kernels = Counter((r["trace_id"], r["plasmient.rank"]) for r in rows if r["plasmient.level"] == "kernel")
+    assert len(kernels) == 2 * len(per_trace)  # both ranks keep kernel spans in every trace
