@@ -181,6 +181,10 @@ def test_torchrun_two_ranks_one_node(env, tmp_path):
     _check_one_tree_per_step(batches, steps=3, hosts=1)
     # rank 0 exported the fleet and the node span; rank 1 only its own subtree
     assert {r["plasmient.level"] for r in _levels(batches[1].table, "fleet", "node")} == set()
+    # gloo collectives are the CPU's communication, not memory-bound work
+    collectives = [r for b in batches for r in _levels(b.table, "op")
+                   if r["name"].startswith(("gloo:", "c10d::")) and r["plasmient.device.window_s"]]
+    assert collectives and {r["plasmient.bound"] for r in collectives} == {"communication"}
 
 
 def test_torchrun_simulated_second_node(env, tmp_path):
