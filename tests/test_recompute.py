@@ -1,4 +1,4 @@
-"""Activation checkpointing: recomputed forward work is hardware FLOPs (plasmient.hfu), not model FLOPs
+"""Activation checkpointing, offline and live: recomputed forward work is hardware FLOPs (plasmient.hfu), not model FLOPs
 (plasmient.mfu), checked against torch's FlopCounterMode on a model recorded here and on the real MI300X
 ResNet trace that was recorded with checkpointing."""
 
@@ -119,3 +119,35 @@ def test_recompute_on_the_mi300x_resnet_sits_in_the_backward_of_its_module():
                 break
     assert in_recompute and all((c["plasmient.flops"] or 0) == 0 and c["plasmient.flops.recompute"] > 0
                                 for c in in_recompute if c["plasmient.device.window_s"])
+
+
+def _live_steps(checkpointed: bool) -> tuple[list[dict], list[dict]]:
+    from capture_helpers import Collect
+
+    from plasmient_trace.capture.session import CaptureConfig, CaptureSession
+
+    sink = Collect()
+    session = CaptureSession(CaptureConfig(every=1, peak_tflops=0.05, job_id="ck", environ={}),
+                             exporters=[("memory", sink)]).start()
+    try:
+        model, x = _model(checkpointed), torch.randn(32, 64)
+        with _full_recompute():
+            for _ in range(2):
+                with session.step():
+                    model(x).backward()
+    finally:
+        session.close(timeout=30)
+    rows = sink.rows()
+    return [r for r in rows if r["plasmient.level"] == "step"], rows
+
+
+def test_live_capture_separates_the_recompute_too():
+    plain, _ = _live_steps(False)
+    ckpt, rows = _live_steps(True)
+    recomputed = _counted_flops(True) - _counted_flops(False)
+    for p, c in zip(sorted(plain, key=lambda r: r["plasmient.step"]), sorted(ckpt, key=lambda r: r["plasmient.step"])):
+        assert c["plasmient.flops"] == pytest.approx(p["plasmient.flops"], rel=1e-12)
+        assert c["plasmient.flops.recompute"] == pytest.approx(recomputed, rel=1e-12)
+        assert p["plasmient.flops.recompute"] is None
+    names = {r["name"] for r in rows if r["plasmient.level"] == "module"}
+    assert {"Net.blocks.0 [recompute]", "Net.blocks.0.up [recompute]"} <= names
