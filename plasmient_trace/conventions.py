@@ -123,7 +123,7 @@ SPAN_ATTRIBUTES: tuple[SpanAttribute, ...] = (
     SpanAttribute("plasmient.op.input_dims", _S, "", ("op",), "JSON list of input shapes"),
     SpanAttribute("plasmient.op.input_types", _S, "", ("op",), "JSON list of input dtypes"),
     SpanAttribute("plasmient.op.dtype", _S, "", ("op",), "dtype the peak was looked up for"),
-    SpanAttribute("plasmient.op.flops_model", _S, "", ("op",), "gemm | conv | attention | norm | softmax | elementwise | embedding | none"),
+    SpanAttribute("plasmient.op.flops_model", _S, "", ("op",), "gemm | conv | attention | norm | softmax | elementwise | embedding | reduction | view (shape-only: a known zero) | none (unknown)"),
     SpanAttribute("plasmient.op.model_flops", _F, "{flop}", ("op",), "flops the shape model gives this op alone (before attribution to kernels)"),
     SpanAttribute("plasmient.op.kineto_flops", _F, "{flop}", ("op",), "Kineto's own flops estimate, a cross-check"),
     SpanAttribute("plasmient.op.cpu_s", _F, "s", ("op", "module"), "CPU-side duration of the op/module"),

@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 
 import orjson
 
-MODELS = ("gemm", "conv", "attention", "norm", "softmax", "elementwise", "embedding", "reduction", "none")
+MODELS = ("gemm", "conv", "attention", "norm", "softmax", "elementwise", "embedding", "reduction", "view", "none")
 CANONICAL_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp64", "other")
 
 # Kineto's 'Input type' strings for tensors -> (canonical dtype, element bytes). Strings that are

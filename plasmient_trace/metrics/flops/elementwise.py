@@ -142,3 +142,18 @@ for _base in ["addcmul", "addcdiv", "lerp"]:
 _reg(["aten::_foreach_copy_", "aten::_foreach_zero_"], partial(_foreach, k=0.0, inplace=True, zero_flops=True))
 _reg(["aten::_fused_adam_", "aten::_fused_adamw_", "aten::_fused_adam", "aten::_fused_adamw"], _fused_adam)
 
+
+
+# Shape-only ops change a tensor's metadata, never its data: a known zero of FLOPs and bytes (model "view"),
+# so a CPU run, where such a leaf op is its own unit of work, does not count them as unknown work.
+SHAPE_ONLY_OPS = tuple(f"aten::{n}" for n in (
+    "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "expand_as", "unsqueeze", "squeeze",
+    "as_strided", "alias", "detach", "unbind", "split", "split_with_sizes", "chunk", "select", "slice", "narrow",
+    "flatten", "unflatten", "view_as", "numpy_T", "lift_fresh", "_reshape_alias"))
+
+
+def _shape_only(a: OpArgs) -> FlopResult:
+    return 0.0, 0.0, "view"
+
+
+_reg(SHAPE_ONLY_OPS, _shape_only)

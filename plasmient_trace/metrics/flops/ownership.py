@@ -57,4 +57,10 @@ def yields_flops(op_parent: np.ndarray, op_model: np.ndarray, op_flops: np.ndarr
     modelled = model != "none"
     to_any = _yields_to(parent, cls, len(classes), modelled)
     to_working = _yields_to(parent, cls, len(classes), modelled & (flops > 0))
-    return np.where(flops > 0, to_working, to_any)
+    yields = np.where(flops > 0, to_working, to_any)
+    # A shape-only op (model "view") that materialises a copy below it (reshape -> clone -> copy_) yields to
+    # that work whatever its class: its own known zero must not stand for the copy.
+    view = model == "view"
+    if view.any():
+        yields |= view & _yields_to(parent, np.zeros(n, np.int64), 1, modelled & ~view)
+    return yields
