@@ -9,6 +9,7 @@ one host and once with a simulated second node (host.name from OTEL_RESOURCE_ATT
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -60,8 +61,10 @@ def _run_ranks(batches, hosts=None, wait="5"):
         batch = batches[r]
         if hosts:
             for res in batch.resources:
-                if "plasmient.rank" in res:  # the rank's own resource: where its host comes from
+                if "plasmient.rank" in res:  # the rank's own resource
                     res["host.name"] = hosts[r]
+            for summary in batch.summaries:  # and what the rank tells the others about itself
+                summary.host = hosts[r]
         group = distributed.Group(store=store, rank=r, world_size=2, backend="gloo")
         out[r] = distributed.coordinate(batch, "x", StitchOptions(job_id="x"), say=lambda k, m: said.append((k, m)),
                                         environ={"PLASMIENT_FLEET_WAIT_S": wait}, group=group)
@@ -121,8 +124,9 @@ def test_a_missing_rank_leaves_a_fleet_span_of_the_ranks_that_arrived(a100):
 
 
 def pa_copy(batch):
-    """A batch whose resources can be edited without touching the module fixture."""
-    return type(batch)(table=batch.table, resources=[dict(r) for r in batch.resources])
+    """A batch whose resources and rank summaries can be edited without touching the module fixture."""
+    return type(batch)(table=batch.table, resources=[dict(r) for r in batch.resources],
+                       summaries=[dataclasses.replace(s) for s in batch.summaries])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,9 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
-import numpy as np
 import pytest
 
 from conftest import ingested, raw_trace, trace_path
@@ -158,4 +156,3 @@ def test_overlap_agrees_with_hta(name, tmp_path):
     exposed = sum(s["plasmient.comm.exposed_s"] for s in steps)
     ours = 1 - exposed / total if total else 0.0
     assert ours == pytest.approx(hta, abs=0.02)
-    _ = sys

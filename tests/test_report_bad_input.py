@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import re
-from pathlib import Path
 
 import pytest
 

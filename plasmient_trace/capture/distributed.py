@@ -169,9 +169,8 @@ def _coordinate(group: Group, batch: SpanBatch, job_id: str, options: "StitchOpt
     from ..stitch import fleet  # the stitcher is loaded by the worker anyway; keep `import torch` light
 
     store = group.store
-    # the stitcher's own summaries (they carry the step's collectives, for stragglers); read back from the
-    # rank spans when the batch has none
-    mine = list(batch.summaries) or fleet.summaries_from_batch(batch, options.baseline_mfu)
+    # the stitcher's own per-step reductions of this rank (they carry the step's collectives, for stragglers)
+    mine = list(batch.summaries)
     own = _without_top_rows(batch)
     if not mine:
         return own

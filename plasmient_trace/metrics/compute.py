@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..conventions import BOUNDS, DEFAULT_BASELINE_MFU
-from ..stitch.nesting import depth_levels
+from ..stitch.nesting import reduce_to_parents
 
 # Below this mean kernel duration a span's kernels are launch/latency-bound, whatever their intensity.
 LATENCY_BOUND_MEAN_KERNEL_S = 10e-6
@@ -27,17 +27,8 @@ BOUND_CODE = {name: i for i, name in enumerate(BOUNDS)}
 
 
 def rollup(parent: np.ndarray, depth: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Inclusive subtree sums of per-span values (rows = spans, any trailing columns), deepest level first;
-    each span is touched once, however deep the tree."""
-    total = np.array(values, dtype=np.float64, copy=True)
-    if len(parent) == 0:
-        return total
-    flat = total.reshape(len(parent), -1)
-    for rows in reversed(depth_levels(depth)[1:]):
-        rows = rows[parent[rows] >= 0]
-        if len(rows):
-            np.add.at(flat, parent[rows], flat[rows])
-    return total
+    """Inclusive subtree sums of per-span values (rows = spans, any trailing columns)."""
+    return reduce_to_parents(parent, depth, np.asarray(values, np.float64), np.add)
 
 
 def grouped_union_ns(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -155,23 +146,3 @@ def bound_codes(*, has_device: np.ndarray, is_kernel: np.ndarray, util: np.ndarr
         default=BOUND_CODE["unknown"],
     )
     return code.astype(np.int8)
-
-
-def top_label_per_group(group: np.ndarray, label: np.ndarray, weight: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
-    """For each group, the label with the largest summed weight: (label or -1, its weight)."""
-    best_label = np.full(n_groups, -1, np.int64)
-    best_weight = np.zeros(n_groups)
-    ok = (group >= 0) & (label >= 0)
-    if not ok.any():
-        return best_label, best_weight
-    key = group[ok].astype(np.int64) * (int(label[ok].max()) + 1) + label[ok]
-    uniq, inv = np.unique(key, return_inverse=True)
-    sums = np.bincount(inv, weights=weight[ok])
-    n_lab = int(label[ok].max()) + 1
-    ug, ul = uniq // n_lab, uniq % n_lab
-    order = np.lexsort((-sums, ug))
-    ug, ul, sums = ug[order], ul[order], sums[order]
-    first = np.concatenate([[True], ug[1:] != ug[:-1]])
-    best_label[ug[first]] = ul[first]
-    best_weight[ug[first]] = sums[first]
-    return best_label, best_weight

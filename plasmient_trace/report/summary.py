@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from plasmient_trace.conventions import LEVELS, SpanBatch
 from plasmient_trace.report.frame import SpanFrame, weighted_mean

@@ -130,21 +130,6 @@ def _launch_ops(capture: RecordSet, rows: np.ndarray) -> np.ndarray:
     return op
 
 
-def _flop_owner(op: np.ndarray, parent: np.ndarray, costs: flops_model.OpCosts) -> tuple[np.ndarray, np.ndarray]:
-    """(owner op, owner's work is counted here): the innermost modelled op on the launching op's
-    ancestor chain, as the stitcher chooses it; an owner that yields to a same-class op below it
-    has its work counted on that op's kernels."""
-    modelled = costs.model != "none"
-    owner = op.copy()
-    for _ in range(256):
-        climb = (owner >= 0) & ~modelled[np.maximum(owner, 0)]
-        if not climb.any():
-            break
-        owner[climb] = parent[owner[climb]]
-    yields = flops_model.yields_flops(parent, costs.model, costs.flops)
-    return owner, (owner >= 0) & ~yields[np.maximum(owner, 0)]
-
-
 def _with_replay_batch(capture: RecordSet, base: flops_model.OpCosts, replay: RecordSet,
                        launch_ns: int | None) -> flops_model.OpCosts:
     """Capture-op costs for one replay: vLLM attention depends on the batch's sequence lengths, which
@@ -274,7 +259,8 @@ def pair_graph_capture(replay: RecordSet, capture: RecordSet,
         # One replay at a time: its batch (vLLM step statistics) and its own split of each op.
         ks = have & (k_corr == corr)
         costs = _with_replay_batch(capture, base, replay, launch_start.get(corr))
-        owner, counted = _flop_owner(op_of_k, j.op_parent, costs)
+        owner, counted = flops_model.flop_owners(op_of_k, j.op_parent, costs.model,
+                                                 flops_model.yields_flops(j.op_parent, costs.model, costs.flops))
         kn = ks & (owner >= 0)
         own = kn & counted
         share = np.zeros(n)

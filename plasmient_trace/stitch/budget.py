@@ -14,16 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from .inputs import LEVEL_CODE
-from .nesting import depth_levels
+from .nesting import reduce_to_parents
 from .rank import RankTree
-
-
-def _subtree_max(parent: np.ndarray, depth: np.ndarray, value: np.ndarray, alive: np.ndarray) -> np.ndarray:
-    out = value.copy()
-    for kids in reversed(depth_levels(depth)[1:]):
-        kids = kids[alive[kids] & (parent[kids] >= 0)]
-        np.maximum.at(out, parent[kids], out[kids])
-    return out
 
 
 def choose_exported(tree: RankTree, allowance: int, full_depth_steps: set[int] | None, steps: np.ndarray) -> np.ndarray:
@@ -46,9 +38,7 @@ def choose_exported(tree: RankTree, allowance: int, full_depth_steps: set[int] |
     waste[t.base["kernel"] + t.k_rows] = t.k_waste
     device = np.where(is_kernel, t.col("kernel_s"), 0.0)
     cpu = np.where(is_kernel | (t.level < LEVEL_CODE["module"]), 0.0, (t.end - t.start) / 1e9)
-    a = _subtree_max(t.parent, t.depth, waste, t.alive)
-    b = _subtree_max(t.parent, t.depth, device, t.alive)
-    c = _subtree_max(t.parent, t.depth, cpu, t.alive)
+    a, b, c = reduce_to_parents(t.parent, t.depth, np.stack([waste, device, cpu], axis=1), np.maximum, t.alive).T
     step = t.step_row[cand]
     order = np.lexsort((t.depth[cand], -c[cand], -b[cand], -a[cand], step))
     cand, step = cand[order], step[order]

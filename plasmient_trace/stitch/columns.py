@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import conventions as cv
+from ..metrics.compute import rollup
 from . import ids
 from .culprits import culprit_columns
 from .inputs import LEVEL_CODE, RankInput, StitchOptions
@@ -148,7 +149,6 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     cols["plasmient.kernels"] = masked(t.col("kernels")[sel].astype(np.int64), ~dev & ~upper)
 
     # ---- what the budget folded, inclusive (the step: everything under it that is not a span)
-    from ..metrics.compute import rollup
     real_kernel = np.zeros(n, bool)
     real_kernel[b["kernel"]:b["kernel"] + t.n_k] = True
     not_exported = t.alive & ~export

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from .. import conventions as cv
 from ..metrics.culprit import suggestion
-from .inputs import CULPRIT_ROWS, KINDS, LEVEL_CODE
+from .inputs import CULPRIT_ROWS, KINDS
 from .joins import JoinedRank
 from .rank import RankTree, SpanMetrics, module_of_ops
 
@@ -181,7 +181,3 @@ def culprit_columns(n: int, lists: dict[int, list[dict[str, Any]]]) -> dict[str,
         out[f"plasmient.culprit.{k}"] = pa.array([lists[i][0].get(k) for i in have], typ).take(idx)
     out["plasmient.culprits"] = pa.array([json.dumps(lists[i], separators=(",", ":")) for i in have], pa.string()).take(idx)
     return out
-
-
-def is_step_level(level: np.ndarray) -> np.ndarray:
-    return level == LEVEL_CODE["step"]

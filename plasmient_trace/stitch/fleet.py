@@ -13,7 +13,6 @@ totals still add up. Culprit rows are the ranks' rows summed by (kernel, op, mod
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
@@ -308,58 +307,3 @@ def merge_span_batches(batches: list[cv.SpanBatch]) -> cv.SpanBatch:
     if not tables:
         return cv.SpanBatch(table=cv.empty_span_table(), resources=[], summaries=summaries)
     return cv.SpanBatch(table=pa.concat_tables(tables), resources=resources, summaries=summaries)
-
-
-def summaries_from_batch(batch: cv.SpanBatch, baseline_mfu: float | None = None) -> list[RankSummary]:
-    """One summary per rank span of an exported batch, read back from its attributes (live multi-rank
-    capture exchanges these). Every field is an exported total, so the round trip is exact."""
-    t = batch.table
-    level = np.asarray(t.column("plasmient.level").to_pylist(), dtype=object)
-    rows = np.nonzero(level == "rank")[0]
-    if not len(rows):
-        return []
-    sub = t.take(pa.array(rows))
-
-    def num(name: str, fill: float = np.nan) -> np.ndarray:
-        return sub.column(name).cast(pa.float64()).fill_null(fill).to_numpy()
-
-    window = num("plasmient.device.window_s", 0.0)
-    w_start = sub.column("plasmient.device.start_ns").fill_null(0).to_numpy().astype(np.int64)
-    gpus = num("plasmient.gpus", 1.0)
-    busy = num("plasmient.busy_s", 0.0)
-    charged = window * gpus
-    cost = num("plasmient.cost.usd")
-    peak, bw = num("plasmient.peak_flops"), num("plasmient.peak_bandwidth")
-    culprits = sub.column("plasmient.culprits").to_pylist()
-    texts = {name: sub.column(name).to_pylist() for name in ("plasmient.job.id", "plasmient.device.type")}
-    res_idx = sub.column("resource_index").to_numpy()
-    out: list[RankSummary] = []
-    for i in range(len(rows)):
-        res = batch.resources[res_idx[i]] if res_idx[i] < len(batch.resources) else {}
-        with np.errstate(divide="ignore", invalid="ignore"):
-            price = float(cost[i] * 3600.0 / charged[i]) if charged[i] > 0 else float("nan")
-        out.append(RankSummary(
-            job_id=str(texts["plasmient.job.id"][i]), step=int(sub.column("plasmient.step")[i].as_py()),
-            rank=int(sub.column("plasmient.rank")[i].as_py()), host=str(res.get("host.name", "")),
-            start_ns=int(sub.column("start_ns")[i].as_py()), end_ns=int(sub.column("end_ns")[i].as_py()),
-            window_start_ns=int(w_start[i]), window_end_ns=int(w_start[i] + round(window[i] * 1e9)),
-            gpus=int(gpus[i]), flops=float(num("plasmient.flops", 0.0)[i]), ideal_s=float(num("plasmient.ideal_s")[i]),
-            recompute_flops=float(num("plasmient.flops.recompute", 0.0)[i]),
-            # exact unless a ratio was capped at util
-            recompute_ideal_s=float((num("plasmient.hfu", 0.0)[i] - num("plasmient.mfu", 0.0)[i]) * charged[i]),
-            busy_s=float(busy[i]), union_s=float(num("plasmient.util.resident", 0.0)[i] * charged[i]),
-            known_s=float(num("plasmient.flops.coverage", 0.0)[i] * busy[i]), bytes=float(num("plasmient.bytes", 0.0)[i]),
-            kernels=int(num("plasmient.kernels", 0.0)[i]), kernel_s=float(num("plasmient.kernel_s", 0.0)[i]),
-            # summed collective/copy durations are not exported: their unions stand in (for the bound only)
-            comm_s=float(num("plasmient.comm.total_s", 0.0)[i]), copy_s=float(num("plasmient.memcpy.total_s", 0.0)[i]),
-            comm_total_s=float(num("plasmient.comm.total_s", 0.0)[i]), comm_exposed_s=float(num("plasmient.comm.exposed_s", 0.0)[i]),
-            copy_total_s=float(num("plasmient.memcpy.total_s", 0.0)[i]), copy_exposed_s=float(num("plasmient.memcpy.exposed_s", 0.0)[i]),
-            idle_device_s=float(num("plasmient.idle.device_s", 0.0)[i]), queue_mean=float(num("plasmient.launch_queue.mean")[i]),
-            queue_max=float(num("plasmient.launch_queue.max")[i]),
-            wasted_s=float(num("plasmient.wasted_s", 0.0)[i]), charged_s=float(charged[i]),
-            idle_s=float(num("plasmient.idle_s", 0.0)[i]), price_per_hour=price,
-            ridge=float(peak[i] / bw[i]) if bw[i] > 0 else float("nan"),
-            device_type=str(texts["plasmient.device.type"][i]),
-            culprits=json.loads(culprits[i]) if culprits[i] else [], service_name=res.get("service.name"),
-        ))
-    return out

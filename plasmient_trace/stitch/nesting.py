@@ -133,3 +133,27 @@ def depth_levels(depth: np.ndarray) -> list[np.ndarray]:
     order = np.argsort(depth, kind="stable")
     bounds = np.searchsorted(depth[order], np.arange(int(depth.max()) + 2), side="left")
     return [order[bounds[d]:bounds[d + 1]] for d in range(len(bounds) - 1)]
+
+
+def reduce_to_parents(parent: np.ndarray, depth: np.ndarray, values: np.ndarray, ufunc: np.ufunc,
+                      alive: np.ndarray | None = None) -> np.ndarray:
+    """Fold every node's value into its ancestors with ``ufunc`` (np.add: subtree sums, np.maximum /
+    np.minimum: subtree extremes), deepest level first, so each node is touched once however deep the
+    tree. ``values`` may carry trailing columns; ``alive`` masks the nodes that take part."""
+    out = np.array(values, copy=True)
+    for rows in reversed(depth_levels(depth)[1:]):
+        rows = rows[parent[rows] >= 0]
+        if alive is not None:
+            rows = rows[alive[rows]]
+        if len(rows):
+            ufunc.at(out, parent[rows], out[rows])
+    return out
+
+
+def any_ancestor(parent: np.ndarray, mark: np.ndarray) -> np.ndarray:
+    """Per node: does any strict ancestor carry ``mark``? Top-down, one level at a time, each node once."""
+    out = np.zeros(len(parent), bool)
+    for rows in depth_levels(tree_depth(parent))[1:]:
+        p = parent[rows]
+        out[rows] = mark[p] | out[p]
+    return out

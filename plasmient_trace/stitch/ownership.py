@@ -16,27 +16,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..metrics.flops import yields_flops
+from ..metrics.flops import flop_owners
 from ..metrics.hardware import kernel_precision
 from .inputs import KIND_CODE, RankInput
 from .joins import JoinedRank
+from .nesting import any_ancestor
+
 
 def cpu_kernel_ops(op_parent: np.ndarray, owns: np.ndarray) -> np.ndarray:
     """The ops that stand for kernels when the CPU is the device: each outermost op that owns
     FLOPs (its whole interval, children included, is its work: the BLAS call inside aten::addmm
     is addmm's own time), and every leaf op not inside one."""
-    n = len(op_parent)
-    is_parent = np.zeros(n, bool)
+    is_parent = np.zeros(len(op_parent), bool)
     is_parent[op_parent[op_parent >= 0]] = True
-    inside_owner = np.zeros(n, bool)
-    cur = op_parent.copy()
-    for _ in range(256):
-        up = cur >= 0
-        if not up.any():
-            break
-        inside_owner[up] |= owns[cur[up]]
-        cur[up] = op_parent[cur[up]]
-    return np.nonzero((owns | ~is_parent) & ~inside_owner)[0]
+    return np.nonzero((owns | ~is_parent) & ~any_ancestor(op_parent, owns))[0]
 
 
 @dataclass
@@ -48,7 +41,6 @@ class KernelWork:
     bytes: np.ndarray
     dtype_src: np.ndarray  # op row whose dtype sets the peak (-1: none)
     known: np.ndarray    # bool: the kernel's FLOPs are known (possibly a known zero)
-    per_kernel: np.ndarray  # bool: FLOPs came from the kernel record itself
 
 
 def _float_col(table: pa.Table, name: str, n_total: int) -> np.ndarray:
@@ -59,23 +51,15 @@ def _float_col(table: pa.Table, name: str, n_total: int) -> np.ndarray:
 
 
 def kernel_work(inp: RankInput, j: JoinedRank, launching_op: np.ndarray, kinds: np.ndarray,
-                alive: np.ndarray, duration_ns: np.ndarray) -> KernelWork:
-    """Modelled FLOPs and bytes per kernel, and whether they are known."""
+                alive: np.ndarray, duration_ns: np.ndarray, yields: np.ndarray) -> KernelWork:
+    """Modelled FLOPs and bytes per kernel, and whether they are known. ``yields``: per op, as
+    :func:`~plasmient_trace.metrics.flops.yields_flops` gives it."""
     n_op = len(j.op_parent)
     n_ks = len(launching_op)
     rs = inp.records
-    has_model = (inp.op_model != "none") if n_op else np.zeros(0, bool)
-    yields = yields_flops(j.op_parent, inp.op_model, inp.op_flops) if n_op else np.zeros(0, bool)
-    owner = launching_op.copy()
-    for _ in range(256):
-        climb = (owner >= 0) & ~has_model[np.maximum(owner, 0)] if n_op else np.zeros(n_ks, bool)
-        if not climb.any():
-            break
-        owner[climb] = j.op_parent[owner[climb]]
+    owner, counted = flop_owners(launching_op, j.op_parent, inp.op_model, yields)
     is_compute = kinds == KIND_CODE["kernel"]
-    owned = (owner >= 0) & is_compute & alive
-    if n_op:
-        owned &= ~yields[np.maximum(owner, 0)]
+    owned = counted & is_compute & alive
     dur = np.maximum(duration_ns, 0).astype(np.float64) + 1.0
     share = np.zeros(n_ks)
     if owned.any():
@@ -97,7 +81,7 @@ def kernel_work(inp: RankInput, j: JoinedRank, launching_op: np.ndarray, kinds: 
     kbytes = np.where(np.isfinite(rec_model_bytes), rec_model_bytes, kbytes)
     known = owned | ~is_compute | per_kernel
     return KernelWork(owner=np.where(owned, owner, -1), flops=flops, bytes=kbytes,
-                      dtype_src=np.where(owner >= 0, owner, launching_op), known=known, per_kernel=per_kernel)
+                      dtype_src=np.where(owner >= 0, owner, launching_op), known=known)
 
 
 def kernel_peaks(inp: RankInput, work: KernelWork) -> np.ndarray:

@@ -20,11 +20,12 @@ import numpy as np
 import pyarrow.compute as pc
 
 from ..metrics import compute as mc
+from ..metrics.flops import yields_flops
 from .inputs import KIND_CODE, LEVEL_CODE, RankInput, StitchOptions
 from .joins import JoinedRank
-from .nesting import depth_levels, tree_depth, tree_root
-from .ownership import cpu_kernel_ops, kernel_peaks, kernel_work, yields_flops
+from .nesting import reduce_to_parents, tree_depth, tree_root
 from .overlap import StepOverlap, step_overlap
+from .ownership import cpu_kernel_ops, kernel_peaks, kernel_work
 from .recompute import Recompute, find_recompute
 from .windows import kernel_shares_ns, step_windows
 
@@ -51,7 +52,6 @@ class RankTree:
     step_row: np.ndarray  # step row of each span (-1 outside every step)
     alive: np.ndarray
     depth: np.ndarray
-    row: np.ndarray       # row in the span's record table
     synth_ops: np.ndarray  # op rows that stand for kernels on a CPU-only rank
     module_labels: list[str]  # per module row: path, + " [backward]" / " [recompute]"
     # device window and metrics
@@ -71,7 +71,6 @@ class RankTree:
     k_kind: np.ndarray
     over_peak_by_step: np.ndarray
     outside_kernels: int
-    outside_kernel_s: float
     overlap: StepOverlap | None = None  # per step: communication/copy overlap, idle split, launch queue
 
     def span(self, level: str, rows: np.ndarray | int) -> np.ndarray | int:
@@ -91,11 +90,8 @@ def _kind_codes(kind, n_synthetic: int) -> np.ndarray:
 
 def _widen(parent: np.ndarray, depth: np.ndarray, start: np.ndarray, end: np.ndarray, alive: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Make every parent cover its children; spans with no interval of their own take their children's."""
-    start, end = start.copy(), end.copy()
-    for kids in reversed(depth_levels(depth)[1:]):
-        kids = kids[alive[kids]]
-        np.minimum.at(start, parent[kids], start[kids])
-        np.maximum.at(end, parent[kids], end[kids])
+    start = reduce_to_parents(parent, depth, start, np.minimum, alive)
+    end = reduce_to_parents(parent, depth, end, np.maximum, alive)
     empty = start > end
     start[empty] = 0
     end[empty] = 0
@@ -107,11 +103,10 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     n_steps, n_mod, n_op = len(j.steps), len(j.module_parent), len(j.op_parent)
     n_k = len(j.kernel_start)
     synth_ops = np.zeros(0, np.int64)
+    yields = yields_flops(j.op_parent, inp.op_model, inp.op_flops) if n_op else np.zeros(0, bool)
     if n_k == 0 and n_op:
         # No device activity: the CPU is the device and its ops are the kernels.
-        has_model = inp.op_model != "none"
-        yields = yields_flops(j.op_parent, inp.op_model, inp.op_flops)
-        synth_ops = cpu_kernel_ops(j.op_parent, has_model & ~yields)
+        synth_ops = cpu_kernel_ops(j.op_parent, (inp.op_model != "none") & ~yields)
         synth_ops = synth_ops[j.op_step[synth_ops] >= 0]
     n_ks = n_k + len(synth_ops)
     base = {"rank": 0, "step": n_steps, "module": 2 * n_steps, "op": 2 * n_steps + n_mod,
@@ -155,7 +150,6 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     end = np.concatenate([np.full(n_steps, -_BIG), j.step_end, j.module_end, o_end, ke]).astype(np.int64)
     step_row = np.concatenate([steps_rows, steps_rows, j.module_step, j.op_step, kstep]).astype(np.int64)
     alive = np.concatenate([np.ones(2 * n_steps, bool), m_alive, o_alive, k_alive])
-    row = np.concatenate([steps_rows, steps_rows, np.arange(n_mod), np.arange(n_op), np.arange(n_ks)])
     parent = np.where(alive, parent, -1)
     depth = tree_depth(parent)
     start, end = _widen(parent, depth, start, end, alive)
@@ -169,7 +163,7 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
         kinds[:n_k][comm.to_numpy(zero_copy_only=False) & (kinds[:n_k] == KIND_CODE["kernel"])] = KIND_CODE["collective"]
     if len(synth_ops):
         kinds[n_k:] = np.where(_collective_ops(rs, synth_ops), KIND_CODE["collective"], KIND_CODE["kernel"])
-    work = kernel_work(inp, j, ko, kinds, k_alive, ke - ks)
+    work = kernel_work(inp, j, ko, kinds, k_alive, ke - ks, yields)
     peaks = kernel_peaks(inp, work)
     # recomputed forward work (activation checkpointing): hardware FLOPs, not model FLOPs
     k_rc = rc.ops[np.maximum(np.where(work.owner >= 0, work.owner, ko), 0)] & (ko >= 0) if n_op else np.zeros(n_ks, bool)
@@ -236,8 +230,7 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     # Exclusive = total minus what sits under child module/op/step spans (kernels are the span's own work).
     non_kernel_child = (parent >= 0) & (level != LEVEL_CODE["kernel"])
     under_children = np.zeros_like(total)
-    for c in range(total.shape[1]):
-        under_children[:, c] = np.bincount(parent[non_kernel_child], weights=total[non_kernel_child, c], minlength=n)
+    np.add.at(under_children, parent[non_kernel_child], total[non_kernel_child])
     self_ = total - under_children
 
     launch_rows = np.concatenate([j.kernel_launch, np.full(len(synth_ops), -1, np.int64)])[live_k]
@@ -249,13 +242,11 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     outside = ~k_alive[:n_k] if n_k else np.zeros(0, bool)
     return RankTree(
         n_steps=n_steps, n_mod=n_mod, n_op=n_op, n_k=n_k, base=base, level=level, parent=parent, start=start,
-        end=end, step_row=step_row, alive=alive, depth=depth, row=row, synth_ops=synth_ops, module_labels=module_labels,
+        end=end, step_row=step_row, alive=alive, depth=depth, synth_ops=synth_ops, module_labels=module_labels,
         has_device=has_device & alive, win_start=win_start, win_end=win_end, gpus=gpus, total=total, self_=self_,
         union_s=stats.union_s, price=inp.spec.price_per_hour if inp.spec.price_per_hour is not None else np.nan,
         peak_known=inp.spec.peak_for is not None, k_rows=live_k, k_waste=waste, k_launch_op=ko[live_k],
-        k_kind=kind_live, over_peak_by_step=over_peak_by_step, outside_kernels=int(outside.sum()),
-        outside_kernel_s=float(((j.kernel_end - j.kernel_start)[outside]).sum() / 1e9) if n_k else 0.0,
-        overlap=overlap,
+        k_kind=kind_live, over_peak_by_step=over_peak_by_step, outside_kernels=int(outside.sum()), overlap=overlap,
     )
 
 

@@ -22,22 +22,13 @@ import pyarrow.compute as pc
 
 from ..records import RecordSet
 from .joins import JoinedRank
-from .nesting import depth_levels, innermost_enclosing, tree_depth
+from .nesting import any_ancestor, innermost_enclosing
 
 _BACKWARD_SCOPE = "autograd::engine::evaluate_function"
 
 
 def _col(table, name: str, fill: int) -> np.ndarray:
     return table.column(name).fill_null(fill).to_numpy().astype(np.int64)
-
-
-def _climb_any(parent: np.ndarray, mark: np.ndarray) -> np.ndarray:
-    """Per node: does any strict ancestor carry `mark`? Top-down, one level at a time, each node once."""
-    out = np.zeros(len(parent), bool)
-    for rows in depth_levels(tree_depth(parent))[1:]:
-        p = parent[rows]
-        out[rows] = mark[p] | out[p]
-    return out
 
 
 @dataclass
@@ -58,12 +49,12 @@ def find_recompute(rs: RecordSet, j: JoinedRank) -> Recompute:
     seq = _col(ops, "sequence_number", -1)
     fwd_tid = _col(ops, "fwd_thread_id", 0)
     is_node = (fwd_tid > 0) | pc.starts_with(ops.column("name"), _BACKWARD_SCOPE).fill_null(False).to_numpy(zero_copy_only=False)
-    in_backward = _climb_any(j.op_parent, is_node)
+    in_backward = any_ancestor(j.op_parent, is_node)
     numbered = in_backward & (seq >= 0) & ~is_node
     if not numbered.any():
         return none
-    root = numbered & ~_climb_any(j.op_parent, numbered)  # the outermost numbered op: conv2d, not the convolution in it
-    rc = root | _climb_any(j.op_parent, root)
+    root = numbered & ~any_ancestor(j.op_parent, numbered)  # the outermost numbered op: conv2d, not the convolution in it
+    rc = root | any_ancestor(j.op_parent, root)
     rc &= ~is_node
     out = Recompute(rc, none.modules, none.module_parent_op, none.op_module)
 

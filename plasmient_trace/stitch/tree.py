@@ -20,9 +20,9 @@ from .budget import choose_exported
 from .columns import rank_columns
 from .culprits import step_culprits
 from .fleet import RankSummary, merge_span_batches, top_spans
-from .inputs import DEFAULT_MAX_SPANS, DeviceSpec, RankInput, StitchOptions
+from .inputs import DEFAULT_MAX_SPANS, KIND_CODE, DeviceSpec, RankInput, StitchOptions
 from .joins import JoinedRank, join_rank
-from .rank import build_rank_tree, derive_metrics
+from .rank import RankTree, build_rank_tree, derive_metrics
 
 __all__ = ["DEFAULT_MAX_SPANS", "DeviceSpec", "RankInput", "StitchOptions", "StitchResult", "stitch", "stitch_rank"]
 
@@ -103,10 +103,8 @@ def stitch_rank(inp: RankInput, rank: int, node: str, options: StitchOptions, al
 MAX_COLLECTIVES_PER_STEP = 4096
 
 
-def _collectives_by_step(tree: Any, j: JoinedRank) -> dict[int, list[list[Any]]]:
+def _collectives_by_step(tree: RankTree, j: JoinedRank) -> dict[int, list[list[Any]]]:
     """Per step row, its collective kernels in start order as [name, start_ns, end_ns]."""
-    from .inputs import KIND_CODE
-
     comm = tree.k_kind == KIND_CODE["collective"]
     rows = tree.k_rows[comm & (tree.k_rows < tree.n_k)]
     if not len(rows):

@@ -32,8 +32,8 @@ from . import attention, conv, elementwise, embedding, gemm, norm, reduction, ve
 from .api import OpCosts, model_ops, op_cost
 from .core import (CANONICAL_DTYPES, MODELS, FlopFormula, FlopResult, OpArgs, canonical_dtype, element_size,
                    formula_for, register_flop_formula, registered_ops)
-from .ownership import GEMM_LIKE, yields_flops
+from .ownership import GEMM_LIKE, flop_owners, yields_flops
 
 __all__ = ["MODELS", "CANONICAL_DTYPES", "GEMM_LIKE", "OpCosts", "OpArgs", "FlopFormula", "FlopResult", "op_cost",
            "model_ops", "canonical_dtype", "element_size", "register_flop_formula", "registered_ops",
-           "formula_for", "yields_flops"]
+           "formula_for", "flop_owners", "yields_flops"]

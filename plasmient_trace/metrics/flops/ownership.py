@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["GEMM_LIKE", "yields_flops"]
+__all__ = ["GEMM_LIKE", "flop_owners", "yields_flops"]
 
 GEMM_LIKE = ("gemm", "conv", "attention")
 
@@ -64,3 +64,20 @@ def yields_flops(op_parent: np.ndarray, op_model: np.ndarray, op_flops: np.ndarr
     if view.any():
         yields |= view & _yields_to(parent, np.zeros(n, np.int64), 1, modelled & ~view)
     return yields
+
+
+def flop_owners(launching_op: np.ndarray, op_parent: np.ndarray, op_model: np.ndarray,
+                yields: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per kernel: (owner, counted). The owner is the innermost modelled op on the launching op's ancestor
+    chain (-1 none); its work is counted on this kernel unless the owner yields to a same-class op below it
+    (``yields`` as :func:`yields_flops` gives it). The stitcher and the CUDA-graph pairing both use this."""
+    owner = np.asarray(launching_op, np.int64).copy()
+    if len(op_parent) == 0:
+        return np.full(len(owner), -1, np.int64), np.zeros(len(owner), bool)
+    modelled = np.asarray(op_model).astype(str) != "none"
+    for _ in range(256):
+        climb = (owner >= 0) & ~modelled[np.maximum(owner, 0)]
+        if not climb.any():
+            break
+        owner[climb] = op_parent[owner[climb]]
+    return owner, (owner >= 0) & ~yields[np.maximum(owner, 0)]
