@@ -58,6 +58,9 @@ def add_stitch_arguments(p: argparse.ArgumentParser) -> None:
                    help="trace of the CUDA/HIP graph capture that the (single) input replays: replayed kernels get the "
                         "FLOPs, op and module of their capture-time launch (default: the capture named by an "
                         "execution_details.json beside the trace, as vLLM/SGLang write it)")
+    p.add_argument("--model-config", metavar="CONFIG_JSON",
+                   help="the model's Hugging Face config.json: gives MoE expert ops (vllm::moe_forward) their FLOPs, "
+                        "which the trace alone leaves unknown (the experts' intermediate size is not recorded)")
     p.add_argument("--resource-from-env", action="store_true",
                    help="add this machine's SLURM_*/torchrun/Kubernetes/host attributes to the resource "
                         "(use when ingesting on the node that ran the job; the trace's own rank and world size win)")
@@ -65,6 +68,7 @@ def add_stitch_arguments(p: argparse.ArgumentParser) -> None:
 
 def stitch_options_from_args(args: argparse.Namespace, job_id: str) -> Any:
     from .conventions import DEFAULT_BASELINE_MFU
+    from .metrics.flops import load_model_config
     from .pipeline import IngestOptions
 
     from .sources.resource import parse_otel_resource_attributes, resource_from_env
@@ -83,6 +87,7 @@ def stitch_options_from_args(args: argparse.Namespace, job_id: str) -> Any:
         gpu_price=args.gpu_price, gpu_model=args.gpu_model,
         baseline_mfu=args.baseline_mfu or DEFAULT_BASELINE_MFU, ranks_per_node=args.ranks_per_node, host=host,
         graph_capture=getattr(args, "graph_capture", None), workers=getattr(args, "workers", 1),
+        moe=load_model_config(args.model_config) if getattr(args, "model_config", None) else None,
     )
 
 
@@ -91,8 +96,14 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     from .sources.kineto import TraceFormatError
 
     console = None if args.quiet else _console()
+    from .metrics.flops import ModelConfigError
+
     job_id = args.job_id or Path(args.paths[0]).name.split(".")[0]
-    options = stitch_options_from_args(args, job_id)
+    try:
+        options = stitch_options_from_args(args, job_id)
+    except ModelConfigError as err:
+        print(f"plasmient: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         if console is not None:
             from rich.progress import Progress

@@ -47,6 +47,8 @@ class IngestOptions:
     # Ranks that share each trace when they are stitched apart (live multi-rank): the span budget is split
     # between them. 0 = the ranks stitched together here.
     world_size: int = 0
+    # Expert shape from the model's config.json (--model-config): costs MoE expert ops, unknown without it.
+    moe: Any = None
 
 
 @dataclass
@@ -106,7 +108,7 @@ def _observed_cpu_rates(records: RecordSet, costs: Any) -> dict[str, float]:
 
 
 def rank_input(records: RecordSet, options: IngestOptions, notes: list[str] | None = None) -> RankInput:
-    costs = flops_model.model_ops(records.ops)
+    costs = flops_model.model_ops(records.ops, options.moe)
     if records.kernels.num_rows == 0 and options.cpu_spec is not None:
         # A calibrated CPU peak that a recorded op beat by more than 5% is wrong: raise it (said once, as a note).
         options.cpu_spec = hardware.raise_cpu_peak(options.cpu_spec, _observed_cpu_rates(records, costs),
@@ -158,7 +160,8 @@ def ingest_paths(
     for path, records in zip(paths, parsed):
         capture = Path(options.graph_capture) if options.graph_capture is not None else capture_trace_for(path)
         if capture is not None:
-            records, pairing = pair_graph_capture(records, read_kineto(capture), launch_kernel_names(capture))
+            records, pairing = pair_graph_capture(records, read_kineto(capture), launch_kernel_names(capture),
+                                                  options.moe)
             notes.append(f"{path.name}: {pairing['paired']} of {pairing['graph_kernels']} replayed graph kernels paired "
                          f"with their capture-time ops in {capture.name}"
                          + (f"; {pairing['name_mismatches']} kernel names did not match and stay unknown"

@@ -226,8 +226,11 @@ def _pair(replay: RecordSet, capture: RecordSet, kernel_names: Mapping[int, str]
 
 
 def pair_graph_capture(replay: RecordSet, capture: RecordSet,
-                       kernel_names: Mapping[int, str] | None = None) -> tuple[RecordSet, dict]:
+                       kernel_names: Mapping[int, str] | None = None,
+                       moe: flops_model.MoEConfig | None = None) -> tuple[RecordSet, dict]:
     """Fill the capture columns of every replayed kernel of ``replay`` from ``capture``.
+
+    ``moe`` (from the model's config) costs the capture's MoE expert ops, which are unknown without it.
 
     ``kernel_names`` maps the capture's launch correlation ids to kernel names
     (:func:`launch_kernel_names`) where capture.launches has no ``kernel_name`` column. Returns the
@@ -245,7 +248,7 @@ def pair_graph_capture(replay: RecordSet, capture: RecordSet,
     k_corr, k_start = _col(kt, "correlation_id"), _col(kt, "start_ns")
 
     j = join_rank(capture)
-    base = flops_model.model_ops(capture.ops)
+    base = flops_model.model_ops(capture.ops, moe)
     launch_op = _launch_ops(capture, rows)
     op_of_k = np.where(have, launch_op[np.maximum(paired_launch, 0)], -1)
     dur = np.maximum(_col(kt, "end_ns") - k_start, 0).astype(np.float64) + 1.0

@@ -3,7 +3,7 @@
 One job: turn an op record (name, Kineto ``Input Dims``, ``Input type`` and, where recorded,
 ``Concrete Inputs``) into ``(flops, bytes, dtype, model)`` for that op *alone*, plus the rule that
 decides which of two nested modelled ops counts (:func:`yields_flops`). Formulas live in one small
-module per op family (gemm, conv, attention, norm, elementwise, embedding, reduction, vendor) and
+module per op family (gemm, conv, attention, norm, elementwise, embedding, reduction, vendor, moe) and
 register themselves with :func:`register_flop_formula`; a user registers a formula for their own
 op the same way, without editing plasmient. docs/flops.md lists what is and is not modelled.
 
@@ -32,8 +32,9 @@ from . import attention, conv, elementwise, embedding, gemm, norm, reduction, ve
 from .api import OpCosts, model_ops, op_cost
 from .core import (CANONICAL_DTYPES, MODELS, FlopFormula, FlopResult, OpArgs, canonical_dtype, element_size,
                    formula_for, register_flop_formula, registered_ops)
+from .moe import ModelConfigError, MoEConfig, load_model_config
 from .ownership import GEMM_LIKE, flop_owners, yields_flops
 
 __all__ = ["MODELS", "CANONICAL_DTYPES", "GEMM_LIKE", "OpCosts", "OpArgs", "FlopFormula", "FlopResult", "op_cost",
            "model_ops", "canonical_dtype", "element_size", "register_flop_formula", "registered_ops",
-           "formula_for", "flop_owners", "yields_flops"]
+           "formula_for", "flop_owners", "yields_flops", "MoEConfig", "ModelConfigError", "load_model_config"]

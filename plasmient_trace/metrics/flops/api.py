@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 
 from .context import apply_context
 from .core import _DTYPES, OpArgs, formula_for
+from .moe import MoEConfig
 
 
 def _as_list(v: Any) -> list[Any] | None:
@@ -101,13 +102,14 @@ def _codes(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[Any]]:
     return codes, enc.dictionary.to_pylist()
 
 
-def model_ops(ops: pa.Table) -> OpCosts:
+def model_ops(ops: pa.Table, moe: MoEConfig | None = None) -> OpCosts:
     """Costs of every op in an ops record table (records.OPS), one :func:`op_cost` call per signature.
 
     A signature is the distinct (name, input_dims, input_types[, concrete_inputs]) combination;
     training and serving loops repeat the same shapes every step, so a 10^6-row table typically has
     a few thousand signatures. The columns are dictionary-encoded, combined into one integer key,
-    made unique with numpy, and the per-signature answers are mapped back with a take.
+    made unique with numpy, and the per-signature answers are mapped back with a take. ``moe`` is the
+    expert shape from the model's config (:func:`.moe.load_model_config`); without it MoE ops are unknown.
     """
     n = ops.num_rows
     if n == 0:
@@ -151,7 +153,8 @@ def model_ops(ops: pa.Table) -> OpCosts:
         dtype=np.array(dtype_u, dtype="<U5")[inverse],
         model=np.array(model_u, dtype="<U11")[inverse],
     )
-    # Ops whose cost depends on their neighbours (a conv's consumer, a vLLM step's batch).
-    apply_context(ops, costs.flops, costs.bytes, costs.model)
+    # Ops whose cost depends on their neighbours (a conv's consumer, a vLLM step's batch) or on the
+    # model config the user gave (MoE experts' size).
+    apply_context(ops, costs.flops, costs.bytes, costs.model, moe)
     return costs
 

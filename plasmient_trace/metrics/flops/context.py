@@ -5,7 +5,8 @@
   relu, add: the first later op whose first tensor is shaped ``[N, C_out, *spatial]``), when that
   size is consistent with the conv's input and kernel; otherwise it stays unknown;
 * vLLM's paged attention takes the batch's sequence statistics from the engine-step annotation
-  that encloses it (see :mod:`.vendor`).
+  that encloses it (see :mod:`.vendor`);
+* MoE expert GEMMs take the experts' size from the model config the user gave (see :mod:`.moe`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pyarrow.compute as pc
 
 from .conv import conv_forward_names, conv_forward_with_output
 from .core import OpArgs
+from .moe import MOE_OPS, MoEConfig, moe_forward_cost
 from .vendor import VLLM_ATTENTION_OPS, vllm_attention_cost, vllm_batch_stats
 
 # How far past a conv to look for its consumer: the consumer follows directly in eager code, after
@@ -88,16 +90,30 @@ class _Rows:
         return tuple(self.code(c, r) for c in ("name", "input_dims", "input_types", "concrete_inputs"))
 
 
-def apply_context(ops: pa.Table, flops: np.ndarray, nbytes: np.ndarray, model: np.ndarray) -> None:
-    """Fill, in place, the costs of ops that need their neighbours (see the module docstring)."""
+def apply_context(ops: pa.Table, flops: np.ndarray, nbytes: np.ndarray, model: np.ndarray,
+                  moe: MoEConfig | None = None) -> None:
+    """Fill, in place, the costs of ops that need their neighbours or the model config (see the module
+    docstring)."""
     if not ops.num_rows:
         return
     names = ops.column("name")
     conv = (model == "none") & pc.is_in(names, value_set=pa.array(conv_forward_names())).to_numpy(zero_copy_only=False)
     attn = pc.is_in(names, value_set=pa.array(VLLM_ATTENTION_OPS)).to_numpy(zero_copy_only=False)
-    if not conv.any() and not attn.any():
+    experts = np.zeros(ops.num_rows, bool)
+    if moe is not None:
+        experts = (model == "none") & pc.is_in(names, value_set=pa.array(MOE_OPS)).to_numpy(zero_copy_only=False)
+    if not conv.any() and not attn.any() and not experts.any():
         return
     rows = _Rows(ops)
+    if experts.any():
+        decided: dict[tuple[int, ...], Any] = {}
+        for r in np.nonzero(experts)[0].tolist():
+            key = rows.signature(r)
+            if key not in decided:
+                a = rows.args(r)
+                decided[key] = moe_forward_cost(a, moe) if a is not None else None
+            if decided[key] is not None:
+                flops[r], nbytes[r], model[r] = decided[key]
     start = ops.column("start_ns").to_numpy()
     end = ops.column("end_ns").to_numpy()
     if conv.any():
