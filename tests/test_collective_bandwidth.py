@@ -224,3 +224,19 @@ def test_every_collective_family_uses_its_nccl_tests_size_and_factor(tmp_path, c
     algbw = size / (float(kernel["dur"]) / 1e6)
     assert span["plasmient.comm.bytes"] == size
     assert span["plasmient.comm.busbw_gbs"] == pytest.approx(algbw * factor / 1e9, rel=1e-6)
+
+
+def test_terminal_summary_line_reports_bytes_and_weighted_bus_bandwidth():
+    from plasmient_trace.report.summary import collective_note
+
+    name = "a100/nccl_training_rank0_of2.json.gz"
+    expected, peak = _expected(name)
+    sized = [x for x in expected.values() if "bytes" in x and x["step"] is not None]
+    total = sum(x["bytes"] for x in sized)
+    bus = sum(x["bytes"] * x["busbw"] for x in sized) / total / 1e9
+    longest = max(sized, key=lambda x: x["dur_s"])
+    note = collective_note(ingested(name).batch)
+    assert note.startswith(f"collectives: {total / 1e6:.4g} MB over 3 step spans, bus bandwidth {bus:.3g} GB/s")
+    assert f"{bus / peak * 100:.1f}% of the {peak:.0f} GB/s link peak" in note
+    assert f"longest: {longest['collective']} {longest['bytes'] / 1e6:.3g} MB" in note
+    assert collective_note(ingested("a100/cuda_graphs_rank0_of16.json.gz").batch) is None
