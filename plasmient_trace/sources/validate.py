@@ -11,7 +11,8 @@ their step, or int64 overflow in the nesting keys. The rules, all on float µs a
 
 Counts go to ``RecordSet.counters`` under ``input.dropped_events`` and ``input.clamped_events``;
 ``input.invalid_values`` counts numbers of kept events that were set to null (e.g. negative per-kernel
-FLOPs), as unknown values are absent, never guessed.
+FLOPs; NCCL message sizes or group sizes that are negative, fractional or not numbers), as unknown values
+are absent, never guessed.
 """
 
 from __future__ import annotations

@@ -87,10 +87,11 @@ class CollectiveBandwidth:
     duration_s: np.ndarray     # per real kernel row
 
 
-def _per_value(column: pa.ChunkedArray | pa.Array, table: Any) -> np.ndarray:
-    """Apply ``table`` (a function of one string) to each distinct value of a string column; null -> None."""
-    enc = pc.dictionary_encode(column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column)
-    mapped = np.array([table(v) for v in enc.dictionary.to_pylist()] + [None], dtype=object)  # [-1]: null
+def _per_value(column: pa.ChunkedArray, table: Any, missing: Any) -> np.ndarray:
+    """Apply ``table`` (a function of one string) to each distinct value of a string column, not to each row;
+    null rows get ``missing``."""
+    enc = pc.dictionary_encode(column.combine_chunks())
+    mapped = np.array([table(v) for v in enc.dictionary.to_pylist()] + [missing])  # [-1]: null
     return mapped[pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)]
 
 
@@ -103,17 +104,17 @@ def collective_bandwidth(kernels: pa.Table, is_collective: np.ndarray, duration_
     """``is_collective``, ``duration_ns`` (the kernel's own, unclipped) and ``kernel_step`` (-1: in no step) per
     real kernel row of ``kernels``; ``device_model`` names the hardware table entry the link peak comes from."""
     n_k = kernels.num_rows
-    family = _per_value(kernels.column("comm_collective"), collective_family) if n_k else np.zeros(0, object)
-    elem = _per_value(kernels.column("comm_dtype"), DTYPE_BYTES.get) if n_k else np.zeros(0, object)
-    elem = np.array([np.nan if e is None else e for e in elem], np.float64) if n_k else np.zeros(0)
-    n_in = _floats(kernels.column("comm_in_nelems")) if n_k else np.zeros(0)
-    n_out = _floats(kernels.column("comm_out_nelems")) if n_k else np.zeros(0)
-    group = _floats(kernels.column("comm_group_size")) if n_k else np.zeros(0)
+    names = list(FAMILIES)
+    family = _per_value(kernels.column("comm_collective"), lambda v: names.index(f) if (f := collective_family(v)) else -1, -1)
+    elem = _per_value(kernels.column("comm_dtype"), lambda v: DTYPE_BYTES.get(v, np.nan), np.nan).astype(np.float64)
+    n_in = _floats(kernels.column("comm_in_nelems"))
+    n_out = _floats(kernels.column("comm_out_nelems"))
+    group = _floats(kernels.column("comm_group_size"))
     count = np.full(n_k, np.nan)
     factor = np.full(n_k, np.nan)
     with np.errstate(divide="ignore", invalid="ignore"):
-        for name, (side, bus_factor) in FAMILIES.items():
-            rows = is_collective & (family == name)
+        for code, (side, bus_factor) in enumerate(FAMILIES.values()):
+            rows = is_collective & (family == code)
             count[rows] = (n_in if side == "in" else n_out)[rows]
             factor[rows] = np.where(group[rows] >= 2, bus_factor(group[rows]), np.nan)
         size = count * elem
