@@ -40,7 +40,7 @@ class TimeChecker:
     invalid: int = 0
 
     @classmethod
-    def for_timestamps(cls, ts_columns: list[np.ndarray]) -> "TimeChecker":
+    def for_timestamps(cls, ts_columns: list[np.ndarray]) -> TimeChecker:
         """Window centred on the median of all plausible timestamps (robust to a few wild ones)."""
         parts = [ts[np.isfinite(ts) & (np.abs(ts) <= MAX_ABS_TS_US)] for ts in ts_columns if len(ts)]
         every = np.concatenate(parts) if parts else np.zeros(0)
