@@ -41,6 +41,13 @@ KERNELS = pa.schema(
         pa.field("model_dtype", pa.string(), metadata={"doc": "canonical dtype of the kernel's math where known per kernel (fp32 | tf32 | bf16 | fp16 | fp8 | int8 | fp64 | other)"}),
         pa.field("capture_op", pa.string(), metadata={"doc": "CUDA/HIP graph replay: name of the op that launched this kernel when the graph was captured"}),
         pa.field("capture_module", pa.string(), metadata={"doc": "CUDA/HIP graph replay: nn.Module path of that capture-time op, where known"}),
+        # NCCL/RCCL message metadata as PyTorch's c10d records it (Kineto args of the collective kernel).
+        pa.field("comm_collective", pa.string(), metadata={"doc": "c10d collective name ('Collective name': allreduce, _allgather_base, reduce_scatter, all_to_all, send, ...)"}),
+        pa.field("comm_in_nelems", pa.int64(), metadata={"doc": "'In msg nelems': elements of this rank's input (for all_gather the per-rank part, for reduce_scatter the whole)"}),
+        pa.field("comm_out_nelems", pa.int64(), metadata={"doc": "'Out msg nelems': elements of this rank's output (for all_gather the whole, for reduce_scatter the per-rank part)"}),
+        pa.field("comm_group_size", pa.int64(), metadata={"doc": "'Group size': ranks in the process group"}),
+        pa.field("comm_dtype", pa.string(), metadata={"doc": "'dtype': c10 scalar type name of the message (Float, BFloat16, Long, ...)"}),
+        pa.field("comm_process_group", pa.string(), metadata={"doc": "'Process Group Name' of the collective"}),
     ]
 )
 

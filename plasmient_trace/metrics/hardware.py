@@ -29,16 +29,26 @@ different numbers, return None: no guessing from substrings.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["GpuSpec", "SPECS", "lookup", "apply_overrides", "cpu_spec", "DTYPES", "kernel_precision",
-           "start_cpu_calibration", "raise_cpu_peak"]
+__all__ = [
+    "DTYPES",
+    "SPECS",
+    "GpuSpec",
+    "apply_overrides",
+    "cpu_spec",  # noqa: F822 -- resolved lazily by __getattr__ (cpu_peak)
+    "kernel_precision",
+    "lookup",
+    "raise_cpu_peak",  # noqa: F822 -- resolved lazily by __getattr__ (cpu_peak)
+    "start_cpu_calibration",  # noqa: F822 -- resolved lazily by __getattr__ (cpu_peak)
+]
 
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 
@@ -71,6 +81,10 @@ class GpuSpec:
     sm_count: int | None = None          # SMs (NVIDIA) / CUs (AMD) of the full part
     memory_bytes: float | None = None    # nominal memory, bytes
     notes: str = ""
+    # GPU-to-GPU fabric (NVLink / Infinity Fabric xGMI), bytes/s per GPU in ONE direction: what nccl-tests'
+    # bus bandwidth is compared against. None = no such fabric on the part, or no vendor number.
+    link_bandwidth: float | None = None
+    link_source: str = ""
 
     def peak_flops(self, dtype: str = "fp32") -> float:
         """Dense peak FLOP/s for a canonical dtype, following the documented fallback chain."""
@@ -98,7 +112,27 @@ _NV = "nvidia"
 _AMD = "amd"
 _AWS_2024 = "AWS on-demand us-east-1 list price (2024) / GPUs per instance; AWS cut P4/P5 prices in 2025"
 
-SPECS: Mapping[str, GpuSpec] = MappingProxyType({s.model: s for s in [
+# Per-GPU GPU-to-GPU fabric bandwidth. Datasheets print the total of both directions; nccl-tests' busbw is a
+# one-direction number (doc/PERFORMANCE.md: "The measurement is of a unidirectional bandwidth"), so the
+# table holds half the datasheet figure. Parts whose NVLink is an optional bridge between 2-4 cards (PCIe,
+# NVL) have no entry: whether it was fitted is not in the trace.
+_LINKS: dict[str, tuple[float, str]] = {
+    "V100 SXM2": (150 * GB, "NVIDIA Tesla V100 datasheet: NVLink 300 GB/s (both directions; 6 links x 25 GB/s each way)"),
+    **{f"A100 SXM4 {mem}GB": (300 * GB, "NVIDIA A100 datasheet: NVLink 600 GB/s (both directions; 12 links x 25 GB/s each way)")
+       for mem in (40, 80)},
+    "H100 SXM": (450 * GB, "NVIDIA H100 datasheet (SXM): NVLink 900 GB/s (both directions; 18 links x 25 GB/s each way)"),
+    "H200 SXM": (450 * GB, "NVIDIA H200 datasheet (SXM): NVLink 900 GB/s (both directions)"),
+    "B200": (900 * GB, "NVIDIA HGX B200 datasheet: NVLink 5, 1.8 TB/s GPU-to-GPU (both directions)"),
+    "MI300X": (448 * GB, "AMD Instinct MI300X datasheet: 7 Infinity Fabric links x 128 GB/s (both directions), 896 GB/s in all"),
+}
+
+
+def _with_link(spec: GpuSpec) -> GpuSpec:
+    link = _LINKS.get(spec.model)
+    return dataclasses.replace(spec, link_bandwidth=link[0], link_source=link[1]) if link else spec
+
+
+SPECS: Mapping[str, GpuSpec] = MappingProxyType({s.model: _with_link(s) for s in [
     # ------------------------------------------------------------------------------ Volta
     _spec("V100 SXM2", _NV, "NVIDIA Tesla V100 GPU Accelerator datasheet (SXM2 column)",
           {"fp64": 7.8 * T, "fp32": 15.7 * T, "fp16": 125 * T}, 900 * GB,
@@ -248,7 +282,7 @@ def _by_properties(props: Mapping[str, Any]) -> GpuSpec | None:
 
 def _normalise(name: str) -> str:
     n = " ".join(name.strip().lower().split())
-    return n[len("nvidia "):] if n.startswith("nvidia ") else n
+    return n.removeprefix("nvidia ")
 
 
 def _mem_gb(props: Mapping[str, Any]) -> float | None:

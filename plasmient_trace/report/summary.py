@@ -216,7 +216,7 @@ def rows_from_frame(frame: SpanFrame, top: int = 5) -> list[dict[str, Any]]:
             gpus, device_s = float(frame.gpus[idx].sum()), float(dev.sum())
         u, m = weighted_mean(util[idx], dev), weighted_mean(mfu[idx], dev)
 
-        def total(col: np.ndarray) -> float | None:
+        def total(col: np.ndarray, idx: np.ndarray = idx) -> float | None:
             vals = col[idx]
             return None if np.isnan(vals).all() else float(np.nansum(vals))
 
@@ -367,6 +367,9 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
             style="bold",
         )
     console.print(steps)
+    note = collective_note(batch)
+    if note:
+        console.print(f"[dim]{note}[/dim]")
     if all(r["mfu"] is None for r in rows):
         if all(not r.get("coverage") for r in rows) and any(r.get("coverage") is not None for r in rows):
             console.print("[yellow]MFU unknown: no kernel of these steps has a FLOP model (coverage 0%); "
@@ -398,6 +401,27 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
     console.print(table)
 
 
+def collective_note(batch: SpanBatch) -> str | None:
+    """One line on the collectives whose NCCL metadata gave a message size, from the step spans: total bytes,
+    their bytes-weighted bus bandwidth (and its share of the link peak), and the longest one."""
+    rows = [r for r in batch.table.select(["plasmient.level", "plasmient.comm.bytes", "plasmient.comm.busbw_gbs",
+                                           "plasmient.comm.link_peak_gbs", "plasmient.comm.slowest.collective",
+                                           "plasmient.comm.slowest.bytes", "plasmient.comm.slowest.busbw_gbs",
+                                           "plasmient.comm.slowest.duration_s"]).to_pylist()
+            if r["plasmient.level"] == "step" and r["plasmient.comm.busbw_gbs"] is not None]
+    if not rows:
+        return None
+    total = sum(r["plasmient.comm.bytes"] for r in rows)
+    bus = sum(r["plasmient.comm.bytes"] * r["plasmient.comm.busbw_gbs"] for r in rows) / total
+    peak = max((r["plasmient.comm.link_peak_gbs"] or 0.0 for r in rows), default=0.0)
+    share = f", {fmt_pct(bus / peak)} of the {peak:.0f} GB/s link peak" if peak else ""
+    worst = max(rows, key=lambda r: r["plasmient.comm.slowest.duration_s"] or 0.0)
+    return (f"collectives: {total / 1e6:.4g} MB over {len(rows)} step spans, bus bandwidth {bus:.3g} GB/s "
+            f"(bytes-weighted nccl-tests busbw{share}); longest: {worst['plasmient.comm.slowest.collective']} "
+            f"{worst['plasmient.comm.slowest.bytes'] / 1e6:.3g} MB in {fmt_seconds(worst['plasmient.comm.slowest.duration_s'])} "
+            f"at {worst['plasmient.comm.slowest.busbw_gbs']:.3g} GB/s")
+
+
 def _mfu_style(mfu: float | None) -> str:
     if mfu is None:
         return "dim"
@@ -413,7 +437,13 @@ def progress(quiet: bool = False, console: Any | None = None) -> Iterator[Callab
     """A progress bar for long ingests; yields `update(label, done, total)`, the callback shape
     `pipeline.ingest_paths(progress=...)` takes. `quiet`, or output that is not a terminal, draws nothing."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     console = console or Console(stderr=True)
     if quiet or not console.is_terminal:

@@ -28,6 +28,7 @@ import msgspec
 import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 from msgspec import UNSET
 
 from ..records import DeviceInfo, RecordSet, table_from_columns
@@ -170,6 +171,10 @@ def read_kineto(path: str | Path) -> RecordSet:
 
 
 _FLOAT_COLUMNS = ("ts", "dur")
+# Kernel columns of the NCCL/RCCL message metadata, with the least valid value of the integer ones.
+_COMM_COLUMNS = ("comm_collective", "comm_in_nelems", "comm_out_nelems", "comm_group_size", "comm_dtype",
+                 "comm_process_group")
+_COMM_MINIMUM = {"comm_in_nelems": 0, "comm_out_nelems": 0, "comm_group_size": 1}
 _INT_COLUMNS = ("pid", "tid", "device", "stream")
 
 
@@ -190,7 +195,8 @@ class _Columns:
     def __init__(self) -> None:
         self.kernels: dict[str, Any] = {k: _column(k) for k in (
             "ts", "dur", "device", "stream", "name", "kind", "correlation_id", "external_id", "grid", "block",
-            "registers_per_thread", "shared_memory", "graph_id", "bytes", "model_flops", "model_bytes")}
+            "registers_per_thread", "shared_memory", "graph_id", "bytes", "model_flops", "model_bytes",
+            *_COMM_COLUMNS)}
         self.launches: dict[str, Any] = {k: _column(k) for k in (
             "ts", "dur", "pid", "tid", "name", "correlation_id", "external_id")}
         self.ops: dict[str, Any] = {k: _column(k) for k in (
@@ -210,6 +216,7 @@ def _collect(path: Path, events: list[msgspec.Raw]) -> _Columns:
     k_ts, k_dur, k_dev, k_stream, k_name, k_kind = K["ts"], K["dur"], K["device"], K["stream"], K["name"], K["kind"]
     k_corr, k_ext, k_grid, k_block, k_regs = K["correlation_id"], K["external_id"], K["grid"], K["block"], K["registers_per_thread"]
     k_smem, k_graph, k_bytes, k_mflops, k_mbytes = K["shared_memory"], K["graph_id"], K["bytes"], K["model_flops"], K["model_bytes"]
+    k_coll, k_in, k_out, k_group, k_cdtype, k_pg = (K[k] for k in _COMM_COLUMNS)
     l_ts, l_dur, l_pid, l_tid, l_name, l_corr, l_ext = (L[k] for k in L)
     o_ts, o_dur, o_pid, o_tid, o_name, o_cat, o_ext, o_seq, o_fwd, o_dims, o_types, o_flops, o_conc = (O[k] for k in O)
     m_ts, m_dur, m_pid, m_tid, m_name = (M[k] for k in M)
@@ -251,6 +258,8 @@ def _collect(path: Path, events: list[msgspec.Raw]) -> _Columns:
                 k_graph.append(a.graph_id); k_bytes.append(a.bytes)
                 k_mflops.append(None if a.kernel_flop is None else float(a.kernel_flop))
                 k_mbytes.append(_gb_to_bytes(a.kernel_num_gb))
+                k_coll.append(a.collective_name); k_in.append(a.in_msg_nelems); k_out.append(a.out_msg_nelems)
+                k_group.append(a.group_size); k_cdtype.append(a.comm_dtype); k_pg.append(a.process_group_name)
             elif cat in _LAUNCH_CATS:
                 a = e.args or _NO_ARGS
                 corr = a.correlation
@@ -336,6 +345,10 @@ def _build(path: Path, columns: _Columns, meta: dict[str, Any]) -> RecordSet:
                     values = _nonnegative_or_null(values, checker)
                 elif column in ("grid", "block"):
                     values = _dims3_column(values)
+                elif column in _COMM_MINIMUM:
+                    values = _integers_or_null(values, _COMM_MINIMUM[column], checker)
+                elif column in _COMM_COLUMNS:
+                    values = _text_or_null(values, checker)
                 out[column] = values if every else _take(values, keep)
             if name == "modules":
                 out["phase"] = ["forward"] * len(ts)
@@ -359,6 +372,45 @@ def _nonnegative_or_null(values: list[Any], checker: TimeChecker) -> pa.Array:
         bad = ~np.isnan(x) & ~(x >= 0)
     checker.invalid += int(bad.sum())
     return pa.array(x, pa.float64(), mask=np.isnan(x) | bad)
+
+
+def _integers_or_null(values: list[Any], minimum: int, checker: TimeChecker) -> pa.Array:
+    """Message sizes and group sizes: an int of at least ``minimum``. Anything else a source wrote (a
+    negative count, 2.5 elements, a string, a bool) is unknown: null, and counted."""
+    try:
+        arr = pa.array(values, from_pandas=False)  # inferred: int64 when every value is an int or None
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        arr = None
+    if arr is None or not (pa.types.is_int64(arr.type) or pa.types.is_null(arr.type)):
+        arr = pa.array([_int_at_least(v, minimum) for v in values], pa.int64())
+        checker.invalid += sum(v is not None for v in values) - (len(arr) - arr.null_count)
+        return arr
+    arr = arr.cast(pa.int64())
+    low = pc.less(arr, minimum).fill_null(False)
+    bad = int(pc.sum(low).as_py() or 0)
+    if bad:
+        checker.invalid += bad
+        arr = pc.if_else(low, pa.scalar(None, pa.int64()), arr)
+    return arr
+
+
+def _int_at_least(value: Any, minimum: int) -> int | None:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if value.__class__ is int and minimum <= value <= _INT64_MAX:
+        return value
+    return None
+
+
+def _text_or_null(values: list[Any], checker: TimeChecker) -> pa.Array:
+    """Names from the comm metadata: strings (an int process-group name reads as its digits); others null, counted."""
+    try:
+        return pa.array(values, pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        pass
+    out = [v if isinstance(v, str) else str(v) if v.__class__ is int else None for v in values]
+    checker.invalid += sum(v is not None and o is None for v, o in zip(values, out))
+    return pa.array(out, pa.string())
 
 
 def _take(values: Any, keep: np.ndarray) -> Any:

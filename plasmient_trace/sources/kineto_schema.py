@@ -9,7 +9,7 @@ previous dict-based parser did, and numpy rejects what is not a number.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 from msgspec import UNSET, Struct, field
@@ -38,6 +38,13 @@ class KinetoArgs(Struct, gc=False):
     # Inductor (benchmark_kernel / profile_bandwidth) annotates its Triton kernels with these.
     kernel_flop: Any = None
     kernel_num_gb: Any = None
+    # NCCL/RCCL metadata PyTorch's c10d records (record_param_comms); current Kineto copies it onto the kernel.
+    collective_name: Any = field(default=None, name="Collective name")
+    in_msg_nelems: Any = field(default=None, name="In msg nelems")
+    out_msg_nelems: Any = field(default=None, name="Out msg nelems")
+    group_size: Any = field(default=None, name="Group size")
+    comm_dtype: Any = field(default=None, name="dtype")
+    process_group_name: Any = field(default=None, name="Process Group Name")
 
 
 class KinetoEvent(Struct, gc=False):
@@ -48,7 +55,7 @@ class KinetoEvent(Struct, gc=False):
     dur: Any = None
     pid: Any = None
     tid: Any = None
-    args: Union[KinetoArgs, None] = None
+    args: KinetoArgs | None = None
 
 
 class KinetoDocument(Struct, gc=False):
@@ -56,13 +63,13 @@ class KinetoDocument(Struct, gc=False):
     each is decoded into a :class:`KinetoEvent` only when its turn comes and dropped right after, so
     the per-event objects never all exist at once."""
 
-    traceEvents: Union[list[msgspec.Raw], msgspec.UnsetType] = UNSET
+    traceEvents: list[msgspec.Raw] | msgspec.UnsetType = UNSET
     deviceProperties: Any = None
     baseTimeNanoseconds: Any = None
     distributedInfo: Any = None
 
 
 # A bare JSON array of events is also a valid Chrome trace.
-DOCUMENT = msgspec.json.Decoder(Union[KinetoDocument, list[msgspec.Raw]])
+DOCUMENT = msgspec.json.Decoder(KinetoDocument | list[msgspec.Raw])
 EVENT = msgspec.json.Decoder(KinetoEvent)
 TOP_LEVEL_KEYS = msgspec.json.Decoder(dict[str, msgspec.Raw])

@@ -11,7 +11,8 @@ their step, or int64 overflow in the nesting keys. The rules, all on float µs a
 
 Counts go to ``RecordSet.counters`` under ``input.dropped_events`` and ``input.clamped_events``;
 ``input.invalid_values`` counts numbers of kept events that were set to null (e.g. negative per-kernel
-FLOPs), as unknown values are absent, never guessed.
+FLOPs; NCCL message sizes or group sizes that are negative, fractional or not numbers), as unknown values
+are absent, never guessed.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class TimeChecker:
     invalid: int = 0
 
     @classmethod
-    def for_timestamps(cls, ts_columns: list[np.ndarray]) -> "TimeChecker":
+    def for_timestamps(cls, ts_columns: list[np.ndarray]) -> TimeChecker:
         """Window centred on the median of all plausible timestamps (robust to a few wild ones)."""
         parts = [ts[np.isfinite(ts) & (np.abs(ts) <= MAX_ABS_TS_US)] for ts in ts_columns if len(ts)]
         every = np.concatenate(parts) if parts else np.zeros(0)

@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from .. import conventions as cv
 from ..metrics.compute import rollup
 from . import ids
+from .collectives import collective_columns
 from .culprits import culprit_columns
 from .inputs import LEVEL_CODE, RankInput, StitchOptions
 from .joins import JoinedRank
@@ -133,6 +134,8 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     cols["plasmient.idle_s"] = masked(t.col("idle_s")[sel], ~upper)
     cols["plasmient.kernel_s"] = masked(t.col("kernel_s")[sel], ~upper)
     _overlap_columns(cols, t, np.maximum(t.step_row[sel], 0), upper)
+    k_row = np.where((lv == LEVEL_CODE["kernel"]) & (sel < b["kernel"] + t.n_k), sel - b["kernel"], -1)
+    cols.update(collective_columns(t.comm_bw, rs.kernels, k_row, np.maximum(t.step_row[sel], 0), upper))
     cols["plasmient.util.resident"] = nan_to_null(met.util[sel])
     cols["plasmient.mfu"] = nan_to_null(met.mfu[sel])
     cols["plasmient.hfu"] = nan_to_null(met.hfu[sel])

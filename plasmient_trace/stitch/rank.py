@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 from ..metrics import compute as mc
 from ..metrics.flops import yields_flops
+from .collectives import CollectiveBandwidth, collective_bandwidth
 from .inputs import KIND_CODE, LEVEL_CODE, RankInput, StitchOptions
 from .joins import JoinedRank
 from .nesting import reduce_to_parents, tree_depth, tree_root
@@ -72,6 +73,7 @@ class RankTree:
     over_peak_by_step: np.ndarray
     outside_kernels: int
     overlap: StepOverlap | None = None  # per step: communication/copy overlap, idle split, launch queue
+    comm_bw: CollectiveBandwidth | None = None  # per collective kernel and step: message bytes, algbw, busbw
 
     def span(self, level: str, rows: np.ndarray | int) -> np.ndarray | int:
         return self.base[level] + rows
@@ -240,6 +242,8 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
                            (kind_live == KIND_CODE["memcpy"]) | (kind_live == KIND_CODE["memset"]),
                            launch_start, w_start, w_end)
     outside = ~k_alive[:n_k] if n_k else np.zeros(0, bool)
+    comm_bw = collective_bandwidth(rs.kernels, kinds[:n_k] == KIND_CODE["collective"], ke[:n_k] - ks[:n_k], kstep[:n_k],
+                                   n_steps, inp.spec.model) if n_k else None
     return RankTree(
         n_steps=n_steps, n_mod=n_mod, n_op=n_op, n_k=n_k, base=base, level=level, parent=parent, start=start,
         end=end, step_row=step_row, alive=alive, depth=depth, synth_ops=synth_ops, module_labels=module_labels,
@@ -247,6 +251,7 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
         union_s=stats.union_s, price=inp.spec.price_per_hour if inp.spec.price_per_hour is not None else np.nan,
         peak_known=inp.spec.peak_for is not None, k_rows=live_k, k_waste=waste, k_launch_op=ko[live_k],
         k_kind=kind_live, over_peak_by_step=over_peak_by_step, outside_kernels=int(outside.sum()), overlap=overlap,
+        comm_bw=comm_bw,
     )
 
 
