@@ -24,6 +24,7 @@ these functions and their arguments.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,7 +79,7 @@ class RankPart:
     unknown_device: str | None  # the rank's source when its device is unknown (no MFU on its spans)
     notes: list[str] = field(default_factory=list)
     records: RecordSet | None = None      # only when IngestOptions.keep_records
-    worker: tuple[int, int | None] = (0, None)  # (pid, VmHWM KiB so far) of the process that stitched it
+    worker: tuple[int, int | None, float] = (0, None, 0.0)  # worker_peak() of the process that stitched it
 
     @property
     def summaries(self) -> list[RankSummary]:
@@ -149,6 +150,7 @@ def finish(digests: list[RankDigest], plan: Plan, parts: list[RankPart], options
         "notes": [d.note for d in digests if d.note] + [n for p in parts for n in p.notes],
         "unknown_devices": [p.unknown_device for p in parts if p.unknown_device],
         "worker_peak_rss_kib": _peaks(parts),
+        "worker_cpu_s": _cpu(parts),
     }
     if len(digests) > 1:
         stats["clock_offsets_ns"] = plan.offsets
@@ -185,24 +187,33 @@ def ingest_ranks(
     return finish(digests, plan, parts, options)
 
 
-def worker_peak() -> tuple[int, int | None]:
-    """(pid, peak resident set in KiB) of this process; None where /proc does not say."""
+def worker_peak() -> tuple[int, int | None, float]:
+    """(pid, peak resident set in KiB, CPU seconds so far) of this process; None where /proc does not say."""
+    cpu = time.process_time()
     try:
         with open("/proc/self/status") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
-                    return os.getpid(), int(line.split()[1])
+                    return os.getpid(), int(line.split()[1]), cpu
     except OSError:
         pass
-    return os.getpid(), None
+    return os.getpid(), None, cpu
 
 
 def _peaks(parts: list[RankPart]) -> dict[int, int]:
     out: dict[int, int] = {}
-    for pid, kib in (p.worker for p in parts):
+    for pid, kib, _ in (p.worker for p in parts):
         if kib is not None:
             out[pid] = max(out.get(pid, 0), kib)
     return out
+
+
+def _cpu(parts: list[RankPart]) -> float:
+    """CPU seconds the workers spent, as far as the last task each ran (a worker's clock only grows)."""
+    out: dict[int, float] = {}
+    for pid, _, cpu in (p.worker for p in parts):
+        out[pid] = max(out.get(pid, 0.0), cpu)
+    return sum(out.values())
 
 
 def _stitch_options(options: IngestOptions) -> Any:

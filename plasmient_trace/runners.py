@@ -8,9 +8,9 @@ frees what the runner made (processes, temporary files, a Ray it started).
 Where a rank's records wait between the two maps (``handle``):
 
 * process pool: a task cannot be sent to the worker that parsed the rank, so map 1 pickles the records
-  to a file in a private temporary directory and map 2 loads (and deletes) it. Pickling a rank costs
-  1-6% of parsing it (0.01 s against 0.19-0.40 s on the shared traces: Arrow tables pickle as buffers);
-  re-reading would parse every file twice, and a per-worker cache would hit only 1 time in ``workers``.
+  to a file in a private temporary directory and map 2 loads (and deletes) it. Pickling a rank and loading it
+  back costs 3-10% of parsing it (0.01-0.02 s against 0.11-0.86 s on the shared traces, Arrow tables
+  pickle as buffers: ``benchmarks/bench_ranks.py --spill-cost``); re-reading would parse every file twice, and a per-worker cache would hit only 1 time in ``workers``.
   A worker holds one rank at a time; the parent holds no record table.
 * Ray: map 1 returns the records as a second object, which stays in the object store of the node that
   parsed them; map 2 is given its reference, so they never pass through the driver, and Ray prefers to
@@ -77,6 +77,10 @@ class PoolRunner:
 
     def __init__(self, workers: int, n_ranks: int, start_method: str = "forkserver") -> None:
         context = multiprocessing.get_context(start_method)
+        if start_method == "forkserver":
+            # Workers fork from a server that has imported the tasks (numpy, pyarrow, the stitcher) once,
+            # rather than each importing them again. Takes effect when this process starts its server.
+            context.set_forkserver_preload(["plasmient_trace.runners", "plasmient_trace.pipeline"])
         self.pool = ProcessPoolExecutor(max_workers=max(1, min(workers, n_ranks)), mp_context=context)
         self.spill = Path(tempfile.mkdtemp(prefix="plasmient-ranks-"))
         self.paths: list[Path] = []
@@ -130,10 +134,15 @@ class RayRunner:
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                       "logging_level": logging.ERROR}
-            if not address and not os.environ.get("RAY_ADDRESS"):
-                kwargs["num_cpus"] = max(1, cpus)
             try:
-                ray.init(address=address or None, **kwargs)
+                try:
+                    # No address: a new local Ray of `cpus` CPUs, unless ray.init finds one (RAY_ADDRESS, or a
+                    # `ray start` on this machine), which refuses to be sized: then join it as it is.
+                    ray.init(address=address or None, **kwargs, **({} if address else {"num_cpus": max(1, cpus)}))
+                except (RuntimeError, ValueError):
+                    if address:
+                        raise
+                    ray.init(**kwargs)
             except (ConnectionError, RuntimeError, ValueError, TimeoutError) as err:
                 what = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
                 raise TraceFormatError(f"--ray {address or '(local)'}: cannot start or reach Ray: {what}") from None
@@ -154,7 +163,7 @@ class RayRunner:
 
     def _in_order(self, refs: list[Any], handles: list[Any] | None) -> Iterator[tuple[Any, Any]]:
         exceptions = self.ray.exceptions
-        done = 0
+        done, finished = 0, False
         try:
             for i, (path, ref) in enumerate(zip(self.paths, refs)):
                 try:
@@ -169,11 +178,22 @@ class RayRunner:
                                            f"({type(err).__name__}); retry without --ray") from None
                 done = i + 1
                 yield value, (handles[i] if handles is not None else None)
+            finished = True
         finally:
-            for ref in refs[done:]:
-                # already finished, or the cluster is gone: nothing left to stop
+            if not finished:
+                self._drain(refs[done:] + (handles[done:] if handles is not None else []))
+
+    def _drain(self, refs: list[Any]) -> None:
+        """Stop the tasks left behind an error and collect what they return: Ray logs a multi-line
+        "Unhandled error" for every failed or cancelled result dropped unread (the failed parse's records too)."""
+        for ref in refs:
+            with contextlib.suppress(Exception):  # finished already, or the cluster is gone
+                self.ray.cancel(ref)
+        with contextlib.suppress(Exception):
+            ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=30)
+            for ref in ready:
                 with contextlib.suppress(Exception):
-                    self.ray.cancel(ref)
+                    self.ray.get(ref, timeout=0)
 
     def close(self) -> None:
         if self.started:

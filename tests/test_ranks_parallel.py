@@ -7,10 +7,15 @@ benchmarks/simulated_ranks.py (own rank ids, host clocks shifted by known amount
 
 from __future__ import annotations
 
+import gc
 import gzip
 import importlib.util
 import json
+import logging
+import os
+import subprocess
 import sys
+import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -122,6 +127,20 @@ def test_a_bad_rank_among_many_is_one_line_naming_it(simulated, tmp_path, capsys
     assert not out.exists()
 
 
+def test_cli_ray_starts_its_own_local_ray(simulated, tmp_path, capsys):
+    pytest.importorskip("ray", reason="Ray is the optional [ray] extra: pip install 'plasmient-trace[ray]'")
+    want = tmp_path / "single.jsonl"
+    assert main(["ingest", *map(str, simulated.paths), *SIM_ARGS, "--quiet", "--out", str(want)]) == 0
+    out = tmp_path / "ray.jsonl"
+    # A fresh process, no Ray running in it: `--ray` starts a local Ray of --workers CPUs and stops it.
+    proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "ingest", *map(str, simulated.paths), *SIM_ARGS,
+                           "--workers", "2", "--ray", "--quiet", "--out", str(out)],
+                          check=False, capture_output=True, text=True, timeout=240, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(out.read_text().splitlines()) == sorted(want.read_text().splitlines())
+
+
 def test_ray_gives_the_single_process_trace(simulated, single, local_ray):
     got = ingest_paths(simulated.paths, IngestOptions(**SIM, ray=""))
     assert_same_trace(got, single)
@@ -137,15 +156,35 @@ def test_cli_ray_takes_files_after_the_flag(simulated, single, local_ray, tmp_pa
     assert sorted(out.read_text().splitlines()) == sorted(want.read_text().splitlines())
 
 
-def test_ray_bad_rank_is_one_line_naming_it(simulated, local_ray, tmp_path, capsys):
+def test_ray_bad_rank_is_one_line_naming_it(simulated, local_ray, tmp_path, capfd):
     bad = tmp_path / "rank-8.json.gz"
     bad.write_text("this is not a trace\n")
     out = tmp_path / "out.jsonl"
-    code = main(["ingest", str(simulated.paths[0]), str(bad), "--ray", "--quiet", "--out", str(out)])
-    err = capsys.readouterr().err.strip().splitlines()
+    ray_log = _Collect()
+    logging.getLogger("ray").addHandler(ray_log)
+    try:
+        code = main(["ingest", str(simulated.paths[0]), str(bad), *map(str, simulated.paths[2:]), "--ray", "--quiet",
+                     "--out", str(out)])
+        # Ray logs (to the stderr it found at start) a traceback for each failed or cancelled task result
+        # dropped unread: give it that chance.
+        gc.collect()
+        time.sleep(2)
+    finally:
+        logging.getLogger("ray").removeHandler(ray_log)
+    err = capfd.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1 and "rank-8.json.gz" in err[0] and "Traceback" not in err[0], err
+    assert not [m for m in ray_log.messages if "Unhandled error" in m], ray_log.messages
     assert not out.exists()
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 def test_ray_flag_without_ray_says_how_to_install(monkeypatch, tmp_path, capsys):
