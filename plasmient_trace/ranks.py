@@ -55,7 +55,6 @@ class RankDigest:
     host: str | None            # the trace's host.name: ranks on one host share a clock
     ends: CollectiveEnds
     note: str | None = None     # the CUDA-graph pairing note, if the rank had a capture
-    collectives: int = 0
 
 
 @dataclass
@@ -101,9 +100,8 @@ def parse_rank(path: str | Path, index: int, options: IngestOptions) -> tuple[Re
     path = Path(path)
     records, note = pair_capture(path, read_kineto(path), options)
     rank = rank_of(records, index)
-    ends = collective_ends(records)
     digest = RankDigest(index=index, rank=rank, node=node_of(records, rank, _stitch_options(options)),
-                        host=records.resource.get("host.name"), ends=ends, note=note, collectives=len(ends))
+                        host=records.resource.get("host.name"), ends=collective_ends(records), note=note)
     return records, digest
 
 
@@ -137,7 +135,10 @@ def stitch_part(records: RecordSet, job: StitchJob, options: IngestOptions) -> R
 
 
 def finish(digests: list[RankDigest], plan: Plan, parts: list[RankPart], options: IngestOptions) -> IngestResult:
-    """Reduce 2: fleet and node spans from every rank's summaries, merged with the rank spans."""
+    """Reduce 2: fleet and node spans from every rank's summaries, merged with the rank spans.
+
+    ``IngestResult.joined`` stays empty (the joined tables never leave the workers); ``records`` holds
+    each rank's tables only when ``options.keep_records``."""
     from .pipeline import IngestResult
 
     parts = sorted(parts, key=lambda p: p.index)

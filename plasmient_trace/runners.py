@@ -9,8 +9,9 @@ Where a rank's records wait between the two maps (``handle``):
 
 * process pool: a task cannot be sent to the worker that parsed the rank, so map 1 pickles the records
   to a file in a private temporary directory and map 2 loads (and deletes) it. Pickling a rank and loading it
-  back costs 3-10% of parsing it (0.01-0.02 s against 0.11-0.86 s on the shared traces, Arrow tables
-  pickle as buffers: ``benchmarks/bench_ranks.py --spill-cost``); re-reading would parse every file twice, and a per-worker cache would hit only 1 time in ``workers``.
+  back costs 2-10% of parsing it (0.004-0.02 s against 0.07-0.88 s on the shared traces: Arrow tables
+  pickle as buffers; ``benchmarks/bench_ranks.py --spill-cost``). Re-reading would parse every file
+  twice, and a per-worker cache would hit only 1 time in ``workers``.
   A worker holds one rank at a time; the parent holds no record table.
 * Ray: map 1 returns the records as a second object, which stays in the object store of the node that
   parsed them; map 2 is given its reference, so they never pass through the driver, and Ray prefers to

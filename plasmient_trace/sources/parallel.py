@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Callable, Sequence
 
 from ..records import RecordSet
 from .kineto import TraceFormatError, read_kineto
