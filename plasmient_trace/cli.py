@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from . import __version__
 from .stitch import ids
@@ -53,7 +54,8 @@ def add_stitch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks-per-node", type=_positive_int, default=8, help="ranks per node when the trace names no host (default 8)")
     p.add_argument("--host", help="host name to record for a single-host ingest")
     p.add_argument("--workers", type=_positive_int, default=1,
-                   help="processes that parse the input files, one file per rank at a time (default 1)")
+                   help="processes that read and stitch the ranks (one file per rank), each rank a task; the fleet "
+                        "and node spans are built from the ranks' step summaries. Same output as 1 (default 1)")
     p.add_argument("--graph-capture", metavar="CAPTURE_TRACE",
                    help="trace of the CUDA/HIP graph capture that the (single) input replays: replayed kernels get the "
                         "FLOPs, op and module of their capture-time launch (default: the capture named by an "
@@ -70,7 +72,6 @@ def stitch_options_from_args(args: argparse.Namespace, job_id: str) -> Any:
     from .conventions import DEFAULT_BASELINE_MFU
     from .metrics.flops import load_model_config
     from .pipeline import IngestOptions
-
     from .sources.resource import parse_otel_resource_attributes, resource_from_env
 
     # OTEL_RESOURCE_ATTRIBUTES always applies, as in any OTel SDK; the rest of the environment only on request.
@@ -92,18 +93,28 @@ def stitch_options_from_args(args: argparse.Namespace, job_id: str) -> Any:
 
 
 def _cmd_ingest(args: argparse.Namespace) -> int:
+    from .metrics.flops import ModelConfigError
     from .pipeline import ingest_paths
     from .sources.kineto import TraceFormatError
 
-    console = None if args.quiet else _console()
-    from .metrics.flops import ModelConfigError
+    if args.ray is not None:
+        import importlib.util
 
+        if importlib.util.find_spec("ray") is None:
+            print("plasmient: error: --ray needs Ray: pip install 'plasmient-trace[ray]'", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if Path(args.ray).is_file():
+            # `--ray rank-0.json rank-1.json`: argparse took the first file for the address.
+            args.paths, args.ray = [args.ray, *args.paths], ""
+    console = None if args.quiet else _console()
     job_id = args.job_id or Path(args.paths[0]).name.split(".")[0]
     try:
         options = stitch_options_from_args(args, job_id)
     except ModelConfigError as err:
         print(f"plasmient: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    options.ray = args.ray
+    options.keep_records = bool(args.parquet)  # else each rank's tables stay in the worker that read them
     try:
         if console is not None:
             from rich.progress import Progress
@@ -268,6 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "for UIs that only search recent traces (off by default: spans keep their recording time; "
                              "find an old trace by id with `plasmient link`)")
     ingest.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
+    ingest.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                        help="run the ranks as tasks on Ray: the cluster at ADDRESS (e.g. auto, ray://head:10001), "
+                             "or without one a local Ray with --workers CPUs (default: all). Needs "
+                             "pip install 'plasmient-trace[ray]'")
     add_stitch_arguments(ingest)
     ingest.set_defaults(func=_cmd_ingest)
 

@@ -6,9 +6,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -16,7 +17,11 @@ from .conventions import DEFAULT_BASELINE_MFU, SpanBatch
 from .metrics import flops as flops_model
 from .metrics import hardware
 from .records import RecordSet
-from .sources.graph_capture import capture_trace_for, launch_kernel_names, pair_graph_capture
+from .sources.graph_capture import (
+    capture_trace_for,
+    launch_kernel_names,
+    pair_graph_capture,
+)
 from .sources.kineto import read_kineto
 from .sources.parallel import read_many
 from .stitch.align import apply_offsets, estimate_alignment
@@ -49,6 +54,12 @@ class IngestOptions:
     world_size: int = 0
     # Expert shape from the model's config.json (--model-config): costs MoE expert ops, unknown without it.
     moe: Any = None
+    # Run the ranks as tasks on Ray (plasmient_trace.ranks): None = off, "" = a local Ray started here,
+    # else the address of a running cluster.
+    ray: str | None = None
+    # Multi-rank ingest in workers: bring every rank's record tables back (IngestResult.records, for
+    # Parquet). False leaves them in the workers, so the parent holds only spans.
+    keep_records: bool = True
 
 
 @dataclass
@@ -120,6 +131,15 @@ def rank_input(records: RecordSet, options: IngestOptions, notes: list[str] | No
     )
 
 
+def stitch_options(options: IngestOptions) -> StitchOptions:
+    return StitchOptions(
+        job_id=options.job_id, max_spans=options.max_spans, baseline_mfu=options.baseline_mfu,
+        ranks_per_node=options.ranks_per_node, host=options.host, service_name=options.service_name,
+        world_size=options.world_size,
+        full_depth_steps=options.full_depth_steps, extra_resource=dict(options.extra_resource),
+    )
+
+
 def stitch_records(record_sets: list[RecordSet], options: IngestOptions) -> IngestResult:
     alignment = None
     if len(record_sets) > 1:
@@ -128,12 +148,7 @@ def stitch_records(record_sets: list[RecordSet], options: IngestOptions) -> Inge
         record_sets = apply_offsets(record_sets, alignment.offsets)
     notes: list[str] = []
     inputs = [rank_input(r, options, notes) for r in record_sets]
-    result = stitch(inputs, StitchOptions(
-        job_id=options.job_id, max_spans=options.max_spans, baseline_mfu=options.baseline_mfu,
-        ranks_per_node=options.ranks_per_node, host=options.host, service_name=options.service_name,
-        world_size=options.world_size,
-        full_depth_steps=options.full_depth_steps, extra_resource=dict(options.extra_resource),
-    ))
+    result = stitch(inputs, stitch_options(options))
     stats = dict(result.stats)
     stats["notes"] = notes
     if alignment is not None:
@@ -145,27 +160,42 @@ def stitch_records(record_sets: list[RecordSet], options: IngestOptions) -> Inge
                         summaries=result.summaries)
 
 
+def pair_capture(path: Path, records: RecordSet, options: IngestOptions) -> tuple[RecordSet, str | None]:
+    """Pair a CUDA/HIP graph replay with its capture trace, when it has one; the note that says how well."""
+    capture = Path(options.graph_capture) if options.graph_capture is not None else capture_trace_for(path)
+    if capture is None:
+        return records, None
+    records, pairing = pair_graph_capture(records, read_kineto(capture), launch_kernel_names(capture), options.moe)
+    return records, (f"{path.name}: {pairing['paired']} of {pairing['graph_kernels']} replayed graph kernels paired "
+                     f"with their capture-time ops in {capture.name}"
+                     + (f"; {pairing['name_mismatches']} kernel names did not match and stay unknown"
+                        if pairing["name_mismatches"] else ""))
+
+
 def ingest_paths(
     paths: Iterable[str | Path],
     options: IngestOptions,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> IngestResult:
-    """Read every file (one per rank), then stitch them into one trace per step."""
+    """Read every file (one per rank), then stitch them into one trace per step.
+
+    With several files and workers > 1, or on Ray, the ranks run as map tasks (``ranks.ingest_ranks``),
+    giving the same result; otherwise everything runs in this process."""
     paths = [Path(p) for p in paths]
     if options.graph_capture is not None and len(paths) != 1:
         raise ValueError("--graph-capture pairs one replay trace with its capture: pass a single input")
+    # A calibrated CPU spec is raised rank after rank (rank_input), an order only one process keeps.
+    if options.cpu_spec is None and (options.ray is not None or (options.workers > 1 and len(paths) > 1)):
+        from .ranks import ingest_ranks
+
+        return ingest_ranks(paths, options, progress=progress)
     record_sets = []
     notes = []
     parsed = read_many(paths, workers=options.workers, progress=progress)
     for path, records in zip(paths, parsed):
-        capture = Path(options.graph_capture) if options.graph_capture is not None else capture_trace_for(path)
-        if capture is not None:
-            records, pairing = pair_graph_capture(records, read_kineto(capture), launch_kernel_names(capture),
-                                                  options.moe)
-            notes.append(f"{path.name}: {pairing['paired']} of {pairing['graph_kernels']} replayed graph kernels paired "
-                         f"with their capture-time ops in {capture.name}"
-                         + (f"; {pairing['name_mismatches']} kernel names did not match and stay unknown"
-                            if pairing["name_mismatches"] else ""))
+        records, note = pair_capture(path, records, options)
+        if note:
+            notes.append(note)
         record_sets.append(records)
     if progress:
         progress("stitching", len(paths), len(paths))

@@ -1,4 +1,8 @@
-"""Read many trace files (one per rank) in a local process pool: the map step of a multi-rank ingest.
+"""Read many trace files (one per rank) in a local process pool, returning every RecordSet to the caller.
+
+The multi-rank ingest (``plasmient ingest --workers N``) does more than this in its workers: it parses
+*and* stitches each rank there and keeps the records out of the parent (:mod:`plasmient_trace.ranks`).
+``read_many`` remains for callers that want the record tables themselves.
 
 Parsing is pure CPU work that holds the GIL, so ranks read in threads would run one at a time; each
 worker process reads one file at a time and returns its RecordSet (Arrow tables pickle as buffers, not
@@ -11,10 +15,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Callable, Sequence
 
 from ..records import RecordSet
 from .kineto import TraceFormatError, read_kineto

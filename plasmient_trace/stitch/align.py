@@ -55,6 +55,7 @@ __all__ = [
     "DEFAULT_MAX_OFFSET_NS",
     "AlignmentReport",
     "align_ranks",
+    "alignment_from_ends",
     "apply_offsets",
     "collective_ends",
     "collective_skew",
@@ -204,11 +205,23 @@ def estimate_alignment(
     min_matches: int = DEFAULT_MIN_MATCHES,
 ) -> AlignmentReport:
     """Clock offset of every input against input 0, with how each was found (see module docstring)."""
-    n = len(record_sets)
+    return alignment_from_ends([collective_ends(r) for r in record_sets],
+                               [r.resource.get("host.name") for r in record_sets], tolerance_ns, max_offset_ns, min_matches)
+
+
+def alignment_from_ends(
+    ends: list[CollectiveEnds],
+    hosts: list[str | None],
+    tolerance_ns: int = DEFAULT_TOLERANCE_NS,
+    max_offset_ns: int = DEFAULT_MAX_OFFSET_NS,
+    min_matches: int = DEFAULT_MIN_MATCHES,
+) -> AlignmentReport:
+    """``estimate_alignment`` from each input's collective ends and host name alone: the digest a rank
+    parsed in another process sends, so its record tables need not travel."""
+    n = len(ends)
     report = AlignmentReport(offsets={}, reference={}, matches={}, method={})
     if n == 0:
         return report
-    ends = [collective_ends(r) for r in record_sets]
     report.offsets[0], report.reference[0], report.matches[0], report.method[0] = 0, None, 0, "reference"
     pending: dict[int, PairOffset] = {}
     for b in range(1, n):
@@ -230,7 +243,6 @@ def estimate_alignment(
             trial = pair_offset(ends[b], ends[c], tolerance_ns, max_offset_ns)
             if trial.matches > pending[c].matches:
                 pending[c], best_ref[c] = trial, b
-    hosts = [r.resource.get("host.name") for r in record_sets]
     for b in sorted(pending):
         same = [a for a in report.offsets if hosts[b] is not None and hosts[a] == hosts[b]]
         if same:

@@ -24,7 +24,8 @@ from .inputs import DEFAULT_MAX_SPANS, KIND_CODE, DeviceSpec, RankInput, StitchO
 from .joins import JoinedRank, join_rank
 from .rank import RankTree, build_rank_tree, derive_metrics
 
-__all__ = ["DEFAULT_MAX_SPANS", "DeviceSpec", "RankInput", "StitchOptions", "StitchResult", "stitch", "stitch_rank"]
+__all__ = ["DEFAULT_MAX_SPANS", "DeviceSpec", "RankInput", "StitchOptions", "StitchResult", "allowance_for", "stitch",
+           "stitch_rank"]
 
 
 @dataclass
@@ -58,6 +59,15 @@ def span_allowance(options: StitchOptions, ranks: int, nodes: int) -> int:
     spans, split evenly between the ranks, less the rank's own rank and step spans."""
     per_rank = (options.max_spans - 1 - nodes) // max(ranks, 1)
     return max(per_rank - 2, 0)
+
+
+def allowance_for(options: StitchOptions, ranks: list[int], nodes: list[str]) -> int:
+    """Each rank's span allowance when these ranks (on these nodes) are stitched together, from their
+    rank ids and nodes alone, so ranks stitched in other processes get the same share."""
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"two inputs claim the same rank ({sorted(ranks)}); pass one file per rank")
+    world = options.world_size or len(ranks)
+    return span_allowance(options, world, len(set(nodes)) if world == len(ranks) else max(world // max(options.ranks_per_node, 1), 1))
 
 
 def stitch_rank(inp: RankInput, rank: int, node: str, options: StitchOptions, allowance: int) -> RankResult:
@@ -122,11 +132,8 @@ def _collectives_by_step(tree: RankTree, j: JoinedRank) -> dict[int, list[list[A
 
 def stitch(inputs: list[RankInput], options: StitchOptions, with_top_spans: bool = True) -> StitchResult:
     ranks = [rank_of(r.records, i) for i, r in enumerate(inputs)]
-    if len(set(ranks)) != len(ranks):
-        raise ValueError(f"two inputs claim the same rank ({sorted(ranks)}); pass one file per rank")
     nodes = [node_of(r.records, rk, options) for r, rk in zip(inputs, ranks)]
-    world = options.world_size or len(inputs)
-    allowance = span_allowance(options, world, len(set(nodes)) if world == len(inputs) else max(world // max(options.ranks_per_node, 1), 1))
+    allowance = allowance_for(options, ranks, nodes)
     results = [stitch_rank(inp, rk, nd, options, allowance) for inp, rk, nd in zip(inputs, ranks, nodes)]
     summaries = [s for r in results for s in r.summaries]
     batches = [r.batch for r in results]

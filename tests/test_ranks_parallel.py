@@ -1,0 +1,214 @@
+"""Ranks ingested as map tasks (a process pool, or Ray) give the trace a single process gives, span for span
+and id for id; the clocks they align are the clocks the simulation shifted; a bad rank file is one line.
+
+Inputs: the two real ranks of one job (a100_multirank), and six ranks made from them by
+benchmarks/simulated_ranks.py (own rank ids, host clocks shifted by known amounts, per-kernel jitter).
+"""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import importlib.util
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from conftest import REPO, trace_path
+
+from plasmient_trace.cli import main
+from plasmient_trace.pipeline import IngestOptions, IngestResult, ingest_paths
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from simulated_ranks import SimulatedRanks, write_simulated_ranks
+
+REAL = ("a100_multirank/rank-0.json.gz", "a100_multirank/rank-1.json.gz")
+RANKS_PER_NODE = 2  # six simulated ranks -> three nodes, so node spans are reduced from several ranks
+MAX_SPANS = 1500    # below what six ranks would export: each rank's share of the budget decides what it folds
+SIM = {"job_id": "sim", "ranks_per_node": RANKS_PER_NODE, "max_spans": MAX_SPANS}
+SIM_ARGS = ["--job-id", "sim", "--ranks-per-node", str(RANKS_PER_NODE), "--max-spans", str(MAX_SPANS)]
+
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory: pytest.TempPathFactory) -> SimulatedRanks:
+    for name in REAL:
+        trace_path(name)  # skips when the shared traces are absent
+    return write_simulated_ranks(tmp_path_factory.mktemp("ranks"), 6, seed=7)
+
+
+@pytest.fixture(scope="module")
+def single(simulated: SimulatedRanks) -> IngestResult:
+    return ingest_paths(simulated.paths, IngestOptions(**SIM))
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray = pytest.importorskip("ray", reason="Ray is the optional [ray] extra: pip install 'plasmient-trace[ray]'")
+    ray.init(num_cpus=2, object_store_memory=150 * 1024**2, include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")
+    yield ray
+    ray.shutdown()
+
+
+def _rows(result: IngestResult) -> pa.Table:
+    """The span table sorted by (trace id, span id), each row's resource written out in place of its index."""
+    table = result.batch.table
+    resources = [json.dumps(r, sort_keys=True) for r in result.batch.resources]
+    table = table.append_column("resource", pa.array([resources[i] for i in table.column("resource_index").to_pylist()]))
+    return table.drop_columns(["resource_index"]).sort_by([("trace_id", "ascending"), ("span_id", "ascending")])
+
+
+def assert_same_trace(got: IngestResult, want: IngestResult) -> None:
+    g, w = _rows(got), _rows(want)
+    assert g.num_rows == w.num_rows and g.schema == w.schema
+    for name in w.column_names:
+        assert g.column(name).equals(w.column(name)), name
+    assert [s.to_json() for s in got.summaries] == [s.to_json() for s in want.summaries]
+    for key in ("ranks", "traces", "spans", "kernels", "kernels_folded", "clock_offsets_ns", "clock_alignment",
+                "unknown_devices"):
+        assert got.stats[key] == want.stats[key], key
+
+
+def test_two_real_ranks_in_a_pool_give_the_single_process_trace():
+    paths = [trace_path(name) for name in REAL]
+    want = ingest_paths(paths, IngestOptions(job_id="pair"))
+    got = ingest_paths(paths, IngestOptions(job_id="pair", workers=2))
+    assert_same_trace(got, want)
+    assert got.records and all(r.kernels.num_rows for r in got.records)  # keep_records: Parquet still has them
+    assert len(got.stats["worker_peak_rss_kib"]) >= 1  # the ranks were stitched in worker processes
+
+
+def test_simulated_ranks_in_a_pool_give_the_single_process_trace(simulated, single):
+    got = ingest_paths(simulated.paths, IngestOptions(**SIM, workers=2, keep_records=False))
+    assert_same_trace(got, single)
+    assert got.records == []
+    # The budget bit (kernels were folded) and held in every trace: each rank kept to its share.
+    assert got.stats["kernels_folded"] > 0
+    per_trace = pa.table({"t": got.batch.table.column("trace_id")}).group_by("t").aggregate([("t", "count")])
+    assert max(per_trace.column("t_count").to_pylist()) <= MAX_SPANS
+    levels = got.batch.table.column("plasmient.level").to_pylist()
+    steps = got.stats["traces"]
+    assert levels.count("fleet") == steps and levels.count("node") == 3 * steps and levels.count("rank") == 6 * steps
+
+
+def test_the_clock_offsets_found_undo_the_simulated_shifts(simulated, single):
+    # Oracle: the shifts the simulation applied. Copies of the same real rank saw the same collectives, so
+    # the offset against rank 0 is exactly minus the shift (collectives keep their end under the jitter).
+    offsets = single.stats["clock_offsets_ns"]
+    for i, (shift, source) in enumerate(zip(simulated.shift_us, simulated.source)):
+        if source == simulated.source[0]:
+            assert offsets[i] == -shift * 1000, i
+
+
+def test_cli_workers_write_the_same_lines(simulated, tmp_path, capsys):
+    outs = {}
+    for workers in ("1", "2"):
+        out = tmp_path / f"w{workers}.jsonl"
+        assert main(["ingest", *map(str, simulated.paths), *SIM_ARGS, "--workers", workers, "--quiet", "--out", str(out)]) == 0
+        outs[workers] = sorted(out.read_text().splitlines())
+    assert outs["1"] == outs["2"] and len(outs["1"]) >= 1
+
+
+def test_a_bad_rank_among_many_is_one_line_naming_it(simulated, tmp_path, capsys):
+    bad = tmp_path / "rank-9.json.gz"
+    bad.write_bytes(simulated.paths[1].read_bytes()[:4000])
+    out = tmp_path / "out.jsonl"
+    code = main(["ingest", str(simulated.paths[0]), str(bad), *map(str, simulated.paths[2:]), "--workers", "2",
+                 "--quiet", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and "rank-9.json.gz" in err[0] and "Traceback" not in err[0], err
+    assert not out.exists()
+
+
+def test_cli_ray_starts_its_own_local_ray(simulated, tmp_path, capsys):
+    pytest.importorskip("ray", reason="Ray is the optional [ray] extra: pip install 'plasmient-trace[ray]'")
+    want = tmp_path / "single.jsonl"
+    assert main(["ingest", *map(str, simulated.paths), *SIM_ARGS, "--quiet", "--out", str(want)]) == 0
+    out = tmp_path / "ray.jsonl"
+    # A fresh process, no Ray running in it: `--ray` starts a local Ray of --workers CPUs and stops it.
+    proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "ingest", *map(str, simulated.paths), *SIM_ARGS,
+                           "--workers", "2", "--ray", "--quiet", "--out", str(out)],
+                          check=False, capture_output=True, text=True, timeout=240, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(out.read_text().splitlines()) == sorted(want.read_text().splitlines())
+
+
+def test_ray_gives_the_single_process_trace(simulated, single, local_ray):
+    got = ingest_paths(simulated.paths, IngestOptions(**SIM, ray=""))
+    assert_same_trace(got, single)
+    assert local_ray.is_initialized()  # a Ray this ingest did not start is left running
+
+
+def test_cli_ray_takes_files_after_the_flag(simulated, single, local_ray, tmp_path, capsys):
+    out = tmp_path / "ray.jsonl"
+    # `--ray FILE ...`: argparse gives the first file to --ray; the CLI puts it back among the inputs.
+    assert main(["ingest", "--ray", *map(str, simulated.paths), *SIM_ARGS, "--quiet", "--out", str(out)]) == 0
+    want = tmp_path / "single.jsonl"
+    assert main(["ingest", *map(str, simulated.paths), *SIM_ARGS, "--quiet", "--out", str(want)]) == 0
+    assert sorted(out.read_text().splitlines()) == sorted(want.read_text().splitlines())
+
+
+def test_ray_bad_rank_is_one_line_naming_it(simulated, local_ray, tmp_path, capfd):
+    bad = tmp_path / "rank-8.json.gz"
+    bad.write_text("this is not a trace\n")
+    out = tmp_path / "out.jsonl"
+    ray_log = _Collect()
+    logging.getLogger("ray").addHandler(ray_log)
+    try:
+        code = main(["ingest", str(simulated.paths[0]), str(bad), *map(str, simulated.paths[2:]), "--ray", "--quiet",
+                     "--out", str(out)])
+        # Ray logs (to the stderr it found at start) a traceback for each failed or cancelled task result
+        # dropped unread: give it that chance.
+        gc.collect()
+        time.sleep(2)
+    finally:
+        logging.getLogger("ray").removeHandler(ray_log)
+    err = capfd.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and "rank-8.json.gz" in err[0] and "Traceback" not in err[0], err
+    assert not [m for m in ray_log.messages if "Unhandled error" in m], ray_log.messages
+    assert not out.exists()
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_ray_flag_without_ray_says_how_to_install(monkeypatch, tmp_path, capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    out = tmp_path / "out.jsonl"
+    code = main(["ingest", str(trace_path(REAL[0])), str(trace_path(REAL[1])), "--ray", "--quiet",
+                 "--out", str(out)])
+    assert code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "plasmient: error: --ray needs Ray: pip install 'plasmient-trace[ray]'"]
+    assert not out.exists()
+
+
+def test_the_parquet_export_still_gets_every_rank_records(simulated, tmp_path, capsys):
+    pq = pytest.importorskip("pyarrow.parquet")
+    out_dir = tmp_path / "pq"
+    paths = simulated.paths[:2]
+    assert main(["ingest", *map(str, paths), "--workers", "2", "--quiet", "--out", str(tmp_path / "o.jsonl"),
+                 "--parquet", str(out_dir)]) == 0
+    kernels = pq.read_table(out_dir / "kernels.parquet")
+    # Oracle: the GPU activities in the raw JSON of each file (kernels, memcpys, memsets), counted per rank.
+    for rank, path in enumerate(paths):
+        with gzip.open(path, "rt") as f:
+            events = json.load(f)["traceEvents"]
+        want = sum(1 for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+        assert kernels.filter(pc.equal(kernels.column("rank"), rank)).num_rows == want, rank
