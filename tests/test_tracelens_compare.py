@@ -53,6 +53,8 @@ for path in sys.argv[1:]:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         tree = TreePerfAnalyzer.from_file(path, include_unlinked_kernels=True)
         sheet = {r["type"]: r["time ms"] / 1e3 for r in tree.get_df_gpu_timeline().to_dict("records")}
+        tree.include_unlinked_kernels = False  # TraceLens's default: kernels linked to a launch only
+        sheet["default"] = {r["type"]: r["time ms"] / 1e3 for r in tree.get_df_gpu_timeline().to_dict("records")}
     kernels = [e for e in tree.tree.events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     lists = G(kernels).get_gpu_event_lists()
     memset = [e for e in lists["computation"] if e.get("cat") == "gpu_memset"]
@@ -105,3 +107,24 @@ def test_timeline_agrees_with_tracelens(name):
     assert ours["memcpy.total_s"] == _approx(tl["copy_time"])
     assert ours["memcpy.exposed_s"] == _approx(tl["exposed_copy_time"])
     assert ours["idle_s"] - ours["lead_gap_s"] == _approx(tl["idle_time"])
+
+
+if __name__ == "__main__":
+    # Prints the comparison table of docs/hta-tracelens.md (milliseconds; overlap in %).
+    def row(who: str, comm: float, exposed: float, busy: float, idle: float, copy: float, copy_exposed: float) -> str:
+        overlap = f"{100 * (1 - exposed / comm):5.2f}" if comm else "    -"
+        return (f"  {who:34} comm {1e3 * comm:8.3f} exposed {1e3 * exposed:8.3f} overlap {overlap}  busy {1e3 * busy:8.3f}"
+                f"  idle {1e3 * idle:9.3f}  copy {1e3 * copy:7.3f} exposed {1e3 * copy_exposed:7.3f}")
+
+    for name, tl in _tracelens().items():
+        ours, d = _rank(name), tl["default"]
+        print(name)
+        print(row("TraceLens default (linked kernels)", d["total_comm_time"], d["exposed_comm_time"], d["busy_time"],
+                  d["idle_time"], d["total_memcpy_time"], d["exposed_memcpy_time"]))
+        print(row("TraceLens, all kernels", tl["total_comm_time"], tl["exposed_comm_time"], tl["busy_time"],
+                  tl["idle_time"], tl["total_memcpy_time"], tl["exposed_memcpy_time"]))
+        print(row("  same, plasmient's copy categories", tl["total_comm_time"], tl["exposed_comm_time"], tl["busy_time"],
+                  tl["idle_time"], tl["copy_time"], tl["exposed_copy_time"]))
+        print(row("plasmient (steps summed, idle - gap)", ours["comm.total_s"], ours["comm.exposed_s"], ours["busy_s"],
+                  ours["idle_s"] - ours["lead_gap_s"], ours["memcpy.total_s"], ours["memcpy.exposed_s"]))
+        print(f"  {'plasmient lead gap':34} {1e3 * ours['lead_gap_s']:.3f}")
