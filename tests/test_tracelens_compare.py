@@ -34,7 +34,7 @@ MULTI_GPU = ["b200/eager_rank0_of8.json.gz", "a100/nccl_training_rank0_of2.json.
 TIMELINE = [
     "b200/eager_rank0_of8.json.gz", "a100/nccl_training_rank0_of2.json.gz",
     pytest.param("a100/cuda_graphs_rank0_of16.json.gz", marks=CLIPPED),
-    pytest.param("mi300x/resnet_act_checkpoint_rank0_of8.json.gz", marks=CLIPPED),
+    "mi300x/resnet_act_checkpoint_rank0_of8.json.gz",
     pytest.param("h100/qwen1.5_0.5b_chat_inference.json.gz", marks=pytest.mark.xfail(
         strict=True, raises=AssertionError,
         reason="8 kernels (0.30 ms) run before ProfilerStep#6 opens: they belong to no step (kernels.outside_steps)")),
@@ -83,7 +83,7 @@ def _approx(value: float):
     return pytest.approx(value, rel=REL, abs=ABS)
 
 
-@pytest.mark.parametrize("name", MULTI_GPU[:3] + [pytest.param(MULTI_GPU[3], marks=CLIPPED)])
+@pytest.mark.parametrize("name", MULTI_GPU)
 def test_communication_agrees_with_tracelens(name):
     tl, ours = _tracelens()[name], _rank(name)
     assert ours["comm.total_s"] == _approx(tl["total_comm_time"])
@@ -92,8 +92,8 @@ def test_communication_agrees_with_tracelens(name):
 
 @pytest.mark.parametrize("name", MULTI_GPU)
 def test_overlap_fraction_agrees_with_tracelens(name):
-    """The share of collective time hidden under compute, within 1 point, clipped steps included: the
-    collectives mi300x loses are hidden about as much as the ones it keeps (22.8 % against 22.6 %)."""
+    """The share of collective time hidden under compute, within 1 point (TraceLens counts memsets as compute,
+    plasmient as copies)."""
     tl, ours = _tracelens()[name], _rank(name)
     theirs = 1 - tl["exposed_comm_time"] / tl["total_comm_time"] if tl["total_comm_time"] else 0.0
     mine = 1 - ours["comm.exposed_s"] / ours["comm.total_s"] if ours["comm.total_s"] else 0.0
