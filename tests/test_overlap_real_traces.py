@@ -2,9 +2,10 @@
 multi-GPU traces against values recomputed here from the raw JSON (and against HTA's own
 get_comm_comp_overlap where a Python with HolisticTraceAnalysis is named in PLASMIENT_HTA_PYTHON).
 
-Measured here with HTA 0.5.0: a100/cuda_graphs 1.37% (plasmient 1.4%), a100/nccl_training 14.31% (15.6%),
-b200 0.0% (0.0%); on mi300x/resnet HTA stops with a TypeError. The gap on nccl_training: HTA counts the
-whole profiled iteration on the CPU clock, plasmient each step's device window.
+HTA 0.5.0 by default drops the last ProfilerStep and rounds ns timestamps inward to whole µs (a100/nccl_training
+14.31%); with the last step kept and the rounding off, as compared here, it gives 15.61%, plasmient's number,
+and a100/cuda_graphs 1.47% (plasmient 1.36%: HTA leaves out 24.7 ms of collectives with no launch record), b200
+0.0% (0.0%); on mi300x/resnet HTA stops with a TypeError. docs/hta-tracelens.md has the whole comparison.
 """
 
 from __future__ import annotations
@@ -155,12 +156,15 @@ def test_overlap_agrees_with_hta(name, tmp_path):
     (tmp_path / "rank-0.json.gz").symlink_to(trace_path(name))
     script = ("import sys, warnings; warnings.filterwarnings('ignore');"
               "from hta.trace_analysis import TraceAnalysis;"
-              f"df = TraceAnalysis(trace_dir={str(tmp_path)!r}).get_comm_comp_overlap(visualize=False);"
+              f"df = TraceAnalysis(trace_dir={str(tmp_path)!r}, include_last_profiler_step=True)"
+              ".get_comm_comp_overlap(visualize=False);"
               "print('RESULT', float(df['comp_comm_overlap_pctg'].iloc[0]))")
-    out = subprocess.run([os.environ["PLASMIENT_HTA_PYTHON"], "-c", script], check=False, capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "HTA_DISABLE_NS_ROUNDING": "1"}
+    out = subprocess.run([os.environ["PLASMIENT_HTA_PYTHON"], "-c", script], env=env, check=False, capture_output=True,
+                         text=True, timeout=300)
     hta = float(next(line for line in out.stdout.splitlines() if line.startswith("RESULT")).split()[1]) / 100
     steps = _steps(name)
     total = sum(s["plasmient.comm.total_s"] for s in steps)
     exposed = sum(s["plasmient.comm.exposed_s"] for s in steps)
     ours = 1 - exposed / total if total else 0.0
-    assert ours == pytest.approx(hta, abs=0.02)
+    assert ours == pytest.approx(hta, abs=0.005)
