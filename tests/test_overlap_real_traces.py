@@ -2,9 +2,10 @@
 multi-GPU traces against values recomputed here from the raw JSON (and against HTA's own
 get_comm_comp_overlap where a Python with HolisticTraceAnalysis is named in PLASMIENT_HTA_PYTHON).
 
-Measured here with HTA 0.5.0: a100/cuda_graphs 1.37% (plasmient 1.4%), a100/nccl_training 14.31% (15.6%),
-b200 0.0% (0.0%); on mi300x/resnet HTA stops with a TypeError. The gap on nccl_training: HTA counts the
-whole profiled iteration on the CPU clock, plasmient each step's device window.
+HTA 0.5.0 by default drops the last ProfilerStep and rounds ns timestamps inward to whole µs (a100/nccl_training
+14.31%); with the last step kept and the rounding off, as compared here, it gives 15.61%, plasmient's number,
+and a100/cuda_graphs 1.47% (plasmient 1.36%: HTA leaves out 24.7 ms of collectives with no launch record), b200
+0.0% (0.0%); on mi300x/resnet HTA stops with a TypeError. docs/hta-tracelens.md has the whole comparison.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import os
 import subprocess
 
 import pytest
-
 from conftest import ingested, raw_trace, trace_path
 
 MULTI_GPU = ["b200/eager_rank0_of8.json.gz", "mi300x/resnet_act_checkpoint_rank0_of8.json.gz",
@@ -37,7 +37,8 @@ def _union_ns(iv: list[tuple[int, int]]) -> int:
 def _raw(name: str):
     """Per GPU activity from the raw JSON: (device, start ns, end ns, kind, launch ns or None, step number).
     An activity belongs to the ProfilerStep#N whose CPU range holds its launch (as every kernel belongs to
-    the step of the op that launched it)."""
+    the step of the op that launched it); one with no launch record, to the step holding its start, but no
+    later than the step of the next launched activity on its stream (a stream runs in launch order)."""
     doc = raw_trace(name)
     base = doc.get("baseTimeNanoseconds") or 0  # Kineto's epoch anchor: event times are µs after it
     launch = {}
@@ -62,8 +63,16 @@ def _raw(name: str):
         at = launch.get(args.get("correlation"))
         when = at if at is not None else s
         step = next((n for a, b, n in steps if a <= when < b), 0 if not steps else None)
-        out.append((args.get("device", 0), s, s + round(float(e.get("dur", 0)) * 1000), kind, at, step))
-    return out
+        out.append((args.get("device", 0), s, s + round(float(e.get("dur", 0)) * 1000), kind, at, step, args.get("stream")))
+    next_launched: dict = {}  # (device, stream) -> step of the latest-starting launched activity seen so far
+    for i in sorted(range(len(out)), key=lambda i: -out[i][1]):
+        dev, s, e, kind, at, step, stream = out[i]
+        later = next_launched.get((dev, stream))
+        if at is None and step is not None and later is not None and step > later:
+            out[i] = (dev, s, e, kind, at, later, stream)
+        if at is not None and step is not None:
+            next_launched[(dev, stream)] = step
+    return [a[:6] for a in out]
 
 
 def _steps(name: str) -> list[dict]:
@@ -91,7 +100,7 @@ def test_exposed_communication_matches_the_raw_trace(name):
         at = clipper(step)
         total = exposed = 0
         for dev in {a[0] for a in acts}:
-            def clip(kind):
+            def clip(kind, at=at, dev=dev, step=step):
                 return [(at(s), at(e)) for d, s, e, k, _, n in acts if d == dev and k == kind and n == step["plasmient.step"]]
             comm, comp = clip("comm"), clip("compute")
             t = _union_ns(comm)
@@ -147,12 +156,15 @@ def test_overlap_agrees_with_hta(name, tmp_path):
     (tmp_path / "rank-0.json.gz").symlink_to(trace_path(name))
     script = ("import sys, warnings; warnings.filterwarnings('ignore');"
               "from hta.trace_analysis import TraceAnalysis;"
-              f"df = TraceAnalysis(trace_dir={str(tmp_path)!r}).get_comm_comp_overlap(visualize=False);"
+              f"df = TraceAnalysis(trace_dir={str(tmp_path)!r}, include_last_profiler_step=True)"
+              ".get_comm_comp_overlap(visualize=False);"
               "print('RESULT', float(df['comp_comm_overlap_pctg'].iloc[0]))")
-    out = subprocess.run([os.environ["PLASMIENT_HTA_PYTHON"], "-c", script], capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "HTA_DISABLE_NS_ROUNDING": "1"}
+    out = subprocess.run([os.environ["PLASMIENT_HTA_PYTHON"], "-c", script], env=env, check=False, capture_output=True,
+                         text=True, timeout=300)
     hta = float(next(line for line in out.stdout.splitlines() if line.startswith("RESULT")).split()[1]) / 100
     steps = _steps(name)
     total = sum(s["plasmient.comm.total_s"] for s in steps)
     exposed = sum(s["plasmient.comm.exposed_s"] for s in steps)
     ours = 1 - exposed / total if total else 0.0
-    assert ours == pytest.approx(hta, abs=0.02)
+    assert ours == pytest.approx(hta, abs=0.005)

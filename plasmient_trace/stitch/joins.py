@@ -7,7 +7,8 @@
 3. op -> module: innermost nn.Module interval on the op's thread (root ops; nested ops follow their
    parent op). Backward ops map to the module of the forward op with the same autograd sequence
    number, under a synthesized backward module span (the forward span ended long before).
-4. everything -> step by time; kernels take the step of the op that launched them.
+4. everything -> step by time; kernels take the step of the op that launched them (with no launch record: of
+   their start, but no later than the next launched kernel's on their stream).
 Kernel timestamps are shifted per device so that no kernel starts before its launch (stitch.clock).
 """
 
@@ -25,6 +26,25 @@ from .nesting import innermost_enclosing, tree_depth, tree_root
 # Tolerance for "the op is active at the launch": Kineto rounds to 1 ns (new) or 1 µs (old files).
 _ACTIVE_SLACK_NS = 1_000
 _MAX_MODULE_PATH = 1024
+
+
+def _no_later_than_next_on_stream(by_time: np.ndarray, rows: np.ndarray, kernel_step: np.ndarray,
+                                  device: np.ndarray, stream: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """Steps for kernels with no launch record (``rows``), placed by their own start time (``by_time``), capped
+    at the step of the next kernel on the same stream whose step is known: a stream runs its kernels in launch
+    order, so a kernel that ran before another was launched no later. The device can run tens of ms behind the
+    host, and kernels launched before the capture began then run inside a later step's CPU range (mi300x: 185
+    kernels from before ProfilerStep#15 fell into #16 by time). Step rows are in time order."""
+    order = np.lexsort((-start, stream, device))            # each stream from its last kernel backwards
+    known = kernel_step[order] >= 0
+    nearest = np.maximum.accumulate(np.where(known, np.arange(len(order)), -1))
+    nxt = np.full(len(order), -1, np.int64)
+    has = nearest >= 0
+    later = order[nearest[has]]
+    same = (device[order[has]] == device[later]) & (stream[order[has]] == stream[later])
+    nxt[order[has][same]] = kernel_step[later[same]]
+    cap = nxt[rows]
+    return np.where((cap >= 0) & (by_time > cap), cap, by_time)  # a kernel outside every step stays outside
 
 
 def _np(table: pa.Table, column: str, fill: int = -1) -> np.ndarray:
@@ -171,7 +191,7 @@ def join_rank(records: RecordSet) -> JoinedRank:
             same_step = target >= 0
             same_step[same_step] = m_step[target[same_step]] == op_step[bwd_roots[same_step]]
             hit_ops, hit_mod = bwd_roots[same_step], target[same_step]
-            stats.backward_ops_mapped = int(len(hit_ops))
+            stats.backward_ops_mapped = len(hit_ops)
             if len(hit_ops):
                 # A backward span for each module on the mapped modules' ancestor chains.
                 needed = np.zeros(n_mod, bool)
@@ -273,7 +293,8 @@ def join_rank(records: RecordSet) -> JoinedRank:
             kernel_step[has_launch] = to_step(l_start[kernel_launch[has_launch]])
         need = kernel_step < 0
         if need.any():
-            kernel_step[need] = to_step(k_start[need])
+            kernel_step[need] = _no_later_than_next_on_stream(
+                to_step(k_start[need]), np.nonzero(need)[0], kernel_step, k_dev, _np(kernels, "stream"), k_start)
         stats.kernels_outside_steps = int((kernel_step < 0).sum())
     else:
         kernel_step = np.zeros(0, np.int64)

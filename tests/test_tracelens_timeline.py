@@ -1,0 +1,149 @@
+"""The device timeline of a rank (busy, idle, communication and copies, exposed and hidden) against TraceLens's
+GPU-timeline breakdown: its golden sheet for the vLLM CUDA-graph replay, and its definitions recomputed here
+from the raw JSON over the whole trace for the other shared traces.
+
+TraceLens (``GPUEventAnalyser.compute_metrics``) measures one window, from the first GPU activity's start to the
+last one's end; plasmient tiles each rank's device timeline into step windows whose first one opens at the first
+step's CPU start. So plasmient's idle time holds, on top of TraceLens's, the lead gap before the first kernel;
+busy, communication and copies are unions of the same intervals and must agree to the nanosecond rounding.
+Categories follow plasmient's (docs/hta-tracelens.md lists where TraceLens's differ: memsets count as
+computation there, and its exposed memcpy also subtracts communication); the opt-in comparison with TraceLens
+itself is tests/test_tracelens_compare.py.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+
+import pytest
+from conftest import TRACES, ingested, raw_trace
+
+REPLAY = "cc94_vllm_decode/graph_execution.json.gz"
+GOLDEN = TRACES / "cc94_vllm_decode" / "tracelens_golden" / "gpu_timeline.csv"
+ACTIVITY_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
+COPY_CATS = {"gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
+COMM_NAME = re.compile(r"nccl|rccl", re.IGNORECASE)  # TraceLens's COMMUNICATION_KEYS, matched anywhere
+
+# Step windows tile a rank's device timeline and every kernel is clipped to the window of the step that
+# launched it, so work of step N+1 that runs before step N's last kernel ends is counted nowhere and that
+# time shows as idle of step N (docs/hta-tracelens.md, "Known bug"). a100/cuda_graphs has such work, the next
+# batch's input pipeline: 16.9 ms of busy time lost (16.6 ms of it copies).
+LOSES_EARLY_WORK = pytest.mark.xfail(strict=True, raises=AssertionError, reason="step-window clipping drops kernels that start before the "
+                                                         "previous step's last kernel ends (docs/hta-tracelens.md)")
+# mi300x: 968 kernels launched before the capture began (no launch record) run through the first 30 ms while
+# the device catches up with the host; they must stay in the first step, not fall into the next one by time.
+COMM_TRACES = ["b200/eager_rank0_of8.json.gz", "a100/nccl_training_rank0_of2.json.gz",
+               "a100/cuda_graphs_rank0_of16.json.gz", "mi300x/resnet_act_checkpoint_rank0_of8.json.gz"]
+TIMELINE_TRACES = ["b200/eager_rank0_of8.json.gz", "a100/nccl_training_rank0_of2.json.gz",
+                   pytest.param("a100/cuda_graphs_rank0_of16.json.gz", marks=LOSES_EARLY_WORK),
+                   "mi300x/resnet_act_checkpoint_rank0_of8.json.gz",
+                   "v100/resnet50_training.json.gz", "a100_multirank/rank-1.json.gz", REPLAY]
+
+
+def _union_ns(intervals: list[tuple[int, int]]) -> int:
+    total, cur_s, cur_e = 0, None, None
+    for s, e in sorted(i for i in intervals if i[1] > i[0]):
+        if cur_e is None or s > cur_e:
+            total += (cur_e - cur_s) if cur_e is not None else 0
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    return total + ((cur_e - cur_s) if cur_e is not None else 0)
+
+
+def _ns(us: float) -> int:
+    """Microseconds to ns without going through a float above 2**53 (epoch-µs traces such as v100's)."""
+    whole = int(us)
+    return whole * 1000 + round((us - whole) * 1000)
+
+
+def _whole_trace(name: str) -> dict:
+    """TraceLens's breakdown from the raw JSON, per device and summed (seconds), plus the first activity's
+    start (ns after Kineto's epoch anchor) per device."""
+    doc = raw_trace(name)
+    base = doc.get("baseTimeNanoseconds") or 0
+    by_device: dict[int, dict[str, list[tuple[int, int]]]] = {}
+    for e in doc["traceEvents"]:
+        if e.get("ph") != "X" or e.get("cat") not in ACTIVITY_CATS:
+            continue
+        start = base + _ns(e["ts"])
+        span = (start, start + _ns(e.get("dur", 0)))
+        kind = "copy" if e["cat"] in COPY_CATS else "comm" if COMM_NAME.search(str(e.get("name", ""))) else "compute"
+        lists = by_device.setdefault(e.get("args", {}).get("device", 0), {"comm": [], "copy": [], "compute": []})
+        lists[kind].append(span)
+    out = dict.fromkeys(("busy", "comm", "comm_exposed", "copy", "copy_exposed", "span"), 0.0)
+    out["first_ns"] = {}
+    for dev, lists in by_device.items():
+        every = lists["comm"] + lists["copy"] + lists["compute"]
+        compute = _union_ns(lists["compute"])
+        out["busy"] += _union_ns(every) / 1e9
+        for kind in ("comm", "copy"):
+            out[kind] += _union_ns(lists[kind]) / 1e9
+            out[kind + "_exposed"] += (_union_ns(lists[kind] + lists["compute"]) - compute) / 1e9
+        first = min(s for s, e in every if e > s)
+        out["span"] += (max(e for _, e in every) - first) / 1e9
+        out["first_ns"][dev] = first
+    return out
+
+
+def _rank(name: str) -> dict:
+    """plasmient's step spans of the trace's one rank, summed (seconds), and the lead gap: from the first step
+    window's start to the first GPU activity (raw times moved onto the rank's clock)."""
+    result = ingested(name)
+    steps = sorted((r for r in result.batch.table.to_pylist() if r["plasmient.level"] == "step"),
+                   key=lambda r: r["plasmient.device.start_ns"])
+    offset = max(result.joined[0].stats.clock_offset_ns.values(), default=0)
+    first = _whole_trace(name)["first_ns"]
+    out = {key: sum(s[f"plasmient.{key}"] or 0.0 for s in steps)
+           for key in ("busy_s", "idle_s", "comm.total_s", "comm.exposed_s", "memcpy.total_s", "memcpy.exposed_s")}
+    out["lead_gap_s"] = sum(t + offset - steps[0]["plasmient.device.start_ns"] for t in first.values()) / 1e9
+    return out
+
+
+def _golden() -> dict[str, float]:
+    with open(GOLDEN, newline="") as f:
+        return {row["type"]: float(row["time ms"]) / 1e3 for row in csv.DictReader(f)}
+
+
+def test_replay_timeline_matches_the_tracelens_golden_sheet():
+    """TraceLens's gpu_timeline sheet for the vLLM decode replay (one CUDA graph, no collectives): busy,
+    copies, computation and idle agree once the lead gap, host time before the graph's first kernel that
+    plasmient's step window holds and TraceLens's window does not, is taken off."""
+    if not GOLDEN.exists():
+        pytest.skip(f"{GOLDEN} not present")
+    gold, ours = _golden(), _rank(REPLAY)
+    us = 1e-6
+    assert ours["busy_s"] == pytest.approx(gold["busy_time"], abs=us)
+    assert ours["comm.total_s"] == gold["total_comm_time"] == 0.0
+    assert ours["comm.exposed_s"] == gold["exposed_comm_time"] == 0.0
+    assert ours["memcpy.total_s"] == pytest.approx(gold["total_memcpy_time"], abs=us)
+    assert ours["memcpy.exposed_s"] == pytest.approx(gold["exposed_memcpy_time"], abs=us)
+    # TraceLens's computation is the union of compute kernels: busy less what copies and collectives expose
+    computation = ours["busy_s"] - ours["comm.exposed_s"] - ours["memcpy.exposed_s"]
+    assert computation == pytest.approx(gold["computation_time"], abs=us)
+    assert ours["lead_gap_s"] > 1e-3  # the replay's host-side launch (8.4 ms) precedes the graph's kernels
+    assert ours["idle_s"] - ours["lead_gap_s"] == pytest.approx(gold["idle_time"], abs=us)
+    assert ours["busy_s"] + ours["idle_s"] - ours["lead_gap_s"] == pytest.approx(gold["total_time"], abs=us)
+
+
+@pytest.mark.parametrize("name", COMM_TRACES)
+def test_communication_over_the_whole_trace(name):
+    """Summed over the rank's steps, collective time and its exposed part (collective time with no compute
+    kernel running) equal TraceLens's total_comm_time and exposed_comm_time over the whole trace."""
+    whole, ours = _whole_trace(name), _rank(name)
+    assert ours["comm.total_s"] == pytest.approx(whole["comm"], abs=5e-6)
+    assert ours["comm.exposed_s"] == pytest.approx(whole["comm_exposed"], abs=5e-6)
+
+
+@pytest.mark.parametrize("name", TIMELINE_TRACES)
+def test_device_timeline_over_the_whole_trace(name):
+    """Summed over the rank's steps, busy time, copy time and its exposed part, and idle time less the lead
+    gap equal TraceLens's busy_time, memcpy times and idle_time (in plasmient's categories) over the whole
+    trace; TraceLens reads neither v100 nor a100_multirank (old 'Kernel' categories), its definitions do."""
+    whole, ours = _whole_trace(name), _rank(name)
+    assert ours["busy_s"] == pytest.approx(whole["busy"], abs=5e-6)
+    assert ours["memcpy.total_s"] == pytest.approx(whole["copy"], abs=5e-6)
+    assert ours["memcpy.exposed_s"] == pytest.approx(whole["copy_exposed"], abs=5e-6)
+    assert ours["lead_gap_s"] >= 0
+    assert ours["idle_s"] - ours["lead_gap_s"] == pytest.approx(whole["span"] - whole["busy"], abs=5e-6)
