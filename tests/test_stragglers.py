@@ -67,3 +67,62 @@ def test_a_single_rank_names_no_straggler():
     rows = ingest_paths([trace_path(FILES[0])], IngestOptions(job_id="one")).batch.table.to_pylist()
     fleet = [r for r in rows if r["plasmient.level"] == "fleet"]
     assert fleet and all(r["plasmient.straggler.rank"] is None and r["plasmient.collectives.matched"] is None for r in fleet)
+
+
+def _fleet_rows(summaries) -> dict[int, dict]:
+    from plasmient_trace.stitch.fleet import top_spans
+    from plasmient_trace.stitch.inputs import StitchOptions
+
+    rows = top_spans(summaries, StitchOptions(job_id="strag")).table.to_pylist()
+    return {r["plasmient.step"]: r for r in rows if r["plasmient.level"] == "fleet"}
+
+
+STRAGGLER_KEYS = ("plasmient.collectives.matched", "plasmient.collectives.skew_max_s",
+                  "plasmient.collectives.skew_mean_s", "plasmient.straggler.rank", "plasmient.straggler.wait_s")
+
+
+def test_live_hosts_with_disagreeing_clocks_are_aligned_before_stragglers_are_named():
+    """Live, each host stamps its step summaries with its own wall clock. Rank 1 moved to a second host whose
+    clock runs 3.7 s ahead (plus 123 µs): once the fleet aligns hosts on their collective ends, skew,
+    straggler and wait are those of the shared-clock run, which the first test checks against the raw JSON."""
+    from dataclasses import replace
+
+    from plasmient_trace.pipeline import IngestOptions, ingest_paths
+    from plasmient_trace.stitch.align import align_summaries
+
+    result = ingest_paths([trace_path(f) for f in FILES], IngestOptions(job_id="strag", gpu_model="NVIDIA A100-SXM4-80GB"))
+    same_clock = [replace(s, host="node-b") if s.rank == 1 else s for s in result.summaries]
+    shift = 3_700_123_000
+
+    def skewed(s):
+        return replace(s, start_ns=s.start_ns + shift, end_ns=s.end_ns + shift, window_start_ns=s.window_start_ns + shift,
+                       window_end_ns=s.window_end_ns + shift,
+                       collectives=[[n, a + shift, b + shift] for n, a, b in s.collectives])
+
+    live = [skewed(s) if s.rank == 1 else s for s in same_clock]
+    aligned, clocks = align_summaries(live)
+    assert clocks == {same_clock[0].host: "reference", "node-b": "collectives"}
+    expected, unaligned, got = _fleet_rows(same_clock), _fleet_rows(live), _fleet_rows(aligned)
+    assert expected and set(got) == set(expected)
+    for step, fleet in expected.items():
+        assert fleet["plasmient.straggler.rank"] is not None
+        for key in STRAGGLER_KEYS:
+            assert got[step][key] == pytest.approx(fleet[key], abs=2e-6), key
+        # Unaligned, the 3.7 s clock error would be read as rank 0 waiting 3.7 s at every collective.
+        assert unaligned[step]["plasmient.collectives.skew_max_s"] > 3.6
+
+
+def test_a_host_whose_clock_cannot_be_aligned_claims_no_straggler():
+    from dataclasses import replace
+
+    from plasmient_trace.pipeline import IngestOptions, ingest_paths
+    from plasmient_trace.stitch.align import align_summaries
+
+    result = ingest_paths([trace_path(f) for f in FILES], IngestOptions(job_id="strag", gpu_model="NVIDIA A100-SXM4-80GB"))
+    # The second host's collectives renamed: nothing to vote on, so its clock stays unknown.
+    live = [replace(s, host="node-b", collectives=[["other:" + n, a, b] for n, a, b in s.collectives]) if s.rank == 1
+            else s for s in result.summaries]
+    aligned, clocks = align_summaries(live)
+    assert clocks["node-b"] == "none"
+    for fleet in _fleet_rows(aligned).values():
+        assert fleet["plasmient.straggler.rank"] is None and fleet["plasmient.collectives.matched"] is None

@@ -11,6 +11,10 @@ published as JSON to the default process group's c10d store (``plasmient/{job}/{
 * the lowest rank of each host (LOCAL_RANK 0 under torchrun; by host.name, so a simulated second node
   through OTEL_RESOURCE_ATTRIBUTES works too) emits that host's node span from its host's summaries.
 
+Each host stamps its summaries with its own wall clock; rank 0 puts every host on the clock of rank 0's
+host by their collectives' ends (``stitch.align.align_summaries``, the offline alignment's vote) before
+the fleet span names stragglers, so NTP error between hosts is not read as one rank waiting for another.
+
 The store is a key-value service (TCPStore) reached over its own socket: it works the same under gloo
 and NCCL and needs no collective, so nothing is put on the training stream and the training thread never
 waits. The store handle is taken on the training thread at a step end (a dict lookup) because a script may
@@ -167,6 +171,7 @@ def coordinate(batch: SpanBatch, job_id: str, options: "StitchOptions", say: Any
 
 def _coordinate(group: Group, batch: SpanBatch, job_id: str, options: "StitchOptions", say: Any, wait: float) -> SpanBatch:
     from ..stitch import fleet  # the stitcher is loaded by the worker anyway; keep `import torch` light
+    from ..stitch.align import align_summaries
 
     store = group.store
     # the stitcher's own per-step reductions of this rank (they carry the step's collectives, for stragglers)
@@ -225,6 +230,13 @@ def _coordinate(group: Group, batch: SpanBatch, job_id: str, options: "StitchOpt
     if missing_total and say:
         say("fleet-missing", f"{missing_total} rank summary(ies) had not arrived after {wait:g} s "
                              "(PLASMIENT_FLEET_WAIT_S): fleet/node spans were built from the ranks that did")
+    if is_root:
+        # Hosts keep their own wall clocks: put them on one before the fleet span compares collectives.
+        gathered, clocks = align_summaries(gathered)
+        unaligned = sorted(h for h, how in clocks.items() if how == "none")
+        if unaligned and say:
+            say("fleet-clocks", f"the clocks of host(s) {unaligned} could not be aligned on shared collectives: "
+                                "their ranks are left out of the fleet's straggler and skew numbers")
     top = fleet.top_spans(gathered, options, local_hosts={host} if is_leader else set(), include_fleet=is_root)
     top = _with_missing(top, missing_by_step)
     own = _append(own, top)

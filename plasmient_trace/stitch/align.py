@@ -55,6 +55,7 @@ __all__ = [
     "DEFAULT_MAX_OFFSET_NS",
     "AlignmentReport",
     "align_ranks",
+    "align_summaries",
     "alignment_from_ends",
     "apply_offsets",
     "collective_ends",
@@ -306,3 +307,51 @@ def collective_skew(record_sets: list[RecordSet], offsets: dict[int, int] | None
     if not dists:
         return float("nan")
     return float(np.median(np.concatenate(dists)))
+
+
+def align_summaries(summaries: list, tolerance_ns: int = DEFAULT_TOLERANCE_NS,
+                    max_offset_ns: int = DEFAULT_MAX_OFFSET_NS,
+                    min_matches: int = DEFAULT_MIN_MATCHES) -> tuple[list, dict[str, str]]:
+    """Live ranks on several hosts: every host's per-step summaries (``stitch.fleet.RankSummary``) on the
+    clock of the host of the lowest rank, before the fleet span compares their collectives.
+
+    Offline the record tables are aligned before stitching (``estimate_alignment``); live, each rank has
+    stitched on its own host's wall clock, so the fleet gets the same correction from what the summaries
+    carry: the collectives of every step (name, start, end). One host is one clock, so the offset is per
+    host, from its lowest rank's collective ends against the reference host's, by the same vote
+    (:func:`alignment_from_ends`). A host that cannot be aligned (too few shared collectives) keeps its
+    times but not its collectives, so no straggler or skew is claimed from clocks that disagree.
+    Returns the summaries (shifted copies where needed) and, per host, how its clock was set: reference,
+    collectives, none (it has collectives, but too few shared with the reference) or no-collectives.
+    """
+    hosts: dict[str, int] = {}
+    for s in summaries:
+        hosts[s.host] = min(hosts.get(s.host, s.rank), s.rank)
+    if len(hosts) < 2:
+        return summaries, dict.fromkeys(hosts, "reference")
+    order = sorted(hosts, key=hosts.get)
+    ends: list[CollectiveEnds] = []
+    for host in order:
+        by_name: dict[str, list[int]] = {}
+        for s in summaries:
+            if s.host == host and s.rank == hosts[host]:
+                for name, _start, end in s.collectives:
+                    by_name.setdefault(name, []).append(int(end))
+        ends.append(CollectiveEnds({n: np.sort(np.array(v, np.int64)) for n, v in by_name.items()}))
+    report = alignment_from_ends(ends, order, tolerance_ns, max_offset_ns, min_matches)
+    method = {host: report.method.get(i, "none") if (i == 0 or len(ends[i])) else "no-collectives"
+              for i, host in enumerate(order)}
+    offset = {host: report.offsets.get(i, 0) for i, host in enumerate(order)}
+    out = []
+    for s in summaries:
+        if method[s.host] not in ("reference", "collectives"):
+            out.append(replace(s, collectives=[]))
+            continue
+        d = offset[s.host]
+        if d == 0:
+            out.append(s)
+            continue
+        out.append(replace(s, start_ns=s.start_ns + d, end_ns=s.end_ns + d, window_start_ns=s.window_start_ns + d,
+                           window_end_ns=s.window_end_ns + d,
+                           collectives=[[name, int(start) + d, int(end) + d] for name, start, end in s.collectives]))
+    return out, method
