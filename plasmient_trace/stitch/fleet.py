@@ -29,7 +29,7 @@ from .step_facts import top_columns
 
 _FLOATS = ("flops", "ideal_s", "recompute_flops", "recompute_ideal_s", "comm_total_s", "comm_exposed_s",
            "copy_total_s", "copy_exposed_s", "idle_device_s", "queue_mean", "queue_max", "busy_s", "union_s", "known_s", "bytes", "kernel_s", "comm_s", "copy_s", "wasted_s",
-           "charged_s", "idle_s", "price_per_hour", "ridge", "flops_coverage")
+           "charged_s", "idle_s", "price_per_hour", "ridge")
 
 
 @dataclass
@@ -78,7 +78,7 @@ class RankSummary:
     flops_source: str = "measured"    # measured | carried | unknown
     full_depth: bool = True
     device_measured: bool = True
-    flops_coverage: float = float("nan")  # a carried step's coverage (its busy time may be unknown)
+    flops_coverage: float | None = None  # a carried step's coverage (its busy time may be unknown)
 
     def to_json(self) -> dict[str, Any]:
         # NaN is not JSON: None stands for it on the wire.

@@ -215,7 +215,8 @@ def summary_fields(tree: Any, s: int) -> dict[str, Any]:
     if f is None:
         return {}
     return {"flops_source": FLOPS_SOURCES[int(f.source[s])], "full_depth": bool(f.full[s]),
-            "device_measured": bool(f.device_measured[s]), "flops_coverage": float(f.coverage[s])}
+            "device_measured": bool(f.device_measured[s]),
+            "flops_coverage": float(f.coverage[s]) if np.isfinite(f.coverage[s]) else None}
 
 
 def _null_where(value: Any, mask: np.ndarray, typ: pa.DataType) -> pa.Array:
