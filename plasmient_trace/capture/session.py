@@ -25,6 +25,7 @@ import contextlib
 import functools
 import os
 import queue
+import sys
 from concurrent import futures
 import threading
 import time
@@ -65,11 +66,24 @@ class StepCapture:
     dropped: int = 0
     samples: pa.Table | None = None
     signature: str | None = None  # input-shape signature of the step's first module call with tensors
+    compiled: bool = False        # torch.compile traced a frame during the step: its ops include the compiler's
 
 
 _STEP_NAMES = {"optimizer": "optimizer.step#{n}", "profiler": "ProfilerStep#{n}", "explicit": "step#{n}"}
 # Module calls a step may make before one with a tensor argument gives its signature.
 _SIGNATURE_TRIES = 64
+
+
+def _frames_compiled() -> int:
+    """Frames torch.compile has traced in this process (0 before dynamo is loaded). A full-depth step
+    during which it traced recorded the compiler's own (fake-tensor) ops too: not a measurement to carry."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return 0
+    try:
+        return int(utils.counters["frames"]["total"])
+    except Exception:
+        return 0
 
 
 class CaptureSession:
@@ -98,6 +112,7 @@ class CaptureSession:
         self._signature: str | None = None    # the open step's input-shape signature, once seen
         self._signature_tries = 0
         self._signatures_seen: set[str] = set()   # captured at full depth (training thread)
+        self._signatures_first_seen: set[str] = set()  # compiled models: seen once, at step depth
         self._measured: dict[str, Any] = {}       # signature -> step_facts.CarriedWork (worker thread)
         self._patched: list[tuple[Any, str, Any]] = []
         self._opt_hook: Any = None
@@ -604,6 +619,7 @@ class CaptureSession:
         self._open = True
         self._signature = None
         self._signature_tries = 0
+        self._compiled_at_begin = _frames_compiled()
         self.modules.want_signature = True
         if full:
             self._go_full()
@@ -633,14 +649,21 @@ class CaptureSession:
                 self.modules.want_signature = False
             return
         self.modules.want_signature = False
+        model = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the model it wraps
+        compiled = model is not module
         # the same shapes through another model, in eval mode or without grad are other work
-        key = f"{type(module).__qualname__}|{'train' if module.training else 'eval'}|" \
+        key = f"{type(model).__qualname__}|{'train' if module.training else 'eval'}|" \
               f"{'grad' if torch.is_grad_enabled() else 'nograd'}|{shapes}"
         with self._lock:
             self._signature = key
             if self._full:
                 self._signatures_seen.add(key)
-            elif key not in self._signatures_seen and len(self._signatures_seen) < self.config.max_signatures:
+            elif key in self._signatures_seen or len(self._signatures_seen) >= self.config.max_signatures:
+                return
+            elif compiled and key not in self._signatures_first_seen:
+                # a compiled model recompiles on its first call with new shapes: measure the next call
+                self._signatures_first_seen.add(key)
+            else:
                 self._signatures_seen.add(key)
                 self._go_full()
 
@@ -676,10 +699,15 @@ class CaptureSession:
         self.modules.enabled = False
         self.modules.want_signature = False
         self._open = False
+        compiled = self._full and _frames_compiled() != self._compiled_at_begin
+        if compiled and self._signature is not None:
+            self._signatures_seen.discard(self._signature)  # measure it again, compiled
+            self._signatures_first_seen.add(self._signature)
         cap = StepCapture(step=self.step_index, name=_STEP_NAMES.get(self._kind or "explicit", "step#{n}").format(n=self.step_index),
                           start_ns=self._step_start + self._epoch, end_ns=now + self._epoch, full=self._full,
                           ops=self.ops.take() if self._full else None, op_recorder=self.ops,
-                          modules=self.modules.take() if self._full else [], kineto=trace, signature=self._signature)
+                          modules=self.modules.take() if self._full else [], kineto=trace, signature=self._signature,
+                          compiled=compiled)
         for rec in (self.ops, self.modules):
             if rec.failed is not None:
                 err, rec.failed = rec.failed, None
@@ -808,7 +836,7 @@ class CaptureSession:
         rs = self.record_set(items)
         full = {c.step for c in items if c.full}
         facts = StepFacts(signatures={c.step: c.signature for c in items if c.signature is not None},
-                          measured=self._measured,
+                          measured=self._measured, not_carried={c.step for c in items if c.compiled},
                           dropped_records={c.step: c.dropped for c in items} if self.cupti is not None else None)
         options = IngestOptions(job_id=self.job_id, peak_tflops=self.config.peak_tflops, gpu_price=self.config.gpu_price,
                                 service_name=self.config.service_name, full_depth_steps=full, step_facts=facts,

@@ -74,12 +74,14 @@ class StepFacts:
     signatures: dict[int, str] = field(default_factory=dict)       # step -> input-shape signature
     measured: dict[str, CarriedWork] = field(default_factory=dict)  # signature -> latest full-depth step (earlier batches)
     dropped_records: dict[int, int] | None = None                   # step -> CUPTI records dropped during it
+    # full-depth steps whose measurement is not carried (torch.compile traced during them: compiler ops)
+    not_carried: set[int] = field(default_factory=set)
 
     def remember(self, summaries: list[Any]) -> None:
         """Keep what this batch's full-depth steps measured (the stitcher's rank summaries) for later batches."""
         for s in sorted(summaries, key=lambda s: s.step):
             sig = self.signatures.get(int(s.step))
-            if sig is None or getattr(s, "flops_source", "measured") != "measured":
+            if sig is None or getattr(s, "flops_source", "measured") != "measured" or int(s.step) in self.not_carried:
                 continue
             work = _work_of(int(s.step), s.flops, s.ideal_s, s.recompute_flops, s.recompute_ideal_s,
                             s.known_s / s.busy_s if s.busy_s > 0 else float("nan"))
@@ -132,7 +134,7 @@ def with_step_facts(tree: Any, options: Any, steps: np.ndarray, samples: pa.Tabl
             model = total[r, COL["flops"]] - total[r, COL["recompute_flops"]]
             ideal = total[r, COL["ideal_s"]] - total[r, COL["recompute_ideal_s"]] if t.peak_known else np.nan
             work = _work_of(int(steps[s]), model, ideal, total[r, COL["recompute_flops"]], total[r, COL["recompute_ideal_s"]], cov)
-            if sig is not None and work is not None:
+            if sig is not None and work is not None and int(steps[s]) not in facts.not_carried:
                 known[sig] = work
             continue
         work = known.get(sig) if sig is not None else None
