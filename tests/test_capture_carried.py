@@ -197,3 +197,66 @@ def test_input_signature_is_shapes_and_dtypes_of_nested_tensors_only():
     deep = (((((((a,),),),),),),)
     assert input_signature(deep) is None  # deeper than it looks: bounded, not walked
     assert len(input_signature(tuple(torch.zeros(1) for _ in range(100)))) == 32
+
+
+def test_a_gpu_step_at_step_depth_keeps_its_own_kernel_time_and_carries_the_flops():
+    """Under CUPTI the kernels of a step-depth step still arrive (only the op hooks are off): its util is
+    its own kernels' resident time over its own window, and its MFU the carried ideal time over that window."""
+    from test_capture_cupti import OFFSET, T0, _ops, api_name, kernel, records, runtime
+
+    from plasmient_trace.capture import cupti as cu
+    from plasmient_trace.pipeline import IngestOptions, stitch_records
+    from plasmient_trace.records import DeviceInfo, RecordSet, table_from_columns
+    from plasmient_trace.stitch.step_facts import StepFacts
+
+    # step 0: the fixture's mm + copy + fill, joined to their ops; step 1: two GEMMs, no ops, no external ids
+    step1 = [runtime(21, 601_000, 602_000), kernel(21, 610_000, 710_000),
+             runtime(22, 603_000, 604_000), kernel(22, 800_000, 850_000)]
+    t = cu.tables_from_activities(records() + step1, OFFSET, api_name)
+    e = OFFSET + T0
+    rs = RecordSet(kernels=t["kernels"], launches=t["launches"], external_correlation=t["external_correlation"],
+                   ops=_ops(), source="live:cupti",
+                   devices=[DeviceInfo(ordinal=0, name="NVIDIA H100 80GB HBM3", properties={"name": "NVIDIA H100 80GB HBM3"})],
+                   steps=table_from_columns("steps", {"step": [0, 1], "start_ns": [e - 1_000, e + 600_000],
+                                                      "end_ns": [e + 600_000, e + 900_000], "name": ["s0", "s1"]}))
+    facts = StepFacts(signatures={0: "Model|train|grad|((4096, 4096), 'float32')", 1: "Model|train|grad|((4096, 4096), 'float32')"})
+    rows = stitch_records([rs], IngestOptions(job_id="gpu-carried", full_depth_steps={0}, step_facts=facts,
+                                              gpu_price=2.0)).batch.table.to_pylist()
+    steps = _by_step(rows, "step")
+    assert steps[0]["plasmient.flops.source"] == "measured" and steps[0]["plasmient.flops"] == 2 * 4096 ** 3
+    s1 = steps[1]
+    assert s1["plasmient.flops.source"] == "carried" and s1["plasmient.flops"] == 2 * 4096 ** 3
+    assert s1["plasmient.ideal_s"] == steps[0]["plasmient.ideal_s"]
+    # its window runs from step 0's last kernel end (the memset, 410 us) to its own last kernel end (850 us)
+    window = (850_000 - 410_000) / 1e9
+    busy = (100_000 + 50_000) / 1e9
+    assert s1["plasmient.device.window_s"] == pytest.approx(window)
+    assert s1["plasmient.busy_s"] == pytest.approx(busy) and s1["plasmient.util.resident"] == pytest.approx(busy / window)
+    assert s1["plasmient.mfu"] == pytest.approx(min(s1["plasmient.ideal_s"] / window, busy / window))
+    assert s1["plasmient.cost.usd"] == pytest.approx(window * 2.0 / 3600)
+    assert s1["plasmient.culprits"] is None and s1["plasmient.bound"] is None
+    assert _by_step(rows, "fleet")[1]["plasmient.mfu"] == pytest.approx(s1["plasmient.mfu"])
+
+
+def test_under_torch_compile_the_carried_flops_are_not_the_compilers():
+    """A full-depth step during which torch.compile traced records the compiler's own ops too: it is not
+    carried; the signature is measured again on a compiled call, and that is what later steps carry."""
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(DIM, 4 * DIM), nn.GELU(), nn.Linear(4 * DIM, DIM))
+    x = torch.randn(16, DIM)
+    oracle = _flop_counter(eager, x)
+    model = torch.compile(eager)
+    sink = Collect()
+    session = CaptureSession(CaptureConfig(every=10, peak_tflops=PEAK_TFLOPS, job_id="compiled", environ={}),
+                             exporters=[("memory", sink)]).start()
+    try:
+        for _ in range(8):
+            with session.step():
+                _train_step(model, x)
+    finally:
+        session.close(timeout=120)
+    steps = _by_step(sink.rows(), "step")
+    carried = {s: r["plasmient.flops"] for s, r in steps.items() if r["plasmient.flops.source"] == "carried"}
+    assert len(carried) >= 5, {s: r["plasmient.flops.source"] for s, r in steps.items()}
+    for s, flops in carried.items():
+        assert oracle <= flops <= 1.05 * oracle, (s, flops, oracle)
