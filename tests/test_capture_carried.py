@@ -12,10 +12,10 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 F = torch.nn.functional
 
-from capture_helpers import Collect  # noqa: E402
+from capture_helpers import Collect
 
-from plasmient_trace.capture.session import CaptureConfig, CaptureSession  # noqa: E402
-from plasmient_trace.capture.torch_hooks import input_signature  # noqa: E402
+from plasmient_trace.capture.session import CaptureConfig, CaptureSession
+from plasmient_trace.capture.torch_hooks import input_signature
 
 PEAK_TFLOPS = 1.0   # far above what two CPU cores reach: MFU stays well below its cap of 1
 PRICE = 3.6         # USD per device-hour: one cent per 10 device-seconds
@@ -121,7 +121,7 @@ def test_measured_flops_agree_with_flop_counter_mode_and_carried_flops_are_the_m
 
 def test_carried_mfu_is_the_carried_flops_over_the_steps_own_window(run):
     rows, _, _ = run
-    for s, r in _by_step(rows, "step").items():
+    for r in _by_step(rows, "step").values():
         if r["plasmient.flops.source"] != "carried":
             continue
         # fp32 on a CPU whose peak is overridden: ideal time = flops / peak

@@ -7,7 +7,6 @@ import ctypes
 import sys
 import threading
 
-import pyarrow as pa
 import pytest
 import torch
 
