@@ -125,7 +125,9 @@ def with_step_facts(tree: Any, options: Any, steps: np.ndarray, samples: pa.Tabl
     coverage = np.full(n, np.nan)
     total = t.total
     known = dict(facts.measured)
-    for s in np.argsort(steps, kind="stable"):  # a step carries from the latest full step before it
+    # no signatures (ingest, or steps without module calls): step-depth steps have nothing to carry
+    order = np.argsort(steps, kind="stable") if facts.signatures else np.nonzero(~full)[0]
+    for s in order:  # a step carries from the latest full step before it
         sig = facts.signatures.get(int(steps[s]))
         r = t.base["step"] + s
         if full[s]:
