@@ -52,6 +52,7 @@ SPAN_ATTRIBUTES: tuple[SpanAttribute, ...] = (
     SpanAttribute("plasmient.flops.recompute", _F, "{flop}", _ALL, "FLOPs of forward work the backward pass recomputed (activation checkpointing) under the span: hardware work, not in plasmient.flops or plasmient.mfu, in plasmient.hfu; absent when there is none"),
     SpanAttribute("plasmient.hfu", _F, "1", _ALL, "hardware FLOPs utilization: (flops + flops.recompute) / (peak * window * gpus), PaLM's HFU; equals mfu without recompute"),
     SpanAttribute("plasmient.flops.coverage", _F, "1", _ALL, "share of the span's busy device time spent in kernels whose FLOPs are known (copies and collectives are a known zero); no MFU where it is 0"),
+    SpanAttribute("plasmient.flops.source", _S, "", ABOVE_STEP, "measured (FLOPs from the step's own ops) | carried (live step-depth step: flops, flops.recompute, ideal_s and flops.coverage of the latest full-depth step with the same input-shape signature, MFU over the step's own device window) | unknown (step-depth step with nothing to carry: no FLOPs, no MFU)"),
     SpanAttribute("plasmient.ideal_s", _F, "s", _ALL, "sum over kernels of flops / peak(dtype): time the work needs at peak; absent when the peak is unknown"),
     SpanAttribute("plasmient.busy_s", _F, "s", _ALL, "device-seconds the kernels under the span held their devices, concurrent kernels sharing each second equally (additive: no device-second counts twice)"),
     SpanAttribute("plasmient.busy_s.self", _F, "s", _ALL, "busy_s of the span's own kernels (exclusive)"),

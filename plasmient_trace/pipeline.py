@@ -60,6 +60,8 @@ class IngestOptions:
     # Multi-rank ingest in workers: bring every rank's record tables back (IngestResult.records, for
     # Parquet). False leaves them in the workers, so the parent holds only spans.
     keep_records: bool = True
+    # Live capture's per-step facts (stitch.step_facts.StepFacts); None: every step measured at full depth.
+    step_facts: Any = None
 
 
 @dataclass
@@ -135,7 +137,7 @@ def stitch_options(options: IngestOptions) -> StitchOptions:
     return StitchOptions(
         job_id=options.job_id, max_spans=options.max_spans, baseline_mfu=options.baseline_mfu,
         ranks_per_node=options.ranks_per_node, host=options.host, service_name=options.service_name,
-        world_size=options.world_size,
+        world_size=options.world_size, step_facts=options.step_facts,
         full_depth_steps=options.full_depth_steps, extra_resource=dict(options.extra_resource),
     )
 

@@ -14,7 +14,6 @@ from types import SimpleNamespace as Rec
 import pytest
 
 from plasmient_trace.capture import cupti as cu
-from plasmient_trace.capture.session import blank_unmeasured
 from plasmient_trace.pipeline import IngestOptions, stitch_records
 from plasmient_trace.records import RecordSet, table_from_columns
 
@@ -152,10 +151,11 @@ def test_step_level_gpu_step_keeps_measured_busy_time_but_drops_flops():
     rs = RecordSet(kernels=t["kernels"], launches=t["launches"], source="live:cupti",
                    steps=table_from_columns("steps", {"step": [0], "start_ns": [e - 1_000], "end_ns": [e + 600_000], "name": ["s"]}))
     batch = stitch_records([rs], IngestOptions(job_id="fixture", full_depth_steps=set(), gpu_model="NVIDIA H100 80GB HBM3")).batch
-    table = blank_unmeasured(batch.table, [0], on_gpu=True)
+    table = batch.table  # the stitcher itself leaves what step depth did not measure absent
     step = next(r for r in table.to_pylist() if r["plasmient.level"] == "step")
     assert step["plasmient.busy_s"] == pytest.approx((100_000 + 100_000 + 7_000) / 1e9)
     assert step["plasmient.flops"] is None and step["plasmient.mfu"] is None
+    assert step["plasmient.flops.source"] == "unknown" and step["plasmient.util.resident"] is not None
     assert {r["plasmient.level"] for r in table.to_pylist()} == {"fleet", "node", "rank", "step"}
 
 

@@ -7,13 +7,11 @@ import ctypes
 import sys
 import threading
 
-import pyarrow as pa
 import pytest
 import torch
 
 from plasmient_trace.capture import torch_hooks
-from plasmient_trace.capture.session import (CaptureConfig, CaptureSession, blank_unmeasured,
-                                             step_sample_attributes)
+from plasmient_trace.capture.session import CaptureConfig, CaptureSession
 from plasmient_trace.records import table_from_columns
 from plasmient_trace.stitch import ids
 
@@ -128,8 +126,10 @@ def test_metrics_on_every_span_and_mfu_on_every_full_depth_span(traced):
             elif r["plasmient.flops.coverage"]:
                 assert r["plasmient.mfu"] is not None and r["plasmient.util.resident"] is not None, r["name"]
     shallow = next(r for r in rows if r["plasmient.step"] == 1 and r["plasmient.level"] == "step")
-    # a step-level step ran without op hooks: its FLOPs are unknown, not zero
-    assert shallow["plasmient.flops"] is None and shallow["plasmient.mfu"] is None and shallow["plasmient.busy_s"] is None
+    # a step-level step ran without op hooks: its busy time is unknown, not zero; its FLOPs are carried from
+    # step 0 (same input shapes), and its MFU is those FLOPs over its own window
+    assert shallow["plasmient.busy_s"] is None and shallow["plasmient.flops.source"] == "carried"
+    assert shallow["plasmient.flops"] > 0 and shallow["plasmient.mfu"] > 0
     full = next(r for r in rows if r["plasmient.step"] == 0 and r["plasmient.level"] == "step")
     assert 0 < full["plasmient.mfu"] and full["plasmient.flops"] > 0
 
@@ -267,24 +267,32 @@ def test_hooks_are_removed_on_close():
     assert _get_current_dispatch_mode() is None
 
 
-def test_blank_unmeasured_only_touches_step_level_steps():
-    cols = {"plasmient.step": [0, 1], "plasmient.flops": [1.0, 2.0], "plasmient.busy_s": [0.5, 0.5]}
-    table = pa.table({k: pa.array(v) for k, v in cols.items()})
-    out = blank_unmeasured(table, [1], on_gpu=False).to_pydict()
-    assert out["plasmient.flops"] == [1.0, None] and out["plasmient.busy_s"] == [0.5, None]
-    out = blank_unmeasured(table, [1], on_gpu=True).to_pydict()
-    assert out["plasmient.flops"] == [1.0, None] and out["plasmient.busy_s"] == [0.5, 0.5]
+def test_a_step_depth_cpu_step_carries_flops_but_not_busy_time(traced):
+    """Step 1 ran without op hooks: on a CPU its ops are its kernels, so busy time and util are absent
+    (not zero); its FLOPs are step 0's (same input shapes), carried, not measured."""
+    _, rows = traced
+    steps = {r["plasmient.step"]: r for r in rows if r["plasmient.level"] == "step"}
+    assert steps[1]["plasmient.flops.source"] == "carried" and steps[0]["plasmient.flops.source"] == "measured"
+    assert steps[1]["plasmient.flops"] == steps[0]["plasmient.flops"] > 0
+    assert steps[1]["plasmient.busy_s"] is None and steps[1]["plasmient.util.resident"] is None
+    assert steps[0]["plasmient.busy_s"] > 0 and steps[0]["plasmient.util.resident"] > 0
 
 
 def test_nvml_samples_are_averaged_over_each_step_window():
-    spans = pa.table({"plasmient.level": ["step", "step", "op"], "start_ns": [0, 100, 0], "end_ns": [100, 200, 50],
-                      "plasmient.util.nvml": pa.nulls(3, pa.float64()), "plasmient.gpm.sm_active": pa.nulls(3, pa.float64())})
-    samples = table_from_columns("samples", {"timestamp_ns": [10, 50, 150, 160, 170], "device": [0] * 5,
-                                             "metric": ["nvml.utilization.gpu"] * 4 + ["gpm.sm_active"],
-                                             "value": [1.0, 0.5, 0.2, 0.4, 0.3]})
-    out = step_sample_attributes(spans, samples).to_pydict()
-    assert out["plasmient.util.nvml"] == [pytest.approx(0.75), pytest.approx(0.3), None]
-    assert out["plasmient.gpm.sm_active"] == [None, pytest.approx(0.3), None]
+    from plasmient_trace.pipeline import IngestOptions, stitch_records
+    from plasmient_trace.records import RecordSet
+
+    rs = RecordSet(source="live:cupti",
+                   steps=table_from_columns("steps", {"step": [0, 1], "start_ns": [0, 100], "end_ns": [100, 200],
+                                                      "name": ["s0", "s1"]}),
+                   samples=table_from_columns("samples", {"timestamp_ns": [10, 50, 150, 160, 170], "device": [0] * 5,
+                                                          "metric": ["nvml.utilization.gpu"] * 4 + ["gpm.sm_active"],
+                                                          "value": [1.0, 0.5, 0.2, 0.4, 0.3]}))
+    rows = stitch_records([rs], IngestOptions(job_id="nvml", full_depth_steps=set())).batch.table.to_pylist()
+    steps = {r["plasmient.step"]: r for r in rows if r["plasmient.level"] == "step"}
+    assert [steps[s]["plasmient.util.nvml"] for s in (0, 1)] == [pytest.approx(0.75), pytest.approx(0.3)]
+    assert [steps[s]["plasmient.gpm.sm_active"] for s in (0, 1)] == [None, pytest.approx(0.3)]
+    assert all(r["plasmient.util.nvml"] is None for r in rows if r["plasmient.level"] != "step")
 
 
 def test_resource_comes_from_the_environment():

@@ -71,6 +71,9 @@ class CaptureConfig:
     PLASMIENT_OUT           OTLP/JSON lines file (default traces.jsonl, traces.rank<R>.jsonl with ranks)
     PLASMIENT_EVERY         full depth every N-th step (default 10; 1 = every step)
     PLASMIENT_MFU_THRESHOLD capture the next step at full depth when a step's estimated MFU is below
+    PLASMIENT_MAX_SIGNATURES  input-shape signatures captured at full depth when first seen (default 64);
+                            a step with a signature past that (and not picked by PLASMIENT_EVERY) has
+                            no FLOPs (plasmient.flops.source = unknown)
     PLASMIENT_JOB_ID        job id the trace ids derive from (else SLURM_JOB_ID, TORCHELASTIC_RUN_ID)
     PLASMIENT_PEAK_TFLOPS   override the device peak (TFLOP/s); skips the CPU calibration
     PLASMIENT_GPU_PRICE     USD per device-hour
@@ -96,6 +99,7 @@ class CaptureConfig:
     out: str | None = None
     every: int = 10
     mfu_threshold: float | None = None
+    max_signatures: int = 64
     job_id: str | None = None
     peak_tflops: float | None = None
     gpu_price: float | None = None
@@ -119,6 +123,7 @@ class CaptureConfig:
             out=env.get("PLASMIENT_OUT") or None,
             every=_env_int(env, "PLASMIENT_EVERY", 10),
             mfu_threshold=_env_float(env, "PLASMIENT_MFU_THRESHOLD"),
+            max_signatures=_env_int(env, "PLASMIENT_MAX_SIGNATURES", 64),
             job_id=job,
             peak_tflops=_env_float(env, "PLASMIENT_PEAK_TFLOPS"),
             gpu_price=_env_float(env, "PLASMIENT_GPU_PRICE"),

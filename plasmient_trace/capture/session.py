@@ -9,10 +9,14 @@ if stitching falls behind, new steps are dropped and counted, never waited for, 
 slow or block a step. Every tracing error is caught, reported once on stderr, and never raised into
 the job.
 
-Sampling: every step gets a cheap step span (no op or module hooks); every ``every``-th step, and
-the step after one whose estimated MFU fell below ``mfu_threshold``, is captured at full depth
-(modules, ops, kernels). A step-level step has no op shapes, hence no FLOPs: its MFU-derived
-attributes are left absent rather than reported as zero (``plasmient.sampled_depth = step``).
+Sampling: every step gets a cheap step span (no op or module hooks); every ``every``-th step, the
+step after one whose estimated MFU fell below ``mfu_threshold``, and every step whose input-shape
+signature was never captured (seen by the first module call of the step, see
+``torch_hooks.input_signature``; at most ``max_signatures`` of them) is captured at full depth
+(modules, ops, kernels). A step-depth step has no op shapes of its own: it carries the FLOPs of the
+latest full-depth step with its signature (``plasmient.flops.source = carried``), else its FLOPs and
+MFU are absent (``unknown``). These per-step facts go to the stitcher as ``stitch.step_facts.StepFacts``,
+which writes the attributes as it builds the rows; nothing edits the stitched table afterwards.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import contextlib
 import functools
 import os
 import queue
+import sys
 from concurrent import futures
 import threading
 import time
@@ -38,8 +43,7 @@ from ..records import DeviceInfo, RecordSet, table_from_columns
 from . import distributed
 from .config import CaptureConfig, Exporter, build_delivery, default_out_path, notice, say_once
 
-__all__ = ["CaptureConfig", "CaptureSession", "StepCapture", "build_delivery", "default_out_path", "say_once",
-           "blank_unmeasured", "step_sample_attributes", "per_step_dropped"]
+__all__ = ["CaptureConfig", "CaptureSession", "StepCapture", "build_delivery", "default_out_path", "say_once"]
 
 # ---------------------------------------------------------------------------------------------
 # Steps
@@ -61,21 +65,25 @@ class StepCapture:
     kineto: str | None = None  # this step's exported torch.profiler trace (Kineto fallback)
     dropped: int = 0
     samples: pa.Table | None = None
+    signature: str | None = None  # input-shape signature of the step's first module call with tensors
+    compiled: bool = False        # torch.compile traced a frame during the step: its ops include the compiler's
 
 
 _STEP_NAMES = {"optimizer": "optimizer.step#{n}", "profiler": "ProfilerStep#{n}", "explicit": "step#{n}"}
-_NULL_ON_SHALLOW = ("plasmient.flops", "plasmient.ideal_s", "plasmient.mfu", "plasmient.stall_fraction",
-                    "plasmient.wasted_s", "plasmient.cost.wasted_usd", "plasmient.bytes",
-                    "plasmient.arithmetic_intensity", "plasmient.bound", "plasmient.kernels.folded_flops",
-                    "plasmient.kernels.over_peak", "plasmient.culprit.module", "plasmient.culprit.op",
-                    "plasmient.culprit.kernel", "plasmient.culprit.rank", "plasmient.culprit.wasted_s",
-                    "plasmient.culprit.bound", "plasmient.culprit.suggestion")
-# On a CPU the ops are the device's work: without them busy time is unknown too.
-_NULL_ON_SHALLOW_CPU = ("plasmient.busy_s", "plasmient.util.resident", "plasmient.idle_fraction",
-                        "plasmient.kernels", "plasmient.kernels.folded", "plasmient.kernels.folded_s",
-                        "plasmient.unjoined_kernels")
-_SAMPLE_ATTRS = {"nvml.utilization.gpu": "plasmient.util.nvml", "gpm.sm_active": "plasmient.gpm.sm_active",
-                 "gpm.tensor_active": "plasmient.gpm.tensor_active", "gpm.dram_bw_util": "plasmient.gpm.dram_bw_util"}
+# Module calls a step may make before one with a tensor argument gives its signature.
+_SIGNATURE_TRIES = 64
+
+
+def _frames_compiled() -> int:
+    """Frames torch.compile has traced in this process (0 before dynamo is loaded). A full-depth step
+    during which it traced recorded the compiler's own (fake-tensor) ops too: not a measurement to carry."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return 0
+    try:
+        return int(utils.counters["frames"]["total"])
+    except Exception:
+        return 0
 
 
 class CaptureSession:
@@ -101,6 +109,11 @@ class CaptureSession:
         self._flush_now = threading.Event()
         self._lock = threading.RLock()
         self._last_full: tuple[float, float] | None = None   # (flops, peak) of the latest full step
+        self._signature: str | None = None    # the open step's input-shape signature, once seen
+        self._signature_tries = 0
+        self._signatures_seen: set[str] = set()   # captured at full depth (training thread)
+        self._signatures_first_seen: set[str] = set()  # compiled models: seen once, at step depth
+        self._measured: dict[str, Any] = {}       # signature -> step_facts.CarriedWork (worker thread)
         self._patched: list[tuple[Any, str, Any]] = []
         self._opt_hook: Any = None
         self._opt_clock: Any = None
@@ -152,7 +165,7 @@ class CaptureSession:
         self.ops: Any = torch_hooks.OpRecorder()
         self._native_pending = False
         self._choose_op_recorder()
-        self.modules = torch_hooks.ModuleRecorder(on_forward=self._on_forward)
+        self.modules = torch_hooks.ModuleRecorder(on_forward=self._on_forward, on_signature=self._on_signature)
         self.modules.install()
         self._install_step_hooks(torch)
         self.delivery = build_delivery(cfg, self.resource, self._exporters)
@@ -599,15 +612,60 @@ class CaptureSession:
         if self._native_pending:
             self._poll_native()
         every = max(self.config.every, 1)
-        self._full = (self.step_index % every == 0) or self._force_full
+        self._full = False
+        full = (self.step_index % every == 0) or self._force_full
         self._force_full = False
         self._step_start = now
         self._open = True
-        if self._full:
-            self.modules.reset_stack()
-            self.modules.enabled = True
-            if not self._start_kineto():
-                self._enter_mode()
+        self._signature = None
+        self._signature_tries = 0
+        self._compiled_at_begin = _frames_compiled()
+        self.modules.want_signature = True
+        if full:
+            self._go_full()
+
+    def _go_full(self) -> None:
+        """Capture the open step at full depth from now on (its start, or its first module call)."""
+        self._full = True
+        self.modules.reset_stack()
+        self.modules.enabled = True
+        if not self._start_kineto():
+            self._enter_mode()
+
+    def _on_signature(self, module: Any, args: Any) -> None:
+        """The step's first module call with a tensor argument: its signature. A signature never
+        captured makes the step full depth (from here on) so later steps can carry its FLOPs."""
+        import torch
+
+        from .torch_hooks import input_signature
+
+        if self.failed or self.closed or not self._open:
+            self.modules.want_signature = False
+            return
+        shapes = input_signature(args)
+        if shapes is None:
+            self._signature_tries += 1
+            if self._signature_tries >= _SIGNATURE_TRIES:
+                self.modules.want_signature = False
+            return
+        self.modules.want_signature = False
+        model = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the model it wraps
+        compiled = model is not module
+        # the same shapes through another model, in eval mode or without grad are other work
+        key = f"{type(model).__qualname__}|{'train' if module.training else 'eval'}|" \
+              f"{'grad' if torch.is_grad_enabled() else 'nograd'}|{shapes}"
+        with self._lock:
+            self._signature = key
+            if self._full:
+                self._signatures_seen.add(key)
+            elif key in self._signatures_seen or len(self._signatures_seen) >= self.config.max_signatures:
+                return
+            elif compiled and key not in self._signatures_first_seen:
+                # a compiled model recompiles on its first call with new shapes: measure the next call
+                self._signatures_first_seen.add(key)
+            else:
+                self._signatures_seen.add(key)
+                self._go_full()
 
     def _start_kineto(self) -> bool:
         """Profile this full-depth step with torch.profiler (its ops replace the dispatch hooks');
@@ -639,11 +697,17 @@ class CaptureSession:
         if self._cpu_pending:
             self._init_cpu()
         self.modules.enabled = False
+        self.modules.want_signature = False
         self._open = False
+        compiled = self._full and _frames_compiled() != self._compiled_at_begin
+        if compiled and self._signature is not None:
+            self._signatures_seen.discard(self._signature)  # measure it again, compiled
+            self._signatures_first_seen.add(self._signature)
         cap = StepCapture(step=self.step_index, name=_STEP_NAMES.get(self._kind or "explicit", "step#{n}").format(n=self.step_index),
                           start_ns=self._step_start + self._epoch, end_ns=now + self._epoch, full=self._full,
                           ops=self.ops.take() if self._full else None, op_recorder=self.ops,
-                          modules=self.modules.take() if self._full else [], kineto=trace)
+                          modules=self.modules.take() if self._full else [], kineto=trace, signature=self._signature,
+                          compiled=compiled)
         for rec in (self.ops, self.modules):
             if rec.failed is not None:
                 err, rec.failed = rec.failed, None
@@ -767,32 +831,26 @@ class CaptureSession:
     def process(self, items: list[StepCapture]) -> SpanBatch:
         """Finished steps -> one SpanBatch through the shared pipeline (one trace per step)."""
         from ..pipeline import IngestOptions, stitch_records
+        from ..stitch.step_facts import StepFacts
 
         rs = self.record_set(items)
         full = {c.step for c in items if c.full}
+        facts = StepFacts(signatures={c.step: c.signature for c in items if c.signature is not None},
+                          measured=self._measured, not_carried={c.step for c in items if c.compiled},
+                          dropped_records={c.step: c.dropped for c in items} if self.cupti is not None else None)
         options = IngestOptions(job_id=self.job_id, peak_tflops=self.config.peak_tflops, gpu_price=self.config.gpu_price,
-                                service_name=self.config.service_name, full_depth_steps=full,
+                                service_name=self.config.service_name, full_depth_steps=full, step_facts=facts,
                                 cpu_spec=self.cpu_spec_for_stitch(),
                                 # each rank stitches alone: its share of the trace's span budget
                                 world_size=distributed.world_size())
         result = stitch_records([rs], options)
+        facts.remember(result.summaries)  # later batches carry what this batch's full steps measured
         batch = result.batch
-        shallow = [c.step for c in items if not c.full]
-        table = batch.table
-        if shallow:
-            table = blank_unmeasured(table, shallow, on_gpu=self.on_gpu)
-            for summary in batch.summaries:  # the fleet/node reduce must not read them as measured either
-                if summary.step in shallow:
-                    summary.flops = summary.ideal_s = float("nan")
-        if rs.samples.num_rows:
-            table = step_sample_attributes(table, rs.samples)
-        if len(items) > 1 and self.cupti is not None:
-            table = per_step_dropped(table, items)
-        self._update_threshold(table, items)
+        self._update_threshold(batch.table, items)
         from ..stitch.tree import StitchOptions
 
         # Multi-rank: this rank's fleet/node rows give way to ones built from every rank's summary.
-        return distributed.coordinate(SpanBatch(table=table, resources=batch.resources, summaries=batch.summaries), self.job_id,
+        return distributed.coordinate(batch, self.job_id,
                                       StitchOptions(job_id=self.job_id, baseline_mfu=options.baseline_mfu,
                                                     service_name=self.config.service_name), say_once)
 
@@ -830,66 +888,3 @@ def _shift_ids(records: RecordSet, offset: int) -> RecordSet:
                 table = table.set_column(i, table.schema.field(i), pc.add(table.column(i), offset))
         setattr(records, name, table)
     return records
-
-
-def _null_where(column: pa.ChunkedArray, mask: np.ndarray) -> pa.Array:
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    return pc.if_else(pa.array(mask), pa.nulls(len(arr), arr.type), arr)
-
-
-def blank_unmeasured(table: pa.Table, shallow_steps: list[int], on_gpu: bool) -> pa.Table:
-    """Step-level steps ran without op hooks: drop the attributes that need ops (FLOPs and all that
-    derive from them; on a CPU also busy time) instead of exporting zeros that look measured."""
-    step = table.column("plasmient.step").to_numpy()
-    mask = np.isin(step, np.asarray(shallow_steps, np.int64))
-    if not mask.any():
-        return table
-    names = list(_NULL_ON_SHALLOW) + ([] if on_gpu else list(_NULL_ON_SHALLOW_CPU))
-    for name in names:
-        i = table.schema.get_field_index(name)
-        if i >= 0:
-            table = table.set_column(i, name, _null_where(table.column(name), mask))
-    return table
-
-
-def step_sample_attributes(table: pa.Table, samples: pa.Table) -> pa.Table:
-    """Mean of each NVML/GPM metric over every step span's window, as that step's attributes."""
-    level = table.column("plasmient.level").to_numpy(zero_copy_only=False)
-    rows = np.nonzero(level == "step")[0]
-    if not len(rows):
-        return table
-    start = table.column("start_ns").to_numpy()[rows]
-    end = table.column("end_ns").to_numpy()[rows]
-    ts = samples.column("timestamp_ns").to_numpy()
-    metric = samples.column("metric").to_numpy(zero_copy_only=False)
-    value = samples.column("value").to_numpy()
-    for sample_name, attr in _SAMPLE_ATTRS.items():
-        sel = metric == sample_name
-        if not sel.any():
-            continue
-        t, v = ts[sel], value[sel]
-        order = np.argsort(t, kind="stable")
-        t, v = t[order], v[order]
-        csum = np.concatenate([[0.0], np.cumsum(v)])
-        lo = np.searchsorted(t, start, side="left")
-        hi = np.searchsorted(t, end, side="right")
-        cnt = hi - lo
-        mean = np.where(cnt > 0, (csum[hi] - csum[lo]) / np.maximum(cnt, 1), np.nan)
-        col = np.full(table.num_rows, np.nan)
-        col[rows] = mean
-        i = table.schema.get_field_index(attr)
-        table = table.set_column(i, attr, pa.array(col, mask=~np.isfinite(col)))
-    return table
-
-
-def per_step_dropped(table: pa.Table, items: list[StepCapture]) -> pa.Table:
-    """The stitcher puts one RecordSet counter on every step; with several steps per batch, each step
-    span gets its own step's dropped-record count instead."""
-    name = "plasmient.cupti.dropped_records"
-    i = table.schema.get_field_index(name)
-    level = table.column("plasmient.level").to_numpy(zero_copy_only=False)
-    step = table.column("plasmient.step").to_numpy()
-    by_step = {c.step: c.dropped for c in items}
-    values = [by_step.get(int(s)) if lv == "step" else None for lv, s in zip(level.tolist(), step.tolist())]
-    return table.set_column(i, name, pa.array(values, pa.int64()))
-

@@ -283,10 +283,15 @@ class ModuleRecorder:
     (``TinyLM.layers.0.attn`` in full).
     """
 
-    def __init__(self, on_forward: Callable[[], None] | None = None) -> None:
+    def __init__(self, on_forward: Callable[[], None] | None = None,
+                 on_signature: Callable[[torch.nn.Module, Any], None] | None = None) -> None:
         self.records: list[tuple] = []
         self.enabled = False
         self._on_forward = on_forward
+        # While set, every module call is shown to on_signature (the session clears it once it has the
+        # step's input signature): one attribute test per call at step depth.
+        self.want_signature = False
+        self._on_signature = on_signature
         self._paths: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
         self._local = threading.local()
         self._handles: list[Any] = []
@@ -341,6 +346,11 @@ class ModuleRecorder:
                 self._on_forward()
             except Exception as err:  # pragma: no cover - defensive
                 self.failed = self.failed or err
+        if self.want_signature and self._on_signature is not None:
+            try:
+                self._on_signature(module, args)
+            except Exception as err:  # pragma: no cover - defensive
+                self.failed = self.failed or err
         if not self.enabled or type(module).__name__ == "OptimizedModule":
             return None  # torch.compile's wrapper: its original module is recorded under its own name
         try:
@@ -372,6 +382,26 @@ class ModuleRecorder:
         except Exception as err:  # pragma: no cover - defensive
             self.failed = self.failed or err
         return None
+
+
+def input_signature(args: Any, limit: int = 32, max_depth: int = 4) -> tuple | None:
+    """Shapes and dtypes of the tensors in a call's arguments, in order, looking into tuples, lists and
+    dict values (at most ``limit`` tensors, ``max_depth`` levels); None when there is no tensor. Steps
+    with equal signatures through the same module do the same work, so they share one FLOP count.
+    Runs on the training thread once per step, outside any dynamo trace (the caller returns first)."""
+    out: list[tuple] = []
+    stack: list[tuple[Any, int]] = [(args, 0)]
+    visited = 0
+    while stack and len(out) < limit and visited < 8 * limit:
+        value, depth = stack.pop()
+        visited += 1
+        if isinstance(value, _Tensor):
+            out.append((tuple(value.shape), str(value.dtype).replace("torch.", "")))
+        elif depth < max_depth and isinstance(value, (list, tuple)):
+            stack.extend((v, depth + 1) for v in reversed(value[:limit]))
+        elif depth < max_depth and isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in reversed(list(value.values())[:limit]))
+    return tuple(out) or None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from .culprits import culprit_columns
 from .inputs import LEVEL_CODE, RankInput, StitchOptions
 from .joins import JoinedRank
 from .rank import RankTree, SpanMetrics
+from .step_facts import step_columns
 
 _NAME_LIMIT = 1024
 
@@ -196,6 +197,7 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     carriers = np.nonzero(upper)[0]
     cols.update(culprit_columns(len(sel), {int(i): culprits[int(srow[i])] for i in carriers}))
     _per_record_columns(cols, sel, t, inp, j)
+    step_columns(cols, t, sel)
     return cv.SpanBatch(table=cv.span_table_from_columns(cols, len(sel)), resources=[resource_for_rank(inp, rank, node, options)])
 
 

@@ -25,6 +25,7 @@ from ..metrics import compute as mc
 from . import ids
 from .culprits import culprit_columns, merge_culprits
 from .inputs import StitchOptions
+from .step_facts import top_columns
 
 _FLOATS = ("flops", "ideal_s", "recompute_flops", "recompute_ideal_s", "comm_total_s", "comm_exposed_s",
            "copy_total_s", "copy_exposed_s", "idle_device_s", "queue_mean", "queue_max", "busy_s", "union_s", "known_s", "bytes", "kernel_s", "comm_s", "copy_s", "wasted_s",
@@ -73,6 +74,11 @@ class RankSummary:
     service_name: str | None = None
     # collective kernels of the step in time order: [name, start_ns, end_ns] (straggler analysis)
     collectives: list[list[Any]] = field(default_factory=list)
+    # live sampling (stitch.step_facts): where the FLOPs come from, the depth, whether device time was recorded
+    flops_source: str = "measured"    # measured | carried | unknown
+    full_depth: bool = True
+    device_measured: bool = True
+    flops_coverage: float | None = None  # a carried step's coverage (its busy time may be unknown)
 
     def to_json(self) -> dict[str, Any]:
         # NaN is not JSON: None stands for it on the wire.
@@ -214,6 +220,7 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
     cols["plasmient.bound"] = pa.array([None if u else b for u, b in zip(unmeasured.tolist(), cols["plasmient.bound"].to_pylist())], pa.string())
     lists = [None if u else merge_culprits([(s.rank, s.culprits) for s in g[3]]) for g, u in zip(groups, unmeasured.tolist())]
     cols.update(culprit_columns(n, {i: rows for i, rows in enumerate(lists) if rows}))
+    top_columns(cols, groups)
     return cv.SpanBatch(table=cv.span_table_from_columns(cols, n), resources=resources)
 
 

@@ -58,6 +58,8 @@ class StitchOptions:
     extra_resource: dict[str, Any] = field(default_factory=dict)
     # Ranks that share each trace (the span budget is split between them); 0 = the ranks stitched together.
     world_size: int = 0
+    # Live capture's per-step facts (stitch.step_facts.StepFacts): signatures, carried FLOPs, dropped records.
+    step_facts: Any = None
 
 
 @dataclass

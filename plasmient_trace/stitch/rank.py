@@ -15,6 +15,7 @@ children (as Perfetto nests them); the device window is exported beside it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow.compute as pc
@@ -28,6 +29,7 @@ from .nesting import reduce_to_parents, tree_depth, tree_root
 from .overlap import StepOverlap, step_overlap
 from .ownership import cpu_kernel_ops, kernel_peaks, kernel_work
 from .recompute import Recompute, find_recompute
+from .step_facts import step_metrics, with_step_facts
 from .windows import kernel_shares_ns, step_windows
 
 _BIG = np.iinfo(np.int64).max
@@ -74,6 +76,7 @@ class RankTree:
     outside_kernels: int
     overlap: StepOverlap | None = None  # per step: communication/copy overlap, idle split, launch queue
     comm_bw: CollectiveBandwidth | None = None  # per collective kernel and step: message bytes, algbw, busbw
+    facts: Any = None  # step_facts.ResolvedSteps: depth, FLOPs source, what step depth measured
 
     def span(self, level: str, rows: np.ndarray | int) -> np.ndarray | int:
         return self.base[level] + rows
@@ -244,7 +247,7 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     outside = ~k_alive[:n_k] if n_k else np.zeros(0, bool)
     comm_bw = collective_bandwidth(rs.kernels, kinds[:n_k] == KIND_CODE["collective"], ke[:n_k] - ks[:n_k], kstep[:n_k],
                                    n_steps, inp.spec.model) if n_k else None
-    return RankTree(
+    return with_step_facts(RankTree(
         n_steps=n_steps, n_mod=n_mod, n_op=n_op, n_k=n_k, base=base, level=level, parent=parent, start=start,
         end=end, step_row=step_row, alive=alive, depth=depth, synth_ops=synth_ops, module_labels=module_labels,
         has_device=has_device & alive, win_start=win_start, win_end=win_end, gpus=gpus, total=total, self_=self_,
@@ -252,7 +255,7 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
         peak_known=inp.spec.peak_for is not None, k_rows=live_k, k_waste=waste, k_launch_op=ko[live_k],
         k_kind=kind_live, over_peak_by_step=over_peak_by_step, outside_kernels=int(outside.sum()), overlap=overlap,
         comm_bw=comm_bw,
-    )
+    ), options, j.steps, rs.samples)
 
 
 _COLLECTIVE_OP = ("nccl", "rccl", "gloo", "c10d::", "allreduce", "all_reduce", "allgather", "all_gather",
@@ -309,11 +312,11 @@ def derive_metrics(tree: RankTree, ridge: float) -> SpanMetrics:
         kernel_s=t.col("kernel_s"), comm_s=t.col("comm_s"), copy_s=t.col("copy_s"), flops=t.col("flops"),
         bytes_=t.col("bytes"), coverage=np.nan_to_num(coverage), ridge=np.full(len(kernels), ridge))
     price = t.price / 3600.0
-    return SpanMetrics(
+    return step_metrics(t, SpanMetrics(
         window_s=window_s, util=util, mfu=mfu, hfu=hfu, coverage=coverage, stall=stall, intensity=intensity, bound=bound,
         cost=price * t.col("charged_s"), cost_self=price * t.col("charged_s", False),
         wasted_usd=price * t.col("wasted_s"), wasted_usd_self=price * t.col("wasted_s", False),
-    )
+    ))
 
 
 def _hang_recompute(rc: Recompute, j: JoinedRank, base: dict[str, int], m_par: np.ndarray, o_par: np.ndarray,

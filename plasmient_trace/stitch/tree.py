@@ -23,6 +23,7 @@ from .fleet import RankSummary, merge_span_batches, top_spans
 from .inputs import DEFAULT_MAX_SPANS, KIND_CODE, DeviceSpec, RankInput, StitchOptions
 from .joins import JoinedRank, join_rank
 from .rank import RankTree, build_rank_tree, derive_metrics
+from .step_facts import summary_fields
 
 __all__ = ["DEFAULT_MAX_SPANS", "DeviceSpec", "RankInput", "StitchOptions", "StitchResult", "allowance_for", "stitch",
            "stitch_rank"]
@@ -92,6 +93,7 @@ def stitch_rank(inp: RankInput, rank: int, node: str, options: StitchOptions, al
                      copy_total_s=float(o.copy_total_s[s]), copy_exposed_s=float(o.copy_exposed_s[s]),
                      idle_device_s=float(min(o.idle_device_s[s], total["idle_s"])), queue_mean=float(o.queue_mean[s]),
                      queue_max=float(o.queue_max[s]))
+        total.update(summary_fields(tree, s))
         summaries.append(RankSummary(
             job_id=options.job_id, step=int(j.steps[s]), rank=rank, host=node,
             start_ns=int(tree.start[r]), end_ns=int(tree.end[r]),

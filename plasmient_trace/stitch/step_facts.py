@@ -1,0 +1,322 @@
+"""Per-step facts the live capture knows and its records do not, turned into step attributes as the rows are built.
+
+Live capture samples: most steps run at *step depth* (no op or module hooks), one in ``PLASMIENT_EVERY``
+and every step with a never-seen input signature at *full depth*. What a step-depth step measured and
+what it did not is a fact of the capture, given to the stitcher in :class:`StepFacts`:
+
+* ``plasmient.flops.source`` on every step, rank, node and fleet span: ``measured`` (full depth: FLOPs from
+  its own ops), ``carried`` (step depth: the FLOPs, recompute FLOPs, ideal seconds and coverage of the latest
+  full-depth step with the same input-shape signature, carried forward; MFU is those ideal seconds over the
+  step's *own* device window) or ``unknown`` (step depth, nothing to carry: no FLOPs, no MFU).
+* Device activity: a step-depth step on a GPU under CUPTI still has its kernels, hence busy time and util;
+  one with no kernel recorded (a CPU, whose ops are its kernels, or the Kineto fallback) has neither, so its
+  busy time, util and kernel counts are absent rather than zero.
+* What needs per-kernel FLOPs (bytes, bound, waste, culprits) is absent on every step-depth step.
+* NVML/GPM samples (``records.samples``) are averaged over each step span; CUPTI dropped-record counts are
+  given per step.
+
+Offline ingest passes no facts: every step is ``measured``. Hooks: :func:`with_step_facts` (end of
+``build_rank_tree``: carried totals on the step and rank rows), :func:`step_metrics` (end of
+``derive_metrics``), :func:`summary_fields` (the rank summaries), :func:`step_columns` (end of
+``rank_columns``) and :func:`top_columns` (fleet and node rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+FLOPS_SOURCES = ("measured", "carried", "unknown")
+MEASURED, CARRIED, UNKNOWN = range(3)
+
+# What a step-depth step cannot know without per-kernel FLOPs, whether or not FLOPs were carried.
+NEEDS_KERNEL_FLOPS = (
+    "plasmient.flops.self", "plasmient.bytes", "plasmient.bytes.self", "plasmient.arithmetic_intensity",
+    "plasmient.bound", "plasmient.stall_fraction", "plasmient.wasted_s", "plasmient.wasted_s.self",
+    "plasmient.cost.wasted_usd", "plasmient.cost.wasted_usd.self", "plasmient.kernels.folded_flops",
+    "plasmient.kernels.over_peak", "plasmient.culprit.module", "plasmient.culprit.op", "plasmient.culprit.kernel",
+    "plasmient.culprit.rank", "plasmient.culprit.wasted_s", "plasmient.culprit.bound", "plasmient.culprit.suggestion",
+    "plasmient.culprits")
+# What a step carries, or lacks when it carries nothing.
+FLOPS_COLUMNS = ("plasmient.flops", "plasmient.flops.recompute", "plasmient.ideal_s", "plasmient.mfu",
+                 "plasmient.hfu", "plasmient.flops.coverage")
+# Device time: absent on a step-depth step with no kernel recorded (a CPU's ops are its kernels).
+NEEDS_DEVICE_ACTIVITY = (
+    "plasmient.busy_s", "plasmient.busy_s.self", "plasmient.util.resident", "plasmient.idle_fraction",
+    "plasmient.idle_s", "plasmient.idle.host_s", "plasmient.idle.device_s", "plasmient.kernel_s", "plasmient.kernels",
+    "plasmient.kernels.folded", "plasmient.kernels.folded_s", "plasmient.unjoined_kernels", "plasmient.comm.total_s",
+    "plasmient.comm.exposed_s", "plasmient.comm.overlap", "plasmient.memcpy.total_s", "plasmient.memcpy.exposed_s",
+    "plasmient.memcpy.overlap", "plasmient.launch_queue.mean", "plasmient.launch_queue.max")
+SAMPLE_ATTRIBUTES = {"nvml.utilization.gpu": "plasmient.util.nvml", "gpm.sm_active": "plasmient.gpm.sm_active",
+                     "gpm.tensor_active": "plasmient.gpm.tensor_active", "gpm.dram_bw_util": "plasmient.gpm.dram_bw_util"}
+
+
+@dataclass
+class CarriedWork:
+    """What one full-depth step measured: the work every later step with its input signature repeats."""
+
+    step: int
+    flops: float              # model FLOPs (recompute excluded)
+    ideal_s: float            # model ideal seconds at peak; NaN: peak unknown
+    recompute_flops: float
+    recompute_ideal_s: float
+    coverage: float           # share of its busy time with known FLOPs
+
+
+@dataclass
+class StepFacts:
+    """What the capture knows about each step beyond its records (``StitchOptions.step_facts``)."""
+
+    signatures: dict[int, str] = field(default_factory=dict)       # step -> input-shape signature
+    measured: dict[str, CarriedWork] = field(default_factory=dict)  # signature -> latest full-depth step (earlier batches)
+    dropped_records: dict[int, int] | None = None                   # step -> CUPTI records dropped during it
+    # full-depth steps whose measurement is not carried (torch.compile traced during them: compiler ops)
+    not_carried: set[int] = field(default_factory=set)
+
+    def remember(self, summaries: list[Any]) -> None:
+        """Keep what this batch's full-depth steps measured (the stitcher's rank summaries) for later batches."""
+        for s in sorted(summaries, key=lambda s: s.step):
+            sig = self.signatures.get(int(s.step))
+            if sig is None or getattr(s, "flops_source", "measured") != "measured" or int(s.step) in self.not_carried:
+                continue
+            work = _work_of(int(s.step), s.flops, s.ideal_s, s.recompute_flops, s.recompute_ideal_s,
+                            s.known_s / s.busy_s if s.busy_s > 0 else float("nan"))
+            if work is not None:
+                self.measured[sig] = work
+
+
+def _work_of(step: int, flops: float, ideal: float, rc_flops: float, rc_ideal: float, coverage: float) -> CarriedWork | None:
+    """A measurement worth carrying: FLOPs known on some of its busy time."""
+    if not (np.isfinite(flops) and np.isfinite(coverage) and coverage > 0):
+        return None
+    return CarriedWork(step, float(flops), float(ideal), float(rc_flops), float(rc_ideal), float(coverage))
+
+
+@dataclass
+class ResolvedSteps:
+    """Per step row of one rank (time order): depth, where its FLOPs come from, what it carries."""
+
+    full: np.ndarray             # bool: sampled at full depth
+    source: np.ndarray           # int8 code into FLOPS_SOURCES
+    device_measured: np.ndarray  # bool: its device activity was recorded
+    coverage: np.ndarray         # carried coverage (NaN where not carried)
+    dropped: np.ndarray | None   # int64 per step row, -1 unknown
+    samples: dict[str, np.ndarray]  # span attribute -> mean per step row (NaN none)
+
+
+def with_step_facts(tree: Any, options: Any, steps: np.ndarray, samples: pa.Table) -> Any:
+    """Resolve each step's facts onto ``tree.facts``; carried steps get the carried work in the step and
+    rank rows of ``tree.total`` (unknown ones NaN FLOPs), so every consumer of the totals agrees."""
+    from .rank import COL
+
+    t = tree
+    n = t.n_steps
+    steps = np.asarray(steps, np.int64)
+    full_set = options.full_depth_steps
+    full = np.ones(n, bool) if full_set is None else np.isin(steps, np.fromiter(full_set, np.int64, len(full_set)))
+    facts: StepFacts = getattr(options, "step_facts", None) or StepFacts()
+    real = t.k_rows[t.k_rows < t.n_k]
+    has_kernels = np.bincount(t.step_row[t.base["kernel"] + real], minlength=n)[:n] > 0 if n else np.zeros(0, bool)
+    source = np.where(full, MEASURED, UNKNOWN).astype(np.int8)
+    coverage = np.full(n, np.nan)
+    total = t.total
+    known = dict(facts.measured)
+    # no signatures (ingest, or steps without module calls): step-depth steps have nothing to carry
+    order = np.argsort(steps, kind="stable") if facts.signatures else np.nonzero(~full)[0]
+    for s in order:  # a step carries from the latest full step before it
+        sig = facts.signatures.get(int(steps[s]))
+        r = t.base["step"] + s
+        if full[s]:
+            busy = total[r, COL["busy_s"]]
+            cov = total[r, COL["known_s"]] / busy if busy > 0 else np.nan
+            model = total[r, COL["flops"]] - total[r, COL["recompute_flops"]]
+            ideal = total[r, COL["ideal_s"]] - total[r, COL["recompute_ideal_s"]] if t.peak_known else np.nan
+            work = _work_of(int(steps[s]), model, ideal, total[r, COL["recompute_flops"]], total[r, COL["recompute_ideal_s"]], cov)
+            if sig is not None and work is not None and int(steps[s]) not in facts.not_carried:
+                known[sig] = work
+            continue
+        work = known.get(sig) if sig is not None else None
+        for row in (t.base["rank"] + s, r):
+            if work is None:
+                total[row, [COL["flops"], COL["ideal_s"]]] = np.nan
+                continue
+            total[row, COL["flops"]] = work.flops + work.recompute_flops
+            total[row, COL["recompute_flops"]] = work.recompute_flops
+            total[row, COL["ideal_s"]] = work.ideal_s + work.recompute_ideal_s
+            total[row, COL["recompute_ideal_s"]] = work.recompute_ideal_s
+        if work is not None:
+            source[s] = CARRIED
+            coverage[s] = work.coverage
+    dropped = None
+    if facts.dropped_records is not None:
+        dropped = np.array([facts.dropped_records.get(int(x), -1) for x in steps], np.int64)
+    t.facts = ResolvedSteps(full=full, source=source, device_measured=full | has_kernels, coverage=coverage,
+                            dropped=dropped, samples=_sample_means(samples, t.start[t.base["step"]:t.base["step"] + n],
+                                                                   t.end[t.base["step"]:t.base["step"] + n]))
+    return t
+
+
+def _sample_means(samples: pa.Table, start: np.ndarray, end: np.ndarray) -> dict[str, np.ndarray]:
+    """Mean of each NVML/GPM metric over each step's [start, end] (vectorised: cumulative sums)."""
+    out: dict[str, np.ndarray] = {}
+    if samples is None or not samples.num_rows or not len(start):
+        return out
+    ts = samples.column("timestamp_ns").to_numpy()
+    metric = samples.column("metric").to_numpy(zero_copy_only=False)
+    value = samples.column("value").to_numpy()
+    for name, attr in SAMPLE_ATTRIBUTES.items():
+        sel = metric == name
+        if not sel.any():
+            continue
+        order = np.argsort(ts[sel], kind="stable")
+        t, v = ts[sel][order], value[sel][order]
+        csum = np.concatenate([[0.0], np.cumsum(v)])
+        lo = np.searchsorted(t, start, side="left")
+        hi = np.searchsorted(t, end, side="right")
+        cnt = hi - lo
+        out[attr] = np.where(cnt > 0, (csum[hi] - csum[lo]) / np.maximum(cnt, 1), np.nan)
+    return out
+
+
+def step_metrics(tree: Any, met: Any) -> Any:
+    """Ratios of the step and rank rows of step-depth steps: util only where device activity was
+    recorded; MFU/HFU from carried ideal seconds over the step's own window, at most its util (or 1)."""
+    from .rank import COL
+
+    f = getattr(tree, "facts", None)
+    if f is None or f.full.all():
+        return met
+    t = tree
+    for lo in (t.base["rank"], t.base["step"]):
+        rows = lo + np.nonzero(~f.full)[0]
+        s = rows - lo
+        util = np.where(f.device_measured[s], met.util[rows], np.nan)
+        cap = np.where(np.isfinite(util), util, 1.0)
+        device_s = met.window_s[rows] * t.gpus[rows]
+        carried = (f.source[s] == CARRIED) & t.peak_known & (device_s > 0) & (f.coverage[s] > 0)
+        ideal_hw = t.total[rows, COL["ideal_s"]]
+        ideal = ideal_hw - t.total[rows, COL["recompute_ideal_s"]]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            met.mfu[rows] = np.where(carried, np.minimum(ideal / device_s, cap), np.nan)
+            met.hfu[rows] = np.where(carried, np.minimum(ideal_hw / device_s, cap), np.nan)
+        met.util[rows] = util
+        met.coverage[rows] = np.where(f.source[s] == CARRIED, f.coverage[s], np.nan)
+        met.stall[rows] = np.nan
+        met.intensity[rows] = np.nan
+        met.bound[rows] = -1
+        met.wasted_usd[rows] = np.nan
+        met.wasted_usd_self[rows] = np.nan
+    return met
+
+
+def summary_fields(tree: Any, s: int) -> dict[str, Any]:
+    """What a rank summary says about step row ``s`` beyond its sums (see fleet.RankSummary)."""
+    f = getattr(tree, "facts", None)
+    if f is None:
+        return {}
+    return {"flops_source": FLOPS_SOURCES[int(f.source[s])], "full_depth": bool(f.full[s]),
+            "device_measured": bool(f.device_measured[s]),
+            "flops_coverage": float(f.coverage[s]) if np.isfinite(f.coverage[s]) else None}
+
+
+def _null_where(value: Any, mask: np.ndarray, typ: pa.DataType) -> pa.Array:
+    if isinstance(value, pa.ChunkedArray):
+        value = value.combine_chunks()
+    arr = value if isinstance(value, pa.Array) else pa.array(value, type=typ)
+    if arr.type != typ:
+        arr = arr.cast(typ)
+    return pc.if_else(pa.array(mask), pa.nulls(len(arr), typ), arr)
+
+
+def _null_columns(cols: dict[str, Any], names: tuple[str, ...], mask: np.ndarray, length: int) -> None:
+    from .. import conventions as cv
+
+    if not mask.any():
+        return
+    for name in names:
+        if cols.get(name) is not None:
+            cols[name] = _null_where(cols[name], mask, cv.ATTRIBUTE_BY_NAME[name].type)
+
+
+def step_columns(cols: dict[str, Any], tree: Any, sel: np.ndarray) -> None:
+    """The per-step attributes of the exported rows ``sel`` of one rank: flops.source on step and rank
+    spans, what step depth could not measure left absent, NVML/GPM means and dropped records per step."""
+    from .inputs import LEVEL_CODE
+
+    f = getattr(tree, "facts", None)
+    t = tree
+    if f is None or t.n_steps == 0:
+        return
+    lv = t.level[sel]
+    srow = t.step_row[sel]
+    in_step = srow >= 0
+    s = np.maximum(srow, 0)
+    upper = (lv == LEVEL_CODE["step"]) | (lv == LEVEL_CODE["rank"])
+    is_step = lv == LEVEL_CODE["step"]
+    codes = f.source[s].astype(np.int64)
+    cols["plasmient.flops.source"] = pa.array(list(FLOPS_SOURCES), pa.string()).take(pa.array(codes, mask=~upper))
+    shallow = in_step & ~f.full[s]
+    n = len(sel)
+    _null_columns(cols, NEEDS_KERNEL_FLOPS, shallow, n)
+    _null_columns(cols, FLOPS_COLUMNS, shallow & ~(upper & (codes == CARRIED)), n)
+    _null_columns(cols, NEEDS_DEVICE_ACTIVITY, shallow & ~f.device_measured[s], n)
+    for attr, means in f.samples.items():
+        cols[attr] = pa.array(np.where(is_step, means[s], np.nan), mask=~(is_step & np.isfinite(means[s])))
+    if f.dropped is not None:
+        d = f.dropped[s]
+        cols["plasmient.cupti.dropped_records"] = pa.array(d, pa.int64(), mask=~is_step | (d < 0))
+
+
+def top_columns(cols: dict[str, Any], groups: list) -> None:
+    """Fleet and node rows of steps some rank sampled at step depth: flops.source, device time absent
+    where a rank recorded none, MFU/HFU from the ranks' carried ideal seconds over the group's window."""
+    n = len(groups)
+    source = np.array([max((FLOPS_SOURCES.index(getattr(m, "flops_source", "measured")) for m in g[3]), default=0)
+                       for g in groups], np.int64)
+    cols["plasmient.flops.source"] = pa.array(list(FLOPS_SOURCES), pa.string()).take(pa.array(source))
+    shallow = np.array([any(not getattr(m, "full_depth", True) for m in g[3]) for g in groups], bool)
+    if not shallow.any():
+        return
+    no_device = np.array([any(not getattr(m, "device_measured", True) for m in g[3]) for g in groups], bool)
+    _null_columns(cols, NEEDS_KERNEL_FLOPS, shallow, n)
+    _null_columns(cols, NEEDS_DEVICE_ACTIVITY, no_device, n)
+    carried = shallow & (source == CARRIED)
+
+    def member_coverage(m: Any) -> float:
+        if getattr(m, "flops_source", "measured") == "carried":
+            value = getattr(m, "flops_coverage", None)
+            return float("nan") if value is None else float(value)
+        return m.known_s / m.busy_s if m.busy_s > 0 else float("nan")
+
+    coverage = np.array([min(member_coverage(m) for m in g[3]) for g in groups])
+    coverage[source == UNKNOWN] = np.nan
+    device_s = np.array([(max(m.window_end_ns for m in g[3]) - min(m.window_start_ns for m in g[3])) / 1e9 *
+                         sum(m.gpus for m in g[3]) for g in groups])
+    ideal = np.array([sum(m.ideal_s for m in g[3]) for g in groups])
+    recompute = np.array([sum(m.recompute_ideal_s for m in g[3]) for g in groups])
+    util = np.where(no_device, np.nan, np.array([np.nan if c is None else c for c in
+                                                  _as_floats(cols.get("plasmient.util.resident"), n)]))
+    cap = np.where(np.isfinite(util), util, 1.0)
+    ok = carried & (coverage > 0) & (device_s > 0) & np.isfinite(ideal)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mfu = np.where(ok, np.minimum(ideal / device_s, cap), np.nan)
+        hfu = np.where(ok, np.minimum((ideal + recompute) / device_s, cap), np.nan)
+    for name, values in (("plasmient.mfu", mfu), ("plasmient.hfu", hfu), ("plasmient.flops.coverage", coverage)):
+        old = _as_floats(cols.get(name), n)
+        cols[name] = _floats_to_array(np.where(shallow, values, old))
+
+
+def _as_floats(value: Any, n: int) -> np.ndarray:
+    if value is None:
+        return np.full(n, np.nan)
+    if isinstance(value, (pa.Array, pa.ChunkedArray)):
+        return pc.fill_null(value.cast(pa.float64()), np.nan).to_numpy(zero_copy_only=False)
+    return np.asarray(value, np.float64)
+
+
+def _floats_to_array(values: np.ndarray) -> pa.Array:
+    return pa.array(values, mask=~np.isfinite(values))
