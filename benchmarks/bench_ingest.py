@@ -8,12 +8,15 @@
    imports excluded), against the decompressed size. Target: <= 2x.
 2. Throughput at scale: the record tables of a real trace replicated (new steps, shifted times,
    offset correlation/external ids) until there are >= 10^6 kernels, then stitched and encoded to a
-   JSONL file. Prints kernels/s stitched, spans/s encoded, and peak RSS. Targets: >= 200,000 kernels/s
-   stitched, >= 100,000 spans/s encoded, one core.
+   JSONL file, at each of --kernels (default 10^4, 10^5, 10^6), each in its own child process on one core.
+   Prints a table: kernels/s stitched, spans/s encoded, and peak RSS (after building the records, after
+   the stitch, after the JSONL). Targets: >= 200,000 kernels/s stitched, >= 200,000 spans/s encoded,
+   <= 2 GB peak RSS at 10^6 kernels.
 
 3. With --pool: the same files read as ranks of one job, in one process and in the local process pool.
 
-    .venv/bin/python benchmarks/bench_ingest.py [--files 3] [--rounds 5] [--kernels 1000000] [--skip-scale] [--pool]
+    .venv/bin/python benchmarks/bench_ingest.py [--files 3] [--rounds 5] [--skip-largest] [--skip-scale] [--pool]
+        [--kernels 10000 100000 1000000] [--scale-rounds 1] [--no-encode] [--base v100/resnet50_training.json.gz]
 """
 
 from __future__ import annotations
@@ -37,11 +40,11 @@ REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "traces"
 sys.path.insert(0, str(REPO))
 
-from plasmient_trace.export import otlp_json  # noqa: E402
-from plasmient_trace.pipeline import IngestOptions, stitch_records  # noqa: E402
-from plasmient_trace.records import RecordSet  # noqa: E402
-from plasmient_trace.sources.kineto import read_kineto  # noqa: E402
-from plasmient_trace.sources.parallel import default_workers, read_many  # noqa: E402
+from plasmient_trace.export import otlp_json
+from plasmient_trace.pipeline import IngestOptions, stitch_records
+from plasmient_trace.records import RecordSet
+from plasmient_trace.sources.kineto import read_kineto
+from plasmient_trace.sources.parallel import default_workers, read_many
 
 
 def peak_rss_mb() -> float:
@@ -112,7 +115,7 @@ def bench_files(count: int, rounds: int, out_dir: Path) -> None:
           f"{'peak RSS growth: read, all (x json size)':40s}")
     for path in paths:
         size = len(gzip.decompress(path.read_bytes())) / 2**20
-        proc = subprocess.run([sys.executable, __file__, "--rss-child", str(path)], capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, __file__, "--rss-child", str(path)], check=False, capture_output=True, text=True,
                               env={**os.environ, "PYTHONPATH": str(REPO)})
         rss = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {"read_mb": float("nan"), "total_mb": float("nan")}
         med = [statistics.median(r[i] for r in ratios[path]) for i in range(3)]
@@ -164,31 +167,74 @@ def replicate(base: RecordSet, copies: int) -> RecordSet:
     return out
 
 
-def bench_scale(base_name: str, kernels: int, out_dir: Path) -> None:
+def _scale_child(base_name: str, kernels: int, rounds: int, encode: bool) -> None:
+    """Child mode: stitch (and encode) one replicated trace on one core; report times and peak RSS (MiB).
+
+    One process per scale, so each peak is its own (VmHWM); pyarrow's thread pool is cut to one thread."""
+    pa.set_cpu_count(1)
+    pa.set_io_thread_count(1)
     base = read_kineto(TRACES / base_name)
     copies = -(-kernels // base.kernels.num_rows)
     records = replicate(base, copies)
-    n_k = records.kernels.num_rows
-    print(f"synthetic: {base_name} x{copies}: {n_k:,} kernels, {records.ops.num_rows:,} ops, {records.steps.num_rows:,} steps")
-    rss0 = peak_rss_mb()
-    t = time.perf_counter()
-    result = stitch_records([records], IngestOptions(job_id="bench", max_spans=10**9))
-    t_stitch = time.perf_counter() - t
-    n_spans = len(result.batch)
-    t = time.perf_counter()
-    out = out_dir / "scale.jsonl"
-    otlp_json.write_jsonl(result.batch, out)
-    t_enc = time.perf_counter() - t
-    print(f"  stitch (joins+tree+metrics): {t_stitch:7.2f} s  {n_k / t_stitch:12,.0f} kernels/s  ratio to 200k/s: {n_k / t_stitch / 2e5:.2f}")
-    print(f"  encode JSONL ({out.stat().st_size / 1e6:.0f} MB): {t_enc:7.2f} s  {n_spans / t_enc:12,.0f} spans/s    ratio to 100k/s: {n_spans / t_enc / 1e5:.2f}")
-    print(f"  spans: {n_spans:,}; peak RSS {peak_rss_mb():.0f} MB (before stitch {rss0:.0f} MB)")
+    del base
+    rss_records = _vm_mib("VmRSS")
+    times, cpu = [], []
+    result = None
+    for _ in range(rounds):
+        result = None  # the previous round's spans are not kept alive into the next
+        c, t = time.process_time(), time.perf_counter()
+        result = stitch_records([records], IngestOptions(job_id="bench", max_spans=10**9))
+        times.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    stitch_peak = _vm_mib("VmHWM")
+    out = {"copies": copies, "kernels": records.kernels.num_rows, "ops": records.ops.num_rows,
+           "steps": records.steps.num_rows, "spans": len(result.batch), "stitch_s": statistics.median(times),
+           "stitch_cpu_s": statistics.median(cpu), "rss_records_mb": rss_records, "rss_stitch_mb": stitch_peak}
+    if encode:
+        with tempfile.TemporaryDirectory() as tmp:
+            c, t = time.process_time(), time.perf_counter()
+            otlp_json.write_jsonl(result.batch, Path(tmp) / "scale.jsonl")
+            out["encode_s"] = time.perf_counter() - t
+            out["encode_cpu_s"] = time.process_time() - c
+            out["jsonl_mb"] = (Path(tmp) / "scale.jsonl").stat().st_size / 1e6
+    out["rss_peak_mb"] = _vm_mib("VmHWM")
+    print(json.dumps(out))
+
+
+def bench_scale(base_name: str, sizes: list[int], rounds: int, encode: bool) -> None:
+    """Stitch throughput and peak RSS from 10^4 to 10^6 kernels, one child process per size."""
+    print(f"synthetic: {base_name} replicated (new steps, shifted times and ids); stitch = align + FLOP models + "
+          f"joins + tree + metrics + columns, median of {rounds} rounds; one core (pyarrow 1 thread); "
+          "RSS = the child's VmHWM, whole process")
+    print("  (kernels/s and spans/s are per CPU-second of the process, which a loaded shared machine inflates less "
+          "than wall time; wall seconds beside them)")
+    print(f"  {'kernels':>9s} {'ops':>9s} {'spans':>9s} {'stitch s':>8s} {'(wall)':>7s} {'kernels/s':>10s} {'x200k':>6s} "
+          f"{'RSS records':>11s} {'RSS stitch':>10s} {'JSONL s':>7s} {'spans/s':>9s} {'RSS peak':>8s}")
+    for n in sizes:
+        cmd = [sys.executable, __file__, "--scale-child", str(n), "--base", base_name, "--rounds", str(rounds)]
+        if not encode:
+            cmd.append("--no-encode")
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        if proc.returncode:
+            print(f"  {n:>9,d} failed: {proc.stderr.strip().splitlines()[-1:]}")
+            continue
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        rate = r["kernels"] / r["stitch_cpu_s"]
+        enc = (f"{r['encode_cpu_s']:7.2f} {r['spans'] / r['encode_cpu_s']:9,.0f}" if "encode_s" in r else f"{'-':>7s} {'-':>9s}")
+        print(f"  {r['kernels']:>9,d} {r['ops']:>9,d} {r['spans']:>9,d} {r['stitch_cpu_s']:8.2f} {r['stitch_s']:7.2f} {rate:10,.0f} "
+              f"{rate / 2e5:6.2f} {r['rss_records_mb']:8.0f} MB {r['rss_stitch_mb']:7.0f} MB {enc} "
+              f"{r['rss_peak_mb']:5.0f} MB")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=3, help="how many of the largest shared traces")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--kernels", type=int, default=1_000_000)
+    parser.add_argument("--kernels", type=int, nargs="+", default=[10_000, 100_000, 1_000_000],
+                        help="scale part: kernel counts to replicate the base trace to")
+    parser.add_argument("--scale-rounds", type=int, default=1, help="stitch rounds per scale (median)")
+    parser.add_argument("--no-encode", action="store_true", help="scale part: stitch only, no JSONL")
+    parser.add_argument("--scale-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--base", default="v100/resnet50_training.json.gz")
     parser.add_argument("--skip-largest", action="store_true")
     parser.add_argument("--skip-scale", action="store_true")
@@ -198,6 +244,9 @@ def main() -> None:
     if args.rss_child:
         _rss_child(args.rss_child)
         return
+    if args.scale_child:
+        _scale_child(args.base, args.scale_child, args.rounds, not args.no_encode)
+        return
     print(f"one process, {os.cpu_count()} cores visible; numpy/pyarrow single-threaded paths dominate")
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_largest:
@@ -205,7 +254,7 @@ def main() -> None:
         if args.pool:
             bench_pool(args.files, args.rounds)
         if not args.skip_scale:
-            bench_scale(args.base, args.kernels, Path(tmp))
+            bench_scale(args.base, args.kernels, args.scale_rounds, not args.no_encode)
 
 
 if __name__ == "__main__":
