@@ -26,9 +26,10 @@ BOUND_EVIDENCE_COVERAGE = 0.5
 BOUND_CODE = {name: i for i, name in enumerate(BOUNDS)}
 
 
-def rollup(parent: np.ndarray, depth: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Inclusive subtree sums of per-span values (rows = spans, any trailing columns)."""
-    return reduce_to_parents(parent, depth, np.asarray(values, np.float64), np.add)
+def rollup(parent: np.ndarray, depth: np.ndarray, values: np.ndarray, levels: list[np.ndarray] | None = None) -> np.ndarray:
+    """Inclusive subtree sums of per-span values (rows = spans, any trailing columns); ``levels`` as
+    ``nesting.depth_levels(depth)`` when the caller has it."""
+    return reduce_to_parents(parent, depth, np.asarray(values, np.float64), np.add, levels=levels)
 
 
 def grouped_union_ns(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .inputs import LEVEL_CODE
-from .nesting import reduce_to_parents
+from .nesting import depth_levels, fold_rows_to_parents
 from .rank import RankTree
 
 
@@ -38,7 +38,8 @@ def choose_exported(tree: RankTree, allowance: int, full_depth_steps: set[int] |
     waste[t.base["kernel"] + t.k_rows] = t.k_waste
     device = np.where(is_kernel, t.col("kernel_s"), 0.0)
     cpu = np.where(is_kernel | (t.level < LEVEL_CODE["module"]), 0.0, (t.end - t.start) / 1e9)
-    a, b, c = reduce_to_parents(t.parent, t.depth, np.stack([waste, device, cpu], axis=1), np.maximum, t.alive).T
+    a, b, c = priority = np.stack([waste, device, cpu])
+    fold_rows_to_parents(priority, t.parent, t.levels or depth_levels(t.depth), np.maximum, t.alive)
     step = t.step_row[cand]
     order = np.lexsort((t.depth[cand], -c[cand], -b[cand], -a[cand], step))
     cand, step = cand[order], step[order]

@@ -15,12 +15,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import conventions as cv
-from ..metrics.compute import rollup
 from . import ids
 from .collectives import collective_columns
 from .culprits import culprit_columns
 from .inputs import LEVEL_CODE, RankInput, StitchOptions
 from .joins import JoinedRank
+from .nesting import depth_levels, fold_rows_to_parents
 from .rank import RankTree, SpanMetrics
 from .step_facts import step_columns
 
@@ -159,13 +159,14 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     folded_k = real_kernel & not_exported
     folded_spans = not_exported & ((t.level == LEVEL_CODE["module"]) | (t.level == LEVEL_CODE["op"]))
     model_flops = t.col("flops") - t.col("recompute_flops")
-    fold = rollup(t.parent, t.depth, np.stack([folded_k.astype(float), np.where(folded_k, t.col("kernel_s"), 0.0),
-                                               np.where(folded_k, model_flops, 0.0), folded_spans.astype(float)], axis=1))
+    fold = np.stack([folded_k.astype(float), np.where(folded_k, t.col("kernel_s"), 0.0),
+                     np.where(folded_k, model_flops, 0.0), folded_spans.astype(float)])
+    fold_rows_to_parents(fold, t.parent, t.levels or depth_levels(t.depth), np.add)
     no_fold = (lv == LEVEL_CODE["kernel"])
-    cols["plasmient.kernels.folded"] = masked(fold[sel, 0].astype(np.int64), no_fold)
-    cols["plasmient.kernels.folded_s"] = masked(fold[sel, 1], no_fold)
-    cols["plasmient.kernels.folded_flops"] = masked(fold[sel, 2], no_fold)
-    cols["plasmient.spans.folded"] = masked(fold[sel, 3].astype(np.int64), no_fold)
+    cols["plasmient.kernels.folded"] = masked(fold[0, sel].astype(np.int64), no_fold)
+    cols["plasmient.kernels.folded_s"] = masked(fold[1, sel], no_fold)
+    cols["plasmient.kernels.folded_flops"] = masked(fold[2, sel], no_fold)
+    cols["plasmient.spans.folded"] = masked(fold[3, sel].astype(np.int64), no_fold)
 
     # ---- step and rank counters
     srow = np.maximum(t.step_row[sel], 0)

@@ -130,30 +130,47 @@ def depth_levels(depth: np.ndarray) -> list[np.ndarray]:
     bottom-up or top-down pass touches each node once however deep the tree is."""
     if len(depth) == 0:
         return []
-    order = np.argsort(depth, kind="stable")
+    # a small integer dtype lets numpy's stable sort be a radix sort (trees are shallow next to their size)
+    narrow = depth.astype(np.int16) if 0 <= depth.min() and depth.max() < 2**15 else depth
+    order = np.argsort(narrow, kind="stable")
     bounds = np.searchsorted(depth[order], np.arange(int(depth.max()) + 2), side="left")
     return [order[bounds[d]:bounds[d + 1]] for d in range(len(bounds) - 1)]
 
 
 def reduce_to_parents(parent: np.ndarray, depth: np.ndarray, values: np.ndarray, ufunc: np.ufunc,
-                      alive: np.ndarray | None = None) -> np.ndarray:
+                      alive: np.ndarray | None = None, levels: list[np.ndarray] | None = None) -> np.ndarray:
     """Fold every node's value into its ancestors with ``ufunc`` (np.add: subtree sums, np.maximum /
     np.minimum: subtree extremes), deepest level first, so each node is touched once however deep the
-    tree. ``values`` may carry trailing columns; ``alive`` masks the nodes that take part."""
-    out = np.array(values, copy=True)
-    for rows in reversed(depth_levels(depth)[1:]):
+    tree. ``values`` may carry trailing columns; ``alive`` masks the nodes that take part; ``levels`` is
+    ``depth_levels(depth)`` when the caller already has it (one sort per tree instead of one per call).
+
+    Columns are folded one at a time as contiguous 1-D arrays: ``ufunc.at`` on a 1-D array is an order of
+    magnitude faster than on rows of a 2-D one, and applies the same updates in the same order (bitwise
+    the same sums)."""
+    values = np.asarray(values)
+    out = np.array(values[None, :] if values.ndim == 1 else values.T, copy=True, order="C")
+    fold_rows_to_parents(out, parent, depth_levels(depth) if levels is None else levels, ufunc, alive)
+    return out[0] if values.ndim == 1 else out.T
+
+
+def fold_rows_to_parents(quantities: np.ndarray, parent: np.ndarray, levels: list[np.ndarray], ufunc: np.ufunc,
+                         alive: np.ndarray | None = None) -> None:
+    """``reduce_to_parents`` in place on a quantity-major (q, n) C-contiguous array, row by row."""
+    for rows in reversed(levels[1:]):
         rows = rows[parent[rows] >= 0]
         if alive is not None:
             rows = rows[alive[rows]]
         if len(rows):
-            ufunc.at(out, parent[rows], out[rows])
-    return out
+            to = parent[rows]
+            for col in quantities:
+                ufunc.at(col, to, col[rows])
 
 
-def any_ancestor(parent: np.ndarray, mark: np.ndarray) -> np.ndarray:
-    """Per node: does any strict ancestor carry ``mark``? Top-down, one level at a time, each node once."""
+def any_ancestor(parent: np.ndarray, mark: np.ndarray, levels: list[np.ndarray] | None = None) -> np.ndarray:
+    """Per node: does any strict ancestor carry ``mark``? Top-down, one level at a time, each node once.
+    ``levels``: ``depth_levels(tree_depth(parent))`` when the caller already has it."""
     out = np.zeros(len(parent), bool)
-    for rows in depth_levels(tree_depth(parent))[1:]:
+    for rows in (depth_levels(tree_depth(parent)) if levels is None else levels)[1:]:
         p = parent[rows]
         out[rows] = mark[p] | out[p]
     return out

@@ -14,7 +14,7 @@ children (as Perfetto nests them); the device window is exported beside it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,13 @@ from ..metrics.flops import yields_flops
 from .collectives import CollectiveBandwidth, collective_bandwidth
 from .inputs import KIND_CODE, LEVEL_CODE, RankInput, StitchOptions
 from .joins import JoinedRank
-from .nesting import reduce_to_parents, tree_depth, tree_root
+from .nesting import (
+    depth_levels,
+    fold_rows_to_parents,
+    reduce_to_parents,
+    tree_depth,
+    tree_root,
+)
 from .overlap import StepOverlap, step_overlap
 from .ownership import cpu_kernel_ops, kernel_peaks, kernel_work
 from .recompute import Recompute, find_recompute
@@ -62,8 +68,8 @@ class RankTree:
     win_start: np.ndarray
     win_end: np.ndarray
     gpus: np.ndarray
-    total: np.ndarray     # (n, len(ADDITIVE)) inclusive
-    self_: np.ndarray     # (n, len(ADDITIVE)) exclusive: what is not under a child module/op/step/rank span
+    total: np.ndarray     # (len(ADDITIVE), n) inclusive: one contiguous row per quantity
+    self_: np.ndarray     # (len(ADDITIVE), n) exclusive: what is not under a child module/op/step/rank span
     union_s: np.ndarray
     price: float          # USD per device-hour (NaN unknown)
     peak_known: bool
@@ -77,12 +83,13 @@ class RankTree:
     overlap: StepOverlap | None = None  # per step: communication/copy overlap, idle split, launch queue
     comm_bw: CollectiveBandwidth | None = None  # per collective kernel and step: message bytes, algbw, busbw
     facts: Any = None  # step_facts.ResolvedSteps: depth, FLOPs source, what step depth measured
+    levels: list[np.ndarray] = field(default_factory=list)  # span rows by depth (nesting.depth_levels), sorted once
 
     def span(self, level: str, rows: np.ndarray | int) -> np.ndarray | int:
         return self.base[level] + rows
 
     def col(self, name: str, inclusive: bool = True) -> np.ndarray:
-        return (self.total if inclusive else self.self_)[:, COL[name]]
+        return (self.total if inclusive else self.self_)[COL[name]]
 
 
 def _kind_codes(kind, n_synthetic: int) -> np.ndarray:
@@ -93,10 +100,11 @@ def _kind_codes(kind, n_synthetic: int) -> np.ndarray:
     return codes
 
 
-def _widen(parent: np.ndarray, depth: np.ndarray, start: np.ndarray, end: np.ndarray, alive: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _widen(parent: np.ndarray, depth: np.ndarray, start: np.ndarray, end: np.ndarray, alive: np.ndarray,
+           levels: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Make every parent cover its children; spans with no interval of their own take their children's."""
-    start = reduce_to_parents(parent, depth, start, np.minimum, alive)
-    end = reduce_to_parents(parent, depth, end, np.maximum, alive)
+    start = reduce_to_parents(parent, depth, start, np.minimum, alive, levels)
+    end = reduce_to_parents(parent, depth, end, np.maximum, alive, levels)
     empty = start > end
     start[empty] = 0
     end[empty] = 0
@@ -157,7 +165,8 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     alive = np.concatenate([np.ones(2 * n_steps, bool), m_alive, o_alive, k_alive])
     parent = np.where(alive, parent, -1)
     depth = tree_depth(parent)
-    start, end = _widen(parent, depth, start, end, alive)
+    levels = depth_levels(depth)
+    start, end = _widen(parent, depth, start, end, alive, levels)
 
     # ---- per-kernel work: FLOPs, bytes, ideal seconds at the peak of the kernel's dtype
     kinds = _kind_codes(rs.kernels.column("kind"), len(synth_ops))
@@ -208,35 +217,37 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     win_s = np.maximum(win_end - win_start, 0) / 1e9
 
     # ---- additive facts: kernels carry theirs; a step carries its idle gaps
-    self_vals = np.zeros((n, len(ADDITIVE)))
-    v = self_vals[k_span]
-    v[:, COL["flops"]] = work.flops[live_k]
-    v[:, COL["bytes"]] = work.bytes[live_k]
-    v[:, COL["ideal_s"]] = np.nan_to_num(ideal)
-    v[:, COL["busy_s"]] = share_s
-    v[:, COL["wasted_s"]] = waste
-    v[:, COL["known_s"]] = np.where(work.known[live_k], share_s, 0.0)
+    # quantity-major (one contiguous row per quantity): every fold and gather below is 1-D
+    self_vals = np.zeros((len(ADDITIVE), n))
+    ideal_known = np.nan_to_num(ideal)
     # summed durations describe the kernels (their own, unclipped lengths); time accounting uses the shares
     raw_s = np.maximum(ke[live_k] - ks[live_k], 0) / 1e9
-    v[:, COL["kernel_s"]] = raw_s
-    v[:, COL["comm_s"]] = np.where(kind_live == KIND_CODE["collective"], raw_s, 0.0)
-    v[:, COL["copy_s"]] = np.where((kind_live == KIND_CODE["memcpy"]) | (kind_live == KIND_CODE["memset"]), raw_s, 0.0)
-    v[:, COL["kernels"]] = 1.0
-    v[:, COL["charged_s"]] = share_s
-    v[:, COL["recompute_flops"]] = np.where(rc_live, work.flops[live_k], 0.0)
-    v[:, COL["recompute_ideal_s"]] = np.where(rc_live, np.nan_to_num(ideal), 0.0)
-    self_vals[k_span] = v
+    for name, values in (
+        ("flops", work.flops[live_k]), ("bytes", work.bytes[live_k]), ("ideal_s", ideal_known), ("busy_s", share_s),
+        ("wasted_s", waste), ("known_s", np.where(work.known[live_k], share_s, 0.0)), ("kernel_s", raw_s),
+        ("comm_s", np.where(kind_live == KIND_CODE["collective"], raw_s, 0.0)),
+        ("copy_s", np.where((kind_live == KIND_CODE["memcpy"]) | (kind_live == KIND_CODE["memset"]), raw_s, 0.0)),
+        ("kernels", 1.0), ("charged_s", share_s),
+        ("recompute_flops", np.where(rc_live, work.flops[live_k], 0.0)),
+        ("recompute_ideal_s", np.where(rc_live, ideal_known, 0.0)),
+    ):
+        self_vals[COL[name], k_span] = values
     step_spans = base["step"] + steps_rows
     idle = np.maximum(win_s[step_spans] * rank_devices - stats.union_s[step_spans], 0.0)
-    self_vals[step_spans, COL["idle_s"]] = idle
-    self_vals[step_spans, COL["wasted_s"]] = idle
-    self_vals[step_spans, COL["charged_s"]] = idle
-    total = mc.rollup(parent, depth, self_vals)
+    self_vals[COL["idle_s"], step_spans] = idle
+    self_vals[COL["wasted_s"], step_spans] = idle
+    self_vals[COL["charged_s"], step_spans] = idle
+    total = self_vals  # folded in place: inclusive sums from here on
+    fold_rows_to_parents(total, parent, levels, np.add)
     # Exclusive = total minus what sits under child module/op/step spans (kernels are the span's own work).
-    non_kernel_child = (parent >= 0) & (level != LEVEL_CODE["kernel"])
-    under_children = np.zeros_like(total)
-    np.add.at(under_children, parent[non_kernel_child], total[non_kernel_child])
-    self_ = total - under_children
+    non_kernel_child = np.nonzero((parent >= 0) & (level != LEVEL_CODE["kernel"]))[0]
+    to = parent[non_kernel_child]
+    self_ = total.copy()
+    under_children = np.zeros(n)
+    for q in range(len(ADDITIVE)):
+        under_children[:] = 0.0
+        np.add.at(under_children, to, total[q, non_kernel_child])
+        self_[q] -= under_children
 
     launch_rows = np.concatenate([j.kernel_launch, np.full(len(synth_ops), -1, np.int64)])[live_k]
     l_start = rs.launches.column("start_ns").to_numpy() if rs.launches.num_rows else np.zeros(0, np.int64)
@@ -254,7 +265,7 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
         union_s=stats.union_s, price=inp.spec.price_per_hour if inp.spec.price_per_hour is not None else np.nan,
         peak_known=inp.spec.peak_for is not None, k_rows=live_k, k_waste=waste, k_launch_op=ko[live_k],
         k_kind=kind_live, over_peak_by_step=over_peak_by_step, outside_kernels=int(outside.sum()), overlap=overlap,
-        comm_bw=comm_bw,
+        comm_bw=comm_bw, levels=levels,
     ), options, j.steps, rs.samples)
 
 

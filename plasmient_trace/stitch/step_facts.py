@@ -123,7 +123,7 @@ def with_step_facts(tree: Any, options: Any, steps: np.ndarray, samples: pa.Tabl
     has_kernels = np.bincount(t.step_row[t.base["kernel"] + real], minlength=n)[:n] > 0 if n else np.zeros(0, bool)
     source = np.where(full, MEASURED, UNKNOWN).astype(np.int8)
     coverage = np.full(n, np.nan)
-    total = t.total
+    total = t.total  # quantity-major: total[COL[q], row]
     known = dict(facts.measured)
     # no signatures (ingest, or steps without module calls): step-depth steps have nothing to carry
     order = np.argsort(steps, kind="stable") if facts.signatures else np.nonzero(~full)[0]
@@ -131,23 +131,23 @@ def with_step_facts(tree: Any, options: Any, steps: np.ndarray, samples: pa.Tabl
         sig = facts.signatures.get(int(steps[s]))
         r = t.base["step"] + s
         if full[s]:
-            busy = total[r, COL["busy_s"]]
-            cov = total[r, COL["known_s"]] / busy if busy > 0 else np.nan
-            model = total[r, COL["flops"]] - total[r, COL["recompute_flops"]]
-            ideal = total[r, COL["ideal_s"]] - total[r, COL["recompute_ideal_s"]] if t.peak_known else np.nan
-            work = _work_of(int(steps[s]), model, ideal, total[r, COL["recompute_flops"]], total[r, COL["recompute_ideal_s"]], cov)
+            busy = total[COL["busy_s"], r]
+            cov = total[COL["known_s"], r] / busy if busy > 0 else np.nan
+            model = total[COL["flops"], r] - total[COL["recompute_flops"], r]
+            ideal = total[COL["ideal_s"], r] - total[COL["recompute_ideal_s"], r] if t.peak_known else np.nan
+            work = _work_of(int(steps[s]), model, ideal, total[COL["recompute_flops"], r], total[COL["recompute_ideal_s"], r], cov)
             if sig is not None and work is not None and int(steps[s]) not in facts.not_carried:
                 known[sig] = work
             continue
         work = known.get(sig) if sig is not None else None
         for row in (t.base["rank"] + s, r):
             if work is None:
-                total[row, [COL["flops"], COL["ideal_s"]]] = np.nan
+                total[[COL["flops"], COL["ideal_s"]], row] = np.nan
                 continue
-            total[row, COL["flops"]] = work.flops + work.recompute_flops
-            total[row, COL["recompute_flops"]] = work.recompute_flops
-            total[row, COL["ideal_s"]] = work.ideal_s + work.recompute_ideal_s
-            total[row, COL["recompute_ideal_s"]] = work.recompute_ideal_s
+            total[COL["flops"], row] = work.flops + work.recompute_flops
+            total[COL["recompute_flops"], row] = work.recompute_flops
+            total[COL["ideal_s"], row] = work.ideal_s + work.recompute_ideal_s
+            total[COL["recompute_ideal_s"], row] = work.recompute_ideal_s
         if work is not None:
             source[s] = CARRIED
             coverage[s] = work.coverage
@@ -198,8 +198,8 @@ def step_metrics(tree: Any, met: Any) -> Any:
         cap = np.where(np.isfinite(util), util, 1.0)
         device_s = met.window_s[rows] * t.gpus[rows]
         carried = (f.source[s] == CARRIED) & t.peak_known & (device_s > 0) & (f.coverage[s] > 0)
-        ideal_hw = t.total[rows, COL["ideal_s"]]
-        ideal = ideal_hw - t.total[rows, COL["recompute_ideal_s"]]
+        ideal_hw = t.total[COL["ideal_s"], rows]
+        ideal = ideal_hw - t.total[COL["recompute_ideal_s"], rows]
         with np.errstate(divide="ignore", invalid="ignore"):
             met.mfu[rows] = np.where(carried, np.minimum(ideal / device_s, cap), np.nan)
             met.hfu[rows] = np.where(carried, np.minimum(ideal_hw / device_s, cap), np.nan)
