@@ -36,6 +36,32 @@ def nan_to_null(values: np.ndarray) -> pa.Array:
     return pa.array(values, mask=~np.isfinite(values))
 
 
+def repeated(value: str | None, n: int, where: np.ndarray | None = None) -> pa.Array:
+    """A string column holding ``value`` on every row (or only where ``where``, null elsewhere), built by
+    one take from a one-element array instead of a Python list per row."""
+    if where is None:
+        return pa.array([value], pa.string()).take(pa.array(np.zeros(n, np.int32)))
+    return pa.array([value], pa.string()).take(pa.array(np.zeros(n, np.int32), mask=~np.asarray(where, bool)))
+
+
+def unicode_to_arrow(values: np.ndarray) -> pa.Array:
+    """A numpy unicode array as an Arrow string array. ASCII (dtype and model names) is converted from the
+    fixed-width code points in a few vectorised passes (pa.array walks it element by element)."""
+    values = np.asarray(values)
+    width = values.dtype.itemsize // 4
+    if values.dtype.kind != "U" or width == 0 or len(values) == 0:
+        return pa.array(values.astype(str), pa.string())
+    points = values.view(np.uint32).reshape(len(values), width)
+    if points.max() >= 128:
+        return pa.array(values, pa.string())
+    # numpy pads with NUL code points at the end only, so the non-NUL points are each string's text
+    keep = points != 0
+    offsets = np.zeros(len(values) + 1, np.int32)
+    np.cumsum(keep.sum(axis=1), out=offsets[1:])
+    data = points[keep].astype(np.uint8)
+    return pa.Array.from_buffers(pa.string(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
 def resource_for_rank(inp: RankInput, rank: int, node: str, options: StitchOptions) -> dict[str, Any]:
     res: dict[str, Any] = {"service.name": options.service_name or os.environ.get("OTEL_SERVICE_NAME") or "plasmient-trace"}
     res.update(options.extra_resource)
@@ -114,10 +140,10 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     cols["start_ns"] = t.start[sel]
     cols["end_ns"] = t.end[sel]
     cols["plasmient.level"] = pa.array(list(cv.LEVELS), pa.string()).take(pa.array(lv.astype(np.int64)))
-    cols["plasmient.job.id"] = pa.array([job] * len(sel), pa.string())
+    cols["plasmient.job.id"] = repeated(job, len(sel))
     cols["plasmient.step"] = step_of[sel]
     cols["plasmient.rank"] = np.full(len(sel), rank, np.int64)
-    cols["plasmient.device.type"] = pa.array([inp.spec.device_type] * len(sel), pa.string())
+    cols["plasmient.device.type"] = repeated(inp.spec.device_type, len(sel))
     dev = t.has_device[sel]
     cols["plasmient.gpus"] = masked(t.gpus[sel], ~dev)
     cols["plasmient.wall_s"] = (t.end[sel] - t.start[sel]) / 1e9
@@ -188,7 +214,7 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     headline = spec.headline_peak()
     cols["plasmient.peak_flops"] = nan_to_null(np.where(upper, headline, np.nan))
     cols["plasmient.peak_bandwidth"] = nan_to_null(np.where(upper, spec.bandwidth or np.nan, np.nan))
-    cols["plasmient.peak.source"] = pa.array(np.where(is_rank, spec.source, None).tolist(), pa.string())
+    cols["plasmient.peak.source"] = repeated(spec.source, len(sel), is_rank)
     cols["plasmient.clock.offset_ns"] = masked(np.full(len(sel), max(j.stats.clock_offset_ns.values(), default=0), np.int64), ~is_rank)
     cols["plasmient.sampled_depth"] = _step_depth(step_of[sel], is_step, options.full_depth_steps)
     dropped = inp.records.counters.get("cupti.dropped_records")
@@ -256,8 +282,8 @@ def _record_values(kind: str, inp: RankInput, j: JoinedRank, rows: np.ndarray, f
         vals["plasmient.op.sequence_number"] = t.column("sequence_number")
         vals["plasmient.op.input_dims"] = t.column("input_dims")
         vals["plasmient.op.input_types"] = t.column("input_types")
-        vals["plasmient.op.dtype"] = pa.array(inp.op_dtype[rows].astype(str), pa.string())
-        vals["plasmient.op.flops_model"] = pa.array(inp.op_model[rows].astype(str), pa.string())
+        vals["plasmient.op.dtype"] = unicode_to_arrow(inp.op_dtype[rows])
+        vals["plasmient.op.flops_model"] = unicode_to_arrow(inp.op_model[rows])
         vals["plasmient.op.model_flops"] = pa.array(inp.op_flops[rows], pa.float64())
         vals["plasmient.op.kineto_flops"] = t.column("kineto_flops")
         vals["plasmient.op.cpu_s"] = pc.divide(pc.subtract(t.column("end_ns"), t.column("start_ns")).cast(pa.float64()), 1e9)
