@@ -43,7 +43,9 @@ def innermost_enclosing(
 
     # Dense group ranks so (group, time) packs into one int64 key.
     all_groups = np.concatenate([iv_group, pt_group])
-    uniq, inv = np.unique(all_groups, return_inverse=True)
+    # (threads are few: a hash unique of the values and a search into them beats a sort-based inverse)
+    uniq = np.unique(all_groups)
+    inv = np.searchsorted(uniq, all_groups)
     g_iv, g_pt = inv[:n_iv], inv[n_iv:]
     t0 = int(min(iv_start.min(), pt_time.min() if n_pt else iv_start.min()))
     t1 = int(max(iv_end.max(), pt_time.max() if n_pt else iv_end.max()))
