@@ -62,6 +62,24 @@ def unicode_to_arrow(values: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
+def _runs(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(starts, lengths) of the consecutive runs of sorted rows, or None when there are too many runs for
+    slicing to beat a take (a budget that keeps every span but a few is a handful of runs)."""
+    breaks = np.nonzero(np.diff(rows) != 1)[0] + 1
+    if len(breaks) > max(16, len(rows) // 4096):
+        return None
+    bounds = np.concatenate([[0], breaks, [len(rows)]])
+    return rows[bounds[:-1]], np.diff(bounds)
+
+
+def take_rows(values: pa.Array, rows: np.ndarray) -> pa.Array:
+    """values.take(rows) for sorted rows; mostly-consecutive rows are copied as whole slices."""
+    runs = _runs(rows) if len(rows) else None
+    if runs is None:
+        return values.take(pa.array(rows))
+    return pa.concat_arrays([values.slice(int(a), int(n)) for a, n in zip(*runs)])
+
+
 def resource_for_rank(inp: RankInput, rank: int, node: str, options: StitchOptions) -> dict[str, Any]:
     res: dict[str, Any] = {"service.name": options.service_name or os.environ.get("OTEL_SERVICE_NAME") or "plasmient-trace"}
     res.update(options.extra_resource)
@@ -125,7 +143,6 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     ])
 
     sel = np.nonzero(export)[0]
-    sel_pa = pa.array(sel)
     lv = t.level[sel]
     is_step = lv == LEVEL_CODE["step"]
     is_rank = lv == LEVEL_CODE["rank"]
@@ -136,7 +153,7 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     cols["span_id"] = span_id[sel]
     cols["parent_span_id"] = parent_id[sel]
     cols["resource_index"] = np.zeros(len(sel), np.int32)
-    cols["name"] = names.take(sel_pa)
+    cols["name"] = take_rows(names, sel)
     cols["start_ns"] = t.start[sel]
     cols["end_ns"] = t.end[sel]
     cols["plasmient.level"] = pa.array(list(cv.LEVELS), pa.string()).take(pa.array(lv.astype(np.int64)))
@@ -270,7 +287,13 @@ RECORD_ATTRIBUTES = (
 
 def _rows_of(table: pa.Table, columns: list[str], rows: np.ndarray, full: bool) -> pa.Table:
     table = table.select(columns)
-    return table if full else table.take(pa.array(rows))
+    if full:
+        return table
+    runs = _runs(rows) if len(rows) else None
+    if runs is None:
+        return table.take(pa.array(rows))
+    # zero-copy slices: the span table combines each column's chunks once
+    return pa.concat_tables([table.slice(int(a), int(n)) for a, n in zip(*runs)])
 
 
 def _record_values(kind: str, inp: RankInput, j: JoinedRank, rows: np.ndarray, full: bool) -> dict[str, Any]:
