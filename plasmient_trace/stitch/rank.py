@@ -172,9 +172,13 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     kinds = _kind_codes(rs.kernels.column("kind"), len(synth_ops))
     if n_k:
         # NCCL/RCCL kernels are collectives whatever category the source gave them
-        lower = pc.utf8_lower(rs.kernels.column("name"))
-        comm = pc.or_(pc.starts_with(lower, "nccl"), pc.match_substring(lower, "rccl")).fill_null(False)
-        kinds[:n_k][comm.to_numpy(zero_copy_only=False) & (kinds[:n_k] == KIND_CODE["kernel"])] = KIND_CODE["collective"]
+        # matched once per distinct name: a million kernels carry a few thousand names
+        enc = pc.dictionary_encode(rs.kernels.column("name").combine_chunks())
+        lower = pc.utf8_lower(enc.dictionary)
+        comm_name = pc.or_(pc.starts_with(lower, "nccl"), pc.match_substring(lower, "rccl")).fill_null(False)
+        code = enc.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+        comm = np.where(code >= 0, comm_name.to_numpy(zero_copy_only=False)[np.maximum(code, 0)], False)
+        kinds[:n_k][comm & (kinds[:n_k] == KIND_CODE["kernel"])] = KIND_CODE["collective"]
     if len(synth_ops):
         kinds[n_k:] = np.where(_collective_ops(rs, synth_ops), KIND_CODE["collective"], KIND_CODE["kernel"])
     work = kernel_work(inp, j, ko, kinds, k_alive, ke - ks, yields)
