@@ -370,12 +370,22 @@ def _dims_string(col: pa.ChunkedArray) -> pa.Array:
     arr = col.combine_chunks()
     if len(arr) == 0:
         return pa.array([], pa.string())
-    flat = arr.flatten().cast(pa.string())
+    valid = arr.is_valid().to_numpy(zero_copy_only=False)
+    flat = arr.flatten()
+    if len(flat) and flat.null_count == 0 and pa.types.is_fixed_size_list(arr.type) and arr.type.list_size == 3 and pa.types.is_integer(flat.type):
+        # Launch dimensions repeat: format each distinct (x, y, z) once and take.
+        xyz = np.ascontiguousarray(flat.to_numpy().astype(np.int64).reshape(-1, 3))
+        packed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(24), len(xyz), [None, pa.py_buffer(xyz)])
+        enc = pc.dictionary_encode(packed)
+        distinct = np.frombuffer(enc.dictionary.buffers()[1], np.int64, 3 * len(enc.dictionary)).reshape(-1, 3)
+        text = pa.array([f"{x},{y},{z}" for x, y, z in distinct.tolist()], pa.string())
+        code = enc.indices.to_numpy(zero_copy_only=False)[np.maximum(np.cumsum(valid) - 1, 0)]
+        return text.take(pa.array(code, mask=~valid))
+    flat = flat.cast(pa.string())
     x = flat.take(pa.array(np.arange(0, len(flat), 3)))
     y = flat.take(pa.array(np.arange(1, len(flat), 3)))
     z = flat.take(pa.array(np.arange(2, len(flat), 3)))
     joined = pc.binary_join_element_wise(x, y, z, ",")
     # flatten() drops null lists: scatter back
-    valid = arr.is_valid().to_numpy(zero_copy_only=False)
     idx = np.cumsum(valid) - 1
     return joined.take(pa.array(np.where(valid, idx, 0), mask=~valid))
