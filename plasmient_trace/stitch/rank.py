@@ -39,7 +39,7 @@ from .step_facts import step_metrics, with_step_facts
 from .windows import kernel_shares_ns, step_windows
 
 _BIG = np.iinfo(np.int64).max
-# Additive per-span quantities, in the column order of RankTree.total / .self_.
+# Additive per-span quantities, in the row order of RankTree.total.
 ADDITIVE = ("flops", "bytes", "ideal_s", "busy_s", "wasted_s", "known_s", "kernel_s", "comm_s", "copy_s",
             "kernels", "charged_s", "idle_s", "recompute_flops", "recompute_ideal_s")
 COL = {name: i for i, name in enumerate(ADDITIVE)}
@@ -69,7 +69,10 @@ class RankTree:
     win_end: np.ndarray
     gpus: np.ndarray
     total: np.ndarray     # (len(ADDITIVE), n) inclusive: one contiguous row per quantity
-    self_: np.ndarray     # (len(ADDITIVE), n) exclusive: what is not under a child module/op/step/rank span
+    # exclusive values (what is not under a child module/op/step/rank span) are derived per quantity on demand
+    # from these: the (non-kernel child, parent) pairs whose totals are subtracted
+    under_child: np.ndarray
+    under_parent: np.ndarray
     union_s: np.ndarray
     price: float          # USD per device-hour (NaN unknown)
     peak_known: bool
@@ -84,12 +87,21 @@ class RankTree:
     comm_bw: CollectiveBandwidth | None = None  # per collective kernel and step: message bytes, algbw, busbw
     facts: Any = None  # step_facts.ResolvedSteps: depth, FLOPs source, what step depth measured
     levels: list[np.ndarray] = field(default_factory=list)  # span rows by depth (nesting.depth_levels), sorted once
+    _exclusive: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def span(self, level: str, rows: np.ndarray | int) -> np.ndarray | int:
         return self.base[level] + rows
 
     def col(self, name: str, inclusive: bool = True) -> np.ndarray:
-        return (self.total if inclusive else self.self_)[COL[name]]
+        if inclusive:
+            return self.total[COL[name]]
+        cached = self._exclusive.get(name)
+        if cached is None:
+            # a parent's exclusive value: its total less its non-kernel children's totals (kernels are its own work)
+            under = np.zeros(self.total.shape[1])
+            np.add.at(under, self.under_parent, self.total[COL[name], self.under_child])
+            cached = self._exclusive[name] = self.total[COL[name]] - under
+        return cached
 
 
 def _kind_codes(kind, n_synthetic: int) -> np.ndarray:
@@ -243,15 +255,9 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     self_vals[COL["charged_s"], step_spans] = idle
     total = self_vals  # folded in place: inclusive sums from here on
     fold_rows_to_parents(total, parent, levels, np.add)
-    # Exclusive = total minus what sits under child module/op/step spans (kernels are the span's own work).
+    # Exclusive = total minus what sits under child module/op/step spans (RankTree.col computes it when asked:
+    # a few quantities are, and 14 more (q, n) rows are 400 MB at 10^6 kernels).
     non_kernel_child = np.nonzero((parent >= 0) & (level != LEVEL_CODE["kernel"]))[0]
-    to = parent[non_kernel_child]
-    self_ = total.copy()
-    under_children = np.zeros(n)
-    for q in range(len(ADDITIVE)):
-        under_children[:] = 0.0
-        np.add.at(under_children, to, total[q, non_kernel_child])
-        self_[q] -= under_children
 
     launch_rows = np.concatenate([j.kernel_launch, np.full(len(synth_ops), -1, np.int64)])[live_k]
     l_start = rs.launches.column("start_ns").to_numpy() if rs.launches.num_rows else np.zeros(0, np.int64)
@@ -265,7 +271,8 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     return with_step_facts(RankTree(
         n_steps=n_steps, n_mod=n_mod, n_op=n_op, n_k=n_k, base=base, level=level, parent=parent, start=start,
         end=end, step_row=step_row, alive=alive, depth=depth, synth_ops=synth_ops, module_labels=module_labels,
-        has_device=has_device & alive, win_start=win_start, win_end=win_end, gpus=gpus, total=total, self_=self_,
+        has_device=has_device & alive, win_start=win_start, win_end=win_end, gpus=gpus, total=total,
+        under_child=non_kernel_child, under_parent=parent[non_kernel_child],
         union_s=stats.union_s, price=inp.spec.price_per_hour if inp.spec.price_per_hour is not None else np.nan,
         peak_known=inp.spec.peak_for is not None, k_rows=live_k, k_waste=waste, k_launch_op=ko[live_k],
         k_kind=kind_live, over_peak_by_step=over_peak_by_step, outside_kernels=int(outside.sum()), overlap=overlap,
