@@ -361,9 +361,12 @@ def _per_record_columns(cols: dict[str, Any], sel: np.ndarray, t: RankTree, inp:
             else:
                 value = value.combine_chunks() if isinstance(value, pa.ChunkedArray) else value
                 parts[name].append(value if value.type == typ else value.cast(typ))
-    for name, arrays in parts.items():
-        typ = cv.ATTRIBUTE_BY_NAME[name].type
-        cols[name] = pa.chunked_array(arrays, typ) if arrays else pa.nulls(0, typ)
+    # One array per attribute now, its block pieces freed as it goes (a chunked column left for the span table
+    # to combine would hold every piece and its combined copy at once).
+    for name in RECORD_ATTRIBUTES:
+        arrays = parts.pop(name)
+        cols[name] = (arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)) if arrays else pa.nulls(0, cv.ATTRIBUTE_BY_NAME[name].type)
+        del arrays
 
 
 def _dims_string(col: pa.ChunkedArray) -> pa.Array:
