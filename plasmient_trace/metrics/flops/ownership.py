@@ -25,7 +25,7 @@ def _yields_to(op_parent: np.ndarray, cls: np.ndarray, k: int, below: np.ndarray
     node, c = op_parent[below], cls[below]
     for _ in range(256):
         keep = node >= 0
-        key = np.unique(node[keep] * k + c[keep])
+        key = np.unique(node[keep] * k + c[keep], sorted=False)  # a set: order is irrelevant, hashing beats sorting
         key = key[~seen[key]]
         if not len(key):
             break
@@ -52,8 +52,12 @@ def yields_flops(op_parent: np.ndarray, op_model: np.ndarray, op_flops: np.ndarr
     parent = np.asarray(op_parent, np.int64)
     model = np.asarray(op_model).astype(str)
     flops = np.asarray(op_flops, np.float64)
-    classes, cls = np.unique(np.where(np.isin(model, GEMM_LIKE), "gemm-like", model), return_inverse=True)
-    cls = cls.reshape(-1)
+    # classify the few distinct model names, then look every op up among them (a sort-based unique or isin
+    # over millions of strings costs seconds)
+    names = np.sort(np.unique(model, sorted=False))
+    name_class = np.unique(np.where(np.isin(names, GEMM_LIKE), "gemm-like", names), return_inverse=True)[1].reshape(-1)
+    classes = np.unique(name_class)
+    cls = name_class[np.searchsorted(names, model)]
     modelled = model != "none"
     to_any = _yields_to(parent, cls, len(classes), modelled)
     to_working = _yields_to(parent, cls, len(classes), modelled & (flops > 0))
