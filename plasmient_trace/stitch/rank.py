@@ -268,7 +268,7 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     outside = ~k_alive[:n_k] if n_k else np.zeros(0, bool)
     comm_bw = collective_bandwidth(rs.kernels, kinds[:n_k] == KIND_CODE["collective"], ke[:n_k] - ks[:n_k], kstep[:n_k],
                                    n_steps, inp.spec.model) if n_k else None
-    return with_step_facts(RankTree(
+    tree = RankTree(
         n_steps=n_steps, n_mod=n_mod, n_op=n_op, n_k=n_k, base=base, level=level, parent=parent, start=start,
         end=end, step_row=step_row, alive=alive, depth=depth, synth_ops=synth_ops, module_labels=module_labels,
         has_device=has_device & alive, win_start=win_start, win_end=win_end, gpus=gpus, total=total,
@@ -277,7 +277,13 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
         peak_known=inp.spec.peak_for is not None, k_rows=live_k, k_waste=waste, k_launch_op=ko[live_k],
         k_kind=kind_live, over_peak_by_step=over_peak_by_step, outside_kernels=int(outside.sum()), overlap=overlap,
         comm_bw=comm_bw, levels=levels,
-    ), options, j.steps, rs.samples)
+    )
+    if options.full_depth_steps is not None:
+        # Exclusive values are of the measured totals: derive the ones step facts may overwrite (carried work on
+        # step and rank rows) before they do, as when the whole exclusive matrix was built here.
+        for name in ("flops", "recompute_flops", "ideal_s", "recompute_ideal_s"):
+            tree.col(name, inclusive=False)
+    return with_step_facts(tree, options, j.steps, rs.samples)
 
 
 _COLLECTIVE_OP = ("nccl", "rccl", "gloo", "c10d::", "allreduce", "all_reduce", "allgather", "all_gather",
