@@ -7,6 +7,8 @@ Nothing here knows about spans: the inputs are numpy arrays and Arrow arrays, th
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import orjson
 import pyarrow as pa
@@ -180,11 +182,13 @@ _CONST = np.int64(1 << 48)  # piece ids at or above this name a constant, not a 
 
 
 class Pieces:
-    """Per-row sequences of byte pieces, concatenated for all rows by one ``take``.
+    """Per-row sequences of byte pieces, concatenated for all rows by Arrow ``take``.
 
-    Pieces are constants or elements of pooled arrays. Each ``per_row``/``per_row_major`` call
-    appends one more run of pieces to every row; ``build`` lays all runs out row by row, gathers the
-    pieces in that order and returns one large_binary value per row that shares the gathered buffer.
+    Pieces are constants or elements of pooled arrays. Rows get their pieces either in runs (each
+    ``per_row``/``per_row_major`` call appends one more run to every row) or, when the number of
+    pieces of every row is known up front, by position (``layout`` then ``put``). ``build`` gathers
+    the pieces row by row and returns one large_binary value per row; ``build_parts`` does the same
+    in parts of at most ``rows_per_part`` rows, so the gathered bytes are never more than one part's.
     The work per span is a handful of numpy index operations and one memcpy per piece.
     """
 
@@ -195,6 +199,8 @@ class Pieces:
         self._consts: dict[bytes, int] = {}
         self._const_list: list[bytes] = []
         self._runs: list[tuple[np.ndarray | None, np.ndarray]] = []  # (pieces per row or None for one, ids)
+        self._order: np.ndarray | None = None  # piece ids row after row, when laid out up front
+        self._row_first: np.ndarray | None = None
 
     def array(self, arr: pa.Array) -> np.ndarray:
         """Pool ``arr``; returns the piece id of each of its elements."""
@@ -211,6 +217,11 @@ class Pieces:
             self._const_list.append(value)
         return _CONST + np.int64(i)
 
+    @property
+    def pooled_bytes(self) -> int:
+        """Bytes of the pooled arrays' values (each is typically used once)."""
+        return sum(len(string_data(arr)) for arr in self._arrays)
+
     def const_value(self, piece_id: int) -> bytes:
         return self._const_list[piece_id - int(_CONST)]
 
@@ -222,15 +233,28 @@ class Pieces:
         """``counts[r]`` pieces for row r, given row after row in ``ids`` (no per-piece row/rank needed)."""
         self._runs.append((counts, ids))
 
-    def build(self) -> pa.Array:
+    def layout(self, per_row: np.ndarray) -> np.ndarray:
+        """Fix how many pieces each row has; returns the first position of each row (n + 1 values) for ``put``."""
+        if self._runs:
+            raise AssertionError("Pieces: layout() after per_row()")  # an encoder bug, never input
+        self._row_first = np.zeros(self.n + 1, dtype=np.int64)
+        np.cumsum(per_row, out=self._row_first[1:])
+        self._order = np.empty(int(self._row_first[-1]), dtype=np.int64)
+        return self._row_first
+
+    def put(self, positions: np.ndarray, ids: np.ndarray | np.int64) -> None:
+        """Place pieces at absolute positions of the layout (every position must be put exactly once)."""
+        assert self._order is not None
+        self._order[positions] = ids
+
+    def _order_by_runs(self) -> tuple[np.ndarray, np.ndarray]:
         n = self.n
         per_row = np.zeros(n, dtype=np.int64)
         for counts, _ in self._runs:
             per_row += 1 if counts is None else counts
         row_first = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(per_row, out=row_first[1:])
-        total = int(row_first[-1])
-        order = np.empty(total, dtype=np.int64)
+        order = np.empty(int(row_first[-1]), dtype=np.int64)
         at = row_first[:-1].copy()  # next free position of each row
         for counts, ids in self._runs:
             if counts is None:
@@ -242,13 +266,32 @@ class Pieces:
                 np.cumsum(counts[:-1], out=run_first[1:])
                 order[np.repeat(at - run_first, counts) + np.arange(len(ids), dtype=np.int64)] = ids
                 at += counts
+        return order, row_first
+
+    def build(self) -> pa.Array:
+        """All rows as one large_binary array."""
+        return next(self.build_parts(self.n or 1))
+
+    def build_parts(self, rows_per_part: int) -> Iterator[pa.Array]:
+        """The rows as consecutive large_binary arrays of at most ``rows_per_part`` rows each.
+
+        A part's bytes are gathered only when it is asked for: the caller holds one part at a time.
+        """
+        if self._order is not None and self._row_first is not None:
+            order, row_first = self._order, self._row_first
+        else:
+            order, row_first = self._order_by_runs()
         pool = pa.concat_arrays(self._arrays + [pa.array(self._const_list, LB)])
         is_const = order >= _CONST
         order[is_const] -= _CONST - self._size
-        taken = pool.take(pa.array(order))
-        piece_offsets = np.frombuffer(taken.buffers()[1], dtype=np.int64)[taken.offset : taken.offset + total + 1]
-        row_offsets = np.ascontiguousarray(piece_offsets[row_first])
-        return pa.Array.from_buffers(LB, n, [None, pa.py_buffer(row_offsets), taken.buffers()[2]])
+        n = self.n
+        for r0 in range(0, max(n, 1), rows_per_part):
+            r1 = min(n, r0 + rows_per_part)
+            first = row_first[r0 : r1 + 1]
+            taken = pool.take(pa.array(order[first[0] : first[-1]]))
+            piece_offsets = np.frombuffer(taken.buffers()[1], dtype=np.int64)[taken.offset : taken.offset + len(taken) + 1]
+            row_offsets = np.ascontiguousarray(piece_offsets[first - first[0]])
+            yield pa.Array.from_buffers(LB, r1 - r0, [None, pa.py_buffer(row_offsets), taken.buffers()[2]])
 
 
 def string_data(arr: pa.Array) -> np.ndarray:

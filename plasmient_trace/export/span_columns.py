@@ -11,7 +11,8 @@ row's attributes, which both the JSON and the protobuf encoders need.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,16 +38,22 @@ __all__ = [
 CHUNK_ROWS = 1 << 14  # spans encoded per pass: ~40 MB of pieces, reused by the allocator instead of freshly faulted in
 
 _CORE_NAMES = frozenset(CORE_COLUMNS.names)
+_MAX_SLICED_RUNS = 64  # a chunk of more runs than this is gathered with one take instead of sliced
 
 
 
 @dataclass
 class SpanLayout:
-    """A span table sorted so every (trace, resource) group is one contiguous run of rows."""
+    """A span table's rows in an order where every (trace, resource) group is one contiguous run.
 
-    table: pa.Table  # sorted, single-chunk columns
-    group_starts: np.ndarray  # int64, first row of each group, plus num_rows at the end
-    group_trace: np.ndarray  # int64 trace ordinal of each group (0, 1, ... in sorted order)
+    The table itself is not reordered (that would copy all of it): ``rows`` (the table's row for
+    each position, None when the table is already grouped) is applied one chunk at a time.
+    """
+
+    table: pa.Table  # as given (core columns in their canonical types); columns may have several chunks
+    rows: np.ndarray | None  # int64 table row of each position, or None for the table's own order
+    group_starts: np.ndarray  # int64, first position of each group, plus num_rows at the end
+    group_trace: np.ndarray  # int64 trace ordinal of each group (0, 1, ... in grouped order)
     group_resource: np.ndarray  # int64 resource index of each group
     trace_ids: list[bytes]  # trace id of each trace ordinal
     resources: list[dict[str, Any]]
@@ -54,6 +61,21 @@ class SpanLayout:
     @property
     def num_rows(self) -> int:
         return self.table.num_rows
+
+    def chunk(self, start: int, stop: int) -> pa.Table:
+        """The rows at positions [start, stop), in grouped order.
+
+        Runs of consecutive table rows are zero-copy slices; only a chunk made of many short runs
+        is gathered row by row.
+        """
+        if self.rows is None:
+            return self.table.slice(start, stop - start)
+        rows = self.rows[start:stop]
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+        if len(breaks) > _MAX_SLICED_RUNS:
+            return self.table.take(pa.array(rows))
+        bounds = np.concatenate(([0], breaks, [len(rows)]))
+        return pa.concat_tables([self.table.slice(int(rows[a]), b - a) for a, b in itertools.pairwise(bounds.tolist())])
 
 
 def id_matrix(column: pa.ChunkedArray | pa.Array, width: int) -> np.ndarray:
@@ -99,7 +121,7 @@ def span_layout(batch: SpanBatch) -> SpanLayout:
     n = table.num_rows
     resources = list(batch.resources)
     if n == 0:
-        return SpanLayout(table, np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), [], resources)
+        return SpanLayout(table, None, np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), [], resources)
 
     tid = id_matrix(table.column("trace_id"), 16)
     hi = np.ascontiguousarray(tid[:, :8]).view(">u8").ravel().astype(np.uint64)
@@ -108,11 +130,13 @@ def span_layout(batch: SpanBatch) -> SpanLayout:
 
     # A table whose traces, and (trace, resource) groups within them, are already contiguous (the
     # stitcher's output) is used in its own order; anything else is sorted by (trace id, resource).
+    # The stitcher puts every step's fleet and node spans first, so its tables are usually not grouped.
+    # Either way the table is not copied: the columns keep their chunks and each encoded chunk
+    # gathers (or combines) only its own rows.
+    rows = None
     if not _is_grouped(hi, lo, res):
-        order = np.lexsort((res, lo, hi))  # stable: rows of one group keep their order
-        table = table.take(pa.array(order))
-        hi, lo, res = hi[order], lo[order], res[order]
-    table = table.combine_chunks()
+        rows = np.lexsort((res, lo, hi))  # stable: rows of one group keep their order
+        hi, lo, res = hi[rows], lo[rows], res[rows]
 
     trace_change = np.empty(n, dtype=bool)
     trace_change[0] = True
@@ -132,9 +156,11 @@ def span_layout(batch: SpanBatch) -> SpanLayout:
     if not resources:
         resources = [{}]  # every span has resource_index 0 and no resource attributes
 
-    trace_ids = [tid_row.tobytes() for tid_row in id_matrix(table.column("trace_id"), 16)[trace_starts]]
+    first_rows = trace_starts if rows is None else rows[trace_starts]
+    trace_ids = [tid_row.tobytes() for tid_row in tid[first_rows]]
     return SpanLayout(
         table=table,
+        rows=rows,
         group_starts=np.append(starts, n),
         group_trace=group_trace,
         group_resource=group_resource,
@@ -145,32 +171,42 @@ def span_layout(batch: SpanBatch) -> SpanLayout:
 
 @dataclass
 class Segment:
-    """Consecutive span fragments of one group inside one encoded chunk."""
+    """Consecutive span fragments of one group inside one encoded part of a chunk."""
 
     group: int
-    data: memoryview  # the chunk's fragment bytes
+    data: memoryview  # the part's fragment bytes
     offsets: np.ndarray  # int64, len = spans + 1, absolute positions in ``data``
     ends_group: bool
 
 
-def iter_segments(layout: SpanLayout, encode_chunk: Callable[[pa.Table], pa.Array], chunk_rows: int = CHUNK_ROWS) -> Iterator[Segment]:
-    """Encode the layout's rows chunk by chunk and hand out per-group slices of the fragments."""
+def iter_segments(layout: SpanLayout, encode_chunk: Callable[[pa.Table], pa.Array | Iterable[pa.Array]],
+                  chunk_rows: int = CHUNK_ROWS) -> Iterator[Segment]:
+    """Encode the layout's rows chunk by chunk and hand out per-group slices of the fragments.
+
+    ``encode_chunk`` returns one fragment per row of its chunk, as one array or as consecutive parts
+    (made one at a time, so only one part's bytes need exist while its segments are consumed).
+    """
     n = layout.num_rows
     starts = layout.group_starts
     for c0 in range(0, n, chunk_rows):
         c1 = min(n, c0 + chunk_rows)
-        frags = encode_chunk(layout.table.slice(c0, c1 - c0))
-        if frags.null_count:
-            raise AssertionError("span fragment encoder produced nulls")  # an encoder bug, never input
-        m = len(frags)
-        offs = np.frombuffer(frags.buffers()[1], dtype=np.int64)[frags.offset : frags.offset + m + 1]
-        data = memoryview(frags.buffers()[2])
-        g = int(np.searchsorted(starts, c0, side="right")) - 1
-        while g < len(starts) - 1 and starts[g] < c1:
-            a = max(int(starts[g]), c0) - c0
-            b = min(int(starts[g + 1]), c1) - c0
-            yield Segment(g, data, offs[a : b + 1], int(starts[g + 1]) <= c1)
-            g += 1
+        out = encode_chunk(layout.chunk(c0, c1))
+        p0 = c0
+        for frags in [out] if isinstance(out, pa.Array) else out:
+            if frags.null_count:
+                raise AssertionError("span fragment encoder produced nulls")  # an encoder bug, never input
+            p1 = p0 + len(frags)
+            offs = np.frombuffer(frags.buffers()[1], dtype=np.int64)[frags.offset : frags.offset + len(frags) + 1]
+            data = memoryview(frags.buffers()[2] or b"")
+            g = int(np.searchsorted(starts, p0, side="right")) - 1
+            while g < len(starts) - 1 and starts[g] < p1:
+                a = max(int(starts[g]), p0) - p0
+                b = min(int(starts[g + 1]), p1) - p0
+                yield Segment(g, data, offs[a : b + 1], int(starts[g + 1]) <= p1)
+                g += 1
+            p0 = p1
+        if p0 != c1:
+            raise AssertionError(f"span fragment encoder returned {p0 - c0} rows for {c1 - c0}")  # an encoder bug
 
 
 def column_array(table: pa.Table, name: str) -> pa.Array:
