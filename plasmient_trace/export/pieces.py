@@ -204,10 +204,15 @@ class Pieces:
 
     def array(self, arr: pa.Array) -> np.ndarray:
         """Pool ``arr``; returns the piece id of each of its elements."""
+        base = self.pool(arr)
+        return np.arange(base, base + len(arr), dtype=np.int64)
+
+    def pool(self, arr: pa.Array) -> int:
+        """Pool ``arr``; returns the piece id of its first element (the others follow it)."""
         base = self._size
         self._arrays.append(arr if arr.type == LB else arr.cast(LB))
         self._size += len(arr)
-        return np.arange(base, base + len(arr), dtype=np.int64)
+        return base
 
     def const(self, value: bytes) -> np.int64:
         """Piece id of a constant (registered once per distinct value)."""

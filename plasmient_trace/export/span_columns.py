@@ -35,7 +35,7 @@ __all__ = [
     "span_layout",
 ]
 
-CHUNK_ROWS = 1 << 14  # spans encoded per pass: ~40 MB of pieces, reused by the allocator instead of freshly faulted in
+CHUNK_ROWS = 1 << 14  # spans encoded per pass unless the encoder asks for another size
 
 _CORE_NAMES = frozenset(CORE_COLUMNS.names)
 _MAX_SLICED_RUNS = 64  # a chunk of more runs than this is gathered with one take instead of sliced
