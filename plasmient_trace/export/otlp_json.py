@@ -15,6 +15,7 @@ with :mod:`.otlp_proto`; reading lines back is :mod:`.otlp_json_read`'s.
 from __future__ import annotations
 
 import base64
+import functools
 import math
 import os
 from collections.abc import Iterator
@@ -333,7 +334,8 @@ _LINE_TAIL = b"]}\n"
 _GROUP_TAIL = b"]}]}"
 
 
-def _json_pieces(batch: SpanBatch, max_bytes: int | None, chunk_rows: int = JSON_CHUNK_ROWS) -> Iterator[bytes | memoryview | None]:
+def _json_pieces(batch: SpanBatch, max_bytes: int | None, chunk_rows: int = JSON_CHUNK_ROWS,
+                 part_bytes: int = PART_BYTES) -> Iterator[bytes | memoryview | None]:
     """Byte pieces of the JSONL output; None marks the end of a line (after its newline piece)."""
     layout = span_layout(batch)
     if layout.num_rows == 0:
@@ -353,7 +355,7 @@ def _json_pieces(batch: SpanBatch, max_bytes: int | None, chunk_rows: int = JSON
     first_group = True
     pending_comma = False  # a span was emitted in the open group: the next one needs a ','
 
-    for seg in iter_segments(layout, json_span_fragments, chunk_rows):
+    for seg in iter_segments(layout, functools.partial(json_span_fragments, part_bytes=part_bytes), chunk_rows):
         g = seg.group
         t = int(layout.group_trace[g])
         if t != cur_trace:
