@@ -334,7 +334,7 @@ _LINE_TAIL = b"]}\n"
 _GROUP_TAIL = b"]}]}"
 
 
-def _json_pieces(batch: SpanBatch, max_bytes: int | None, chunk_rows: int = JSON_CHUNK_ROWS,
+def _json_pieces(batch: SpanBatch, max_bytes: int | None, chunk_rows: int | None = None,
                  part_bytes: int = PART_BYTES) -> Iterator[bytes | memoryview | None]:
     """Byte pieces of the JSONL output; None marks the end of a line (after its newline piece)."""
     layout = span_layout(batch)
@@ -355,7 +355,7 @@ def _json_pieces(batch: SpanBatch, max_bytes: int | None, chunk_rows: int = JSON
     first_group = True
     pending_comma = False  # a span was emitted in the open group: the next one needs a ','
 
-    for seg in iter_segments(layout, functools.partial(json_span_fragments, part_bytes=part_bytes), chunk_rows):
+    for seg in iter_segments(layout, functools.partial(json_span_fragments, part_bytes=part_bytes), chunk_rows or JSON_CHUNK_ROWS):
         g = seg.group
         t = int(layout.group_trace[g])
         if t != cur_trace:
