@@ -45,6 +45,7 @@ from plasmient_trace.export.pieces import (
 )
 from plasmient_trace.export.span_columns import (
     AttributeValues,
+    attribute_slots,
     attribute_values,
     column_array,
     id_matrix,
@@ -68,10 +69,9 @@ SPAN_KIND_INTERNAL = 1  # every span we emit is an in-process measurement, never
 # the next (larger blocks come fresh from the OS and are page-faulted in every time, which cost more
 # than the encoding itself), large enough that the per-part overhead stays negligible.
 PART_BYTES = 4 << 20
-# Spans prepared per pass (value texts, presence matrix, piece order): ~10 KB of transient numpy and
-# Arrow memory per span, so this bounds what the export adds to the process whatever the file size,
-# while the per-pass overhead (a few numpy calls per attribute column) stays small.
-JSON_CHUNK_ROWS = 4096
+# Spans prepared per pass (value texts, slots, piece order): bounds the transient memory of the
+# export whatever the file size; the per-pass overhead is a few numpy calls per attribute column.
+JSON_CHUNK_ROWS = 8192
 _FIXED_PIECES = 6  # pieces of every span before its attributes: head, name, kind+start, start, end key, end
 
 
@@ -146,64 +146,18 @@ _VALUE_OPEN = {
 }
 
 
-_BOOL_TEXTS = pa.array([b"false", b"true"], LB)
-
-
-def _mostly_repeated(values: np.ndarray) -> bool:
-    """Whether a column of numbers repeats enough to print each distinct value once: real spans
-    repeat most numbers (zeros, ranks, steps, per-kernel durations: ~5% of the doubles of a chunk
-    are distinct), random-looking data does not, and hashing all-distinct values costs more than
-    printing them. Judged on the first values only, which is cheap and errs towards printing."""
-    if len(values) < 256:
-        return False
-    head = values[:2048]
-    return len(np.unique(head)) < 0.8 * len(head)
-
-
-def _number_ids(pieces: Pieces, values: np.ndarray, terminator: bytes) -> np.ndarray:
-    """Pool the decimal texts of int64/float64 values; returns the piece id of each value. Repeated
-    values are printed once (Arrow's hash keeps -0.0 and 0.0 apart, as the text must)."""
-    if _mostly_repeated(values):
-        encoded = pc.dictionary_encode(pa.array(values))
-        base = pieces.pool(number_texts(encoded.dictionary.to_numpy(), terminator))
-        return base + encoded.indices.to_numpy().astype(np.int64)
-    base = pieces.pool(number_texts(values, terminator))
-    return np.arange(base, base + len(values), dtype=np.int64)
-
-
-def _pool_values(pieces: Pieces, attrs: list[AttributeValues]) -> tuple[np.ndarray, np.ndarray]:
-    """Pool the value texts of every attribute (numbers of one kind in one pass).
-
-    Returns (piece id of every value, attribute after attribute: column-major slot order; closing
-    class of each attribute).
-    """
-    numbers = {}
-    for kind, terminator in (("double", b"}"), ("int", b'"')):
-        columns = [a.values for a in attrs if a.kind == kind]
-        if columns:
-            numbers[kind] = _number_ids(pieces, np.concatenate(columns), terminator)
-    value_ids = np.empty(sum(len(a.rows) for a in attrs), dtype=np.int64)
-    classes = np.empty(len(attrs), dtype=np.int64)
-    done = {"double": 0, "int": 0}
-    at = 0
-    for j, a in enumerate(attrs):
-        m = len(a.rows)
-        if a.kind in numbers:
-            value_ids[at : at + m] = numbers[a.kind][done[a.kind] : done[a.kind] + m]
-            done[a.kind] += m
-            cls = a.kind
-        else:
-            if a.kind == "bool":
-                texts, cls = _BOOL_TEXTS.take(pa.array(a.values.astype(np.int8))), "bool"
-            elif needs_json_escape(a.values):
-                texts, cls = json_strings(a.values), "literal"
-            else:
-                texts, cls = a.values.cast(LB), "raw"
-            base = pieces.pool(texts)
-            value_ids[at : at + m] = np.arange(base, base + m, dtype=np.int64)
-        classes[j] = _CLASSES.index(cls)
-        at += m
-    return value_ids, classes
+def _json_values(pieces: Pieces, a: AttributeValues) -> tuple[str, np.ndarray]:
+    """Pool one attribute's value texts; returns (closing class, piece id per value)."""
+    if a.kind == "double":
+        return "double", pieces.array(number_texts(a.values, b"}"))
+    if a.kind == "int":
+        return "int", pieces.array(number_texts(a.values, b'"'))
+    if a.kind == "bool":
+        ids = np.where(a.values, pieces.const(b"true"), pieces.const(b"false"))
+        return "bool", ids.astype(np.int64)
+    if needs_json_escape(a.values):
+        return "literal", pieces.array(json_strings(a.values))
+    return "raw", pieces.array(a.values.cast(LB))
 
 
 def json_span_fragments(chunk: pa.Table, part_bytes: int = PART_BYTES) -> Iterator[pa.Array]:
@@ -216,36 +170,21 @@ def json_span_fragments(chunk: pa.Table, part_bytes: int = PART_BYTES) -> Iterat
     """
     n = chunk.num_rows
     pieces = Pieces(n)
-    attrs = attribute_values(chunk)
-
-    # Attribute slots in row-major order (row by row, attributes in table order within a row) from
-    # the (attribute, row) presence matrix; every per-slot decision below is one numpy pass.
-    present = np.zeros((len(attrs), n), dtype=bool)
-    for j, a in enumerate(attrs):
-        if a.dense:
-            present[j, : len(a.rows)] = True
-        else:
-            present[j, a.rows] = True
-    slot_row, slot_attr = np.nonzero(present.T)
-    # A slot's value is the k-th in column-major order (attribute after attribute).
-    column_major = np.cumsum(present.ravel(), dtype=np.int64).reshape(present.shape) - 1
-    slot_value = column_major.T[present.T]
-    counts = present.sum(axis=0, dtype=np.int64)
-    slot_first = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(counts, out=slot_first[1:])
-
-    # Every row: head, name, ',"kind":..,"startTimeUnixNano":"', start, ',"endTimeUnixNano":"', end,
-    # then a (prefix, value) pair per attribute, then what closes the span.
-    row_first = pieces.layout(_FIXED_PIECES + 1 + 2 * counts)
-    first = row_first[:-1]
-
-    # Head: ids (+ parentSpanId, which roots omit as the Collector does) up to the name's opening.
     tid = hex_matrix(id_matrix(column_array(chunk, "trace_id"), 16))
     sid = hex_matrix(u64_be_matrix(column_array(chunk, "span_id").to_numpy()))
     parent_ids = column_array(chunk, "parent_span_id").to_numpy()
     name = column_array(chunk, "name")
     literal_names = needs_json_escape(name)
     name_open = b'","name":' if literal_names else b'","name":"'
+
+    # Every row: head, name, ',"kind":..,"startTimeUnixNano":"', start, ',"endTimeUnixNano":"', end,
+    # then a (prefix, value) pair per attribute, then what closes the span.
+    attrs = attribute_values(chunk)
+    counts, slot_first = attribute_slots(n, attrs)
+    row_first = pieces.layout(_FIXED_PIECES + 1 + 2 * counts)
+    first = row_first[:-1]
+
+    # Head: ids (+ parentSpanId, which roots omit as the Collector does) up to the name's opening.
     kids = parent_ids != 0
     for sel, parent_part in ((~kids, []), (kids, [b'","parentSpanId":"', hex_matrix(u64_be_matrix(parent_ids[kids]))])):
         rows = np.flatnonzero(sel)
@@ -265,25 +204,30 @@ def json_span_fragments(chunk: pa.Table, part_bytes: int = PART_BYTES) -> Iterat
     pieces.put(first + 4, pieces.const(b',"endTimeUnixNano":"'))
     pieces.put(first + 5, time_ids[1::2])
 
-    # Attributes: per slot a prefix (what closes the previous KeyValue, ',', this key) and the value.
-    value_ids, attr_class = _pool_values(pieces, attrs)
-    variants = np.empty((len(attrs), 1 + len(_CLASSES)), dtype=np.int64)
+    # Attributes: per value a prefix (what closes the previous KeyValue, ',', this key) and the value.
+    total = int(slot_first[-1])
+    slot_class = np.empty(total, dtype=np.int64)  # closing class of each slot, row-major
+    per_attr = []
+    for a in attrs:
+        cls, value_ids = _json_values(pieces, a)
+        slot = a.take(slot_first) + a.ranks
+        slot_class[slot] = _CLASSES.index(cls)
+        per_attr.append((a, cls, value_ids, slot))
     prefix_bytes = 0
-    for j, a in enumerate(attrs):
-        key_open = b'{"key":' + orjson.dumps(a.key) + b',"value":{' + _VALUE_OPEN[_CLASSES[attr_class[j]]]
-        variants[j, 0] = pieces.const(b',"attributes":[' + key_open)
-        variants[j, 1:] = [pieces.const(_CLOSE_AFTER[c] + b"," + key_open) for c in _CLASSES]
-        # Number texts are pooled once per distinct value: count ~20 bytes for each use.
-        prefix_bytes += len(a.rows) * (len(key_open) + 3 + (20 if a.kind in ("double", "int") else 0))
-    slot_class = attr_class[slot_attr]
-    variant = np.zeros(len(slot_row), dtype=np.int64)  # 0: the row's first attribute, else 1 + the previous one's class
-    variant[1:] = 1 + slot_class[:-1]
-    variant[slot_first[:-1][counts > 0]] = 0
-    at = 2 * np.arange(len(slot_row), dtype=np.int64) + (_FIXED_PIECES + 1) * slot_row + _FIXED_PIECES
-    pieces.put(at, variants[slot_attr, variant])
-    pieces.put(at + 1, value_ids[slot_value])
+    for a, cls, value_ids, slot in per_attr:
+        key_open = b'{"key":' + orjson.dumps(a.key) + b',"value":{' + _VALUE_OPEN[cls]
+        variants = np.array(
+            [pieces.const(b',"attributes":[' + key_open)] + [pieces.const(_CLOSE_AFTER[c] + b"," + key_open) for c in _CLASSES],
+            dtype=np.int64,
+        )
+        is_first = a.ranks == 0
+        prev_class = slot_class[np.where(is_first, slot, slot - 1)]
+        at = a.take(first) + _FIXED_PIECES + 2 * a.ranks
+        pieces.put(at, np.where(is_first, variants[0], variants[1 + prev_class]))
+        pieces.put(at + 1, value_ids)
+        prefix_bytes += len(a.rows) * (len(key_open) + 3)
     closings = np.array([pieces.const(b"},")] + [pieces.const(_CLOSE_AFTER[c] + b']},') for c in _CLASSES], dtype=np.int64)
-    last_class = slot_class[np.maximum(slot_first[1:] - 1, 0)] if len(slot_row) else np.zeros(n, dtype=np.int64)
+    last_class = slot_class[np.maximum(slot_first[1:] - 1, 0)] if total else np.zeros(n, dtype=np.int64)
     pieces.put(row_first[1:] - 1, np.where(counts > 0, closings[1 + last_class], closings[0]))
     row_bytes = (pieces.pooled_bytes + prefix_bytes) / max(n, 1) + 64  # + the per-span constants
     return pieces.build_parts(max(1, int(part_bytes / row_bytes)))
@@ -355,7 +299,8 @@ def _json_pieces(batch: SpanBatch, max_bytes: int | None, chunk_rows: int | None
     first_group = True
     pending_comma = False  # a span was emitted in the open group: the next one needs a ','
 
-    for seg in iter_segments(layout, functools.partial(json_span_fragments, part_bytes=part_bytes), chunk_rows or JSON_CHUNK_ROWS):
+    encode_chunk = functools.partial(json_span_fragments, part_bytes=part_bytes)
+    for seg in iter_segments(layout, encode_chunk, chunk_rows or JSON_CHUNK_ROWS):
         g = seg.group
         t = int(layout.group_trace[g])
         if t != cur_trace:
