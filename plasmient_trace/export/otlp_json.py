@@ -6,9 +6,10 @@ exceptions (trace/span ids as lowercase hex, enums as integers), one line per tr
 Encoding never builds per-span Python objects. Per chunk of spans, every column is turned into
 byte *pieces* at once (hex ids and fixed-width heads with numpy, number texts with orjson's numpy
 serializer, strings as they are), constants (keys, punctuation) are pooled once, and a numpy index
-program says which pieces make up each span in which order; one Arrow ``take`` then lays every
-span's bytes out contiguously (:class:`.pieces.Pieces`). Only the per-trace/per-resource framing is
-Python. The grouping into (trace, resource) runs and the chunking are :mod:`.span_columns`'s, shared
+program says which pieces make up each span in which order; Arrow ``take`` then lays the spans'
+bytes out contiguously, one part of about ``PART_BYTES`` at a time (:class:`.pieces.Pieces`), which
+goes to the file before the next is made: the output never exists as one string. Only the
+per-trace/per-resource framing is Python. The grouping into (trace, resource) runs and the chunking are :mod:`.span_columns`'s, shared
 with :mod:`.otlp_proto`; reading lines back is :mod:`.otlp_json_read`'s.
 """
 
