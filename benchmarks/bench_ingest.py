@@ -84,15 +84,16 @@ def _vm_mib(field: str) -> float:
 
 
 def _rss_child(path: Path) -> None:
-    """Child mode: peak RSS above the post-import RSS, after the read and after stitch + JSONL (MiB).
-    Conservative: a transient peak during the imports would count too."""
+    """Child mode: peak RSS above the post-import RSS, after the read, after the stitch and after the
+    JSONL export (MiB). Conservative: a transient peak during the imports would count too."""
     before = _vm_mib("VmRSS")
     records = read_kineto(path)
     read_peak = _vm_mib("VmHWM") - before
     with tempfile.TemporaryDirectory() as tmp:
         result = stitch_records([records], IngestOptions(job_id="bench"))
+        stitch_peak = _vm_mib("VmHWM") - before
         otlp_json.write_jsonl(result.batch, Path(tmp) / "out.jsonl")
-    print(json.dumps({"read_mb": read_peak, "total_mb": _vm_mib("VmHWM") - before}))
+    print(json.dumps({"read_mb": read_peak, "stitch_mb": stitch_peak, "total_mb": _vm_mib("VmHWM") - before}))
 
 
 def bench_files(count: int, rounds: int, out_dir: Path) -> None:
@@ -112,17 +113,18 @@ def bench_files(count: int, rounds: int, out_dir: Path) -> None:
             ratios[path].append(tuple(t / floor for t in times))
     print(f"real traces, {rounds} interleaved rounds, medians (floor = json.load(gzip.open(file)))")
     print(f"  {'trace':44s} {'MiB json':>8s} {'floor s':>7s} {'read':>6s} {'+stitch':>7s} {'+JSONL':>7s}   "
-          f"{'peak RSS growth: read, all (x json size)':40s}")
+          f"{'peak RSS growth: read, all (x json size); what the JSONL export adds':40s}")
     for path in paths:
         size = len(gzip.decompress(path.read_bytes())) / 2**20
         proc = subprocess.run([sys.executable, __file__, "--rss-child", str(path)], check=False, capture_output=True, text=True,
                               env={**os.environ, "PYTHONPATH": str(REPO)})
-        rss = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {"read_mb": float("nan"), "total_mb": float("nan")}
+        rss = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {}
+        rss = {key: rss.get(key, float("nan")) for key in ("read_mb", "stitch_mb", "total_mb")}
         med = [statistics.median(r[i] for r in ratios[path]) for i in range(3)]
         verdict = "ok" if med[2] <= 1.0 else ("over the 1.0x target" if med[2] <= 1.5 else "FAIL (> 1.5x)")
         print(f"  {str(path.relative_to(TRACES))[:44]:44s} {size:8.1f} {statistics.median(floors[path]):7.3f} "
               f"{med[0]:5.2f}x {med[1]:6.2f}x {med[2]:6.2f}x   {rss['read_mb']:5.0f} MiB ({rss['read_mb'] / size:.1f}x), "
-              f"{rss['total_mb']:5.0f} MiB ({rss['total_mb'] / size:.1f}x)   {verdict}")
+              f"{rss['total_mb']:5.0f} MiB ({rss['total_mb'] / size:.1f}x); export +{rss['total_mb'] - rss['stitch_mb']:3.0f} MiB   {verdict}")
 
 
 def bench_pool(count: int, rounds: int) -> None:

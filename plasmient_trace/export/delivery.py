@@ -36,8 +36,18 @@ from typing import Any, Protocol
 from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.export.spill import SpillDir, SpillFull, append_lines
 
-__all__ = ["Delivery", "DeliveryStats", "FileSink", "ConsoleSink", "MetricsConsoleSink", "ParquetSink", "OtlpSink", "CallableSink", "OutputError",
-           "check_output_path"]
+__all__ = [
+    "CallableSink",
+    "ConsoleSink",
+    "Delivery",
+    "DeliveryStats",
+    "FileSink",
+    "MetricsConsoleSink",
+    "OtlpSink",
+    "OutputError",
+    "ParquetSink",
+    "check_output_path",
+]
 
 Say = Callable[[str, str], None]  # (key, message): the caller prints each key once
 
@@ -80,9 +90,11 @@ def _os_problem(err: OSError) -> str:
 
 
 class FileSink:
-    """OTLP/JSON lines file. ``append=True`` (live): each line is one ``write`` to an O_APPEND
-    descriptor, so processes sharing the file never interleave. ``append=False`` (ingest): the file
-    is written beside its final name and renamed into place, so a failure leaves no partial file."""
+    """OTLP/JSON lines file, one line per trace (step). ``append=True`` (live): each line is one
+    ``write`` to an O_APPEND descriptor, so processes sharing the file never interleave.
+    ``append=False`` (ingest): the file is written beside its final name and renamed into place, so
+    a failure leaves no partial file. Either way the lines are written as they are encoded: the
+    export holds one trace's line (live) or one ~4 MiB part (ingest) at a time, never the file."""
 
     def __init__(self, path: str | os.PathLike[str], append: bool) -> None:
         self.path = Path(path)
@@ -98,11 +110,13 @@ class FileSink:
             if self.append:
                 fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 try:
-                    lines = list(encode_jsonl_lines(batch))
-                    append_lines(fd, lines)
+                    # Line by line as they are encoded: one trace (step) in memory at a time, each
+                    # line still one write.
+                    for line in encode_jsonl_lines(batch):
+                        append_lines(fd, (line,))
+                        self.lines += 1
                 finally:
                     os.close(fd)
-                self.lines += len(lines)
                 return
             fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
             try:

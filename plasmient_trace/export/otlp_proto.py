@@ -28,24 +28,17 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from plasmient_trace.conventions import SCOPE_NAME, SpanBatch
-from plasmient_trace.export.otlp_json import (
+from plasmient_trace.export.otlp_json import SPAN_KIND_INTERNAL, package_version
+from plasmient_trace.export.pieces import LB, Pieces, Varint, build_rows, u64_be_matrix, u64_le_matrix, varint_array
+from plasmient_trace.export.span_columns import (
     CHUNK_ROWS,
-    LB,
-    SPAN_KIND_INTERNAL,
     AttributeValues,
-    Pieces,
-    Varint,
     attribute_slots,
     attribute_values,
-    build_rows,
     column_array,
     id_matrix,
     iter_segments,
-    package_version,
     span_layout,
-    u64_be_matrix,
-    u64_le_matrix,
-    varint_array,
 )
 
 __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "encode_requests", "varint", "any_value_proto"]

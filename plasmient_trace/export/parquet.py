@@ -26,7 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from plasmient_trace.conventions import SPAN_TABLE_SCHEMA, SpanBatch
-from plasmient_trace.export.otlp_json import hex_matrix, id_matrix, u64_be_matrix
+from plasmient_trace.export.pieces import hex_matrix, u64_be_matrix
+from plasmient_trace.export.span_columns import id_matrix
 from plasmient_trace.records import TABLE_SCHEMAS, RecordSet
 
 __all__ = ["write_parquet", "spans_table", "resources_table"]

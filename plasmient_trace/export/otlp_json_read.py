@@ -1,0 +1,275 @@
+"""Reading OTLP/JSON back into a SpanBatch: our lines files, a Collector file exporter's, or request dicts.
+
+Walks the parsed JSON per span (this is not on the capture hot path) and converts each attribute
+column in bulk at the end. Attributes outside SPAN_TABLE_SCHEMA are ignored; bad input raises a
+one-line ValueError naming the file and line (or the request).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import gzip
+import os
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+
+from plasmient_trace.conventions import (
+    CORE_COLUMNS,
+    SPAN_TABLE_SCHEMA,
+    SpanBatch,
+    span_table_from_columns,
+)
+from plasmient_trace.export.span_columns import attribute_kind
+
+__all__ = ["any_value_py", "batch_from_otlp_dicts", "read_jsonl"]
+
+_CORE_NAMES = frozenset(CORE_COLUMNS.names)
+
+
+def _decode_id(value: Any, nbytes: int) -> bytes:
+    """OTLP/JSON ids are hex; protobuf's canonical JSON (json_format, MessageToDict) uses base64."""
+    if not value:
+        return b""
+    if not isinstance(value, str):
+        raise TypeError(f"id {value!r} is not a string")
+    if len(value) == 2 * nbytes:
+        try:
+            return bytes.fromhex(value)
+        except ValueError:
+            pass
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raw = b""
+    if len(raw) == nbytes:
+        return raw
+    raise ValueError(f"id {value!r} is neither {2 * nbytes} hex digits nor base64 of {nbytes} bytes")
+
+
+def any_value_py(value: dict[str, Any]) -> Any:
+    """Python value of an OTLP/JSON AnyValue (None when empty)."""
+    if "stringValue" in value:
+        return value["stringValue"]
+    if "intValue" in value:
+        return int(value["intValue"])
+    if "doubleValue" in value:
+        return float(value["doubleValue"])  # also takes protojson's "NaN"/"Infinity" strings
+    if "boolValue" in value:
+        return bool(value["boolValue"])
+    if "arrayValue" in value:
+        return [any_value_py(v) for v in (value["arrayValue"] or {}).get("values", ())]
+    if "kvlistValue" in value:
+        return {kv["key"]: any_value_py(kv.get("value") or {}) for kv in (value["kvlistValue"] or {}).get("values", ())}
+    if "bytesValue" in value:
+        return base64.b64decode(value["bytesValue"])
+    return None
+
+
+_VALUE_FIELD = {"string": "stringValue", "int": "intValue", "double": "doubleValue", "bool": "boolValue"}
+
+
+class _Column:
+    """Raw values of one attribute as read (converted in bulk at the end), with their rows."""
+
+    __slots__ = ("field", "kind", "name", "rows", "type", "values")
+
+    def __init__(self, name: str, type_: pa.DataType) -> None:
+        self.name = name
+        self.kind = attribute_kind(type_)
+        self.field = _VALUE_FIELD[self.kind]
+        self.type = type_
+        self.rows: list[int] = []
+        self.values: list[Any] = []
+
+    def coerce(self, value: dict[str, Any]) -> Any:
+        """A value given as another AnyValue kind: convert when lossless, else raise; None skips it."""
+        v = any_value_py(value)
+        if v is None:
+            return None
+        if self.kind == "double" and isinstance(v, int) and not isinstance(v, bool):
+            return float(v)
+        if self.kind == "int" and isinstance(v, float) and v.is_integer():
+            return int(v)
+        raise ValueError(f"attribute {self.name!r}: expected a {self.kind} value, got {value!r}")
+
+    def one(self, v: Any) -> Any:
+        """Slow-path conversion of a single raw value (to find and name a bad one)."""
+        if self.kind == "string":
+            if not isinstance(v, str):
+                raise ValueError(f"expected a string, got {v!r}")
+            return v
+        if self.kind == "bool":
+            if not isinstance(v, bool):
+                raise ValueError(f"expected a bool, got {v!r}")
+            return v
+        if isinstance(v, bool):
+            raise TypeError(f"expected a number, got {v!r}")
+        if self.kind == "int":
+            try:
+                return int(v)  # OTLP/JSON int64s are decimal strings; numbers are accepted too
+            except (TypeError, ValueError):
+                raise ValueError(f"expected an integer, got {v!r}") from None
+        try:
+            return float(v)  # also protojson's "NaN"/"Infinity" strings
+        except (TypeError, ValueError):
+            raise ValueError(f"expected a number, got {v!r}") from None
+
+    def array(self, locate: Callable[[int], str]) -> pa.Array:
+        """The values as an Arrow array of the column type; non-finite doubles become null."""
+        try:
+            if self.kind == "int":
+                arr = pa.array(self.values)
+                if not pa.types.is_integer(arr.type):
+                    arr = arr.cast(pa.int64())  # decimal strings parse in bulk
+            elif self.kind == "double":
+                arr = pa.array(self.values, pa.float64())
+            else:
+                arr = pa.array(self.values, self.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
+            converted = []
+            for row, v in zip(self.rows, self.values):
+                try:
+                    converted.append(self.one(v))
+                except (TypeError, ValueError) as exc:
+                    raise ValueError(f"{locate(row)}: attribute {self.name!r}: {exc}") from None
+            arr = pa.array(converted, pa.float64() if self.kind == "double" else self.type)
+        if arr.type != self.type:
+            arr = arr.cast(self.type)
+        if self.kind == "double" and len(arr):
+            values = arr.to_numpy(zero_copy_only=False)
+            finite = np.isfinite(values)
+            if not finite.all():  # same rule as the encoder: non-finite means absent
+                arr = pa.array(values, self.type, mask=~finite)
+        return arr
+
+
+class _SpanAccumulator:
+    """Column lists filled span by span while reading OTLP/JSON requests."""
+
+    def __init__(self) -> None:
+        self.core: dict[str, list[Any]] = {name: [] for name in CORE_COLUMNS.names}
+        self.columns = {f.name: _Column(f.name, f.type) for f in SPAN_TABLE_SCHEMA if f.name not in _CORE_NAMES}
+        self.origin: list[int] = []  # where each span came from (line or request number)
+        self.resources: list[dict[str, Any]] = []
+        self._resource_keys: dict[str, int] = {}
+
+    def resource_index(self, attributes: dict[str, Any]) -> int:
+        key = repr(sorted(attributes.items()))
+        idx = self._resource_keys.get(key)
+        if idx is None:
+            idx = self._resource_keys[key] = len(self.resources)
+            self.resources.append(attributes)
+        return idx
+
+    def add_request(self, request: dict[str, Any], origin: int) -> None:
+        core = self.core
+        columns = self.columns
+        names, trace_ids, span_ids, parents = core["name"], core["trace_id"], core["span_id"], core["parent_span_id"]
+        res_col, starts, ends = core["resource_index"], core["start_ns"], core["end_ns"]
+        for rs in request.get("resourceSpans") or ():
+            resource = rs.get("resource") or {}
+            res_attrs = {kv["key"]: any_value_py(kv.get("value") or {}) for kv in resource.get("attributes") or ()}
+            res_idx = self.resource_index(res_attrs)
+            for ss in rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ():
+                for span in ss.get("spans") or ():
+                    row = len(names)
+                    trace_id = _decode_id(span.get("traceId"), 16)
+                    if len(trace_id) != 16:
+                        raise ValueError("span has no traceId")
+                    span_id = _decode_id(span.get("spanId"), 8)
+                    if len(span_id) != 8:
+                        raise ValueError("span has no spanId")
+                    parent = _decode_id(span.get("parentSpanId"), 8)
+                    for kv in span.get("attributes") or ():
+                        col = columns.get(kv.get("key"))
+                        if col is None:
+                            continue  # not one of our attributes
+                        value = kv.get("value")
+                        if not value:
+                            continue
+                        raw = value.get(col.field)
+                        if raw is None:
+                            raw = col.coerce(value)
+                            if raw is None:
+                                continue
+                        col.rows.append(row)
+                        col.values.append(raw)
+                    trace_ids.append(trace_id)
+                    span_ids.append(int.from_bytes(span_id, "big"))
+                    parents.append(int.from_bytes(parent, "big") if parent else 0)
+                    res_col.append(res_idx)
+                    names.append(span.get("name", ""))
+                    starts.append(int(span.get("startTimeUnixNano") or 0))
+                    ends.append(int(span.get("endTimeUnixNano") or 0))
+                    self.origin.append(origin)
+
+    def batch(self, locate: Callable[[int], str]) -> SpanBatch:
+        n = len(self.core["name"])
+        columns: dict[str, Any] = dict(self.core)
+        for name, col in self.columns.items():
+            if not col.rows:
+                continue
+            values = col.array(lambda row: locate(self.origin[row]))
+            index = np.full(n, -1, dtype=np.int64)
+            index[np.asarray(col.rows, dtype=np.int64)] = np.arange(len(col.rows), dtype=np.int64)
+            columns[name] = values.take(pa.array(index, mask=index < 0))
+        return SpanBatch(span_table_from_columns(columns, n), self.resources)
+
+
+def batch_from_otlp_dicts(requests: Iterable[dict[str, Any]]) -> SpanBatch:
+    """SpanBatch from ExportTraceServiceRequest dicts in OTLP/JSON (hex ids) or protobuf JSON (base64 ids).
+
+    Attributes outside SPAN_TABLE_SCHEMA are ignored; a value of the wrong type raises ValueError
+    naming the request (its position in ``requests``).
+    """
+    acc = _SpanAccumulator()
+    for i, request in enumerate(requests):
+        try:
+            acc.add_request(request, i)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise ValueError(f"request {i}: not a valid ExportTraceServiceRequest: {exc}") from None
+    return acc.batch(lambda i: f"request {i}")
+
+
+@contextlib.contextmanager
+def _open_lines(path: str | os.PathLike[str] | IO[bytes]) -> Iterator[tuple[str, IO[bytes]]]:
+    """(name, binary lines) of a path (.gz or plain, closed afterwards) or an open file (left open)."""
+    if not isinstance(path, (str, os.PathLike)):
+        yield getattr(path, "name", "<stream>"), path
+        return
+    p = Path(path)
+    with gzip.open(p, "rb") if p.suffix == ".gz" else open(p, "rb") as f:
+        yield str(p), f
+
+
+def read_jsonl(path: str | os.PathLike[str] | IO[bytes]) -> SpanBatch:
+    """Read an OTLP/JSON lines file (ours or a Collector file exporter's) into a SpanBatch.
+
+    Lines holding other signals (resourceMetrics/resourceLogs) are skipped; a line that is not JSON
+    or not an ExportTraceServiceRequest raises ValueError naming the file and line number.
+    """
+    acc = _SpanAccumulator()
+    with _open_lines(path) as (name, f):
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                request = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise ValueError(f"{name}:{lineno}: not valid JSON ({exc})") from None
+            if not isinstance(request, dict) or "resourceSpans" not in request:
+                if isinstance(request, dict) and ({"resourceMetrics", "resourceLogs", "resourceProfiles"} & request.keys()):
+                    continue
+                raise ValueError(f"{name}:{lineno}: not an OTLP ExportTraceServiceRequest (no 'resourceSpans' key)")
+            try:
+                acc.add_request(request, lineno)
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                raise ValueError(f"{name}:{lineno}: invalid ExportTraceServiceRequest: {exc}") from None
+    return acc.batch(lambda line: f"{name}:{line}")

@@ -1,0 +1,196 @@
+"""The OTLP/JSON lines encoder on the stitcher's real output: every value as the span table holds it,
+the same bytes whatever the chunking, and written in bounded pieces (the file never exists as one
+string in memory)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+from collections import defaultdict
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from conftest import ingested
+
+from plasmient_trace.conventions import CORE_COLUMNS, SpanBatch, span_table_from_columns
+from plasmient_trace.export import otlp_json
+
+# A CUDA-graph trace and an eager one, every kernel kept: ~12k and ~6k spans, lines of 10-30 MB.
+REAL = [("mi300x/resnet_act_checkpoint_rank0_of8.json.gz", 10**7), ("b200/eager_rank0_of8.json.gz", 10**7)]
+
+
+def _expected_value(value: object) -> dict | None:
+    """The OTLP/JSON AnyValue of a table cell, by the spec's JSON mapping (int64 as a decimal string)."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return None
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}
+    if isinstance(value, float):
+        return {"doubleValue": value}
+    return {"stringValue": value}
+
+
+def _expected_attributes(attributes: dict) -> list[dict]:
+    return [{"key": k, "value": _expected_value(v)} for k, v in attributes.items() if _expected_value(v) is not None]
+
+
+def _same_double(a: float, b: float) -> bool:
+    return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)  # -0.0 keeps its sign
+
+
+def _check_lines_against_table(lines: list[bytes], batch: SpanBatch) -> None:
+    """Parse every line with the stdlib and compare each span with its table row, cell by cell."""
+    table = batch.table
+    attr_names = [c for c in table.column_names if c not in CORE_COLUMNS.names]
+    rows = table.to_pylist()
+    by_span = {(r["trace_id"], r["span_id"]): r for r in rows}
+    seen = 0
+    trace_of_line = []
+    for line in lines:
+        assert line.endswith(b"\n") and line.count(b"\n") == 1
+        request = json.loads(line)
+        line_traces = set()
+        for rs in request["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                assert ss["scope"]["name"] == "plasmient_trace"
+                for span in ss["spans"]:
+                    row = by_span[(bytes.fromhex(span["traceId"]), int(span["spanId"], 16))]
+                    line_traces.add(span["traceId"])
+                    res = batch.resources[row["resource_index"]]
+                    assert rs["resource"]["attributes"] == _expected_attributes(res)
+                    assert span["name"] == row["name"] and span["kind"] == 1
+                    assert span["startTimeUnixNano"] == str(row["start_ns"]) and span["endTimeUnixNano"] == str(row["end_ns"])
+                    assert span.get("parentSpanId") == (f"{row['parent_span_id']:016x}" if row["parent_span_id"] else None)
+                    got = [(kv["key"], kv["value"]) for kv in span.get("attributes", [])]
+                    want = [(k, _expected_value(row[k])) for k in attr_names if _expected_value(row[k]) is not None]
+                    assert [k for k, _ in got] == [k for k, _ in want]  # table order, absent cells omitted
+                    for (key, g), (_, w) in zip(got, want, strict=True):
+                        if "doubleValue" in w:
+                            assert _same_double(g["doubleValue"], w["doubleValue"]), key
+                        else:
+                            assert g == w, key
+                    seen += 1
+        trace_of_line.append(line_traces)
+    assert seen == len(rows)
+    assert all(len(t) == 1 for t in trace_of_line)  # one trace (step) per line ...
+    assert len({next(iter(t)) for t in trace_of_line}) == len(lines) == len(batch.trace_ids())  # ... and one line per trace
+
+
+@pytest.mark.parametrize(("name", "max_spans"), REAL)
+def test_real_spans_come_out_as_the_table_holds_them(name: str, max_spans: int) -> None:
+    batch = ingested(name, max_spans).batch
+    assert len(batch) > 5000
+    _check_lines_against_table(list(otlp_json.encode_jsonl_lines(batch)), batch)
+
+
+def test_chunks_and_parts_do_not_change_the_bytes() -> None:
+    batch = ingested(*REAL[0]).batch
+    default = b"".join(otlp_json.encode_jsonl_lines(batch))
+    # Odd chunk sizes cut groups and traces anywhere; tiny parts gather a few spans at a time.
+    for chunk_rows, part_bytes in ((997, 1 << 16), (5, 1), (1 << 16, 1 << 30)):
+        pieces = otlp_json._json_pieces(batch, None, chunk_rows=chunk_rows, part_bytes=part_bytes)
+        assert b"".join(p for p in pieces if p is not None) == default
+
+
+def test_the_file_is_written_in_bounded_pieces() -> None:
+    """write_jsonl streams: no single write is much larger than one gathered part, although each
+    line (one step, every kernel kept) is tens of MB."""
+
+    class Recorder(io.RawIOBase):
+        def __init__(self) -> None:
+            self.sizes: list[int] = []
+            self.data = bytearray()
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b: bytes | memoryview) -> int:  # type: ignore[override]
+            self.sizes.append(len(b))
+            self.data += b
+            return len(b)
+
+    batch = ingested(*REAL[0]).batch
+    out = Recorder()
+    assert otlp_json.write_jsonl(batch, out) == len(batch.trace_ids())
+    longest_line = max(len(line) for line in bytes(out.data).splitlines())
+    assert longest_line > 2 * otlp_json.PART_BYTES
+    assert max(out.sizes) <= 1.5 * otlp_json.PART_BYTES, max(out.sizes)
+    assert bytes(out.data) == b"".join(otlp_json.encode_jsonl_lines(batch))
+
+
+def test_numbers_read_back_as_the_tables_values() -> None:
+    """Repeated and all-distinct number columns read back as exactly the table's values (signed
+    zeros, subnormals, extremes, int64 ends), across several chunks and parts."""
+    n = 5000
+    rng = np.random.default_rng(7)
+    specials = np.array([0.0, -0.0, 5e-324, 1e-300, 1.7976931348623157e308, 0.1, 1 / 3, 4866645749.0, -2.5e-7])
+    repeated = specials[rng.integers(0, len(specials), n)]
+    distinct = rng.random(n) * 10.0 ** rng.integers(-300, 300, n)
+    int_specials = np.array([0, -1, 1, 2**63 - 1, -(2**63), 10**18], dtype=np.int64)
+    ints = int_specials[rng.integers(0, len(int_specials), n)]
+    columns = {
+        "trace_id": pa.array([bytes([1 + i // 2000]) * 16 for i in range(n)], pa.binary(16)),
+        "span_id": np.arange(1, n + 1, dtype=np.uint64),
+        "parent_span_id": np.zeros(n, dtype=np.uint64),
+        "resource_index": np.zeros(n, dtype=np.int32),
+        "name": pa.array([f"span {i}" for i in range(n)]),
+        "start_ns": np.arange(n, dtype=np.int64),
+        "end_ns": np.arange(n, dtype=np.int64) + 1,
+        "plasmient.mfu": repeated,
+        "plasmient.flops": distinct,
+        "plasmient.step": ints,
+        "plasmient.rank": np.arange(n, dtype=np.int64) * 7919,
+    }
+    batch = SpanBatch(span_table_from_columns(columns, n), [{"service.name": "t"}])
+    _check_lines_against_table(list(otlp_json.encode_jsonl_lines(batch)), batch)
+
+
+def test_resource_values_of_every_kind() -> None:
+    """Resource attributes go through the dict path: ints as strings, bytes as base64, nested lists
+    and maps, non-finite doubles dropped."""
+    n = 3
+    columns = {
+        "trace_id": pa.array([b"\x07" * 16] * n, pa.binary(16)),
+        "span_id": np.arange(1, n + 1, dtype=np.uint64),
+        "parent_span_id": np.array([0, 1, 1], dtype=np.uint64),
+        "resource_index": np.zeros(n, dtype=np.int32),
+        "name": pa.array(["a", "b", "c"]),
+        "start_ns": np.zeros(n, dtype=np.int64),
+        "end_ns": np.ones(n, dtype=np.int64),
+    }
+    resource = {"i": 2**62, "f": 0.5, "nan": float("nan"), "b": True, "raw": b"\x00\xff", "l": [1, "x"], "m": {"k": 1.5}}
+    batch = SpanBatch(span_table_from_columns(columns, n), [resource])
+    (line,) = otlp_json.encode_jsonl_lines(batch)
+    got = {kv["key"]: kv["value"] for kv in json.loads(line)["resourceSpans"][0]["resource"]["attributes"]}
+    assert got == {
+        "i": {"intValue": str(2**62)},
+        "f": {"doubleValue": 0.5},
+        "b": {"boolValue": True},
+        "raw": {"bytesValue": base64.b64encode(b"\x00\xff").decode()},
+        "l": {"arrayValue": {"values": [{"intValue": "1"}, {"stringValue": "x"}]}},
+        "m": {"kvlistValue": {"values": [{"key": "k", "value": {"doubleValue": 1.5}}]}},
+    }
+
+
+def test_spans_of_a_trace_stay_in_the_stitchers_order_within_a_resource() -> None:
+    """The stitcher puts every step's fleet and node spans first; the encoder groups them with their
+    trace without reordering the spans inside a (trace, resource) group."""
+    batch = ingested(*REAL[1]).batch
+    table = batch.table
+    expected: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for tid, sid, res in zip(table.column("trace_id").to_pylist(), table.column("span_id").to_pylist(),
+                             table.column("resource_index").to_pylist(), strict=True):
+        expected[(tid.hex(), res)].append(f"{sid:016x}")
+    got: dict[tuple[str, int], list[str]] = defaultdict(list)
+    resource_index = {json.dumps(_expected_attributes(r)): i for i, r in enumerate(batch.resources)}
+    for line in otlp_json.encode_jsonl_lines(batch):
+        for rs in json.loads(line)["resourceSpans"]:
+            res = resource_index[json.dumps(rs["resource"]["attributes"])]
+            for span in rs["scopeSpans"][0]["spans"]:
+                got[(span["traceId"], res)].append(span["spanId"])
+    assert got == expected
