@@ -18,6 +18,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 ALL_TRACES = sorted(str(p.relative_to(TRACES)) for p in TRACES.glob("*/*.json.gz")) if TRACES.is_dir() else []
 
 
+def union_ns(intervals: list[tuple[int, int]]) -> int:
+    """Length of the union of [start, end) intervals: the oracle's own sweep, independent of the stitcher's."""
+    total, cur_s, cur_e = 0, None, None
+    for s, e in sorted(i for i in intervals if i[1] > i[0]):
+        if cur_e is None or s > cur_e:
+            total += (cur_e - cur_s) if cur_e is not None else 0
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    return total + ((cur_e - cur_s) if cur_e is not None else 0)
+
+
 def trace_path(name: str) -> Path:
     path = TRACES / name
     if not path.exists():

@@ -15,23 +15,13 @@ import os
 import subprocess
 
 import pytest
-from conftest import ingested, raw_trace, trace_path
+from conftest import ingested, raw_trace, trace_path, union_ns
 
 MULTI_GPU = ["b200/eager_rank0_of8.json.gz", "mi300x/resnet_act_checkpoint_rank0_of8.json.gz",
              "a100/nccl_training_rank0_of2.json.gz", "a100/cuda_graphs_rank0_of16.json.gz"]
 KERNEL_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
 RUNTIME_CATS = {"cuda_runtime", "Runtime", "cuda_driver"}
 
-
-def _union_ns(iv: list[tuple[int, int]]) -> int:
-    total, cur_s, cur_e = 0, None, None
-    for s, e in sorted(i for i in iv if i[1] > i[0]):
-        if cur_e is None or s > cur_e:
-            total += (cur_e - cur_s) if cur_e is not None else 0
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    return total + ((cur_e - cur_s) if cur_e is not None else 0)
 
 
 def _raw(name: str):
@@ -103,8 +93,8 @@ def test_exposed_communication_matches_the_raw_trace(name):
             def clip(kind, at=at, dev=dev, step=step):
                 return [(at(s), at(e)) for d, s, e, k, _, n in acts if d == dev and k == kind and n == step["plasmient.step"]]
             comm, comp = clip("comm"), clip("compute")
-            t = _union_ns(comm)
-            hidden = t + _union_ns(comp) - _union_ns(comm + comp)
+            t = union_ns(comm)
+            hidden = t + union_ns(comp) - union_ns(comm + comp)
             total += t
             exposed += t - hidden
         assert step["plasmient.comm.total_s"] == pytest.approx(total / 1e9, abs=2e-6), step["name"]
@@ -128,7 +118,7 @@ def test_idle_splits_into_host_and_device_waits(name):
         mine = [a for a in acts if a[5] == step["plasmient.step"]]
         ks = [(at(s), at(e)) for _, s, e, _, _, _ in mine]
         queued = [(at(la, 0), at(s)) for _, s, _, _, la, _ in mine if la is not None]
-        expected = (_union_ns(ks + queued) - _union_ns(ks)) / 1e9
+        expected = (union_ns(ks + queued) - union_ns(ks)) / 1e9
         assert device == pytest.approx(min(expected, step["plasmient.idle_s"]), abs=2e-6), step["name"]
         assert step["plasmient.launch_queue.max"] >= 1 and step["plasmient.launch_queue.mean"] > 0
 

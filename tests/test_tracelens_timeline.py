@@ -17,7 +17,7 @@ import csv
 import re
 
 import pytest
-from conftest import TRACES, ingested, raw_trace
+from conftest import TRACES, ingested, raw_trace, union_ns
 
 REPLAY = "cc94_vllm_decode/graph_execution.json.gz"
 GOLDEN = TRACES / "cc94_vllm_decode" / "tracelens_golden" / "gpu_timeline.csv"
@@ -40,16 +40,6 @@ TIMELINE_TRACES = ["b200/eager_rank0_of8.json.gz", "a100/nccl_training_rank0_of2
                    "mi300x/resnet_act_checkpoint_rank0_of8.json.gz",
                    "v100/resnet50_training.json.gz", "a100_multirank/rank-1.json.gz", REPLAY]
 
-
-def _union_ns(intervals: list[tuple[int, int]]) -> int:
-    total, cur_s, cur_e = 0, None, None
-    for s, e in sorted(i for i in intervals if i[1] > i[0]):
-        if cur_e is None or s > cur_e:
-            total += (cur_e - cur_s) if cur_e is not None else 0
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    return total + ((cur_e - cur_s) if cur_e is not None else 0)
 
 
 def _ns(us: float) -> int:
@@ -76,11 +66,11 @@ def _whole_trace(name: str) -> dict:
     out["first_ns"] = {}
     for dev, lists in by_device.items():
         every = lists["comm"] + lists["copy"] + lists["compute"]
-        compute = _union_ns(lists["compute"])
-        out["busy"] += _union_ns(every) / 1e9
+        compute = union_ns(lists["compute"])
+        out["busy"] += union_ns(every) / 1e9
         for kind in ("comm", "copy"):
-            out[kind] += _union_ns(lists[kind]) / 1e9
-            out[kind + "_exposed"] += (_union_ns(lists[kind] + lists["compute"]) - compute) / 1e9
+            out[kind] += union_ns(lists[kind]) / 1e9
+            out[kind + "_exposed"] += (union_ns(lists[kind] + lists["compute"]) - compute) / 1e9
         first = min(s for s, e in every if e > s)
         out["span"] += (max(e for _, e in every) - first) / 1e9
         out["first_ns"][dev] = first
