@@ -261,3 +261,43 @@ def test_terminal_summary_line_reports_bytes_and_weighted_bus_bandwidth():
     assert f"{bus / peak * 100:.1f}% of the {peak:.0f} GB/s link peak" in note
     assert f"longest: {longest['collective']} {longest['bytes'] / 1e6:.3g} MB" in note
     assert collective_note(ingested("a100/cuda_graphs_rank0_of16.json.gz").batch) is None
+
+
+def test_node_and_fleet_add_their_ranks_bytes_and_weight_bus_bandwidth_by_them(tmp_path):
+    """Two ranks of one job (the a100 trace and a copy of it as rank 1, so the oracle is twice the raw JSON):
+    node and fleet spans of each step carry the sum of the ranks' message bytes and the bytes-weighted bus
+    bandwidth, compared against the raw-JSON values of the step's collectives."""
+    import gzip
+
+    from plasmient_trace.pipeline import IngestOptions, ingest_paths
+
+    name = "a100/nccl_training_rank0_of2.json.gz"
+    expected, peak = _expected(name)
+    doc = raw_trace(name)
+    twin = dict(doc, distributedInfo={**doc["distributedInfo"], "rank": 1})
+    copy_path = tmp_path / "rank1.json.gz"
+    with gzip.open(copy_path, "wt") as f:
+        json.dump(twin, f)
+    rows = ingest_paths([trace_path(name), copy_path], IngestOptions(job_id="bw")).batch.table.to_pylist()
+    tops = [r for r in rows if r["plasmient.level"] in ("node", "fleet")]
+    assert {r["plasmient.level"] for r in tops} == {"node", "fleet"}
+    checked = 0
+    for span in tops:
+        sized = [x for x in expected.values() if x["step"] == span["plasmient.step"] and "bytes" in x]
+        if not sized:
+            assert span["plasmient.comm.bytes"] is None and span["plasmient.comm.busbw_gbs"] is None
+            continue
+        total = sum(x["bytes"] for x in sized)
+        assert span["plasmient.comm.bytes"] == pytest.approx(2 * total, rel=1e-12)
+        weighted = sum(x["bytes"] * x["busbw"] for x in sized) / total / 1e9
+        assert span["plasmient.comm.busbw_gbs"] == pytest.approx(weighted, rel=1e-6)
+        assert span["plasmient.comm.busbw_fraction"] == pytest.approx(weighted / peak, rel=1e-6)
+        assert span["plasmient.comm.link_peak_gbs"] == pytest.approx(peak)
+        checked += 1
+    assert checked >= 2  # a node and a fleet span of at least one step with sized collectives
+
+
+def test_node_and_fleet_have_no_bytes_without_nccl_metadata():
+    rows = ingested("a100/cuda_graphs_rank0_of16.json.gz").batch.table.to_pylist()
+    tops = [r for r in rows if r["plasmient.level"] in ("node", "fleet")]
+    assert tops and all(r["plasmient.comm.bytes"] is None and r["plasmient.comm.busbw_gbs"] is None for r in tops)

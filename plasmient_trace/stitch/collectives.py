@@ -82,6 +82,7 @@ class CollectiveBandwidth:
     unsized: np.ndarray        # per step: collective kernels without a message size
     step_bytes: np.ndarray     # per step: NaN when no collective was sized
     step_busbw: np.ndarray     # per step: bytes-weighted mean busbw, NaN when none is known
+    step_rated_bytes: np.ndarray  # per step: the bytes that weight step_busbw (collectives with a known busbw)
     over_link_peak: np.ndarray  # per step: kernels whose busbw exceeded the link peak
     slowest: np.ndarray        # per step: kernel row of the longest collective with a known busbw, -1 none
     duration_s: np.ndarray     # per real kernel row
@@ -146,6 +147,7 @@ def collective_bandwidth(kernels: pa.Table, is_collective: np.ndarray, duration_
         step_busbw = np.where(weight > 0, weighted / weight, np.nan)
     return CollectiveBandwidth(bytes=size, algbw=algbw, busbw=busbw, link_peak=peak, has_collective=has_collective,
                                unsized=unsized, step_bytes=np.where(any_sized, total, np.nan), step_busbw=step_busbw,
+                               step_rated_bytes=weight,
                                over_link_peak=over, slowest=slowest, duration_s=duration_ns / 1e9)
 
 

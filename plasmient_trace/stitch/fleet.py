@@ -29,7 +29,7 @@ from .step_facts import top_columns
 
 _FLOATS = ("flops", "ideal_s", "recompute_flops", "recompute_ideal_s", "comm_total_s", "comm_exposed_s",
            "copy_total_s", "copy_exposed_s", "idle_device_s", "queue_mean", "queue_max", "busy_s", "union_s", "known_s", "bytes", "kernel_s", "comm_s", "copy_s", "wasted_s",
-           "charged_s", "idle_s", "price_per_hour", "ridge")
+           "charged_s", "idle_s", "price_per_hour", "ridge", "comm_bytes", "comm_busbw", "link_peak")
 
 
 @dataclass
@@ -74,6 +74,11 @@ class RankSummary:
     service_name: str | None = None
     # collective kernels of the step in time order: [name, start_ns, end_ns] (straggler analysis)
     collectives: list[list[Any]] = field(default_factory=list)
+    # NCCL message sizes of the step (stitch.collectives): NaN where no collective carried one
+    comm_bytes: float = float("nan")
+    comm_rated_bytes: float = 0.0     # bytes of the collectives whose busbw is known (the weights of comm_busbw)
+    comm_busbw: float = float("nan")  # bytes/s, bytes-weighted mean over the step's collectives
+    link_peak: float = float("nan")   # bytes/s per direction of the rank's GPU fabric
     # live sampling (stitch.step_facts): where the FLOPs come from, the depth, whether device time was recorded
     flops_source: str = "measured"    # measured | carried | unknown
     full_depth: bool = True
@@ -208,6 +213,7 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
         "plasmient.kernel_s": total("kernel_s"),
         **_overlap_columns(groups, total, device_s),
         **straggler_columns(groups),
+        **bandwidth_columns(groups),
     }
     # A rank whose step was not measured (a live step-level step: flops NaN) leaves the group's FLOP-derived
     # numbers, bound, waste and culprits absent: a partial sum would read as a measurement.
@@ -222,6 +228,33 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
     cols.update(culprit_columns(n, {i: rows for i, rows in enumerate(lists) if rows}))
     top_columns(cols, groups)
     return cv.SpanBatch(table=cv.span_table_from_columns(cols, n), resources=resources)
+
+
+def bandwidth_columns(groups: list) -> dict[str, Any]:
+    """Collective message bytes and bus bandwidth of a node or the fleet from its ranks' steps: bytes add up,
+    bus bandwidth is weighted by the bytes it was measured on (as on a step), and the fraction of the link
+    peak is given only when every rank with sized collectives has the same known peak."""
+    n = len(groups)
+    total, rated, weighted, peak = np.full(n, np.nan), np.zeros(n), np.zeros(n), np.full(n, np.nan)
+    for i, g in enumerate(groups):
+        sized = [s for s in g[3] if math.isfinite(s.comm_bytes)]
+        if not sized:
+            continue
+        total[i] = sum(s.comm_bytes for s in sized)
+        timed = [s for s in sized if math.isfinite(s.comm_busbw) and s.comm_rated_bytes > 0]
+        rated[i] = sum(s.comm_rated_bytes for s in timed)
+        weighted[i] = sum(s.comm_busbw * s.comm_rated_bytes for s in timed)
+        peaks = {s.link_peak for s in sized}
+        if len(peaks) == 1 and all(math.isfinite(p) for p in peaks):
+            peak[i] = peaks.pop()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        busbw = np.where(rated > 0, weighted / rated, np.nan)
+    return {
+        "plasmient.comm.bytes": _nan_to_null(total),
+        "plasmient.comm.busbw_gbs": _nan_to_null(busbw / 1e9),
+        "plasmient.comm.busbw_fraction": _nan_to_null(busbw / peak),
+        "plasmient.comm.link_peak_gbs": _nan_to_null(np.where(np.isfinite(total), peak / 1e9, np.nan)),
+    }
 
 
 def _overlap_columns(groups: list, total: Any, device_s: np.ndarray) -> dict[str, Any]:

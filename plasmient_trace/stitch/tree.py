@@ -94,6 +94,11 @@ def stitch_rank(inp: RankInput, rank: int, node: str, options: StitchOptions, al
                      idle_device_s=float(min(o.idle_device_s[s], total["idle_s"])), queue_mean=float(o.queue_mean[s]),
                      queue_max=float(o.queue_max[s]))
         total.update(summary_fields(tree, s))
+        cb = tree.comm_bw
+        if cb is not None and len(cb.step_bytes):
+            # what node and fleet spans need to add bytes up and weight bus bandwidth by them across ranks
+            total.update(comm_bytes=float(cb.step_bytes[s]), comm_rated_bytes=float(cb.step_rated_bytes[s]),
+                         comm_busbw=float(cb.step_busbw[s]), link_peak=float(cb.link_peak))
         summaries.append(RankSummary(
             job_id=options.job_id, step=int(j.steps[s]), rank=rank, host=node,
             start_ns=int(tree.start[r]), end_ns=int(tree.end[r]),
