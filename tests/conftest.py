@@ -18,6 +18,49 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 ALL_TRACES = sorted(str(p.relative_to(TRACES)) for p in TRACES.glob("*/*.json.gz")) if TRACES.is_dir() else []
 
 
+RAW_KERNEL_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
+RAW_RUNTIME_CATS = {"cuda_runtime", "Runtime", "cuda_driver"}
+
+
+def raw_activities(doc: dict) -> list[dict]:
+    """Every GPU activity of a raw Kineto document, read here independently of the parser: the event, its start
+    and end (ns after Kineto's epoch anchor), its launch time (None without a launch record) and its step.
+    An activity belongs to the ProfilerStep#N whose CPU range holds its launch (as every kernel belongs to the
+    step of the op that launched it); one with no launch record, to the step holding its start, but no later
+    than the step of the next launched activity on its stream (a stream runs in launch order). A trace without
+    ProfilerStep markers is one step, 0; an activity outside every step has step None."""
+    base = doc.get("baseTimeNanoseconds") or 0
+    launch, steps = {}, []
+    for e in doc["traceEvents"]:
+        if e.get("ph") != "X":
+            continue
+        if e.get("cat") in RAW_RUNTIME_CATS and "correlation" in e.get("args", {}):
+            launch[e["args"]["correlation"]] = base + round(float(e["ts"]) * 1000)
+        if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") in ("cpu_op", "user_annotation", "Operator"):
+            s = base + round(float(e["ts"]) * 1000)
+            steps.append((s, s + round(float(e["dur"]) * 1000), int(e["name"][13:])))
+    out = []
+    for e in doc["traceEvents"]:
+        if e.get("ph") != "X" or e.get("cat") not in RAW_KERNEL_CATS:
+            continue
+        s = base + round(float(e["ts"]) * 1000)
+        at = launch.get(e.get("args", {}).get("correlation"))
+        when = at if at is not None else s
+        step = next((n for a, b, n in steps if a <= when < b), 0 if not steps else None)
+        out.append({"event": e, "start_ns": s, "end_ns": s + round(float(e.get("dur", 0)) * 1000), "launch_ns": at,
+                    "step": step})
+    next_launched: dict = {}  # (device, stream) -> step of the latest-starting launched activity seen so far
+    for a in sorted(out, key=lambda a: -a["start_ns"]):
+        args = a["event"].get("args", {})
+        where = (args.get("device", 0), args.get("stream"))
+        later = next_launched.get(where)
+        if a["launch_ns"] is None and a["step"] is not None and later is not None and a["step"] > later:
+            a["step"] = later
+        if a["launch_ns"] is not None and a["step"] is not None:
+            next_launched[where] = a["step"]
+    return out
+
+
 def union_ns(intervals: list[tuple[int, int]]) -> int:
     """Length of the union of [start, end) intervals: the oracle's own sweep, independent of the stitcher's."""
     total, cur_s, cur_e = 0, None, None

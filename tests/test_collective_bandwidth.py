@@ -17,12 +17,10 @@ import json
 import math
 
 import pytest
-from conftest import ingested, raw_trace, trace_path
+from conftest import ingested, raw_activities, raw_trace, trace_path
 
 SIZED = ["a100/nccl_training_rank0_of2.json.gz", "mi300x/resnet_act_checkpoint_rank0_of8.json.gz",
          "b200/eager_rank0_of8.json.gz"]
-RUNTIME_CATS = {"cuda_runtime", "Runtime", "cuda_driver"}
-KERNEL_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
 
 # Which element count is S, and the bus factor, by c10d collective name (as the traces spell them).
 FORMULA = {
@@ -49,43 +47,16 @@ def _is_collective_kernel(e: dict) -> bool:
 
 
 def _expected(name: str) -> tuple[dict[int, dict], float]:
-    """Per collective kernel (by correlation id): its step (the ProfilerStep whose CPU range holds its launch, None
-    outside every step; see below for kernels without a launch)
+    """Per collective kernel (by correlation id): its step (conftest.raw_activities: the ProfilerStep whose CPU
+    range holds its launch, None outside every step)
     and, where its args carry the NCCL metadata, bytes / algbw / busbw; and the link peak in GB/s."""
     doc = raw_trace(name)
-    events = doc["traceEvents"]
-    launch = {e["args"]["correlation"]: float(e["ts"]) for e in events
-              if e.get("ph") == "X" and e.get("cat") in RUNTIME_CATS and "correlation" in e.get("args", {})}
-    steps = [(float(e["ts"]), float(e["ts"]) + float(e["dur"]), int(e["name"][len("ProfilerStep#"):]))
-             for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
-
-
-    def step_at(when: float) -> int | None:
-        # a trace without ProfilerStep markers is one step, 0
-        return next((n for lo, hi, n in steps if lo <= when < hi), None) if steps else 0
-
-    # A kernel with no launch record: the step holding its start, but no later than the step of the next
-    # launched activity on its stream (a stream runs in launch order).
-    cap: dict[int, int] = {}
-    next_launched: dict = {}
-    activities = [e for e in events if e.get("ph") == "X" and e.get("cat") in KERNEL_CATS]
-    for e in sorted(activities, key=lambda e: -float(e["ts"])):
-        a = e.get("args", {})
-        where = (a.get("device", 0), a.get("stream"))
-        if a.get("correlation") in launch:
-            step = step_at(launch[a["correlation"]])
-            if step is not None:
-                next_launched[where] = step
-        elif where in next_launched:
-            cap[id(e)] = next_launched[where]
     out = {}
-    for e in events:
+    for activity in raw_activities(doc):
+        e, step = activity["event"], activity["step"]
         if not _is_collective_kernel(e):
             continue
         a = e["args"]
-        step = step_at(launch.get(a["correlation"], float(e["ts"])))
-        if a["correlation"] not in launch and step is not None and id(e) in cap:
-            step = min(step, cap[id(e)])
         row = {"step": step, "dur_s": float(e["dur"]) / 1e6}
         if "Collective name" in a:
             count_key, factor = FORMULA[a["Collective name"]]

@@ -15,54 +15,24 @@ import os
 import subprocess
 
 import pytest
-from conftest import ingested, raw_trace, trace_path, union_ns
+from conftest import ingested, raw_activities, raw_trace, trace_path, union_ns
 
 MULTI_GPU = ["b200/eager_rank0_of8.json.gz", "mi300x/resnet_act_checkpoint_rank0_of8.json.gz",
              "a100/nccl_training_rank0_of2.json.gz", "a100/cuda_graphs_rank0_of16.json.gz"]
-KERNEL_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
-RUNTIME_CATS = {"cuda_runtime", "Runtime", "cuda_driver"}
 
 
 
 def _raw(name: str):
-    """Per GPU activity from the raw JSON: (device, start ns, end ns, kind, launch ns or None, step number).
-    An activity belongs to the ProfilerStep#N whose CPU range holds its launch (as every kernel belongs to
-    the step of the op that launched it); one with no launch record, to the step holding its start, but no
-    later than the step of the next launched activity on its stream (a stream runs in launch order)."""
-    doc = raw_trace(name)
-    base = doc.get("baseTimeNanoseconds") or 0  # Kineto's epoch anchor: event times are µs after it
-    launch = {}
-    steps = []
-    for e in doc["traceEvents"]:
-        if e.get("ph") != "X":
-            continue
-        if e.get("cat") in RUNTIME_CATS and "correlation" in e.get("args", {}):
-            launch[e["args"]["correlation"]] = base + round(float(e["ts"]) * 1000)
-        if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") in ("cpu_op", "user_annotation", "Operator"):
-            s = base + round(float(e["ts"]) * 1000)
-            steps.append((s, s + round(float(e["dur"]) * 1000), int(e["name"][13:])))
+    """Per GPU activity from the raw JSON (conftest.raw_activities): (device, start ns, end ns, kind, launch ns or
+    None, step number)."""
     out = []
-    for e in doc["traceEvents"]:
-        if e.get("ph") != "X" or e.get("cat") not in KERNEL_CATS:
-            continue
-        args = e.get("args", {})
-        s = base + round(float(e["ts"]) * 1000)
+    for a in raw_activities(raw_trace(name)):
+        e = a["event"]
         name_l = str(e.get("name", "")).lower()
         kind = ("copy" if e["cat"] in ("gpu_memcpy", "Memcpy", "gpu_memset", "Memset")
                 else "comm" if name_l.startswith("nccl") or "rccl" in name_l else "compute")
-        at = launch.get(args.get("correlation"))
-        when = at if at is not None else s
-        step = next((n for a, b, n in steps if a <= when < b), 0 if not steps else None)
-        out.append((args.get("device", 0), s, s + round(float(e.get("dur", 0)) * 1000), kind, at, step, args.get("stream")))
-    next_launched: dict = {}  # (device, stream) -> step of the latest-starting launched activity seen so far
-    for i in sorted(range(len(out)), key=lambda i: -out[i][1]):
-        dev, s, e, kind, at, step, stream = out[i]
-        later = next_launched.get((dev, stream))
-        if at is None and step is not None and later is not None and step > later:
-            out[i] = (dev, s, e, kind, at, later, stream)
-        if at is not None and step is not None:
-            next_launched[(dev, stream)] = step
-    return [a[:6] for a in out]
+        out.append((e.get("args", {}).get("device", 0), a["start_ns"], a["end_ns"], kind, a["launch_ns"], a["step"]))
+    return out
 
 
 def _steps(name: str) -> list[dict]:
