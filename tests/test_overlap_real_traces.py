@@ -36,33 +36,39 @@ def _raw(name: str):
 
 
 def _steps(name: str) -> list[dict]:
+    """Step spans in time order (their windows tile the rank's device timeline)."""
     rows = ingested(name).batch.table.to_pylist()
-    return sorted((r for r in rows if r["plasmient.level"] == "step"), key=lambda r: r["plasmient.device.start_ns"])
+    return sorted((r for r in rows if r["plasmient.level"] == "step"),
+                  key=lambda r: (r["plasmient.device.start_ns"] + round(r["plasmient.device.window_s"] * 1e9),
+                                 r["plasmient.step"]))
 
 
 def _setup(name: str):
-    """The steps in time order, the raw activities, and a clipper onto a step's device window (raw times
-    shifted by the rank's clock mapping)."""
+    """The steps in time order, each with its device window (the step's tile of the rank's timeline), and the
+    raw activities that belong to a step, on the rank's clock."""
     offset = max(ingested(name).joined[0].stats.clock_offset_ns.values(), default=0)
+    steps = [(step, (step["plasmient.device.start_ns"],
+                     step["plasmient.device.start_ns"] + round(step["plasmient.device.window_s"] * 1e9)))
+             for step in _steps(name)]
+    acts = [(d, s + offset, e + offset, k, None if la is None else la + offset, n) for d, s, e, k, la, n in _raw(name)
+            if n is not None]
+    return steps, acts
 
-    def clipper(step: dict):
-        lo = step["plasmient.device.start_ns"]
-        hi = lo + round(step["plasmient.device.window_s"] * 1e9)
-        return lambda t, shift=offset: min(max(t + shift, lo), hi)
 
-    return _steps(name), _raw(name), clipper
+def _clip(intervals, lo, hi):
+    return [(min(max(s, lo), hi), min(max(e, lo), hi)) for s, e in intervals]
 
 
 @pytest.mark.parametrize("name", MULTI_GPU)
 def test_exposed_communication_matches_the_raw_trace(name):
-    steps, acts, clipper = _setup(name)
-    for step in steps:
-        at = clipper(step)
+    """A step's collectives, whole (a pipelined step's may start in the previous step's window), are hidden where
+    any compute kernel of the device ran, whichever step launched it."""
+    steps, acts = _setup(name)
+    for step, _ in steps:
         total = exposed = 0
         for dev in {a[0] for a in acts}:
-            def clip(kind, at=at, dev=dev, step=step):
-                return [(at(s), at(e)) for d, s, e, k, _, n in acts if d == dev and k == kind and n == step["plasmient.step"]]
-            comm, comp = clip("comm"), clip("compute")
+            comm = [(s, e) for d, s, e, k, _, n in acts if d == dev and k == "comm" and n == step["plasmient.step"]]
+            comp = [(s, e) for d, s, e, k, _, _ in acts if d == dev and k == "compute"]
             t = union_ns(comm)
             hidden = t + union_ns(comp) - union_ns(comm + comp)
             total += t
@@ -77,20 +83,26 @@ def test_exposed_communication_matches_the_raw_trace(name):
 
 @pytest.mark.parametrize("name", MULTI_GPU)
 def test_idle_splits_into_host_and_device_waits(name):
-    steps, acts, clipper = _setup(name)
-    for step in steps:
+    """Idle is the step's window less the time any kernel ran in it; the device's share of it is where some
+    kernel (of any step) was launched and waiting. The launch queue is the count of launched, unfinished
+    kernels over the window."""
+    steps, acts = _setup(name)
+    for step, (w_lo, w_hi) in steps:
         host, device = step["plasmient.idle.host_s"], step["plasmient.idle.device_s"]
         assert host >= -1e-12 and device >= -1e-12
         assert host + device == pytest.approx(step["plasmient.idle_s"], abs=1e-9)
         if step["plasmient.gpus"] != 1:
             continue
-        at = clipper(step)
-        mine = [a for a in acts if a[5] == step["plasmient.step"]]
-        ks = [(at(s), at(e)) for _, s, e, _, _, _ in mine]
-        queued = [(at(la, 0), at(s)) for _, s, _, _, la, _ in mine if la is not None]
-        expected = (union_ns(ks + queued) - union_ns(ks)) / 1e9
-        assert device == pytest.approx(min(expected, step["plasmient.idle_s"]), abs=2e-6), step["name"]
-        assert step["plasmient.launch_queue.max"] >= 1 and step["plasmient.launch_queue.mean"] > 0
+        ks = _clip([(s, e) for _, s, e, _, _, _ in acts], w_lo, w_hi)
+        queued = _clip([(la, s) for _, s, _, _, la, _ in acts if la is not None and la < s], w_lo, w_hi)
+        assert step["plasmient.idle_s"] == pytest.approx((w_hi - w_lo - union_ns(ks)) / 1e9, abs=2e-6), step["name"]
+        assert device == pytest.approx((union_ns(ks + queued) - union_ns(ks)) / 1e9, abs=2e-6), step["name"]
+        launched = [(la, max(e, la)) for _, _, e, _, la, _ in acts if la is not None]
+        area = sum(max(0, min(e, w_hi) - max(la, w_lo)) for la, e in launched)
+        assert step["plasmient.launch_queue.mean"] == pytest.approx(area / max(w_hi - w_lo, 1), rel=1e-6), step["name"]
+        deepest = max((sum(1 for la, e in launched if la <= t < e) for t in [w_lo] + [la for la, _ in launched if w_lo < la < w_hi]),
+                      default=0)
+        assert step["plasmient.launch_queue.max"] == deepest, step["name"]
 
 
 def test_idle_advice_follows_the_split():

@@ -8,7 +8,7 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from conftest import ALL_TRACES, ingested, raw_trace
+from conftest import ALL_TRACES, ingested, raw_trace, union_ns
 
 RUNTIME_CATS = {"cuda_runtime", "Runtime", "cuda_driver"}
 KERNEL_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
@@ -216,27 +216,45 @@ def test_every_span_has_the_metrics_in_range(name):
             assert r["plasmient.culprit.kernel"] and r["plasmient.culprit.suggestion"]
 
 
+def _shared_seconds(kernels: list[tuple[int, int, object]]) -> dict[object, float]:
+    """Oracle: each kernel's share of its device when the kernels resident at an instant split it equally,
+    by a sweep over the segments between kernel boundaries (kernels as (start ns, end ns, key))."""
+    bounds = sorted({t for s, e, _ in kernels for t in (s, e)})
+    starts = sorted(kernels)
+    share: dict[object, float] = {}
+    active: list[tuple[int, int, object]] = []
+    i = 0
+    for lo, hi in zip(bounds, bounds[1:]):
+        while i < len(starts) and starts[i][0] <= lo:
+            active.append(starts[i])
+            i += 1
+        active = [k for k in active if k[1] > lo]
+        for _, _, key in active:
+            share[key] = share.get(key, 0.0) + (hi - lo) / len(active) / 1e9
+    return share
+
+
 @pytest.mark.parametrize("name", ALL_TRACES)
-def test_busy_time_is_the_union_of_kernel_intervals(name):
+def test_busy_time_is_the_shared_time_of_the_steps_kernels(name):
+    """A step's busy seconds are its kernels' shares of the device (concurrent kernels split each instant,
+    whichever step they belong to), and its resident utilization is the union of every kernel of the rank
+    inside its window: where no other step's kernel overlaps, both are the union of its own kernels."""
     rows = spans(name)
-    for step in (r for r in rows if r["plasmient.level"] == "step"):
+    steps = [r for r in rows if r["plasmient.level"] == "step"]
+    if any(s["plasmient.kernels.folded"] or s["plasmient.gpus"] != 1 for s in steps):
+        return
+    kernels = [(k["start_ns"], k["end_ns"], (k["trace_id"], k["span_id"])) for k in rows
+               if k["plasmient.level"] == "kernel" and k["end_ns"] > k["start_ns"]]
+    if not kernels:
+        return
+    share = _shared_seconds(kernels)
+    for step in steps:
         lo = step["plasmient.device.start_ns"]
         hi = lo + round(step["plasmient.device.window_s"] * 1e9)
-        ks = sorted((min(max(k["start_ns"], lo), hi), min(max(k["end_ns"], lo), hi)) for k in rows
-                    if k["trace_id"] == step["trace_id"] and k["plasmient.level"] == "kernel")
-        if not ks or step["plasmient.kernels.folded"] or step["plasmient.gpus"] != 1:
-            continue
-        union, cur_s, cur_e = 0, None, None
-        for s, e in ks:
-            if cur_e is None or s > cur_e:
-                union += (cur_e - cur_s) if cur_e is not None else 0
-                cur_s, cur_e = s, e
-            else:
-                cur_e = max(cur_e, e)
-        union += cur_e - cur_s
-        # concurrent kernels share the device, so a step's busy seconds are exactly its resident time
-        assert step["plasmient.busy_s"] == pytest.approx(union / 1e9, rel=1e-6, abs=2e-9)
-        assert step["plasmient.util.resident"] == pytest.approx(union / 1e9 / step["plasmient.device.window_s"], rel=1e-6)
+        own = [k for k in kernels if k[2][0] == step["trace_id"]]
+        assert step["plasmient.busy_s"] == pytest.approx(sum(share.get(k[2], 0.0) for k in own), rel=1e-6, abs=2e-9)
+        resident = union_ns([(min(max(s, lo), hi), min(max(e, lo), hi)) for s, e, _ in kernels])
+        assert step["plasmient.util.resident"] == pytest.approx(resident / 1e9 / step["plasmient.device.window_s"], rel=1e-6)
 
 
 def _dims(op_row):

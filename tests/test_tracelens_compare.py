@@ -26,14 +26,11 @@ pytestmark = pytest.mark.skipif(
     reason="TraceLens is not on PyPI nor in the test extras; name a Python that has it (docs/hta-tracelens.md) "
            "in PLASMIENT_TRACELENS_PYTHON to compare against it")
 
-CLIPPED = pytest.mark.xfail(strict=True, raises=AssertionError,
-                            reason="step-window clipping drops kernels that start before the previous step's last "
-                                   "kernel ends (docs/hta-tracelens.md, known bug)")
 MULTI_GPU = ["b200/eager_rank0_of8.json.gz", "a100/nccl_training_rank0_of2.json.gz",
              "a100/cuda_graphs_rank0_of16.json.gz", "mi300x/resnet_act_checkpoint_rank0_of8.json.gz"]
 TIMELINE = [
     "b200/eager_rank0_of8.json.gz", "a100/nccl_training_rank0_of2.json.gz",
-    pytest.param("a100/cuda_graphs_rank0_of16.json.gz", marks=CLIPPED),
+    "a100/cuda_graphs_rank0_of16.json.gz",
     "mi300x/resnet_act_checkpoint_rank0_of8.json.gz",
     pytest.param("h100/qwen1.5_0.5b_chat_inference.json.gz", marks=pytest.mark.xfail(
         strict=True, raises=AssertionError,

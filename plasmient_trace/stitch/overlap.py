@@ -1,18 +1,22 @@
 """What a step's device timeline hid and what it exposed: communication and copies against compute, idle time
 split by who made the device wait, and how deep the launch queue ran.
 
-Per (step, device), over the step's device window (kernels clipped to it):
+Kernels keep their whole intervals (``stitch.windows``: a pipelined step's kernels may start in the previous
+step's tile).
 
 * communication overlap, as HTA's ``get_comm_comp_overlap`` and TraceLens's exposed communication define it:
-  ``total`` = time some collective ran (the union of their intervals), ``hidden`` = the part of it during which
-  a compute kernel also ran, ``exposed = total - hidden``. Unions only, so concurrent collectives count once:
-  ``hidden = |U(comm)| + |U(compute)| - |U(comm + compute)|``. Copies (memcpy/memset) the same way.
-* idle split: the window's idle time is ``device`` idle where a kernel was already launched but not yet started
-  (queued behind a dependency, an event, another stream: the device waited on itself) and ``host`` idle where
-  nothing was queued (the host did not feed it). ``device = |U(queued + kernels)| - |U(kernels)|``.
-* launch queue: kernels launched and not yet finished, over the window: time-weighted mean and maximum.
+  per (step, device), ``total`` = time some collective of the step ran (the union of their intervals) and
+  ``hidden`` = the part of it during which a compute kernel ran on that device, whichever step launched it;
+  ``exposed = total - hidden``. Unions only, so concurrent collectives count once. Copies (memcpy/memset) the
+  same way.
+* idle split, over the step's tile (its device window): ``device`` idle where a kernel was already
+  launched but not yet started (queued behind a dependency, an event, another stream: the device waited on
+  itself) and ``host`` idle where nothing was queued (the host did not feed it).
+  ``device = |U(queued + kernels) in tile| - |U(kernels) in tile|``, over all the rank's kernels.
+* launch queue: the rank's kernels launched and not yet finished, over the step's tile: time-weighted mean
+  and maximum (NaN where none of the step's kernels has a launch record).
 
-All of it is grouped interval arithmetic in numpy (one sort per quantity), no loop per kernel.
+Interval arithmetic in numpy (merged unions and running totals, ``windows.Coverage``), no loop per kernel.
 """
 
 from __future__ import annotations
@@ -21,18 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..metrics.compute import grouped_union_ns
-
-
-def _union_per_group(group: np.ndarray, start: np.ndarray, end: np.ndarray, n_groups: int) -> np.ndarray:
-    out = np.zeros(n_groups)
-    ok = end > start
-    if not ok.any():
-        return out
-    order = np.argsort(start[ok], kind="stable")
-    keys, union_ns, _, _ = grouped_union_ns(group[ok][order], start[ok][order], end[ok][order])
-    out[keys] = union_ns
-    return out
+from .windows import Coverage, merge_intervals
 
 
 @dataclass
@@ -50,60 +43,77 @@ class StepOverlap:
 
 def step_overlap(n_steps: int, step: np.ndarray, device: np.ndarray, start: np.ndarray, end: np.ndarray,
                  is_comm: np.ndarray, is_copy: np.ndarray, launch_start: np.ndarray,
-                 window_start: np.ndarray, window_end: np.ndarray) -> StepOverlap:
-    """Kernels (alive ones) with their step row, device, clipped interval, kind flags and launch start
-    (-1: no launch record); windows per step row."""
+                 tile_start: np.ndarray, tile_end: np.ndarray) -> StepOverlap:
+    """Kernels (alive ones) with their step row, device, interval, kind flags and launch start (-1: no launch
+    record); the steps' tiles (their device windows)."""
     _, dev = np.unique(device, return_inverse=True) if len(device) else (None, np.zeros(0, np.int64))
     dev = dev.reshape(-1)
     n_dev = int(dev.max()) + 1 if len(dev) else 1
     group = step * n_dev + dev
     n_groups = n_steps * n_dev
     compute = ~is_comm & ~is_copy
+    compute_cover = Coverage.of(dev[compute], start[compute], end[compute])
 
     def per_step(values: np.ndarray) -> np.ndarray:
         return values.reshape(n_steps, n_dev).sum(axis=1) / 1e9 if n_steps else np.zeros(0)
 
     def hidden_and_total(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        total = _union_per_group(group[mask], start[mask], end[mask], n_groups)
-        comp = _union_per_group(group[compute], start[compute], end[compute], n_groups)
-        both = mask | compute
-        together = _union_per_group(group[both], start[both], end[both], n_groups)
-        return np.maximum(total + comp - together, 0.0), total
+        g, ms, me = merge_intervals(group[mask], start[mask], end[mask])
+        total = np.bincount(g, weights=(me - ms).astype(np.float64), minlength=n_groups)
+        hidden = np.bincount(g, weights=compute_cover.covered(g % n_dev, ms, me).astype(np.float64), minlength=n_groups)
+        return hidden, total
 
     comm_hidden, comm_total = hidden_and_total(is_comm)
     copy_hidden, copy_total = hidden_and_total(is_copy)
 
-    # queued: launched, not yet started; clipped to the step's window
-    has_launch = launch_start >= 0
-    ws, we = window_start[step], window_end[step]
-    q_start = np.clip(np.where(has_launch, launch_start, start), ws, we)
-    q_end = np.clip(start, q_start, we)
-    kernels = _union_per_group(group, start, end, n_groups)
-    with_queue = _union_per_group(np.concatenate([group, group]), np.concatenate([start, q_start]),
-                                  np.concatenate([end, q_end]), n_groups)
-    idle_device = np.maximum(with_queue - kernels, 0.0)
+    # queued: launched, not yet started
+    has_launch = (launch_start >= 0) & (launch_start < start)
+    kernels = Coverage.of(dev, start, end)
+    with_queue = Coverage.of(np.concatenate([dev, dev[has_launch]]), np.concatenate([start, launch_start[has_launch]]),
+                             np.concatenate([end, start[has_launch]]))
+    step_dev = np.repeat(np.arange(n_steps), n_dev)
+    dev_ids = np.tile(np.arange(n_dev), n_steps)
+    a, b = tile_start[step_dev], tile_end[step_dev]
+    idle_device = np.maximum(with_queue.covered(dev_ids, a, b) - kernels.covered(dev_ids, a, b), 0).astype(np.float64)
 
-    # launch queue depth: +1 at launch (clipped into the window), -1 at the kernel's end
-    queue_mean = np.full(n_steps, np.nan)
-    queue_max = np.full(n_steps, np.nan)
-    if has_launch.any():
-        g = step[has_launch]
-        a = np.clip(launch_start[has_launch], ws[has_launch], we[has_launch])
-        b = np.clip(end[has_launch], a, we[has_launch])
-        win = np.maximum(window_end - window_start, 1).astype(np.float64)
-        queue_mean = np.bincount(g, weights=(b - a).astype(np.float64), minlength=n_steps) / win
-        t = np.concatenate([a, b])
-        d = np.concatenate([np.ones(len(a), np.int64), -np.ones(len(b), np.int64)])
-        gg = np.concatenate([g, g])
-        order = np.lexsort((d, t, gg))  # ends before starts at the same instant
-        depth = np.cumsum(d[order])     # every group nets to zero, so groups do not leak into each other
-        gs = gg[order]
-        first = np.r_[0, np.nonzero(gs[1:] != gs[:-1])[0] + 1]
-        queue_max[gs[first]] = np.maximum.reduceat(depth, first)
-        seen = np.bincount(g, minlength=n_steps) > 0
-        queue_mean[~seen] = np.nan
+    queue_mean, queue_max = _launch_queue(n_steps, step, launch_start, end, tile_start, tile_end)
     return StepOverlap(
         comm_total_s=per_step(comm_total), comm_exposed_s=per_step(comm_total - comm_hidden),
         copy_total_s=per_step(copy_total), copy_exposed_s=per_step(copy_total - copy_hidden),
         idle_device_s=per_step(idle_device), queue_mean=queue_mean, queue_max=queue_max,
     )
+
+
+def _launch_queue(n_steps: int, step: np.ndarray, launch_start: np.ndarray, end: np.ndarray,
+                  window_start: np.ndarray, window_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Kernels launched and not yet finished (+1 at launch, -1 at the end), over each step's window: the
+    time-weighted mean and the maximum. One sweep over the rank's events; a loop per step, not per kernel."""
+    queue_mean = np.full(n_steps, np.nan)
+    queue_max = np.full(n_steps, np.nan)
+    has_launch = launch_start >= 0
+    if not has_launch.any():
+        return queue_mean, queue_max
+    a = launch_start[has_launch]
+    b = np.maximum(end[has_launch], a)
+    t = np.concatenate([a, b])
+    d = np.concatenate([np.ones(len(a), np.int64), -np.ones(len(b), np.int64)])
+    order = np.lexsort((d, t))  # ends before starts at the same instant
+    t, depth = t[order], np.cumsum(d[order])  # depth right after each event
+    integral = np.concatenate([[0.0], np.cumsum(depth[:-1] * np.diff(t).astype(np.float64))])
+
+    def area_upto(x: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(t, x, side="right") - 1
+        safe = np.maximum(k, 0)
+        return np.where(k >= 0, integral[safe] + depth[safe] * (x - t[safe]).astype(np.float64), 0.0)
+
+    width = np.maximum(window_end - window_start, 1).astype(np.float64)
+    mean = (area_upto(window_end) - area_upto(window_start)) / width
+    first = np.searchsorted(t, window_start, side="right")  # events after the window opens
+    last = np.searchsorted(t, window_end, side="left")      # events before it closes
+    at_open = np.where(first > 0, depth[np.maximum(first - 1, 0)], 0)
+    seen = np.bincount(step[has_launch], minlength=n_steps) > 0
+    for s in np.nonzero(seen)[0]:
+        inner = depth[first[s]:last[s]]
+        queue_max[s] = max(int(at_open[s]), int(inner.max()) if len(inner) else 0)
+        queue_mean[s] = mean[s]
+    return queue_mean, queue_max

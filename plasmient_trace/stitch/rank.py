@@ -3,9 +3,11 @@
 Spans live in flat arrays laid out in blocks: [rank spans | step spans | modules | ops | kernels], one rank
 span and one step span per step. Every metric is computed over a *device window* (see ``stitch.windows``):
 
-* kernel: its own interval (clipped to its step's window); op and module: the extent of the kernels under
-  them; a span that launched nothing has no window and no device metrics at all;
-* step: the tile of the rank's device timeline that ends with the step's last kernel; rank: its step's tile.
+* kernel: its own interval; op and module: the extent of the kernels under them; a span that launched
+  nothing has no window and no device metrics at all;
+* step: the tile of the rank's device timeline that ends with the step's last kernel (a pipelined step's
+  first kernels may run in the previous step's tile: they stay whole and stay its own); rank: its step's
+  tile. Their resident time is the time any of the rank's kernels ran in the tile.
 
 Additive quantities are per-kernel facts rolled up the tree, plus the step's idle gaps (host gaps in its
 window) as the step's own waste. The displayed span start/end are the CPU interval widened to cover the
@@ -36,7 +38,7 @@ from .overlap import StepOverlap, step_overlap
 from .ownership import cpu_kernel_ops, kernel_peaks, kernel_work
 from .recompute import Recompute, find_recompute
 from .step_facts import step_metrics, with_step_facts
-from .windows import kernel_shares_ns, step_windows
+from .windows import Coverage, kernel_shares_ns, step_tiles
 
 _BIG = np.iinfo(np.int64).max
 # Additive per-span quantities, in the row order of RankTree.total.
@@ -198,14 +200,16 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     # recomputed forward work (activation checkpointing): hardware FLOPs, not model FLOPs
     k_rc = rc.ops[np.maximum(np.where(work.owner >= 0, work.owner, ko), 0)] & (ko >= 0) if n_op else np.zeros(n_ks, bool)
 
-    # ---- device windows: steps tile the rank's device timeline; kernels are clipped to their step's tile
+    # ---- device windows (stitch.windows): steps tile the rank's device timeline and keep their kernels whole
     live_k = np.nonzero(k_alive)[0]
     last_end = np.full(n_steps, -_BIG, np.int64)
     np.maximum.at(last_end, kstep[live_k], ke[live_k])
     has_k = np.bincount(kstep[live_k], minlength=n_steps) > 0 if n_steps else np.zeros(0, bool)
-    w_start, w_end = step_windows(j.step_start, j.step_end, last_end, has_k)
-    cs = np.clip(ks[live_k], w_start[kstep[live_k]], w_end[kstep[live_k]])
-    ce = np.clip(ke[live_k], cs, w_end[kstep[live_k]])
+    t_start, t_end = step_tiles(j.step_start, j.step_end, last_end, has_k)
+    # only the rank's device range bounds a kernel (a launch-less kernel cannot reach before the first step)
+    lo, hi = (t_start[0], t_end[-1]) if n_steps else (0, 0)
+    cs = np.clip(ks[live_k], lo, hi)
+    ce = np.clip(ke[live_k], cs, hi)
     devs = np.concatenate([rs.kernels.column("device").to_numpy().astype(np.int64) if n_k else np.zeros(0, np.int64),
                            np.full(len(synth_ops), -1, np.int64)])[live_k]
     share_s = kernel_shares_ns(devs, cs, ce) / 1e9
@@ -227,10 +231,10 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     has_device[:2 * n_steps] = True
     win_start = np.where(has_device, stats.ext_start, 0)
     win_end = np.where(has_device, stats.ext_end, 0)
-    for lo in (base["rank"], base["step"]):
-        win_start[lo:lo + n_steps] = w_start
-        win_end[lo:lo + n_steps] = w_end
-    win_s = np.maximum(win_end - win_start, 0) / 1e9
+    # a step's (and its rank span's) window is its tile: the period between step boundaries on the device
+    for lo_row in (base["rank"], base["step"]):
+        win_start[lo_row:lo_row + n_steps] = t_start
+        win_end[lo_row:lo_row + n_steps] = t_end
 
     # ---- additive facts: kernels carry theirs; a step carries its idle gaps
     # quantity-major (one contiguous row per quantity): every fold and gather below is 1-D
@@ -249,7 +253,15 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     ):
         self_vals[COL[name], k_span] = values
     step_spans = base["step"] + steps_rows
-    idle = np.maximum(win_s[step_spans] * rank_devices - stats.union_s[step_spans], 0.0)
+    # Step and rank spans: resident time is the time any of the rank's kernels ran in the tile, whichever step
+    # launched it, and idle is the rest of the tile.
+    rank_device_ids = np.unique(devs)
+    tile_dev = np.repeat(steps_rows, len(rank_device_ids))
+    in_tile = Coverage.of(devs, cs, ce).covered(np.tile(rank_device_ids, n_steps), t_start[tile_dev], t_end[tile_dev])
+    resident_s = np.bincount(tile_dev, weights=in_tile.astype(np.float64), minlength=n_steps) / 1e9
+    union_s = stats.union_s.copy()
+    union_s[:n_steps] = union_s[step_spans] = resident_s
+    idle = np.maximum((t_end - t_start) * rank_devices / 1e9 - resident_s, 0.0)
     self_vals[COL["idle_s"], step_spans] = idle
     self_vals[COL["wasted_s"], step_spans] = idle
     self_vals[COL["charged_s"], step_spans] = idle
@@ -264,7 +276,7 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     launch_start = np.where(launch_rows >= 0, l_start[np.maximum(launch_rows, 0)] if len(l_start) else -1, -1)
     overlap = step_overlap(n_steps, kstep[live_k], devs, cs, ce, kind_live == KIND_CODE["collective"],
                            (kind_live == KIND_CODE["memcpy"]) | (kind_live == KIND_CODE["memset"]),
-                           launch_start, w_start, w_end)
+                           launch_start, t_start, t_end)
     outside = ~k_alive[:n_k] if n_k else np.zeros(0, bool)
     comm_bw = collective_bandwidth(rs.kernels, kinds[:n_k] == KIND_CODE["collective"], ke[:n_k] - ks[:n_k], kstep[:n_k],
                                    n_steps, inp.spec.model) if n_k else None
@@ -273,7 +285,7 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
         end=end, step_row=step_row, alive=alive, depth=depth, synth_ops=synth_ops, module_labels=module_labels,
         has_device=has_device & alive, win_start=win_start, win_end=win_end, gpus=gpus, total=total,
         under_child=non_kernel_child, under_parent=parent[non_kernel_child],
-        union_s=stats.union_s, price=inp.spec.price_per_hour if inp.spec.price_per_hour is not None else np.nan,
+        union_s=union_s, price=inp.spec.price_per_hour if inp.spec.price_per_hour is not None else np.nan,
         peak_known=inp.spec.peak_for is not None, k_rows=live_k, k_waste=waste, k_launch_op=ko[live_k],
         k_kind=kind_live, over_peak_by_step=over_peak_by_step, outside_kernels=int(outside.sum()), overlap=overlap,
         comm_bw=comm_bw, levels=levels,

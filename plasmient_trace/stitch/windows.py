@@ -1,25 +1,31 @@
 """Device-time windows: where on the device's timeline each step lives, and how concurrent kernels share it.
 
-* Steps tile each rank's device timeline. A step's window runs from where the previous step's device
-  work ended (the first step: from its own CPU start) to the end of its last kernel, so the host gap before
-  a step's first kernel is that step's idle time and no device nanosecond belongs to two steps. Kernels are
-  clipped to their step's window for every metric (a kernel that began under the previous step's tail on
-  another stream gives that overlap up rather than counting it twice).
+* Steps tile each rank's device timeline. A step's tile, its device window, runs from where the previous
+  step's device work ended (the first step: from its own CPU start) to the end of its last kernel: the
+  period between step boundaries on the device, so the host gap before a step's first kernel is that
+  step's idle time, no device nanosecond lies in two windows, and a step's MFU is its work over its period.
+* Kernels are never clipped to their step's tile. A pipelined job (the next batch's input copies running
+  under the previous step's compute) starts a step's first kernels in the previous step's tile: they keep
+  their whole interval and their time and work stay with their own step.
 * Concurrent kernels on one device share each nanosecond equally (a compute kernel overlapped by an NCCL
-  kernel gets half of the overlap), so summed kernel device-seconds never exceed the device's elapsed time:
-  that share is the additive ``busy`` of the accounting.
+  kernel gets half of the overlap, whichever steps they belong to), so summed kernel device-seconds never
+  exceed the device's elapsed time: that share is the additive ``busy`` of the accounting. A step's resident
+  time is the time any kernel of the rank ran in its tile and its idle time is the rest, so over a rank
+  busy + idle is exactly the sum of the tiles, however the steps' work overlaps.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 
-def step_windows(step_cpu_start: np.ndarray, step_cpu_end: np.ndarray, last_kernel_end: np.ndarray,
-                 has_kernels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(window start, window end) per step; steps must be given in time order.
+def step_tiles(step_cpu_start: np.ndarray, step_cpu_end: np.ndarray, last_kernel_end: np.ndarray,
+               has_kernels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(tile start, tile end) per step; steps must be given in time order.
 
-    A step with no kernels ends at its CPU end (the device sat idle through it). Windows are
+    A step with no kernels ends at its CPU end (the device sat idle through it). Tiles are
     non-decreasing, so they tile: start[i] == end[i-1].
     """
     n = len(step_cpu_start)
@@ -66,3 +72,75 @@ def kernel_shares_ns(device_key: np.ndarray, start: np.ndarray, end: np.ndarray)
     first = np.searchsorted(t, s, side="left")
     last = np.searchsorted(t, e, side="left")
     return np.maximum(f[last] - f[first], 0.0)
+
+
+def merge_intervals(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The union of the intervals of each group as disjoint intervals: (group, start, end), sorted by group
+    then start. Empty intervals are dropped."""
+    ok = end > start
+    group, start, end = group[ok].astype(np.int64), start[ok].astype(np.int64), end[ok].astype(np.int64)
+    if not len(group):
+        return group, start, end
+    order = np.lexsort((start, group))
+    g, s, e = group[order], start[order], end[order]
+    # one running maximum over all groups: lay them end to end on one axis
+    keys, gi = np.unique(g, return_inverse=True)
+    gi = gi.reshape(-1)
+    lo = s[np.r_[0, np.nonzero(g[1:] != g[:-1])[0] + 1]]
+    hi = np.zeros(len(keys), np.int64)
+    np.maximum.at(hi, gi, e)
+    width = hi - lo + 1
+    shift = (np.cumsum(width) - width - lo)[gi]
+    reach = np.maximum.accumulate(e + shift)
+    new = np.ones(len(s), bool)
+    new[1:] = s[1:] + shift[1:] > reach[:-1]
+    first = np.nonzero(new)[0]
+    return g[first], s[first], np.maximum.reduceat(e, first)
+
+
+@dataclass
+class Coverage:
+    """The union of a set of intervals per group (device), as a running total: how many nanoseconds of the
+    union lie before any instant. Groups are laid end to end on one time axis so one binary search serves
+    every query; ``covered(group, a, b)`` is the union's length inside [a, b]."""
+
+    keys: np.ndarray      # sorted group keys present
+    lo: np.ndarray        # per key: its first start and last end
+    hi: np.ndarray
+    offset: np.ndarray    # per key: shift onto the shared axis
+    starts: np.ndarray    # merged intervals on the shared axis, sorted
+    ends: np.ndarray
+    before: np.ndarray    # union length before each merged interval
+
+    @classmethod
+    def of(cls, group: np.ndarray, start: np.ndarray, end: np.ndarray) -> Coverage:
+        g, ms, me = merge_intervals(group, start, end)
+        keys, gi = np.unique(g, return_inverse=True)
+        gi = gi.reshape(-1)
+        lo = np.full(len(keys), np.iinfo(np.int64).max)
+        hi = np.full(len(keys), np.iinfo(np.int64).min)
+        np.minimum.at(lo, gi, ms)
+        np.maximum.at(hi, gi, me)
+        width = hi - lo + 1
+        offset = np.cumsum(width) - width - lo
+        length = me - ms
+        return cls(keys, lo, hi, offset, ms + offset[gi], me + offset[gi], np.cumsum(length) - length)
+
+    def _upto(self, idx: np.ndarray, t: np.ndarray) -> np.ndarray:
+        x = np.clip(t, self.lo[idx], self.hi[idx]) + self.offset[idx]
+        i = np.searchsorted(self.starts, x, side="right") - 1
+        safe = np.maximum(i, 0)
+        inside = np.clip(x - self.starts[safe], 0, self.ends[safe] - self.starts[safe])
+        return np.where(i >= 0, self.before[safe] + inside, 0)
+
+    def covered(self, group: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Nanoseconds of the union inside [a, b] (0 for a group with no intervals or b <= a)."""
+        group = np.asarray(group, np.int64)
+        out = np.zeros(len(group), np.int64)
+        if not len(self.keys) or not len(group):
+            return out
+        idx = np.minimum(np.searchsorted(self.keys, group), len(self.keys) - 1)
+        hit = (self.keys[idx] == group) & (b > a)
+        if hit.any():
+            out[hit] = self._upto(idx[hit], b[hit]) - self._upto(idx[hit], a[hit])
+        return out
