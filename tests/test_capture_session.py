@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
+from collections import Counter
 
 import pytest
 import torch
@@ -546,3 +547,30 @@ def test_every_full_step_groups_the_optimizer_under_its_optimizer_step_span(op_h
                 assert parent["plasmient.level"] == "op", (step, r["name"], parent["name"])
                 parent = by_id[parent["parent_span_id"]]
     assert torch.optim.AdamW.__dict__.get("step") is original  # close restored torch's own wrapper
+
+
+@pytest.mark.parametrize("op_hook", ["native"])
+def test_every_gradient_lands_under_the_backward_span_of_the_module_that_owns_its_parameter(op_hook):
+    """The autograd engine accumulates a parameter's gradient (evaluate_function: AccumulateGrad, no sequence
+    number) right after the node that produced it, so each one belongs to the backward span of the module that
+    owns the parameter: per step, one per parameter, under the innermost module with a span whose path
+    prefixes the parameter's name (an attention's out_proj weights under the attention, which calls no
+    out_proj forward); none flat under the step."""
+    from plasmient_trace.capture import native
+
+    if native.load(build_if_missing=True) is None:
+        pytest.skip(f"native observer unavailable: {native.failure()}")
+    _, sink = run(steps=2, every=1, op_hook=op_hook)
+    rows = sink.rows()
+    model, _, _ = tiny.build(dim=32, layers=2, heads=2, vocab=64, seq=8, batch=2)
+    for step in range(2):
+        by_id, in_step = _parents(rows, step)
+        modules = {r["name"] for r in in_step if r["plasmient.level"] == "module" and r["plasmient.module.phase"] == "forward"}
+        expected = Counter()
+        for name, _ in model.named_parameters():
+            parts = f"{type(model).__name__}.{name}".split(".")[:-1]
+            owner = next(".".join(parts[:k]) for k in range(len(parts), 0, -1) if ".".join(parts[:k]) in modules)
+            expected[owner + " [backward]"] += 1
+        grads = [r for r in in_step if r["plasmient.level"] == "op" and r["name"].startswith("autograd::engine::evaluate_function")
+                 and r["name"].endswith("AccumulateGrad")]
+        assert Counter(by_id[r["parent_span_id"]]["name"] for r in grads) == expected, step

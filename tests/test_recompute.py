@@ -151,3 +151,29 @@ def test_live_capture_separates_the_recompute_too():
         assert p["plasmient.flops.recompute"] is None
     names = {r["name"] for r in rows if r["plasmient.level"] == "module"}
     assert {"Net.blocks.0 [recompute]", "Net.blocks.0.up [recompute]"} <= names
+
+
+def test_gradient_accumulation_on_the_mi300x_resnet_follows_the_node_that_produced_it():
+    """Every evaluate_function: AccumulateGrad root (62 per step in the raw JSON) sits where the backward root
+    that ran just before it on its thread sits (the autograd engine runs a gradient's accumulation right after
+    its producer), inside a [backward] module, never flat under the step."""
+    from conftest import raw_trace
+
+    raw = [e for e in raw_trace("mi300x/resnet_act_checkpoint_rank0_of8.json.gz")["traceEvents"]
+           if e.get("ph") == "X" and str(e.get("name", "")).startswith("autograd::engine::evaluate_function: ")]
+    rows = ingested("mi300x/resnet_act_checkpoint_rank0_of8.json.gz", 10**7).batch.table.to_pylist()
+    index = {(r["trace_id"], r["span_id"]): r for r in rows}
+    roots = sorted((r for r in rows if r["plasmient.level"] == "op" and r["name"].startswith("autograd::engine::evaluate_function: ")
+                    and index[(r["trace_id"], r["parent_span_id"])]["plasmient.level"] != "op"),
+                   key=lambda r: (r["trace_id"], r["thread.id"], r["start_ns"]))
+    grads = [r for r in roots if r["name"].endswith("AccumulateGrad")]
+    assert len(grads) == sum(e["name"].endswith("AccumulateGrad") for e in raw) == 186
+    producer = None
+    for r in roots:
+        if not r["name"].endswith("AccumulateGrad"):
+            producer = r
+            continue
+        parent = index[(r["trace_id"], r["parent_span_id"])]
+        assert parent["plasmient.level"] == "module" and parent["name"].endswith(" [backward]")
+        assert producer is not None and producer["trace_id"] == r["trace_id"] and producer["thread.id"] == r["thread.id"]
+        assert r["parent_span_id"] == producer["parent_span_id"]

@@ -324,6 +324,8 @@ def test_backward_ops_are_parented_under_backward_module_spans():
         parent = index[(r["trace_id"], r["parent_span_id"])]
         if parent["plasmient.level"] == "module" and parent["plasmient.module.phase"] == "backward":
             assert "Backward" in r["name"] or r["name"].startswith("autograd::")
+            if r["name"].endswith("AccumulateGrad"):
+                continue  # no sequence number: it follows its gradient's producer (test_recompute.py)
             paths = fwd_seq_path.get((r["trace_id"], r["plasmient.op.sequence_number"]), set())
             assert any(p == parent["plasmient.module.path"] or p.startswith(parent["plasmient.module.path"] + ".") for p in paths)
             checked += 1

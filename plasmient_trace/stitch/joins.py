@@ -6,7 +6,9 @@
    External id field); otherwise the innermost op on the launching thread containing the launch.
 3. op -> module: innermost nn.Module interval on the op's thread (root ops; nested ops follow their
    parent op). Backward ops map to the module of the forward op with the same autograd sequence
-   number, under a synthesized backward module span (the forward span ended long before).
+   number, under a synthesized backward module span (the forward span ended long before). A gradient's
+   accumulation (AccumulateGrad, no sequence number) goes with the backward root that ran just before it
+   on its thread, the node that produced the gradient, so it lands in the module owning the parameter.
 4. everything -> step by time; kernels take the step of the op that launched them (with no launch record: of
    their start, but no later than the next launched kernel's on their stream).
 Kernel timestamps are shifted per device so that no kernel starts before its launch (stitch.clock).
@@ -199,6 +201,9 @@ def join_rank(records: RecordSet) -> JoinedRank:
             same_step = target >= 0
             same_step[same_step] = m_step[target[same_step]] == op_step[bwd_roots[same_step]]
             hit_ops, hit_mod = bwd_roots[same_step], target[same_step]
+            grads_ops, grads_mod = _accumulate_grad_owners(names, is_backward & (op_parent < 0), root_seq, o_thread,
+                                                           o_start, op_step, hit_ops, hit_mod)
+            hit_ops, hit_mod = np.concatenate([hit_ops, grads_ops]), np.concatenate([hit_mod, grads_mod])
             stats.backward_ops_mapped = len(hit_ops)
             if len(hit_ops):
                 # A backward span for each module on the mapped modules' ancestor chains.
@@ -328,3 +333,39 @@ def _module_paths(names: list[str], parent: np.ndarray) -> list[str]:
         # build quadratic gigabytes of path text. Keep the innermost end, marked as cut.
         paths[i] = path if len(path) <= _MAX_MODULE_PATH else "…" + path[-(_MAX_MODULE_PATH - 1):]
     return paths
+
+
+def _accumulate_grad_owners(names, backward_root: np.ndarray, root_seq: np.ndarray, thread: np.ndarray,
+                            start: np.ndarray, step: np.ndarray, mapped_ops: np.ndarray,
+                            mapped_mod: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Backward roots that accumulate a parameter's gradient (``evaluate_function: AccumulateGrad``, no
+    sequence number) -> the module of the backward root that ran just before them on their thread.
+
+    The autograd engine runs a ready AccumulateGrad node before any other (its sequence number is the
+    largest), so it runs right after the node that produced its gradient: ConvolutionBackward0 of a conv's
+    weight, CudnnBatchNormBackward0 of a batch norm's weight and bias. That producer's forward op lies in the
+    module that owns the parameter. Only a producer mapped to a module in the same step is followed."""
+    rows = np.nonzero(backward_root)[0]
+    if not len(rows) or not len(mapped_ops):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    grads = pc.match_substring(names.take(rows), "AccumulateGrad").fill_null(False).to_numpy(zero_copy_only=False)
+    grads &= root_seq[rows] < 0
+    if not grads.any():
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = np.lexsort((start[rows], thread[rows]))
+    rows, grads = rows[order], grads[order]
+    # the latest producer (a root that is not an AccumulateGrad) at or before each root, on its own thread
+    pos = np.arange(len(rows))
+    new_thread = np.ones(len(rows), bool)
+    new_thread[1:] = thread[rows][1:] != thread[rows][:-1]
+    last = np.maximum.accumulate(np.where(~grads, pos, -1))
+    thread_first = np.maximum.accumulate(np.where(new_thread, pos, 0))
+    producer = np.where((last >= thread_first) & grads, last, -1)
+    module_of = np.full(len(step), -1, np.int64)
+    module_of[mapped_ops] = mapped_mod
+    ok = producer >= 0
+    owner = np.full(len(rows), -1, np.int64)
+    owner[ok] = module_of[rows[producer[ok]]]
+    ok &= owner >= 0
+    ok[ok] = step[rows[producer[ok]]] == step[rows[ok]]
+    return rows[ok], owner[ok]
