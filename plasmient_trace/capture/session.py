@@ -107,6 +107,7 @@ class CaptureSession:
         self._queue: queue.Queue = queue.Queue(maxsize=self.config.queue_steps)
         self._worker: threading.Thread | None = None
         self._flush_now = threading.Event()
+        self._arrived = threading.Event()  # a step was queued, or a flush asked for the batch now
         self._lock = threading.RLock()
         self._last_full: tuple[float, float] | None = None   # (flops, peak) of the latest full step
         self._signature: str | None = None    # the open step's input-shape signature, once seen
@@ -491,6 +492,7 @@ class CaptureSession:
                                           f"{timeout:g}s at exit were not written (PLASMIENT_FLUSH_TIMEOUT_S)")
             try:
                 self._queue.put_nowait(None)
+                self._arrived.set()
             except queue.Full:
                 pass  # the worker is a daemon: a wedged exporter dies with the process
             if self.delivery is not None:
@@ -516,6 +518,7 @@ class CaptureSession:
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until every queued step is exported (True) or ``timeout`` passes (False)."""
         self._flush_now.set()
+        self._arrived.set()  # a worker collecting a batch processes it now, not at its interval's end
         try:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
@@ -724,6 +727,7 @@ class CaptureSession:
         self.stats["steps_full"] += int(self._full)
         try:
             self._queue.put_nowait(cap)
+            self._arrived.set()
         except queue.Full:
             self.stats["steps_dropped"] += 1
 
@@ -754,13 +758,17 @@ class CaptureSession:
             # Collect for up to `export_interval_s` (or until a flush): one stitch and one export
             # for many steps costs the job far less than one per step, as in OTel's batch processor.
             deadline = time.monotonic() + self.config.export_interval_s
-            while len(items) < self.config.max_batch_steps and not self._flush_now.is_set():
+            while len(items) < self.config.max_batch_steps:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
+                self._arrived.clear()  # before looking, so a step or flush after the look still wakes us
                 try:
-                    nxt = self._queue.get(timeout=min(remaining, 0.05))
+                    nxt = self._queue.get_nowait()
                 except queue.Empty:
+                    if self._flush_now.is_set():
+                        break  # a flush takes what is queued now, in one batch
+                    self._arrived.wait(remaining)
                     continue
                 if nxt is None:
                     self._queue.task_done()
