@@ -23,6 +23,7 @@ from .core import OpArgs
 from .moe import MOE_OPS, MoEConfig, moe_forward_cost
 from .vendor import VLLM_ATTENTION_OPS, vllm_attention_cost, vllm_batch_stats
 
+_SIGNATURE = ("name", "input_dims", "input_types", "concrete_inputs")
 # How far past a conv to look for its consumer: the consumer follows directly in eager code, after
 # at most the bookkeeping ops of the conv's own wrappers (resize_, empty, a scalar add).
 _LOOKAHEAD = 32
@@ -87,7 +88,23 @@ class _Rows:
         return OpArgs(d, t, self.get("concrete_inputs", r)) if isinstance(d, list) and isinstance(t, list) else None
 
     def signature(self, r: int) -> tuple[int, ...]:
-        return tuple(self.code(c, r) for c in ("name", "input_dims", "input_types", "concrete_inputs"))
+        return tuple(self.code(c, r) for c in _SIGNATURE)
+
+    def codes(self, column: str) -> np.ndarray:
+        """Every row's dictionary code in a column (-1: null or no such column)."""
+        codes = self._codes.get(column)
+        return codes if codes is not None else np.full(len(next(iter(self._codes.values()))), -1, np.int64)
+
+    def value(self, column: str, code: int) -> Any:
+        """The parsed value of a JSON column's distinct entry."""
+        cache = self._parsed[column]
+        if code not in cache:
+            cache[code] = _loads(self._values[column][code])
+        return cache[code]
+
+    def signatures(self, rows: np.ndarray) -> np.ndarray:
+        """(len(rows), 4) codes of name, dims, types and concrete inputs: equal rows are the same call."""
+        return np.stack([self.codes(c)[rows] for c in _SIGNATURE], axis=1)
 
 
 def apply_context(ops: pa.Table, flops: np.ndarray, nbytes: np.ndarray, model: np.ndarray,
@@ -126,40 +143,73 @@ def apply_context(ops: pa.Table, flops: np.ndarray, nbytes: np.ndarray, model: n
 
 def _conv_from_consumer(cands: np.ndarray, rows: _Rows, start: np.ndarray, end: np.ndarray, thread: np.ndarray,
                         flops: np.ndarray, nbytes: np.ndarray, model: np.ndarray) -> None:
+    """Per conv, the first later op on its thread (its own children skipped) whose first tensor is shaped
+    [N, C_out, *spatial] decides its output size, within _LOOKAHEAD ops. Shapes are parsed once per distinct
+    (dims, types) value and the look-ahead runs as one numpy pass per offset over all convs, so a long or
+    replicated trace costs a few passes, not a Python loop per conv and neighbour."""
+    n = len(start)
     order = np.lexsort((start, thread))
-    pos = np.empty(len(order), np.int64)
-    pos[order] = np.arange(len(order))
-    parsed: dict[tuple[int, int], list[int] | None] = {}
-    decided: dict[tuple[int, ...], Any] = {}
-
-    def shape_of(r: int) -> list[int] | None:
-        key = (rows.code("input_dims", r), rows.code("input_types", r))
-        if key not in parsed:
-            parsed[key] = _first_tensor_shape(rows.get("input_dims", r), rows.get("input_types", r))
-        return parsed[key]
-
-    for r in cands.tolist():
+    pos = np.empty(n, np.int64)
+    pos[order] = np.arange(n)
+    # every op's first tensor shape: (rank, dim 0, dim 1), parsed per distinct (input_dims, input_types)
+    dims_code, types_code = rows.codes("input_dims"), rows.codes("input_types")
+    pair_of, pair_first = _groups(np.stack([dims_code, types_code], axis=1))
+    shapes = [_first_tensor_shape(rows.value("input_dims", int(d)), rows.value("input_types", int(t)))
+              if d >= 0 and t >= 0 else None for d, t in zip(dims_code[pair_first].tolist(), types_code[pair_first].tolist())]
+    first = np.array([(len(x), x[0], x[1]) if x is not None and len(x) >= 2 else (-1, -1, -1) for x in shapes],
+                     np.int64).reshape(-1, 3)[pair_of]
+    # each conv's input X and weight W, per distinct signature
+    sig_of, sig_first = _groups(rows.signatures(cands))
+    sig_args, sig_xw = [], []
+    for r in cands[sig_first].tolist():
         a = rows.args(r)
         X, W = (a.shape(0), a.shape(1)) if a is not None else (None, None)
-        if X is None or W is None or len(X) != len(W) or len(W) < 3:
-            continue
-        nsp = len(W) - 2
-        for q in order[pos[r] + 1: pos[r] + 1 + _LOOKAHEAD].tolist():
-            if thread[q] != thread[r]:
-                break
-            if start[q] < end[r]:
-                continue  # the conv's own children
-            S = shape_of(q)
-            if S is None or len(S) != nsp + 2 or S[0] != X[0] or S[1] != W[0]:
-                continue
-            if _plausible_output(X[2:], W[2:], S[2:]):
-                key = rows.signature(r) + tuple(S)
-                if key not in decided:
-                    decided[key] = conv_forward_with_output(rows.name(r), a, S[2:])
-                res = decided[key]
-                if res is not None:
-                    flops[r], nbytes[r], model[r] = res
-            break  # the first op reading a [N, C_out, ...] tensor decides; no further guessing
+        ok = X is not None and W is not None and len(X) == len(W) and len(W) >= 3
+        sig_args.append(a)
+        sig_xw.append((X, W) if ok else None)
+    usable = np.array([xw is not None for xw in sig_xw], bool)[sig_of]
+    convs, sig_of = cands[usable], sig_of[usable]
+    want = np.array([(len(xw[1]), xw[0][0], xw[1][0]) if xw is not None else (-1, -1, -1) for xw in sig_xw],
+                    np.int64).reshape(-1, 3)[sig_of]
+    # look ahead: the first neighbour past the conv's own children whose first tensor's rank and first two
+    # dims fit decides; a neighbour on another thread ends the search
+    found = np.full(len(convs), -1, np.int64)
+    open_ = np.ones(len(convs), bool)
+    for k in range(1, _LOOKAHEAD + 1):
+        at = pos[convs] + k
+        live = open_ & (at < n)
+        open_ &= live
+        if not live.any():
+            break
+        q = order[np.minimum(at, n - 1)]
+        same = thread[q] == thread[convs]
+        open_ &= same
+        candidate = open_ & (start[q] >= end[convs]) & (first[q] == want).all(axis=1)
+        found[candidate] = q[candidate]
+        open_ &= ~candidate
+    decided: dict[tuple[int, int], Any] = {}
+    for i in np.nonzero(found >= 0)[0].tolist():
+        r, q, g = int(convs[i]), int(found[i]), int(sig_of[i])
+        key = (g, int(pair_of[q]))
+        if key not in decided:
+            X, W = sig_xw[g]
+            S = shapes[key[1]]
+            decided[key] = (conv_forward_with_output(rows.name(r), sig_args[g], S[2:])
+                            if _plausible_output(X[2:], W[2:], S[2:]) else None)
+        res = decided[key]
+        if res is not None:
+            flops[r], nbytes[r], model[r] = res
+
+
+def _groups(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of small non-negative-or--1 codes (n, k) -> (group of each row, first row of each group), the
+    columns folded into one key a column at a time so the key stays small (1-D unique, no row sort)."""
+    key = np.zeros(len(codes), np.int64)
+    for c in codes.T:
+        _, key = np.unique(key * (int(c.max(initial=0)) + 2) + (c + 1), return_inverse=True)
+        key = key.reshape(-1).astype(np.int64)
+    groups, first = np.unique(key, return_index=True)
+    return np.searchsorted(groups, key), first
 
 
 def _vllm_attention(cands: np.ndarray, ops: pa.Table, rows: _Rows, start: np.ndarray, end: np.ndarray,
