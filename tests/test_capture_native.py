@@ -232,3 +232,60 @@ def test_a_failed_build_names_the_compilers_message_and_leaves_nothing_behind(tm
         native.build(timeout_s=120)
     leftovers = [p.name for p in (tmp_path / "cache").rglob("*") if p.is_file() and not p.name.endswith(".log")]
     assert leftovers == []
+
+
+FORKING_JOB = r'''
+import json, os, sys, threading, time
+import torch
+from plasmient_trace.capture import native
+obs = native.load()
+obs.start()
+stop = False
+def churn():  # new shapes: new signatures, spelled under the observer's global lock, while the main thread forks
+    n = 0
+    while not stop:
+        n = n % 20000 + 1
+        torch.ones(n, 3).add(1)
+thread = threading.Thread(target=churn, daemon=True)
+thread.start()
+time.sleep(0.1)
+codes = []
+for i in range(30):
+    pid = os.fork()
+    if pid == 0:  # a DataLoader worker, say: its ops never reach an exporter, so none are recorded
+        for k in range(20):
+            torch.ones(30000 + 100 * i + k, 2).sum()
+        os._exit(0 if obs.forked_child() and len(obs.take()["signature"]) == 0 else 3)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            codes.append(os.waitstatus_to_exitcode(status))
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            codes.append("hung")
+            break
+        time.sleep(0.01)
+stop = True
+thread.join()
+obs.take()
+torch.ones(5, 5).mul(2)
+print(json.dumps({"children": codes, "parent_records": len(obs.take()["signature"]) // 4,
+                  "parent_is_child": obs.forked_child()}))
+obs.stop()
+'''
+
+
+def test_a_forked_child_records_nothing_and_never_inherits_a_held_lock(native_observer, tmp_path):
+    """fork() while other threads run ops (DataLoader workers): the child starts with the observer's locks
+    free, records nothing (no exporter there will take it), and the parent keeps recording."""
+    script = tmp_path / "forks.py"
+    script.write_text(FORKING_JOB)
+    out = subprocess.run([sys.executable, str(script)], env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+                         capture_output=True, text=True, timeout=900, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = orjson.loads(out.stdout.strip().splitlines()[-1])
+    assert result["children"] == [0] * 30
+    assert result["parent_records"] >= 1 and not result["parent_is_child"]

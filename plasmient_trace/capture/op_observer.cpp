@@ -18,6 +18,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -88,6 +89,31 @@ std::atomic<PushFn> g_push{nullptr};
 std::atomic<PopFn> g_pop{nullptr};
 std::atomic<uint64_t> g_errors{0};
 std::atomic<uint64_t> g_unspelled{0};  // records that got a name-only signature (table full)
+// Set in a forked child (a DataLoader worker): nothing there ever takes the records, so it records none.
+std::atomic<bool> g_forked_child{false};
+
+// fork() copies the locks in whatever state other threads hold them: a child born while another thread
+// spelled a signature under g_mutex would block forever at its first new op. The forking thread takes
+// every lock first (g_mutex, then each buffer's: the order take() and the callbacks never invert) and
+// releases them on both sides.
+void before_fork() {
+  g_mutex.lock();
+  for (auto& b : g_buffers) b->mutex.lock();
+}
+
+void after_fork_parent() {
+  for (auto& b : g_buffers) b->mutex.unlock();
+  g_mutex.unlock();
+}
+
+void after_fork_child() {
+  g_forked_child.store(true);
+  for (auto& b : g_buffers) {
+    std::vector<OpRecord>().swap(b->records);  // the parent's records are the parent's to export
+    b->mutex.unlock();
+  }
+  g_mutex.unlock();
+}
 
 void note_error(const char* what) {
   if (g_errors.fetch_add(1, std::memory_order_relaxed) == 0) {
@@ -326,6 +352,7 @@ uint32_t signature_id(const at::RecordFunction& fn, ThreadState& ts, bool table_
 // ---- callbacks
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  if (g_forked_child.load(std::memory_order_relaxed)) return nullptr;
   try {
     ThreadState& ts = thread_state();
     auto ctx = std::make_unique<Context>();
@@ -457,6 +484,8 @@ py::list signatures(size_t from) {
 
 PYBIND11_MODULE(_plasmient_op_observer, m) {
   m.doc() = "plasmient-trace native op observer (a global at::RecordFunction callback)";
+  pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+  m.def("forked_child", []() { return g_forked_child.load(); });
   m.def("start", &start);
   m.def("stop", &stop);
   m.def("take", &take);
