@@ -522,16 +522,18 @@ def test_uninstrument_undoes_instrument_and_patches_keep_wrapped():
     assert not any(type(f).__name__ == "_TorchWatcher" for f in sys.meta_path) and not autostart._installed
 
 
-@pytest.mark.parametrize("op_hook", ["native"])
-def test_every_full_step_groups_the_optimizer_under_its_optimizer_step_span(op_hook):
-    """torch's post hook runs inside its Optimizer.step#<cls>.step scope; the step now ends after
-    that scope closes, so every step (the last included) has the span and AdamW's ops under it."""
+@pytest.mark.parametrize("batch_steps", [64, 1])
+def test_every_full_step_groups_the_optimizer_under_its_optimizer_step_span(batch_steps):
+    """torch's post hook runs inside its Optimizer.step#<cls>.step scope; the step ends after that scope
+    closes, so every step (the first and the last included) has the span and AdamW's ops under it, also
+    when each step is stitched on its own (batch_steps=1: a step's records never lean on the next's)."""
     from plasmient_trace.capture import native
 
     if native.load(build_if_missing=True) is None:
         pytest.skip(f"native observer unavailable: {native.failure()}")
+    torch.optim.AdamW([torch.zeros(1, requires_grad=True)])  # torch hooks the class at its first instance
     original = torch.optim.AdamW.__dict__.get("step")
-    session, sink = run(steps=4, every=1, op_hook=op_hook)
+    session, sink = run(steps=4, every=1, op_hook="native", max_batch_steps=batch_steps)
     rows = sink.rows()
     by_id = {r["span_id"]: r for r in rows}
     for step in range(4):

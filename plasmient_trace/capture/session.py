@@ -349,6 +349,7 @@ class CaptureSession:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self._opt_hook = register_optimizer_step_post_hook(self._optimizer_stepped)
+        self._wrap_optimizers(torch)
         prof_cls = torch.profiler.profile
         original = prof_cls.step
         session = self
@@ -425,21 +426,44 @@ class CaptureSession:
                 return
         except TypeError:
             pass
-        if self._opt_wrapped_depth or self._wrap_optimizer_step(optimizer):
+        if self._opt_wrapped_depth:
             return  # the wrapper marks the boundary once torch's Optimizer.step# scope has closed
+        self._wrap_optimizer_class(type(optimizer))  # a class torch hooked before we could see it
         self.mark_step("optimizer")
 
-    def _wrap_optimizer_step(self, optimizer: Any) -> bool:
+    def _wrap_optimizers(self, torch: Any) -> None:
+        """Wrap every optimizer class torch has hooked, now and as it hooks more (at a class's first
+        instance, ``Optimizer._patch_step_function``), so even the first step ends after its scope."""
+        base = torch.optim.Optimizer
+        pending, seen = [base], set()
+        while pending:
+            cls = pending.pop()
+            if cls not in seen:
+                seen.add(cls)
+                self._wrap_optimizer_class(cls)
+                pending.extend(cls.__subclasses__())
+        original = base.__dict__.get("_patch_step_function")
+        if original is None:
+            return  # another torch: classes are wrapped at their first step, which then ends inside its scope
+        session = self
+
+        @functools.wraps(original)
+        def patch_step_function(opt: Any) -> None:
+            original(opt)
+            session._wrap_optimizer_class(type(opt))
+
+        base._patch_step_function = patch_step_function
+        self._patched.append((base, "_patch_step_function", original))
+
+    def _wrap_optimizer_class(self, cls: Any) -> None:
         """Move the step boundary outside torch's ``Optimizer.step#<cls>.step`` record_function. The
         post hook runs inside that scope, so a step ending there cut the scope off from its step: the
-        span was missing and the optimizer's ops sat flat under the step. From the next step on, a
-        wrapper around the class's (already profiled) ``step`` marks the boundary after the scope
-        closes; ``hooked`` is kept so torch does not wrap it again. False: this call ends its step
-        from the hook as before."""
-        cls = type(optimizer)
+        span was missing and the optimizer's ops sat flat under the step. A wrapper around the class's
+        (already profiled) ``step`` marks the boundary after the scope closes; ``hooked`` is kept so
+        torch does not wrap it again."""
         current = cls.__dict__.get("step")
         if current is None or not getattr(current, "hooked", False) or getattr(current, "_plasmient", False):
-            return False
+            return
         session = self
 
         @functools.wraps(current)
@@ -457,7 +481,6 @@ class CaptureSession:
         step._plasmient = True  # type: ignore[attr-defined]
         cls.step = step
         self._patched.append((cls, "step", current))
-        return False
 
     def close(self, timeout: float | None = None) -> None:
         """Stop capturing, export what is queued (waiting at most ``timeout`` s), remove the hooks."""
