@@ -1,9 +1,9 @@
 """The live capture session: step boundaries, per-step RecordSets, and the hand-off to the one pipeline.
 
-On the training thread the session only flips hooks on and off at step boundaries and swaps record
-lists; a background thread turns each finished step into a RecordSet, runs
-``pipeline.stitch_records`` (the same joins, metrics and span tree as offline ingest) and hands the
-spans to the same :class:`..export.delivery.Delivery` as ingest: the file at once, the network from
+On the training thread the session only flips hooks on and off at step boundaries (which torch calls mark
+them: ``capture.step_hooks``) and swaps record lists; a background thread batches finished steps, turns them
+into a RecordSet and runs ``pipeline.stitch_records`` on it (the same joins, metrics and span tree as offline
+ingest: ``capture.batches``), and hands the spans to the same :class:`..export.delivery.Delivery` as ingest: the file at once, the network from
 its own bounded queue, the spill directory when the collector is down. The step queue is bounded:
 if stitching falls behind, new steps are dropped and counted, never waited for, so tracing cannot
 slow or block a step. Every tracing error is caught, reported once on stderr, and never raised into
@@ -22,26 +22,29 @@ which writes the attributes as it builds the rows; nothing edits the stitched ta
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import queue
 import sys
-from concurrent import futures
 import threading
 import time
-import weakref
+from concurrent import futures
 from dataclasses import dataclass, field
 from time import perf_counter_ns
 from typing import Any, Iterator
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ..conventions import SpanBatch
-from ..records import DeviceInfo, RecordSet, table_from_columns
-from . import distributed
-from .config import CaptureConfig, Exporter, build_delivery, default_out_path, notice, say_once
+from ..records import DeviceInfo
+from . import batches, distributed, step_hooks
+from .config import (
+    CaptureConfig,
+    Exporter,
+    build_delivery,
+    default_out_path,
+    notice,
+    say_once,
+)
 
 __all__ = ["CaptureConfig", "CaptureSession", "StepCapture", "build_delivery", "default_out_path", "say_once"]
 
@@ -168,7 +171,7 @@ class CaptureSession:
         self._choose_op_recorder()
         self.modules = torch_hooks.ModuleRecorder(on_forward=self._on_forward, on_signature=self._on_signature)
         self.modules.install()
-        self._install_step_hooks(torch)
+        step_hooks.install(self, torch)
         self.delivery = build_delivery(cfg, self.resource, self._exporters)
         for sink in self.delivery.local + self.delivery.remote:
             what = "traces" if not hasattr(sink, "signal") else sink.signal
@@ -344,143 +347,6 @@ class CaptureSession:
         else:
             say_once("cpu-spec-pending", "CPU peak calibration still running: steps exported meanwhile carry no MFU")
         return self.cpu_spec
-
-    def _install_step_hooks(self, torch: Any) -> None:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
-        self._opt_hook = register_optimizer_step_post_hook(self._optimizer_stepped)
-        self._wrap_optimizers(torch)
-        prof_cls = torch.profiler.profile
-        original = prof_cls.step
-        session = self
-
-        @functools.wraps(original)  # keeps __wrapped__, as instrumentors do
-        def step(self_prof: Any, *args: Any, **kwargs: Any) -> Any:
-            out = original(self_prof, *args, **kwargs)
-            session.mark_step("profiler")
-            return out
-
-        prof_cls.step = step
-        self._patched.append((prof_cls, "step", original))
-        # One CUPTI activity client per process: while the user's torch.profiler (Kineto) runs,
-        # ours (if any) steps aside, and resumes when it stops. Those steps' kernels are in its trace.
-        for name, hook in (("start", self._suspend_cupti), ("stop", self._resume_cupti)):
-            orig = getattr(prof_cls, name)
-
-            @functools.wraps(orig)
-            def wrapped(self_prof: Any, *a: Any, _orig: Any = orig, _hook: Any = hook, _name: str = name, **k: Any) -> Any:
-                if getattr(self_prof, "_plasmient_own", False):  # our Kineto fallback's own run
-                    return _orig(self_prof, *a, **k)
-                if _name == "start":
-                    _hook()
-                    return _orig(self_prof, *a, **k)
-                out = _orig(self_prof, *a, **k)
-                _hook()
-                return out
-
-            setattr(prof_cls, name, wrapped)
-            self._patched.append((prof_cls, name, orig))
-
-    def _suspend_cupti(self) -> None:
-        self._user_profilers += 1
-        if self.kineto is not None:
-            self._yield_kineto()
-        try:
-            if self.cupti is not None and self.cupti.available:
-                self.cupti.stop()
-                say_once("cupti-kineto", "torch.profiler started: CUPTI is Kineto's until it stops; steps meanwhile "
-                                         "carry no kernels here (ingest the profiler's trace for them)")
-        except Exception as err:
-            self._fail("cupti", err)
-
-    def _resume_cupti(self) -> None:
-        self._user_profilers = max(self._user_profilers - 1, 0)
-        try:
-            if self.cupti is not None and not self.cupti.available:
-                self.cupti.start()
-        except Exception as err:
-            say_once("cupti-resume", f"CUPTI not resumed after torch.profiler: {err}")
-
-    def _yield_kineto(self) -> None:
-        """The job's torch.profiler is starting: Kineto is one per process, so ours stands aside (the
-        open step keeps its ops through the dispatch hooks, without kernels)."""
-        say_once("kineto-user", "torch.profiler started by the job: the Kineto fallback stands aside until it "
-                                "stops; full-depth steps meanwhile carry ops without kernels (ingest its trace for them)")
-        try:
-            with self._lock:
-                if self.kineto.running:
-                    self.kineto.abort()
-                    if self._open and self._full and not self.failed:
-                        self._enter_mode()
-        except Exception as err:
-            self._fail("kineto", err)
-
-    def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        # With several optimizers (GANs, per-group optimizers) the first one that steps is the step
-        # clock, so one iteration is one step; a replacement optimizer takes over once it is gone.
-        try:
-            clock = self._opt_clock() if self._opt_clock is not None else None
-            if clock is None:
-                self._opt_clock = weakref.ref(optimizer)
-            elif clock is not optimizer:
-                return
-        except TypeError:
-            pass
-        if self._opt_wrapped_depth:
-            return  # the wrapper marks the boundary once torch's Optimizer.step# scope has closed
-        self._wrap_optimizer_class(type(optimizer))  # a class torch hooked before we could see it
-        self.mark_step("optimizer")
-
-    def _wrap_optimizers(self, torch: Any) -> None:
-        """Wrap every optimizer class torch has hooked, now and as it hooks more (at a class's first
-        instance, ``Optimizer._patch_step_function``), so even the first step ends after its scope."""
-        base = torch.optim.Optimizer
-        pending, seen = [base], set()
-        while pending:
-            cls = pending.pop()
-            if cls not in seen:
-                seen.add(cls)
-                self._wrap_optimizer_class(cls)
-                pending.extend(cls.__subclasses__())
-        original = base.__dict__.get("_patch_step_function")
-        if original is None:
-            return  # another torch: classes are wrapped at their first step, which then ends inside its scope
-        session = self
-
-        @functools.wraps(original)
-        def patch_step_function(opt: Any) -> None:
-            original(opt)
-            session._wrap_optimizer_class(type(opt))
-
-        base._patch_step_function = patch_step_function
-        self._patched.append((base, "_patch_step_function", original))
-
-    def _wrap_optimizer_class(self, cls: Any) -> None:
-        """Move the step boundary outside torch's ``Optimizer.step#<cls>.step`` record_function. The
-        post hook runs inside that scope, so a step ending there cut the scope off from its step: the
-        span was missing and the optimizer's ops sat flat under the step. A wrapper around the class's
-        (already profiled) ``step`` marks the boundary after the scope closes; ``hooked`` is kept so
-        torch does not wrap it again."""
-        current = cls.__dict__.get("step")
-        if current is None or not getattr(current, "hooked", False) or getattr(current, "_plasmient", False):
-            return
-        session = self
-
-        @functools.wraps(current)
-        def step(opt: Any, *args: Any, **kwargs: Any) -> Any:
-            session._opt_wrapped_depth += 1
-            try:
-                return current(opt, *args, **kwargs)
-            finally:
-                session._opt_wrapped_depth -= 1
-                clock = session._opt_clock() if session._opt_clock is not None else None
-                if clock is opt and not session._opt_wrapped_depth:
-                    session.mark_step("optimizer")
-
-        step.hooked = True  # type: ignore[attr-defined]
-        step._plasmient = True  # type: ignore[attr-defined]
-        cls.step = step
-        self._patched.append((cls, "step", current))
 
     def close(self, timeout: float | None = None) -> None:
         """Stop capturing, export what is queued (waiting at most ``timeout`` s), remove the hooks."""
@@ -799,7 +665,7 @@ class CaptureSession:
                     break
                 items.append(nxt)
             try:
-                batch = self.process(items)
+                batch = batches.process(self, items)
                 self._export(batch)
             except Exception as err:
                 say_once("process", f"a step could not be traced ({type(err).__name__}: {err}); later steps continue")
@@ -811,111 +677,3 @@ class CaptureSession:
         self.delivery.submit(batch)  # local sinks now, the network in the delivery thread
         self.stats["exported_batches"] += 1
         self.stats["export_errors"] = self.delivery.stats.local_errors
-
-    def record_set(self, items: list[StepCapture]) -> RecordSet:
-        from . import cupti as cupti_mod
-        from .torch_hooks import modules_table
-
-        rs = RecordSet(devices=list(self.devices), resource=dict(self.resource), source=self._source())
-        rs.steps = table_from_columns("steps", {
-            "step": [c.step for c in items], "start_ns": [c.start_ns for c in items],
-            "end_ns": [c.end_ns for c in items], "name": [c.name for c in items]})
-        rs.ops = pa.concat_tables([table_from_columns("ops", {})] + [
-            c.op_recorder.table([c.ops], self._pid, self._epoch) for c in items if c.ops is not None])
-        traced = self._kineto_records(items)
-        for name in ("ops", "kernels", "launches"):
-            # Kineto's ops carry the External ids its launches and kernels point to: they stand in
-            # for the dispatch hooks' ops on the steps it profiled, which keeps the join exact.
-            tabs = [getattr(rs, name)] + [getattr(r, name) for r in traced]
-            tabs = [t for t in tabs if t.num_rows]
-            if tabs:
-                setattr(rs, name, pa.concat_tables(tabs, promote_options="default") if len(tabs) > 1 else tabs[0])
-        rs.modules = modules_table([m for c in items for m in c.modules], self._pid, self._epoch)
-        if self.on_gpu:
-            parts = [cupti_mod.tables(c.cupti, self.cupti.epoch_offset_ns) for c in items if c.cupti is not None]
-            for name in ("kernels", "launches", "external_correlation"):
-                tabs = [p[name] for p in parts if p[name].num_rows]
-                if tabs:
-                    setattr(rs, name, pa.concat_tables(tabs))
-            if self.cupti is not None:  # the Kineto fallback does not report its dropped records
-                rs.counters["cupti.dropped_records"] = int(sum(c.dropped for c in items))
-        samples = [c.samples for c in items if c.samples is not None and c.samples.num_rows]
-        if samples:
-            rs.samples = pa.concat_tables(samples)
-        return rs
-
-    def _kineto_records(self, items: list[StepCapture]) -> list[RecordSet]:
-        from ..sources.kineto import TraceFormatError
-        from .kineto_fallback import read_step
-
-        out = []
-        for c in items:
-            if c.kineto is None:
-                continue
-            path, c.kineto = c.kineto, None
-            try:
-                out.append(_shift_ids(read_step(path), (c.step + 1) << _STEP_ID_BITS))
-            except TraceFormatError:
-                pass  # a step with no profiled events (nothing ran between its boundaries)
-        return out
-
-    def process(self, items: list[StepCapture]) -> SpanBatch:
-        """Finished steps -> one SpanBatch through the shared pipeline (one trace per step)."""
-        from ..pipeline import IngestOptions, stitch_records
-        from ..stitch.step_facts import StepFacts
-
-        rs = self.record_set(items)
-        full = {c.step for c in items if c.full}
-        facts = StepFacts(signatures={c.step: c.signature for c in items if c.signature is not None},
-                          measured=self._measured, not_carried={c.step for c in items if c.compiled},
-                          dropped_records={c.step: c.dropped for c in items} if self.cupti is not None else None)
-        options = IngestOptions(job_id=self.job_id, peak_tflops=self.config.peak_tflops, gpu_price=self.config.gpu_price,
-                                service_name=self.config.service_name, full_depth_steps=full, step_facts=facts,
-                                cpu_spec=self.cpu_spec_for_stitch(),
-                                # each rank stitches alone: its share of the trace's span budget
-                                world_size=distributed.world_size())
-        result = stitch_records([rs], options)
-        facts.remember(result.summaries)  # later batches carry what this batch's full steps measured
-        batch = result.batch
-        self._update_threshold(batch.table, items)
-        from ..stitch.tree import StitchOptions
-
-        # Multi-rank: this rank's fleet/node rows give way to ones built from every rank's summary.
-        return distributed.coordinate(batch, self.job_id,
-                                      StitchOptions(job_id=self.job_id, baseline_mfu=options.baseline_mfu,
-                                                    service_name=self.config.service_name), say_once)
-
-    def _update_threshold(self, table: pa.Table, items: list[StepCapture]) -> None:
-        is_step = pc.equal(table.column("plasmient.level"), "step").to_numpy(zero_copy_only=False)
-        steps = table.column("plasmient.step").to_numpy()[is_step]
-        flops = table.column("plasmient.flops").to_numpy(zero_copy_only=False)[is_step]
-        peak = table.column("plasmient.peak_flops").fill_null(np.nan).to_numpy(zero_copy_only=False)[is_step]
-        wall = table.column("plasmient.wall_s").to_numpy(zero_copy_only=False)[is_step]
-        full = {c.step for c in items if c.full}
-        for s, f, p, w in sorted(zip(steps.tolist(), flops.tolist(), peak.tolist(), wall.tolist())):
-            if s in full:
-                if f == f and f > 0 and p == p and p > 0:
-                    self._last_full = (f, p)
-            elif self.config.mfu_threshold is not None and self._last_full is not None and w > 0:
-                # Same work as the last full step (fixed shapes), longer wall time: MFU fell.
-                lf, lp = self._last_full
-                if lf / (lp * w) < self.config.mfu_threshold:
-                    self._force_full = True
-
-
-# The live joins look External ids and correlation ids up across the whole batch, without a time
-# check. Each profiler run numbers its External ids afresh (from 1, as the dispatch hooks do), so
-# every profiled step gets its own id range above any the dispatch hooks hand out.
-_STEP_ID_BITS = 40
-
-
-def _shift_ids(records: RecordSet, offset: int) -> RecordSet:
-    for name, columns in (("ops", ("external_id",)), ("launches", ("external_id", "correlation_id")),
-                          ("kernels", ("external_id", "correlation_id"))):
-        table = getattr(records, name)
-        for col in columns:
-            i = table.schema.get_field_index(col)
-            if i >= 0 and table.num_rows:
-                table = table.set_column(i, table.schema.field(i), pc.add(table.column(i), offset))
-        setattr(records, name, table)
-    return records

@@ -1,0 +1,166 @@
+"""The torch hooks that mark live step boundaries and share the profiler with the job.
+
+* An optimizer step ends a step: torch's global post hook sees it, and a wrapper around each profiled
+  optimizer class's ``step`` moves the boundary after torch's ``Optimizer.step#<cls>.step`` scope, so the
+  scope and the optimizer's ops stay in their step. Classes are wrapped when the session starts and as torch
+  hooks them (at a class's first instance), so even the first step ends outside its scope.
+* ``torch.profiler.profile.step`` ends a step; while the job's own profiler runs, CUPTI and the Kineto
+  fallback stand aside (one activity client per process) and resume when it stops.
+
+Every patch is recorded in ``session._patched`` with what it replaced; ``CaptureSession.close`` restores
+them, and each wrapper keeps ``__wrapped__``.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from .config import say_once
+
+if TYPE_CHECKING:
+    from .session import CaptureSession
+
+
+def install(session: CaptureSession, torch: Any) -> None:
+    """The optimizer post hook, the optimizer wrappers and the profiler patches."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    session._opt_hook = register_optimizer_step_post_hook(functools.partial(optimizer_stepped, session))
+    wrap_optimizers(session, torch)
+    prof_cls = torch.profiler.profile
+    original = prof_cls.step
+
+    @functools.wraps(original)  # keeps __wrapped__, as instrumentors do
+    def step(self_prof: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self_prof, *args, **kwargs)
+        session.mark_step("profiler")
+        return out
+
+    prof_cls.step = step
+    session._patched.append((prof_cls, "step", original))
+    # One CUPTI activity client per process: while the user's torch.profiler (Kineto) runs,
+    # ours (if any) steps aside, and resumes when it stops. Those steps' kernels are in its trace.
+    hooks = (("start", functools.partial(suspend_cupti, session)), ("stop", functools.partial(resume_cupti, session)))
+    for name, hook in hooks:
+        orig = getattr(prof_cls, name)
+
+        @functools.wraps(orig)
+        def wrapped(self_prof: Any, *a: Any, _orig: Any = orig, _hook: Any = hook, _name: str = name, **k: Any) -> Any:
+            if getattr(self_prof, "_plasmient_own", False):  # our Kineto fallback's own run
+                return _orig(self_prof, *a, **k)
+            if _name == "start":
+                _hook()
+                return _orig(self_prof, *a, **k)
+            out = _orig(self_prof, *a, **k)
+            _hook()
+            return out
+
+        setattr(prof_cls, name, wrapped)
+        session._patched.append((prof_cls, name, orig))
+
+
+def suspend_cupti(session: CaptureSession) -> None:
+    session._user_profilers += 1
+    if session.kineto is not None:
+        yield_kineto(session)
+    try:
+        if session.cupti is not None and session.cupti.available:
+            session.cupti.stop()
+            say_once("cupti-kineto", "torch.profiler started: CUPTI is Kineto's until it stops; steps meanwhile "
+                                     "carry no kernels here (ingest the profiler's trace for them)")
+    except Exception as err:
+        session._fail("cupti", err)
+
+
+def resume_cupti(session: CaptureSession) -> None:
+    session._user_profilers = max(session._user_profilers - 1, 0)
+    try:
+        if session.cupti is not None and not session.cupti.available:
+            session.cupti.start()
+    except Exception as err:
+        say_once("cupti-resume", f"CUPTI not resumed after torch.profiler: {err}")
+
+
+def yield_kineto(session: CaptureSession) -> None:
+    """The job's torch.profiler is starting: Kineto is one per process, so ours stands aside (the
+    open step keeps its ops through the dispatch hooks, without kernels)."""
+    say_once("kineto-user", "torch.profiler started by the job: the Kineto fallback stands aside until it "
+                            "stops; full-depth steps meanwhile carry ops without kernels (ingest its trace for them)")
+    try:
+        with session._lock:
+            if session.kineto.running:
+                session.kineto.abort()
+                if session._open and session._full and not session.failed:
+                    session._enter_mode()
+    except Exception as err:
+        session._fail("kineto", err)
+
+
+def optimizer_stepped(session: CaptureSession, optimizer: Any, args: Any, kwargs: Any) -> None:
+    # With several optimizers (GANs, per-group optimizers) the first one that steps is the step
+    # clock, so one iteration is one step; a replacement optimizer takes over once it is gone.
+    try:
+        clock = session._opt_clock() if session._opt_clock is not None else None
+        if clock is None:
+            session._opt_clock = weakref.ref(optimizer)
+        elif clock is not optimizer:
+            return
+    except TypeError:
+        pass
+    if session._opt_wrapped_depth:
+        return  # the wrapper marks the boundary once torch's Optimizer.step# scope has closed
+    wrap_optimizer_class(session, type(optimizer))  # a class torch hooked before we could see it
+    session.mark_step("optimizer")
+
+
+def wrap_optimizers(session: CaptureSession, torch: Any) -> None:
+    """Wrap every optimizer class torch has hooked, now and as it hooks more (at a class's first
+    instance, ``Optimizer._patch_step_function``), so even the first step ends after its scope."""
+    base = torch.optim.Optimizer
+    pending, seen = [base], set()
+    while pending:
+        cls = pending.pop()
+        if cls not in seen:
+            seen.add(cls)
+            wrap_optimizer_class(session, cls)
+            pending.extend(cls.__subclasses__())
+    original = base.__dict__.get("_patch_step_function")
+    if original is None:
+        return  # another torch: classes are wrapped at their first step, which then ends inside its scope
+
+    @functools.wraps(original)
+    def patch_step_function(opt: Any) -> None:
+        original(opt)
+        wrap_optimizer_class(session, type(opt))
+
+    base._patch_step_function = patch_step_function
+    session._patched.append((base, "_patch_step_function", original))
+
+
+def wrap_optimizer_class(session: CaptureSession, cls: Any) -> None:
+    """Move the step boundary outside torch's ``Optimizer.step#<cls>.step`` record_function. The
+    post hook runs inside that scope, so a step ending there cut the scope off from its step: the
+    span was missing and the optimizer's ops sat flat under the step. A wrapper around the class's
+    (already profiled) ``step`` marks the boundary after the scope closes; ``hooked`` is kept so
+    torch does not wrap it again."""
+    current = cls.__dict__.get("step")
+    if current is None or not getattr(current, "hooked", False) or getattr(current, "_plasmient", False):
+        return
+
+    @functools.wraps(current)
+    def step(opt: Any, *args: Any, **kwargs: Any) -> Any:
+        session._opt_wrapped_depth += 1
+        try:
+            return current(opt, *args, **kwargs)
+        finally:
+            session._opt_wrapped_depth -= 1
+            clock = session._opt_clock() if session._opt_clock is not None else None
+            if clock is opt and not session._opt_wrapped_depth:
+                session.mark_step("optimizer")
+
+    step.hooked = True  # type: ignore[attr-defined]
+    step._plasmient = True  # type: ignore[attr-defined]
+    cls.step = step
+    session._patched.append((cls, "step", current))
