@@ -405,16 +405,21 @@ class FakeCupti:
         t_pop = torch_hooks.perf_counter_ns()
         self.corr += 1
         mid = (t_push + t_pop) // 2
+        k_start, k_end = self.kernel_interval(t_pop)
         cu = self.cu
         self.buffer.add([
             Rec(kind=cu.KIND_RUNTIME, cbid=211, process_id=1, thread_id=threading.get_native_id(), start=mid, end=mid + 1,
                 correlation_id=self.corr),
-            Rec(kind=cu.KIND_CONCURRENT_KERNEL, name=f"kernel_{eid}", device_id=0, stream_id=7, start=t_pop + 1_000,
-                end=t_pop + 3_000, correlation_id=self.corr, grid_x=1, grid_y=1, grid_z=1, block_x=128, block_y=1,
+            Rec(kind=cu.KIND_CONCURRENT_KERNEL, name=f"kernel_{eid}", device_id=0, stream_id=7, start=k_start,
+                end=k_end, correlation_id=self.corr, grid_x=1, grid_y=1, grid_z=1, block_x=128, block_y=1,
                 block_z=1, registers_per_thread=32, static_shared_memory=0, dynamic_shared_memory=0, graph_id=0),
             Rec(kind=cu.KIND_EXTERNAL_CORRELATION, external_kind=cu.EXTERNAL_KIND_CUSTOM0, external_id=eid,
                 correlation_id=self.corr),
         ])
+
+    def kernel_interval(self, t_pop: int) -> tuple[int, int]:
+        """When the op's kernel runs: right after the op, for 2 µs (a device that keeps up)."""
+        return t_pop + 1_000, t_pop + 3_000
 
     def native_correlation(self) -> tuple[int, int]:
         """C entry points shaped like cuptiActivityPush/PopExternalCorrelationId, for the native
@@ -443,25 +448,17 @@ class FakeCupti:
         self.available = False
 
 
-@pytest.mark.parametrize("op_hook", ["native", "dispatch"])
-def test_gpu_path_wiring_with_a_stand_in_cupti(monkeypatch, op_hook):
-    """The session's GPU path end to end without a GPU: push/pop around every op (through C entry
-    points for the native observer, through Python for the dispatch hook), buffers flushed at each
-    step end, kernels joined to their ops through external correlation, dropped counts and NVML
-    samples on each step span."""
+def _on_a_stand_in_gpu(monkeypatch, session: CaptureSession, cupti_class: type) -> None:
+    """The session finds an H100 whose CUPTI is ``cupti_class`` and whose NVML reads 97% every ms."""
     from plasmient_trace.capture import nvml as nvml_mod
     from plasmient_trace.records import DeviceInfo
-
-    sink = Collect()
-    session = CaptureSession(CaptureConfig(every=1, job_id="gpu", op_hook=op_hook, environ={}),
-                             exporters=[("memory", sink)])
 
     def detect(self=session):
         self._devices_pending = False
         self.on_gpu = True
         self.devices = [DeviceInfo(ordinal=0, name="NVIDIA H100 80GB HBM3",
                                    properties={"name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85_000_000_000})]
-        self.cupti = FakeCupti(self._epoch)
+        self.cupti = cupti_class(self._epoch)
         self._correlate()
         sampler = nvml_mod.NvmlSampler([0])
         # a sample every ms from 1 s before now: every step window holds some, however the load stretches it
@@ -471,6 +468,66 @@ def test_gpu_path_wiring_with_a_stand_in_cupti(monkeypatch, op_hook):
         self.resource["plasmient.source"] = "live:cupti"
 
     monkeypatch.setattr(session, "_detect_devices", detect)
+
+
+class LaggingCupti(FakeCupti):
+    """A device that falls behind the host: every kernel takes 300 µs and they run one after another, so
+    a step's kernels are still running when the host has started the next step."""
+
+    def __init__(self, epoch: int) -> None:
+        super().__init__(epoch)
+        self.free_at = 0
+
+    def kernel_interval(self, t_pop: int) -> tuple[int, int]:
+        start = max(t_pop + 1_000, self.free_at)
+        self.free_at = start + 300_000
+        return start, self.free_at
+
+
+def test_live_batches_tile_the_device_timeline_as_one_stitch_would(monkeypatch):
+    """Each step stitched in its own batch (a slow step outlasts the export interval): the first step of a
+    batch opens its window where the previous batch's last step closed, not at its own CPU start, so the
+    windows still tile and busy + idle add up to the device's elapsed time, though the device runs behind."""
+    sink = Collect()
+    session = CaptureSession(CaptureConfig(every=1, job_id="lag", op_hook="dispatch", environ={}, max_batch_steps=1),
+                             exporters=[("memory", sink)])
+    _on_a_stand_in_gpu(monkeypatch, session, LaggingCupti)
+    session.start()
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(4):
+            model(torch.randn(8, 16)).sum().backward()
+            opt.step()
+            session.flush(30)  # one batch per step
+    finally:
+        session.close(timeout=30)
+    steps = sorted((r for r in sink.rows() if r["plasmient.level"] == "step"), key=lambda r: r["plasmient.step"])
+    assert [s["plasmient.step"] for s in steps] == [0, 1, 2, 3]
+    windows = [(s["plasmient.device.start_ns"], s["plasmient.device.start_ns"] + round(s["plasmient.device.window_s"] * 1e9))
+               for s in steps]
+    kernels = [r for r in sink.rows() if r["plasmient.level"] == "kernel"]
+    ends = {s["plasmient.step"]: max(k["end_ns"] for k in kernels if k["plasmient.step"] == s["plasmient.step"])
+            for s in steps}
+    for (step, (_, end)), (nxt, (start, _)) in zip(zip(steps, windows), zip(steps[1:], windows[1:])):
+        assert end == ends[step["plasmient.step"]]  # a window closes with its step's last kernel
+        assert start == end, (nxt["name"], start - end)  # and the next one opens there
+    lagging = [nxt for step, nxt in zip(steps, steps[1:]) if ends[step["plasmient.step"]] > nxt["start_ns"]]
+    assert lagging  # the device was still busy with a step when the host began the next one
+    busy_idle = sum(s["plasmient.busy_s"] + s["plasmient.idle_s"] for s in steps)
+    assert busy_idle == pytest.approx((windows[-1][1] - windows[0][0]) / 1e9, rel=1e-9)
+
+
+@pytest.mark.parametrize("op_hook", ["native", "dispatch"])
+def test_gpu_path_wiring_with_a_stand_in_cupti(monkeypatch, op_hook):
+    """The session's GPU path end to end without a GPU: push/pop around every op (through C entry
+    points for the native observer, through Python for the dispatch hook), buffers flushed at each
+    step end, kernels joined to their ops through external correlation, dropped counts and NVML
+    samples on each step span."""
+    sink = Collect()
+    session = CaptureSession(CaptureConfig(every=1, job_id="gpu", op_hook=op_hook, environ={}),
+                             exporters=[("memory", sink)])
+    _on_a_stand_in_gpu(monkeypatch, session, FakeCupti)
     session.start()
     try:
         model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))

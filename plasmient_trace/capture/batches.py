@@ -84,7 +84,8 @@ def process(session: CaptureSession, items: list[StepCapture]) -> SpanBatch:
     full = {c.step for c in items if c.full}
     facts = StepFacts(signatures={c.step: c.signature for c in items if c.signature is not None},
                       measured=session._measured, not_carried={c.step for c in items if c.compiled},
-                      dropped_records={c.step: c.dropped for c in items} if session.cupti is not None else None)
+                      dropped_records={c.step: c.dropped for c in items} if session.cupti is not None else None,
+                      preceding=session._preceding)
     options = IngestOptions(job_id=session.job_id, peak_tflops=session.config.peak_tflops, gpu_price=session.config.gpu_price,
                             service_name=session.config.service_name, full_depth_steps=full, step_facts=facts,
                             cpu_spec=session.cpu_spec_for_stitch(),
@@ -92,6 +93,7 @@ def process(session: CaptureSession, items: list[StepCapture]) -> SpanBatch:
                             world_size=distributed.world_size())
     result = stitch_records([rs], options)
     facts.remember(result.summaries)  # later batches carry what this batch's full steps measured
+    session._preceding = facts.preceding  # and open their first tile where this batch's last one closed
     batch = result.batch
     update_threshold(session, batch.table, items)
     from ..stitch.tree import StitchOptions

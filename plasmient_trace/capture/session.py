@@ -118,6 +118,7 @@ class CaptureSession:
         self._signatures_seen: set[str] = set()   # captured at full depth (training thread)
         self._signatures_first_seen: set[str] = set()  # compiled models: seen once, at step depth
         self._measured: dict[str, Any] = {}       # signature -> step_facts.CarriedWork (worker thread)
+        self._preceding: tuple[int, int] | None = None  # (step, device window end) of the last stitched step
         self._patched: list[tuple[Any, str, Any]] = []
         self._opt_hook: Any = None
         self._opt_clock: Any = None

@@ -205,8 +205,12 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     last_end = np.full(n_steps, -_BIG, np.int64)
     np.maximum.at(last_end, kstep[live_k], ke[live_k])
     has_k = np.bincount(kstep[live_k], minlength=n_steps) > 0 if n_steps else np.zeros(0, bool)
-    t_start, t_end = step_tiles(j.step_start, j.step_end, last_end, has_k)
-    # only the rank's device range bounds a kernel (a launch-less kernel cannot reach before the first step)
+    facts = options.step_facts
+    opens_at = facts.tile_floor(int(j.steps[0])) if facts is not None and n_steps else None
+    t_start, t_end = step_tiles(j.step_start, j.step_end, last_end, has_k, opens_at)
+    # Only the rank's device range bounds a kernel (a launch-less kernel cannot reach before the first step).
+    # Opened by an earlier batch, the range starts where that batch's last step ended: the device time before
+    # it is already billed there (as idle, where this batch's early kernels ran unseen).
     lo, hi = (t_start[0], t_end[-1]) if n_steps else (0, 0)
     cs = np.clip(ks[live_k], lo, hi)
     ce = np.clip(ke[live_k], cs, hi)

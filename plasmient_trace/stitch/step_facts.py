@@ -76,9 +76,22 @@ class StepFacts:
     dropped_records: dict[int, int] | None = None                   # step -> CUPTI records dropped during it
     # full-depth steps whose measurement is not carried (torch.compile traced during them: compiler ops)
     not_carried: set[int] = field(default_factory=set)
+    # (step, end of its device window) of the last step an earlier batch stitched: the next step's tile
+    # opens there, as it would had both been stitched together (stitch.windows)
+    preceding: tuple[int, int] | None = None
+
+    def tile_floor(self, first_step: int) -> int | None:
+        """Where the tile of this batch's first step opens, when the step before it was in an earlier batch."""
+        if self.preceding is None or self.preceding[0] != first_step - 1:
+            return None
+        return self.preceding[1]
 
     def remember(self, summaries: list[Any]) -> None:
-        """Keep what this batch's full-depth steps measured (the stitcher's rank summaries) for later batches."""
+        """Keep what this batch's full-depth steps measured (the stitcher's rank summaries) for later batches,
+        and where its last step's device window ended."""
+        if summaries:
+            last = max(summaries, key=lambda s: s.step)
+            self.preceding = (int(last.step), int(last.window_end_ns))
         for s in sorted(summaries, key=lambda s: s.step):
             sig = self.signatures.get(int(s.step))
             if sig is None or getattr(s, "flops_source", "measured") != "measured" or int(s.step) in self.not_carried:

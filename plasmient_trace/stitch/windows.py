@@ -22,19 +22,22 @@ import numpy as np
 
 
 def step_tiles(step_cpu_start: np.ndarray, step_cpu_end: np.ndarray, last_kernel_end: np.ndarray,
-               has_kernels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+               has_kernels: np.ndarray, opens_at: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(tile start, tile end) per step; steps must be given in time order.
 
     A step with no kernels ends at its CPU end (the device sat idle through it). Tiles are
-    non-decreasing, so they tile: start[i] == end[i-1].
+    non-decreasing, so they tile: start[i] == end[i-1]. The first tile opens at the first step's CPU
+    start, or at ``opens_at``: where the previous step's tile ended when that step was stitched earlier
+    (a live capture's previous batch).
     """
     n = len(step_cpu_start)
     own_end = np.where(has_kernels, last_kernel_end, step_cpu_end).astype(np.int64)
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    end = np.maximum.accumulate(np.maximum(own_end, step_cpu_start[0]))
+    first = int(step_cpu_start[0]) if opens_at is None else int(opens_at)
+    end = np.maximum.accumulate(np.maximum(own_end, first))
     start = np.empty(n, np.int64)
-    start[0] = step_cpu_start[0]
+    start[0] = first
     start[1:] = end[:-1]
     end = np.maximum(end, start)
     return start, end
