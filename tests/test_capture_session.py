@@ -470,6 +470,20 @@ def _on_a_stand_in_gpu(monkeypatch, session: CaptureSession, cupti_class: type) 
     monkeypatch.setattr(session, "_detect_devices", detect)
 
 
+def _train_a_small_mlp(session: CaptureSession, steps: int, after_step=lambda: None) -> None:
+    """Start the session, train a 3-layer MLP with SGD for ``steps`` steps, close the session."""
+    session.start()
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(steps):
+            model(torch.randn(8, 16)).sum().backward()
+            opt.step()
+            after_step()
+    finally:
+        session.close(timeout=30)
+
+
 class LaggingCupti(FakeCupti):
     """A device that falls behind the host: every kernel takes 300 µs and they run one after another, so
     a step's kernels are still running when the host has started the next step."""
@@ -492,16 +506,7 @@ def test_live_batches_tile_the_device_timeline_as_one_stitch_would(monkeypatch):
     session = CaptureSession(CaptureConfig(every=1, job_id="lag", op_hook="dispatch", environ={}, max_batch_steps=1),
                              exporters=[("memory", sink)])
     _on_a_stand_in_gpu(monkeypatch, session, LaggingCupti)
-    session.start()
-    try:
-        model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for _ in range(4):
-            model(torch.randn(8, 16)).sum().backward()
-            opt.step()
-            session.flush(30)  # one batch per step
-    finally:
-        session.close(timeout=30)
+    _train_a_small_mlp(session, steps=4, after_step=lambda: session.flush(30))  # one batch per step
     steps = sorted((r for r in sink.rows() if r["plasmient.level"] == "step"), key=lambda r: r["plasmient.step"])
     assert [s["plasmient.step"] for s in steps] == [0, 1, 2, 3]
     windows = [(s["plasmient.device.start_ns"], s["plasmient.device.start_ns"] + round(s["plasmient.device.window_s"] * 1e9))
@@ -528,15 +533,7 @@ def test_gpu_path_wiring_with_a_stand_in_cupti(monkeypatch, op_hook):
     session = CaptureSession(CaptureConfig(every=1, job_id="gpu", op_hook=op_hook, environ={}),
                              exporters=[("memory", sink)])
     _on_a_stand_in_gpu(monkeypatch, session, FakeCupti)
-    session.start()
-    try:
-        model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for _ in range(2):
-            model(torch.randn(8, 16)).sum().backward()
-            opt.step()
-    finally:
-        session.close(timeout=30)
+    _train_a_small_mlp(session, steps=2)
     rows = sink.rows()
     by_id = {r["span_id"]: r for r in rows}
     steps = {r["plasmient.step"]: r for r in rows if r["plasmient.level"] == "step"}

@@ -21,6 +21,17 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def _end_to_end(group: np.ndarray, n_groups: int, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per group (0..n_groups-1): its first start, last end, and the shift that lays the groups end to end
+    on one time axis (a gap of 1 ns between them), so one sort or running maximum serves all of them."""
+    lo = np.full(n_groups, np.iinfo(np.int64).max)
+    hi = np.full(n_groups, np.iinfo(np.int64).min)
+    np.minimum.at(lo, group, start)
+    np.maximum.at(hi, group, end)
+    width = hi - lo + 1
+    return lo, hi, np.cumsum(width) - width - lo
+
+
 def step_tiles(step_cpu_start: np.ndarray, step_cpu_end: np.ndarray, last_kernel_end: np.ndarray,
                has_kernels: np.ndarray, opens_at: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(tile start, tile end) per step; steps must be given in time order.
@@ -56,12 +67,7 @@ def kernel_shares_ns(device_key: np.ndarray, start: np.ndarray, end: np.ndarray)
     start = start.astype(np.int64)
     end = np.maximum(end.astype(np.int64), start)
     keys, dev = np.unique(device_key, return_inverse=True)
-    lo = np.full(len(keys), np.iinfo(np.int64).max)
-    hi = np.full(len(keys), np.iinfo(np.int64).min)
-    np.minimum.at(lo, dev, start)
-    np.maximum.at(hi, dev, end)
-    width = hi - lo + 1
-    offset = np.cumsum(width) - width - lo
+    _, _, offset = _end_to_end(dev.reshape(-1), len(keys), start, end)
     s, e = start + offset[dev], end + offset[dev]
     times = np.concatenate([s, e])
     delta = np.concatenate([np.ones(n, np.int64), -np.ones(n, np.int64)])
@@ -89,11 +95,7 @@ def merge_intervals(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tu
     # one running maximum over all groups: lay them end to end on one axis
     keys, gi = np.unique(g, return_inverse=True)
     gi = gi.reshape(-1)
-    lo = s[np.r_[0, np.nonzero(g[1:] != g[:-1])[0] + 1]]
-    hi = np.zeros(len(keys), np.int64)
-    np.maximum.at(hi, gi, e)
-    width = hi - lo + 1
-    shift = (np.cumsum(width) - width - lo)[gi]
+    shift = _end_to_end(gi, len(keys), s, e)[2][gi]
     reach = np.maximum.accumulate(e + shift)
     new = np.ones(len(s), bool)
     new[1:] = s[1:] + shift[1:] > reach[:-1]
@@ -120,12 +122,7 @@ class Coverage:
         g, ms, me = merge_intervals(group, start, end)
         keys, gi = np.unique(g, return_inverse=True)
         gi = gi.reshape(-1)
-        lo = np.full(len(keys), np.iinfo(np.int64).max)
-        hi = np.full(len(keys), np.iinfo(np.int64).min)
-        np.minimum.at(lo, gi, ms)
-        np.maximum.at(hi, gi, me)
-        width = hi - lo + 1
-        offset = np.cumsum(width) - width - lo
+        lo, hi, offset = _end_to_end(gi, len(keys), ms, me)
         length = me - ms
         return cls(keys, lo, hi, offset, ms + offset[gi], me + offset[gi], np.cumsum(length) - length)
 
