@@ -15,12 +15,17 @@ def _covered_ns(intervals, group, a, b) -> int:
     return len({t for g, s, e in intervals if g == group for t in range(s, e) if a <= t < b})
 
 
-def test_covered_length_equals_counting_nanoseconds():
-    rng = random.Random(7)
-    for _ in range(200):
+def _random_cases(seed: int, cases: int = 200):
+    """(intervals as tuples, and as group/start/end arrays): up to 25 intervals in 4 groups, some empty or reversed."""
+    rng = random.Random(seed)
+    for _ in range(cases):
         n = rng.randint(0, 25)
         intervals = [(rng.randint(0, 3), s, s + rng.randint(-3, 30)) for s in (rng.randint(0, 100) for _ in range(n))]
-        g, s, e = (np.array([iv[k] for iv in intervals], np.int64) for k in range(3))
+        yield rng, intervals, tuple(np.array([iv[k] for iv in intervals], np.int64) for k in range(3))
+
+
+def test_covered_length_equals_counting_nanoseconds():
+    for rng, intervals, (g, s, e) in _random_cases(7):
         coverage = Coverage.of(g, s, e)
         queries = [(rng.randint(0, 4), rng.randint(-10, 140), rng.randint(-10, 140)) for _ in range(15)]
         got = coverage.covered(*(np.array([q[k] for q in queries], np.int64) for k in range(3)))
@@ -28,11 +33,7 @@ def test_covered_length_equals_counting_nanoseconds():
 
 
 def test_merged_intervals_are_disjoint_and_cover_the_same_nanoseconds():
-    rng = random.Random(11)
-    for _ in range(200):
-        n = rng.randint(0, 25)
-        intervals = [(rng.randint(0, 3), s, s + rng.randint(-3, 30)) for s in (rng.randint(0, 100) for _ in range(n))]
-        g, s, e = (np.array([iv[k] for iv in intervals], np.int64) for k in range(3))
+    for _, intervals, (g, s, e) in _random_cases(11):
         mg, ms, me = merge_intervals(g, s, e)
         assert (me > ms).all()
         for group in range(4):
