@@ -38,6 +38,9 @@ __all__ = [
 CHUNK_ROWS = 1 << 14  # spans encoded per pass unless the encoder asks for another size
 
 _CORE_NAMES = frozenset(CORE_COLUMNS.names)
+# A small chunk in several runs is gathered at once: slices would leave every column in pieces for each
+# encoder to combine again, column by column.
+_TAKE_BELOW_ROWS = 4096
 _MAX_SLICED_RUNS = 64  # a chunk of more runs than this is gathered with one take instead of sliced
 
 
@@ -72,7 +75,7 @@ class SpanLayout:
             return self.table.slice(start, stop - start)
         rows = self.rows[start:stop]
         breaks = np.flatnonzero(np.diff(rows) != 1) + 1
-        if len(breaks) > _MAX_SLICED_RUNS:
+        if len(breaks) > _MAX_SLICED_RUNS or (len(breaks) and len(rows) <= _TAKE_BELOW_ROWS):
             return self.table.take(pa.array(rows))
         bounds = np.concatenate(([0], breaks, [len(rows)]))
         return pa.concat_tables([self.table.slice(int(rows[a]), b - a) for a, b in itertools.pairwise(bounds.tolist())])
