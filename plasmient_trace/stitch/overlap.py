@@ -37,6 +37,7 @@ class StepOverlap:
     copy_total_s: np.ndarray
     copy_exposed_s: np.ndarray
     idle_device_s: np.ndarray
+    resident_s: np.ndarray      # time any kernel of the rank ran in the step's tile (idle is the rest)
     queue_mean: np.ndarray      # NaN where no kernel had a launch record
     queue_max: np.ndarray
 
@@ -74,13 +75,15 @@ def step_overlap(n_steps: int, step: np.ndarray, device: np.ndarray, start: np.n
     step_dev = np.repeat(np.arange(n_steps), n_dev)
     dev_ids = np.tile(np.arange(n_dev), n_steps)
     a, b = tile_start[step_dev], tile_end[step_dev]
-    idle_device = np.maximum(with_queue.covered(dev_ids, a, b) - kernels.covered(dev_ids, a, b), 0).astype(np.float64)
+    resident = kernels.covered(dev_ids, a, b).astype(np.float64)
+    idle_device = np.maximum(with_queue.covered(dev_ids, a, b) - resident, 0.0)
 
     queue_mean, queue_max = _launch_queue(n_steps, step, launch_start, end, tile_start, tile_end)
     return StepOverlap(
         comm_total_s=per_step(comm_total), comm_exposed_s=per_step(comm_total - comm_hidden),
         copy_total_s=per_step(copy_total), copy_exposed_s=per_step(copy_total - copy_hidden),
-        idle_device_s=per_step(idle_device), queue_mean=queue_mean, queue_max=queue_max,
+        idle_device_s=per_step(idle_device), resident_s=per_step(resident), queue_mean=queue_mean,
+        queue_max=queue_max,
     )
 
 

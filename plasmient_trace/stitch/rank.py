@@ -38,7 +38,7 @@ from .overlap import StepOverlap, step_overlap
 from .ownership import cpu_kernel_ops, kernel_peaks, kernel_work
 from .recompute import Recompute, find_recompute
 from .step_facts import step_metrics, with_step_facts
-from .windows import Coverage, kernel_shares_ns, step_tiles
+from .windows import kernel_shares_ns, step_tiles
 
 _BIG = np.iinfo(np.int64).max
 # Additive per-span quantities, in the row order of RankTree.total.
@@ -258,11 +258,14 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
         self_vals[COL[name], k_span] = values
     step_spans = base["step"] + steps_rows
     # Step and rank spans: resident time is the time any of the rank's kernels ran in the tile, whichever step
-    # launched it, and idle is the rest of the tile.
-    rank_device_ids = np.unique(devs)
-    tile_dev = np.repeat(steps_rows, len(rank_device_ids))
-    in_tile = Coverage.of(devs, cs, ce).covered(np.tile(rank_device_ids, n_steps), t_start[tile_dev], t_end[tile_dev])
-    resident_s = np.bincount(tile_dev, weights=in_tile.astype(np.float64), minlength=n_steps) / 1e9
+    # launched it (stitch.overlap measures it with the idle split), and idle is the rest of the tile.
+    launch_rows = np.concatenate([j.kernel_launch, np.full(len(synth_ops), -1, np.int64)])[live_k]
+    l_start = rs.launches.column("start_ns").to_numpy() if rs.launches.num_rows else np.zeros(0, np.int64)
+    launch_start = np.where(launch_rows >= 0, l_start[np.maximum(launch_rows, 0)] if len(l_start) else -1, -1)
+    overlap = step_overlap(n_steps, kstep[live_k], devs, cs, ce, kind_live == KIND_CODE["collective"],
+                           (kind_live == KIND_CODE["memcpy"]) | (kind_live == KIND_CODE["memset"]),
+                           launch_start, t_start, t_end)
+    resident_s = overlap.resident_s
     union_s = stats.union_s.copy()
     union_s[:n_steps] = union_s[step_spans] = resident_s
     idle = np.maximum((t_end - t_start) * rank_devices / 1e9 - resident_s, 0.0)
@@ -275,12 +278,6 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     # a few quantities are, and 14 more (q, n) rows are 400 MB at 10^6 kernels).
     non_kernel_child = np.nonzero((parent >= 0) & (level != LEVEL_CODE["kernel"]))[0]
 
-    launch_rows = np.concatenate([j.kernel_launch, np.full(len(synth_ops), -1, np.int64)])[live_k]
-    l_start = rs.launches.column("start_ns").to_numpy() if rs.launches.num_rows else np.zeros(0, np.int64)
-    launch_start = np.where(launch_rows >= 0, l_start[np.maximum(launch_rows, 0)] if len(l_start) else -1, -1)
-    overlap = step_overlap(n_steps, kstep[live_k], devs, cs, ce, kind_live == KIND_CODE["collective"],
-                           (kind_live == KIND_CODE["memcpy"]) | (kind_live == KIND_CODE["memset"]),
-                           launch_start, t_start, t_end)
     outside = ~k_alive[:n_k] if n_k else np.zeros(0, bool)
     comm_bw = collective_bandwidth(rs.kernels, kinds[:n_k] == KIND_CODE["collective"], ke[:n_k] - ks[:n_k], kstep[:n_k],
                                    n_steps, inp.spec.model) if n_k else None
