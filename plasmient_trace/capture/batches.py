@@ -77,7 +77,7 @@ def kineto_records(items: list[StepCapture]) -> list[RecordSet]:
 
 def process(session: CaptureSession, items: list[StepCapture]) -> SpanBatch:
     """Finished steps -> one SpanBatch through the shared pipeline (one trace per step)."""
-    from ..pipeline import IngestOptions, stitch_records
+    from ..pipeline import IngestOptions, stitch_options, stitch_records
     from ..stitch.step_facts import StepFacts
 
     rs = record_set(session, items)
@@ -96,12 +96,8 @@ def process(session: CaptureSession, items: list[StepCapture]) -> SpanBatch:
     session._preceding = facts.preceding  # and open their first tile where this batch's last one closed
     batch = result.batch
     update_threshold(session, batch.table, items)
-    from ..stitch.tree import StitchOptions
-
     # Multi-rank: this rank's fleet/node rows give way to ones built from every rank's summary.
-    return distributed.coordinate(batch, session.job_id,
-                                  StitchOptions(job_id=session.job_id, baseline_mfu=options.baseline_mfu,
-                                                service_name=session.config.service_name), say_once)
+    return distributed.coordinate(batch, session.job_id, stitch_options(options), say_once)
 
 
 def update_threshold(session: CaptureSession, table: pa.Table, items: list[StepCapture]) -> None:
