@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,17 @@ from .sources.graph_capture import (
 from .sources.kineto import read_kineto
 from .sources.parallel import read_many
 from .stitch.align import apply_offsets, estimate_alignment
+from .stitch.fleet import merge_span_batches
+from .stitch.inputs import DEFAULT_CHUNK_ROWS
 from .stitch.joins import JoinedRank
-from .stitch.tree import DEFAULT_MAX_SPANS, DeviceSpec, RankInput, StitchOptions, stitch
+from .stitch.tree import (
+    DEFAULT_MAX_SPANS,
+    DeviceSpec,
+    RankInput,
+    StitchOptions,
+    StreamTotals,
+    stitch_stream,
+)
 
 
 @dataclass
@@ -62,6 +71,8 @@ class IngestOptions:
     keep_records: bool = True
     # Live capture's per-step facts (stitch.step_facts.StepFacts); None: every step measured at full depth.
     step_facts: Any = None
+    # Records stitched at once (stitch.chunks): memory holds one group of steps' spans.
+    chunk_rows: int = DEFAULT_CHUNK_ROWS
 
 
 @dataclass
@@ -139,10 +150,33 @@ def stitch_options(options: IngestOptions) -> StitchOptions:
         ranks_per_node=options.ranks_per_node, host=options.host, service_name=options.service_name,
         world_size=options.world_size, step_facts=options.step_facts,
         full_depth_steps=options.full_depth_steps, extra_resource=dict(options.extra_resource),
+        chunk_rows=options.chunk_rows,
     )
 
 
-def stitch_records(record_sets: list[RecordSet], options: IngestOptions) -> IngestResult:
+@dataclass
+class IngestStream:
+    """An ingest whose spans arrive a group of steps at a time (``stitch.tree.stitch_stream``), each part
+    holding whole traces, so a consumer that writes each part and lets it go holds one group's spans.
+    ``stats`` and ``summaries`` are complete once ``parts`` is exhausted."""
+
+    parts: Iterator[SpanBatch]
+    records: list[RecordSet]
+    stats: dict[str, Any]
+    summaries: list[Any] = field(default_factory=list)
+    joined: list[JoinedRank] = field(default_factory=list)
+
+    def collect(self) -> IngestResult:
+        """Every part in one batch (what ``stitch_records`` returns)."""
+        parts = list(self.parts)
+        batch = merge_span_batches(parts) if len(parts) != 1 else parts[0]
+        batch.summaries = self.summaries
+        return IngestResult(batch=batch, records=self.records, joined=self.joined, stats=self.stats,
+                            summaries=self.summaries)
+
+
+def stream_records(record_sets: list[RecordSet], options: IngestOptions,
+                   progress: Callable[[str, int, int], None] | None = None) -> IngestStream:
     alignment = None
     if len(record_sets) > 1:
         # Ranks on different hosts have different clocks: align them on their collectives first.
@@ -150,16 +184,35 @@ def stitch_records(record_sets: list[RecordSet], options: IngestOptions) -> Inge
         record_sets = apply_offsets(record_sets, alignment.offsets)
     notes: list[str] = []
     inputs = [rank_input(r, options, notes) for r in record_sets]
-    result = stitch(inputs, stitch_options(options))
-    stats = dict(result.stats)
-    stats["notes"] = notes
+    stats: dict[str, Any] = {"notes": notes}
     if alignment is not None:
         stats["clock_offsets_ns"] = alignment.offsets
         stats["clock_alignment"] = alignment.method
     stats["unknown_devices"] = [r.source or f"rank {i}" for i, (r, inp) in enumerate(zip(record_sets, inputs))
                                 if inp.spec.source == "unknown"]
-    return IngestResult(batch=result.batch, records=record_sets, joined=result.joined, stats=stats,
-                        summaries=result.summaries)
+    stream = IngestStream(parts=iter(()), records=record_sets, stats=stats)
+
+    def parts() -> Iterator[SpanBatch]:
+        totals = StreamTotals()
+        for part in stitch_stream(inputs, stitch_options(options), on_groups=_groups_progress(progress)):
+            stream.joined = part.joined
+            totals.add(part)
+            yield part.batch
+        stream.summaries = totals.summaries()
+        stats.update(totals.stats(stream.joined))
+
+    stream.parts = parts()
+    return stream
+
+
+def _groups_progress(progress: Callable[[str, int, int], None] | None) -> Callable[[int, int], None] | None:
+    if progress is None:
+        return None
+    return lambda done, total: progress(f"stitched {done} of {total} step groups", done, total)
+
+
+def stitch_records(record_sets: list[RecordSet], options: IngestOptions) -> IngestResult:
+    return stream_records(record_sets, options).collect()
 
 
 def pair_capture(path: Path, records: RecordSet, options: IngestOptions) -> tuple[RecordSet, str | None]:
@@ -174,15 +227,15 @@ def pair_capture(path: Path, records: RecordSet, options: IngestOptions) -> tupl
                         if pairing["name_mismatches"] else ""))
 
 
-def ingest_paths(
+def ingest_stream(
     paths: Iterable[str | Path],
     options: IngestOptions,
     progress: Callable[[str, int, int], None] | None = None,
-) -> IngestResult:
-    """Read every file (one per rank), then stitch them into one trace per step.
+) -> IngestStream:
+    """Read every file (one per rank), then stitch them into one trace per step, a group of steps at a time.
 
     With several files and workers > 1, or on Ray, the ranks run as map tasks (``ranks.ingest_ranks``),
-    giving the same result; otherwise everything runs in this process."""
+    giving the same spans in one part; otherwise everything runs in this process."""
     paths = [Path(p) for p in paths]
     if options.graph_capture is not None and len(paths) != 1:
         raise ValueError("--graph-capture pairs one replay trace with its capture: pass a single input")
@@ -190,7 +243,9 @@ def ingest_paths(
     if options.cpu_spec is None and (options.ray is not None or (options.workers > 1 and len(paths) > 1)):
         from .ranks import ingest_ranks
 
-        return ingest_ranks(paths, options, progress=progress)
+        result = ingest_ranks(paths, options, progress=progress)
+        return IngestStream(parts=iter([result.batch]), records=result.records, stats=result.stats,
+                            summaries=result.summaries, joined=result.joined)
     record_sets = []
     notes = []
     parsed = read_many(paths, workers=options.workers, progress=progress)
@@ -201,6 +256,15 @@ def ingest_paths(
         record_sets.append(records)
     if progress:
         progress("stitching", len(paths), len(paths))
-    result = stitch_records(record_sets, options)
-    result.stats["notes"] = notes + result.stats["notes"]
-    return result
+    stream = stream_records(record_sets, options, progress)
+    stream.stats["notes"] = notes + stream.stats["notes"]
+    return stream
+
+
+def ingest_paths(
+    paths: Iterable[str | Path],
+    options: IngestOptions,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> IngestResult:
+    """``ingest_stream`` with every part in one batch."""
+    return ingest_stream(paths, options, progress).collect()

@@ -1,5 +1,5 @@
-"""Helpers for the hostile-input and fuzz tests: run `plasmient ingest` in-process, read back its spans,
-and list every span whose numbers are out of range."""
+"""Helpers for the ingest tests: run `plasmient ingest` in-process, read back its spans, list every span whose
+numbers are out of range, and compare two ingests of one input span for span."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow as pa
 
 from plasmient_trace.cli import main
 
@@ -58,3 +59,23 @@ def out_of_range(all_spans: list[dict[str, Any]]) -> list[str]:
 
 def by_level(all_spans: list[dict[str, Any]], level: str) -> list[dict[str, Any]]:
     return [s for s in all_spans if s["plasmient.level"] == level]
+
+
+def rows_by_id(batch: Any) -> pa.Table:
+    """A span table sorted by (trace id, span id), each row's resource written out in place of its index."""
+    table = batch.table
+    resources = [json.dumps(r, sort_keys=True) for r in batch.resources]
+    table = table.append_column("resource", pa.array([resources[i] for i in table.column("resource_index").to_pylist()]))
+    return table.drop_columns(["resource_index"]).sort_by([("trace_id", "ascending"), ("span_id", "ascending")])
+
+
+def assert_same_trace(got: Any, want: Any) -> None:
+    """Two IngestResults hold the same spans (ids, attributes, resources), summaries and counts."""
+    g, w = rows_by_id(got.batch), rows_by_id(want.batch)
+    assert g.num_rows == w.num_rows and g.schema == w.schema
+    for name in w.column_names:
+        assert g.column(name).equals(w.column(name)), name
+    assert [s.to_json() for s in got.summaries] == [s.to_json() for s in want.summaries]
+    for key in ("ranks", "traces", "spans", "kernels", "kernels_folded", "clock_offsets_ns", "clock_alignment",
+                "unknown_devices"):
+        assert got.stats.get(key) == want.stats.get(key), key

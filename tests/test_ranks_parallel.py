@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from conftest import REPO, trace_path
+from ingest_checks import assert_same_trace
 
 from plasmient_trace.cli import main
 from plasmient_trace.pipeline import IngestOptions, IngestResult, ingest_paths
@@ -54,25 +55,6 @@ def local_ray():
              logging_level="ERROR")
     yield ray
     ray.shutdown()
-
-
-def _rows(result: IngestResult) -> pa.Table:
-    """The span table sorted by (trace id, span id), each row's resource written out in place of its index."""
-    table = result.batch.table
-    resources = [json.dumps(r, sort_keys=True) for r in result.batch.resources]
-    table = table.append_column("resource", pa.array([resources[i] for i in table.column("resource_index").to_pylist()]))
-    return table.drop_columns(["resource_index"]).sort_by([("trace_id", "ascending"), ("span_id", "ascending")])
-
-
-def assert_same_trace(got: IngestResult, want: IngestResult) -> None:
-    g, w = _rows(got), _rows(want)
-    assert g.num_rows == w.num_rows and g.schema == w.schema
-    for name in w.column_names:
-        assert g.column(name).equals(w.column(name)), name
-    assert [s.to_json() for s in got.summaries] == [s.to_json() for s in want.summaries]
-    for key in ("ranks", "traces", "spans", "kernels", "kernels_folded", "clock_offsets_ns", "clock_alignment",
-                "unknown_devices"):
-        assert got.stats[key] == want.stats[key], key
 
 
 def test_two_real_ranks_in_a_pool_give_the_single_process_trace():

@@ -117,7 +117,7 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     for level, kind in (("module", ids.KIND_MODULE), ("op", ids.KIND_OP), ("kernel", ids.KIND_KERNEL)):
         hi = b[{"module": "op", "op": "kernel", "kernel": None}[level]] if level != "kernel" else n
         lo = b[level]
-        rows = np.arange(hi - lo)
+        rows = j.origin.of(level, np.arange(hi - lo))  # the whole rank's rows: a chunk's ids are the rank's
         span_id[lo:hi] = ids.child_span_ids(step_ids[np.maximum(t.step_row[lo:hi], 0)] if n_steps else np.zeros(0, np.uint64), kind, rows)
     node_ids = np.array([ids.node_span_id(job, int(s), node) for s in steps], np.uint64)
     parent_id = np.where(t.parent >= 0, span_id[np.maximum(t.parent, 0)], np.uint64(0)).astype(np.uint64)
@@ -221,7 +221,7 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     unjoined = np.bincount(t.parent[k_parent_is_step], minlength=n)
     cols["plasmient.unjoined_kernels"] = masked(unjoined[sel], ~is_step)
     first_step = np.zeros(len(sel), bool)
-    first_step[is_step] = srow[is_step] == 0
+    first_step[is_step] = srow[is_step] + j.origin.first_step == 0
     cols["plasmient.kernels.outside_steps"] = masked(np.full(len(sel), t.outside_kernels, np.int64), ~first_step)
     for key in ("input.dropped_events", "input.clamped_events", "input.invalid_values"):
         count = inp.records.counters.get(key)

@@ -333,17 +333,26 @@ def straggler_columns(groups: list) -> dict[str, Any]:
 
 
 def merge_span_batches(batches: list[cv.SpanBatch]) -> cv.SpanBatch:
-    """Concatenate batches, re-basing each batch's resource indices onto the merged resource list."""
+    """Concatenate batches, re-basing each batch's resource indices onto the merged resource list, where
+    equal resources (one rank's, from each chunk of its steps) are one entry."""
     tables, resources = [], []
     for b in batches:
         if b.table.num_rows == 0 and not b.resources:
             continue
         t = b.table
-        idx = t.column("resource_index").to_numpy().astype(np.int32) + len(resources)
+        merged = np.array([_index_of(resources, r) for r in b.resources] or [0], np.int32)
+        idx = merged[t.column("resource_index").to_numpy().astype(np.int32)]
         i = t.schema.get_field_index("resource_index")
         tables.append(t.set_column(i, t.schema.field(i), pa.array(idx, pa.int32())))
-        resources.extend(b.resources)
     summaries = [x for b in batches for x in b.summaries]
     if not tables:
         return cv.SpanBatch(table=cv.empty_span_table(), resources=[], summaries=summaries)
     return cv.SpanBatch(table=pa.concat_tables(tables), resources=resources, summaries=summaries)
+
+
+def _index_of(resources: list[dict[str, Any]], resource: dict[str, Any]) -> int:
+    for i, known in enumerate(resources):
+        if known == resource:
+            return i
+    resources.append(resource)
+    return len(resources) - 1

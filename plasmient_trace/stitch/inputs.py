@@ -14,6 +14,8 @@ LEVEL_CODE = {name: i for i, name in enumerate(cv.LEVELS)}
 KINDS = ("kernel", "memcpy", "memset", "collective")
 KIND_CODE = {name: i for i, name in enumerate(KINDS)}
 DEFAULT_MAX_SPANS = 10_000
+# Records a group of steps holds at most when a trace is stitched a group at a time (one step at least).
+DEFAULT_CHUNK_ROWS = 200_000
 # How many culprit rows a step, rank, node and fleet span carries in plasmient.culprits.
 CULPRIT_ROWS = 10
 
@@ -60,6 +62,9 @@ class StitchOptions:
     world_size: int = 0
     # Live capture's per-step facts (stitch.step_facts.StepFacts): signatures, carried FLOPs, dropped records.
     step_facts: Any = None
+    # Records (modules + ops + kernels, all ranks) stitched at once: a trace is built a group of steps at a
+    # time (stitch.chunks), so memory holds one group's spans, not the file's.
+    chunk_rows: int = DEFAULT_CHUNK_ROWS
 
 
 @dataclass

@@ -81,6 +81,21 @@ class JoinStats:
 
 
 @dataclass
+class RowOrigin:
+    """Where a chunk's rows came from (``stitch.chunks``): the whole rank's row of each module, op and kernel
+    (None: the rows are the rank's own) and its first step's row, so a chunk's span ids are the rank's."""
+
+    first_step: int = 0
+    module: np.ndarray | None = None
+    op: np.ndarray | None = None
+    kernel: np.ndarray | None = None   # real kernels, then synthetic ones numbered after the rank's real kernels
+
+    def of(self, kind: str, rows: np.ndarray) -> np.ndarray:
+        mapping = getattr(self, kind)
+        return rows if mapping is None else mapping[rows]
+
+
+@dataclass
 class JoinedRank:
     """Join results for one RecordSet; every *_idx array indexes the matching record table."""
 
@@ -103,6 +118,7 @@ class JoinedRank:
     kernel_op: np.ndarray      # kernel -> launching op (-1)
     kernel_step: np.ndarray    # kernel -> step row (-1)
     stats: JoinStats
+    origin: RowOrigin = field(default_factory=RowOrigin)
 
 
 def join_rank(records: RecordSet) -> JoinedRank:

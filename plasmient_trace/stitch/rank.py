@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pyarrow.compute as pc
 
 from ..metrics import compute as mc
 from ..metrics.flops import yields_flops
@@ -34,11 +33,11 @@ from .nesting import (
     tree_depth,
     tree_root,
 )
-from .overlap import StepOverlap, step_overlap
-from .ownership import cpu_kernel_ops, kernel_peaks, kernel_work
+from .overlap import StepOverlap
+from .ownership import kernel_peaks, kernel_work
 from .recompute import Recompute, find_recompute
 from .step_facts import step_metrics, with_step_facts
-from .windows import kernel_shares_ns, step_tiles
+from .timeline import DeviceTimeline, device_timeline
 
 _BIG = np.iinfo(np.int64).max
 # Additive per-span quantities, in the row order of RankTree.total.
@@ -106,14 +105,6 @@ class RankTree:
         return cached
 
 
-def _kind_codes(kind, n_synthetic: int) -> np.ndarray:
-    codes = np.zeros(len(kind) + n_synthetic, np.int8)  # synthetic CPU kernels are 'kernel'
-    for name, code in KIND_CODE.items():
-        if code:
-            codes[:len(kind)][pc.equal(kind, name).fill_null(False).to_numpy(zero_copy_only=False)] = code
-    return codes
-
-
 def _widen(parent: np.ndarray, depth: np.ndarray, start: np.ndarray, end: np.ndarray, alive: np.ndarray,
            levels: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Make every parent cover its children; spans with no interval of their own take their children's."""
@@ -125,16 +116,15 @@ def _widen(parent: np.ndarray, depth: np.ndarray, start: np.ndarray, end: np.nda
     return start, end
 
 
-def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> RankTree:
+def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions, tl: DeviceTimeline | None = None) -> RankTree:
+    """The rank's tree, or a chunk's (``stitch.chunks``: then ``tl`` is the chunk's rows of the rank's timeline)."""
     rs = inp.records
+    if tl is None:
+        tl = device_timeline(inp, j, options)
     n_steps, n_mod, n_op = len(j.steps), len(j.module_parent), len(j.op_parent)
     n_k = len(j.kernel_start)
-    synth_ops = np.zeros(0, np.int64)
+    synth_ops = tl.synth_ops
     yields = yields_flops(j.op_parent, inp.op_model, inp.op_flops) if n_op else np.zeros(0, bool)
-    if n_k == 0 and n_op:
-        # No device activity: the CPU is the device and its ops are the kernels.
-        synth_ops = cpu_kernel_ops(j.op_parent, (inp.op_model != "none") & ~yields)
-        synth_ops = synth_ops[j.op_step[synth_ops] >= 0]
     n_ks = n_k + len(synth_ops)
     base = {"rank": 0, "step": n_steps, "module": 2 * n_steps, "op": 2 * n_steps + n_mod,
             "kernel": 2 * n_steps + n_mod + n_op}
@@ -159,15 +149,14 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     module_labels = [j.module_path[m] + (" [recompute]" if rc.modules[m] else " [backward]" if j.module_phase[m] == "backward" else "")
                      for m in range(n_mod)]
     ko = np.concatenate([j.kernel_op, synth_ops])
-    kstep = np.concatenate([j.kernel_step, j.op_step[synth_ops]])
+    kstep = tl.step
     ko_ok = (ko >= 0) & (j.op_step[np.maximum(ko, 0)] == kstep) if n_op else np.zeros(n_ks, bool)
     k_par = np.where(ko_ok, base["op"] + ko, base["step"] + np.maximum(kstep, 0))
     k_alive = kstep >= 0
 
     o_start = rs.ops.column("start_ns").to_numpy() if n_op else np.zeros(0, np.int64)
     o_end = rs.ops.column("end_ns").to_numpy() if n_op else np.zeros(0, np.int64)
-    ks = np.concatenate([j.kernel_start, o_start[synth_ops]]).astype(np.int64)
-    ke = np.concatenate([j.kernel_end, o_end[synth_ops]]).astype(np.int64)
+    ks, ke = tl.start, tl.end
 
     level = np.concatenate([np.full(n_steps, LEVEL_CODE["rank"]), np.full(n_steps, LEVEL_CODE["step"]),
                             np.full(n_mod, LEVEL_CODE["module"]), np.full(n_op, LEVEL_CODE["op"]),
@@ -183,40 +172,16 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     start, end = _widen(parent, depth, start, end, alive, levels)
 
     # ---- per-kernel work: FLOPs, bytes, ideal seconds at the peak of the kernel's dtype
-    kinds = _kind_codes(rs.kernels.column("kind"), len(synth_ops))
-    if n_k:
-        # NCCL/RCCL kernels are collectives whatever category the source gave them
-        # matched once per distinct name: a million kernels carry a few thousand names
-        enc = pc.dictionary_encode(rs.kernels.column("name").combine_chunks())
-        lower = pc.utf8_lower(enc.dictionary)
-        comm_name = pc.or_(pc.starts_with(lower, "nccl"), pc.match_substring(lower, "rccl")).fill_null(False)
-        code = enc.indices.fill_null(-1).to_numpy(zero_copy_only=False)
-        comm = np.where(code >= 0, comm_name.to_numpy(zero_copy_only=False)[np.maximum(code, 0)], False)
-        kinds[:n_k][comm & (kinds[:n_k] == KIND_CODE["kernel"])] = KIND_CODE["collective"]
-    if len(synth_ops):
-        kinds[n_k:] = np.where(_collective_ops(rs, synth_ops), KIND_CODE["collective"], KIND_CODE["kernel"])
+    kinds = tl.kind
     work = kernel_work(inp, j, ko, kinds, k_alive, ke - ks, yields)
     peaks = kernel_peaks(inp, work)
     # recomputed forward work (activation checkpointing): hardware FLOPs, not model FLOPs
     k_rc = rc.ops[np.maximum(np.where(work.owner >= 0, work.owner, ko), 0)] & (ko >= 0) if n_op else np.zeros(n_ks, bool)
 
-    # ---- device windows (stitch.windows): steps tile the rank's device timeline and keep their kernels whole
+    # ---- device windows (stitch.windows, measured over the whole rank by stitch.timeline)
     live_k = np.nonzero(k_alive)[0]
-    last_end = np.full(n_steps, -_BIG, np.int64)
-    np.maximum.at(last_end, kstep[live_k], ke[live_k])
-    has_k = np.bincount(kstep[live_k], minlength=n_steps) > 0 if n_steps else np.zeros(0, bool)
-    facts = options.step_facts
-    opens_at = facts.tile_floor(int(j.steps[0])) if facts is not None and n_steps else None
-    t_start, t_end = step_tiles(j.step_start, j.step_end, last_end, has_k, opens_at)
-    # Only the rank's device range bounds a kernel (a launch-less kernel cannot reach before the first step).
-    # Opened by an earlier batch, the range starts where that batch's last step ended: the device time before
-    # it is already billed there (as idle, where this batch's early kernels ran unseen).
-    lo, hi = (t_start[0], t_end[-1]) if n_steps else (0, 0)
-    cs = np.clip(ks[live_k], lo, hi)
-    ce = np.clip(ke[live_k], cs, hi)
-    devs = np.concatenate([rs.kernels.column("device").to_numpy().astype(np.int64) if n_k else np.zeros(0, np.int64),
-                           np.full(len(synth_ops), -1, np.int64)])[live_k]
-    share_s = kernel_shares_ns(devs, cs, ce) / 1e9
+    t_start, t_end = tl.tile_start, tl.tile_end
+    cs, ce, devs, share_s = tl.clip_start[live_k], tl.clip_end[live_k], tl.device[live_k], tl.share_s[live_k]
     dur_s = (ce - cs) / 1e9
     ideal = np.where(work.flops[live_k] > 0, work.flops[live_k] / peaks[live_k], np.where(np.isnan(peaks[live_k]), np.nan, 0.0))
     over = ideal > dur_s
@@ -228,7 +193,7 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     k_span = base["kernel"] + live_k
 
     stats = mc.subtree_device_stats(parent, depth, k_span, cs, ce, devs)
-    rank_devices = max(len(np.unique(devs)), 1)
+    rank_devices = tl.rank_devices
     gpus = np.where(level == LEVEL_CODE["kernel"], 1, stats.devices).astype(np.int64)
     gpus[:2 * n_steps] = rank_devices
     has_device = stats.devices > 0
@@ -259,12 +224,7 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     step_spans = base["step"] + steps_rows
     # Step and rank spans: resident time is the time any of the rank's kernels ran in the tile, whichever step
     # launched it (stitch.overlap measures it with the idle split), and idle is the rest of the tile.
-    launch_rows = np.concatenate([j.kernel_launch, np.full(len(synth_ops), -1, np.int64)])[live_k]
-    l_start = rs.launches.column("start_ns").to_numpy() if rs.launches.num_rows else np.zeros(0, np.int64)
-    launch_start = np.where(launch_rows >= 0, l_start[np.maximum(launch_rows, 0)] if len(l_start) else -1, -1)
-    overlap = step_overlap(n_steps, kstep[live_k], devs, cs, ce, kind_live == KIND_CODE["collective"],
-                           (kind_live == KIND_CODE["memcpy"]) | (kind_live == KIND_CODE["memset"]),
-                           launch_start, t_start, t_end)
+    overlap = tl.overlap
     resident_s = overlap.resident_s
     union_s = stats.union_s.copy()
     union_s[:n_steps] = union_s[step_spans] = resident_s
@@ -278,7 +238,6 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
     # a few quantities are, and 14 more (q, n) rows are 400 MB at 10^6 kernels).
     non_kernel_child = np.nonzero((parent >= 0) & (level != LEVEL_CODE["kernel"]))[0]
 
-    outside = ~k_alive[:n_k] if n_k else np.zeros(0, bool)
     comm_bw = collective_bandwidth(rs.kernels, kinds[:n_k] == KIND_CODE["collective"], ke[:n_k] - ks[:n_k], kstep[:n_k],
                                    n_steps, inp.spec.model) if n_k else None
     tree = RankTree(
@@ -288,7 +247,7 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
         under_child=non_kernel_child, under_parent=parent[non_kernel_child],
         union_s=union_s, price=inp.spec.price_per_hour if inp.spec.price_per_hour is not None else np.nan,
         peak_known=inp.spec.peak_for is not None, k_rows=live_k, k_waste=waste, k_launch_op=ko[live_k],
-        k_kind=kind_live, over_peak_by_step=over_peak_by_step, outside_kernels=int(outside.sum()), overlap=overlap,
+        k_kind=kind_live, over_peak_by_step=over_peak_by_step, outside_kernels=tl.outside_kernels, overlap=overlap,
         comm_bw=comm_bw, levels=levels,
     )
     if options.full_depth_steps is not None:
@@ -297,20 +256,6 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions) -> Ra
         for name in ("flops", "recompute_flops", "ideal_s", "recompute_ideal_s"):
             tree.col(name, inclusive=False)
     return with_step_facts(tree, options, j.steps, rs.samples)
-
-
-_COLLECTIVE_OP = ("nccl", "rccl", "gloo", "c10d::", "allreduce", "all_reduce", "allgather", "all_gather",
-                  "reduce_scatter", "reducescatter", "alltoall", "all_to_all", "broadcast_", "barrier")
-
-
-def _collective_ops(rs, rows: np.ndarray) -> np.ndarray:
-    """CPU-only ranks: which kernel-standing ops are collectives (gloo, c10d), by name."""
-    names = rs.ops.column("name").combine_chunks().take(rows)
-    lower = pc.utf8_lower(names)
-    hit = np.zeros(len(rows), bool)
-    for token in _COLLECTIVE_OP:
-        hit |= pc.match_substring(lower, token).fill_null(False).to_numpy(zero_copy_only=False)
-    return hit
 
 
 @dataclass

@@ -9,6 +9,7 @@ capture uses after exchanging summaries. Ranks are independent until that reduce
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ import numpy as np
 from .. import conventions as cv
 from ..records import RecordSet
 from .budget import choose_exported
+from .chunks import slice_rank, step_groups
 from .columns import rank_columns
 from .culprits import step_culprits
 from .fleet import RankSummary, merge_span_batches, top_spans
@@ -24,9 +26,10 @@ from .inputs import DEFAULT_MAX_SPANS, KIND_CODE, DeviceSpec, RankInput, StitchO
 from .joins import JoinedRank, join_rank
 from .rank import RankTree, build_rank_tree, derive_metrics
 from .step_facts import summary_fields
+from .timeline import DeviceTimeline, device_timeline
 
-__all__ = ["DEFAULT_MAX_SPANS", "DeviceSpec", "RankInput", "StitchOptions", "StitchResult", "allowance_for", "stitch",
-           "stitch_rank"]
+__all__ = ["DEFAULT_MAX_SPANS", "DeviceSpec", "RankInput", "StitchOptions", "StitchResult", "StreamTotals", "allowance_for",
+           "stitch_rank", "stitch_stream"]
 
 
 @dataclass
@@ -71,10 +74,45 @@ def allowance_for(options: StitchOptions, ranks: list[int], nodes: list[str]) ->
     return span_allowance(options, world, len(set(nodes)) if world == len(ranks) else max(world // max(options.ranks_per_node, 1), 1))
 
 
-def stitch_rank(inp: RankInput, rank: int, node: str, options: StitchOptions, allowance: int) -> RankResult:
-    """One rank's subtree (rank span and below) and its step summaries."""
+@dataclass
+class PreparedRank:
+    """One rank joined and its device timeline measured: what every chunk of its steps reads."""
+
+    inp: RankInput
+    joined: JoinedRank
+    timeline: DeviceTimeline
+    rank: int
+    node: str
+
+
+def prepare_rank(inp: RankInput, rank: int, node: str, options: StitchOptions) -> PreparedRank:
     j = join_rank(inp.records)
-    tree = build_rank_tree(inp, j, options)
+    return PreparedRank(inp=inp, joined=j, timeline=device_timeline(inp, j, options), rank=rank, node=node)
+
+
+def stitch_rank(inp: RankInput, rank: int, node: str, options: StitchOptions, allowance: int) -> RankResult:
+    """One rank's subtree (rank span and below) and its step summaries, built chunk by chunk of steps."""
+    prepared = prepare_rank(inp, rank, node, options)
+    groups = step_groups([(prepared.joined, prepared.timeline)], _chunk_rows(options))
+    parts = [stitch_steps(prepared, *group[0], options, allowance) for group in groups]
+    return _merged(prepared, parts)
+
+
+def _merged(prepared: PreparedRank, parts: list[RankResult]) -> RankResult:
+    if len(parts) == 1:
+        return parts[0]
+    batch = merge_span_batches([p.batch for p in parts])
+    stats = {key: sum(p.stats[key] for p in parts) for key in parts[0].stats}
+    return RankResult(batch=batch, joined=prepared.joined, summaries=batch.summaries, stats=stats)
+
+
+def stitch_steps(prepared: PreparedRank, s0: int, s1: int, options: StitchOptions, allowance: int) -> RankResult:
+    """The rank's spans and summaries of its steps [s0, s1) (step rows, in time order)."""
+    inp, j, tl = prepared.inp, prepared.joined, prepared.timeline
+    if (s0, s1) != (0, len(j.steps)):
+        inp, j, tl = slice_rank(inp, j, tl, s0, s1)
+    rank, node = prepared.rank, prepared.node
+    tree = build_rank_tree(inp, j, options, tl)
     met = derive_metrics(tree, inp.spec.ridge())
     culprits = step_culprits(tree, j, met, inp.spec.device_type)
     export = choose_exported(tree, allowance, options.full_depth_steps, j.steps.astype(np.int64))
@@ -113,7 +151,7 @@ def stitch_rank(inp: RankInput, rank: int, node: str, options: StitchOptions, al
              "kernels_folded": int((~export[tree.base["kernel"]:tree.base["kernel"] + tree.n_k] &
                                     tree.alive[tree.base["kernel"]:tree.base["kernel"] + tree.n_k]).sum())}
     batch.summaries = summaries
-    return RankResult(batch=batch, joined=j, summaries=summaries, stats=stats)
+    return RankResult(batch=batch, joined=prepared.joined, summaries=summaries, stats=stats)
 
 
 # A summary carries at most this many collectives per step (what stragglers are computed from).
@@ -137,23 +175,60 @@ def _collectives_by_step(tree: RankTree, j: JoinedRank) -> dict[int, list[list[A
     return out
 
 
-def stitch(inputs: list[RankInput], options: StitchOptions, with_top_spans: bool = True) -> StitchResult:
+def _chunk_rows(options: StitchOptions) -> int:
+    # Live batches carry FLOPs from step to step within the batch (step_facts): they are stitched whole.
+    return options.chunk_rows if options.step_facts is None else np.iinfo(np.int64).max
+
+
+def stitch_stream(inputs: list[RankInput], options: StitchOptions, with_top_spans: bool = True,
+                  on_groups: Callable[[int, int], None] | None = None) -> Iterator[StitchResult]:
+    """The spans of ``stitch``, a group of steps at a time (``options.chunk_rows`` records per group over all
+    ranks): every rank's spans of those steps with their fleet and node spans, so each trace is whole in one
+    part and memory holds one group's spans. ``StitchResult.summaries`` of a part are rank by rank."""
     ranks = [rank_of(r.records, i) for i, r in enumerate(inputs)]
     nodes = [node_of(r.records, rk, options) for r, rk in zip(inputs, ranks)]
     allowance = allowance_for(options, ranks, nodes)
-    results = [stitch_rank(inp, rk, nd, options, allowance) for inp, rk, nd in zip(inputs, ranks, nodes)]
-    summaries = [s for r in results for s in r.summaries]
-    batches = [r.batch for r in results]
-    if with_top_spans:
-        batches.insert(0, top_spans(summaries, options))
-    batch = merge_span_batches(batches)
-    joined = [r.joined for r in results]
-    steps = sorted({s.step for s in summaries})
-    stats = {
-        "ranks": len(inputs), "traces": len(steps), "spans": batch.table.num_rows,
-        "kernels": sum(r.stats["kernels"] for r in results),
-        "kernels_folded": sum(r.stats["kernels_folded"] for r in results),
-        "ops_outside_steps": sum(j.stats.ops_outside_steps for j in joined),
-        "kernels_outside_steps": sum(j.stats.kernels_outside_steps for j in joined),
-    }
-    return StitchResult(batch=batch, joined=joined, stats=stats, summaries=summaries)
+    prepared = [prepare_rank(inp, rk, nd, options) for inp, rk, nd in zip(inputs, ranks, nodes)]
+    joined = [p.joined for p in prepared]
+    groups = step_groups([(p.joined, p.timeline) for p in prepared], _chunk_rows(options))
+    for done, group in enumerate(groups, 1):
+        results = [stitch_steps(p, s0, s1, options, allowance) for p, (s0, s1) in zip(prepared, group) if s1 > s0]
+        summaries = [s for r in results for s in r.summaries]
+        batches = [r.batch for r in results]
+        if with_top_spans:
+            batches.insert(0, top_spans(summaries, options))
+        stats = {key: sum(r.stats[key] for r in results) for key in ("kernels", "kernels_folded")}
+        yield StitchResult(batch=merge_span_batches(batches), joined=joined, stats=stats, summaries=summaries)
+        if on_groups is not None:
+            on_groups(done, len(groups))
+
+
+@dataclass
+class StreamTotals:
+    """What the stats of a stitch add up over its parts."""
+
+    kernels: int = 0
+    kernels_folded: int = 0
+    spans: int = 0
+    steps: set[int] = field(default_factory=set)
+    by_rank: dict[int, list[RankSummary]] = field(default_factory=dict)
+
+    def add(self, part: StitchResult) -> None:
+        self.kernels += part.stats["kernels"]
+        self.kernels_folded += part.stats["kernels_folded"]
+        self.spans += part.batch.table.num_rows
+        for summary in part.summaries:
+            self.steps.add(summary.step)
+            self.by_rank.setdefault(summary.rank, []).append(summary)
+
+    def summaries(self) -> list[RankSummary]:
+        """Rank by rank, each rank's steps in order, whatever groups the steps were stitched in."""
+        return [s for rank in self.by_rank.values() for s in rank]
+
+    def stats(self, joined: list[JoinedRank]) -> dict[str, Any]:
+        return {
+            "ranks": len(joined), "traces": len(self.steps), "spans": self.spans, "kernels": self.kernels,
+            "kernels_folded": self.kernels_folded,
+            "ops_outside_steps": sum(j.stats.ops_outside_steps for j in joined),
+            "kernels_outside_steps": sum(j.stats.kernels_outside_steps for j in joined),
+        }

@@ -1,0 +1,127 @@
+"""Cutting one joined rank into chunks of whole steps, so the span tree, its metrics and its span table are
+built for a few steps at a time and memory is bounded by a chunk, not by the trace.
+
+Everything a step's spans need lies inside the step (its modules, ops and kernels, their launches), except
+the device timeline (``stitch.timeline``), which is measured over the whole rank first and sliced here.
+A chunk is a RankInput, JoinedRank and DeviceTimeline of its own, with row numbers renumbered from 0; the
+rows it came from travel with it (``JoinedRank.origin``) so span ids are those of the whole rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pyarrow as pa
+
+from .inputs import RankInput
+from .joins import JoinedRank, RowOrigin
+from .overlap import StepOverlap
+from .timeline import DeviceTimeline
+
+
+def rows_per_step(j: JoinedRank, tl: DeviceTimeline) -> np.ndarray:
+    """Modules + ops + kernels of each step row."""
+    n_steps = len(j.steps)
+    rows = np.zeros(n_steps, np.int64)
+    for step in (j.module_step, j.op_step, tl.step):
+        rows += np.bincount(step[step >= 0], minlength=n_steps)[:n_steps]
+    return rows
+
+
+def _cut(rows: np.ndarray, max_rows: int) -> list[tuple[int, int]]:
+    """Consecutive [a, b) ranges of at most ``max_rows`` summed rows each (one item at least)."""
+    if len(rows) <= 1 or rows.sum() <= max_rows:
+        return [(0, len(rows))]
+    chunks, a, held = [], 0, 0
+    for i, r in enumerate(rows.tolist()):
+        if i > a and held + r > max_rows:
+            chunks.append((a, i))
+            a, held = i, 0
+        held += r
+    chunks.append((a, len(rows)))
+    return chunks
+
+
+def step_groups(ranks: list[tuple[JoinedRank, DeviceTimeline]], max_rows: int) -> list[list[tuple[int, int]]]:
+    """Groups of step numbers, as each rank's [s0, s1) step rows, holding at most ``max_rows`` rows over all
+    ranks (one step at least). A step is whole in one group on every rank, so each trace is built at once
+    with its fleet and node spans. Step numbers out of time order on a rank: one group."""
+    whole = [[(0, len(j.steps)) for j, _ in ranks]]
+    numbers = [np.asarray(j.steps, np.int64) for j, _ in ranks]
+    if any(len(n) > 1 and not np.all(np.diff(n) > 0) for n in numbers):
+        return whole
+    every = np.unique(np.concatenate(numbers)) if numbers else np.zeros(0, np.int64)
+    rows = np.zeros(len(every), np.int64)
+    for (j, tl), n in zip(ranks, numbers):
+        rows[np.searchsorted(every, n)] += rows_per_step(j, tl)
+    groups = _cut(rows, max_rows)
+    if len(groups) == 1:
+        return whole
+    return [[(int(np.searchsorted(n, every[a])), int(np.searchsorted(n, every[b - 1], side="right"))) for n in numbers]
+            for a, b in groups]
+
+
+def _renumber(old: np.ndarray, kept: np.ndarray, size: int) -> np.ndarray:
+    """Old row numbers (-1 none) -> their position in ``kept`` (sorted), -1 where not kept."""
+    new_of = np.full(size + 1, -1, np.int64)  # index -1 lands on the last slot, which stays -1
+    new_of[kept] = np.arange(len(kept))
+    return new_of[old]
+
+
+def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
+    return table.take(pa.array(rows, pa.int64())) if table.num_rows else table
+
+
+def slice_rank(inp: RankInput, j: JoinedRank, tl: DeviceTimeline, s0: int, s1: int) -> tuple[RankInput, JoinedRank, DeviceTimeline]:
+    """The chunk of steps [s0, s1): its records, joins and device timeline, rows renumbered from 0."""
+    rs = inp.records
+    n_fwd = rs.modules.num_rows
+    n_mod, n_op, n_k = len(j.module_parent), len(j.op_parent), len(j.kernel_start)
+
+    def within(step: np.ndarray) -> np.ndarray:
+        return np.nonzero((step >= s0) & (step < s1))[0]
+
+    mods, ops, kernels = within(j.module_step), within(j.op_step), within(j.kernel_step)
+    fwd = mods[mods < n_fwd]
+    synth = np.nonzero(np.isin(tl.synth_ops, ops))[0]
+    launches = np.unique(j.kernel_launch[kernels])
+    launches = launches[launches >= 0]
+    step_order = np.argsort(rs.steps.column("start_ns").to_numpy(), kind="stable") if rs.steps.num_rows else None
+
+    records = dataclasses.replace(
+        rs, kernels=_take(rs.kernels, kernels), launches=_take(rs.launches, launches), ops=_take(rs.ops, ops),
+        modules=_take(rs.modules, fwd), steps=_take(rs.steps, step_order[s0:s1]) if step_order is not None else rs.steps,
+    )
+    part = RankInput(records=records, spec=inp.spec, op_flops=inp.op_flops[ops], op_bytes=inp.op_bytes[ops],
+                     op_dtype=inp.op_dtype[ops], op_model=inp.op_model[ops])
+
+    def module_rows(old: np.ndarray) -> np.ndarray:
+        return _renumber(old, mods, n_mod)
+
+    def op_rows(old: np.ndarray) -> np.ndarray:
+        return _renumber(old, ops, n_op)
+
+    kernel_origin = np.concatenate([kernels, n_k + synth])
+    joined = JoinedRank(
+        records=records, steps=j.steps[s0:s1], step_start=j.step_start[s0:s1], step_end=j.step_end[s0:s1],
+        op_parent=op_rows(j.op_parent[ops]), op_module=module_rows(j.op_module[ops]), op_step=j.op_step[ops] - s0,
+        module_parent=module_rows(j.module_parent[mods]), module_step=j.module_step[mods] - s0,
+        module_path=[j.module_path[m] for m in mods.tolist()], module_phase=[j.module_phase[m] for m in mods.tolist()],
+        module_start=j.module_start[mods], module_end=j.module_end[mods],
+        kernel_start=j.kernel_start[kernels], kernel_end=j.kernel_end[kernels],
+        kernel_launch=_renumber(j.kernel_launch[kernels], launches, rs.launches.num_rows),
+        kernel_op=op_rows(j.kernel_op[kernels]), kernel_step=j.kernel_step[kernels] - s0, stats=j.stats,
+        origin=RowOrigin(first_step=j.origin.first_step + s0, module=j.origin.of("module", mods),
+                         op=j.origin.of("op", ops), kernel=j.origin.of("kernel", kernel_origin)),
+    )
+    o = tl.overlap
+    timeline = DeviceTimeline(
+        synth_ops=op_rows(tl.synth_ops[synth]),
+        **{name: getattr(tl, name)[kernel_origin] for name in ("start", "end", "kind", "device", "clip_start",
+                                                               "clip_end", "share_s")},
+        step=tl.step[kernel_origin] - s0, tile_start=tl.tile_start[s0:s1], tile_end=tl.tile_end[s0:s1],
+        overlap=StepOverlap(**{f.name: getattr(o, f.name)[s0:s1] for f in dataclasses.fields(StepOverlap)}),
+        rank_devices=tl.rank_devices, outside_kernels=tl.outside_kernels,
+    )
+    return part, joined, timeline

@@ -1,0 +1,133 @@
+"""One rank's device timeline: every kernel's interval, kind, step and share of its device, and each step's
+tile and overlap, measured once over *all* the rank's kernels.
+
+These are the only numbers of the accounting that depend on kernels of other steps (a pipelined step's
+first kernels run in the previous step's tile; concurrent kernels of two steps share the device; the
+launch queue counts every launched kernel), so they are computed here, before the rank is cut into
+chunks of steps (``stitch.chunks``), and each chunk's tree reads its rows of them. A rank stitched whole
+and a rank stitched chunk by chunk therefore get the same numbers.
+
+Kernel rows are the rank's real kernels, then the synthetic ones: on a CPU-only rank the ops that stand
+for kernels (``ownership.cpu_kernel_ops``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow.compute as pc
+
+from ..metrics.flops import yields_flops
+from .inputs import KIND_CODE, RankInput, StitchOptions
+from .joins import JoinedRank
+from .overlap import StepOverlap, step_overlap
+from .ownership import cpu_kernel_ops
+from .windows import kernel_shares_ns, step_tiles
+
+_BIG = np.iinfo(np.int64).max
+
+_COLLECTIVE_OP = ("nccl", "rccl", "gloo", "c10d::", "allreduce", "all_reduce", "allgather", "all_gather",
+                  "reduce_scatter", "reducescatter", "alltoall", "all_to_all", "broadcast_", "barrier")
+
+
+@dataclass
+class DeviceTimeline:
+    """Per kernel row (real, then synthetic) and per step row of one rank."""
+
+    synth_ops: np.ndarray     # op rows standing for kernels on a CPU-only rank (their order is the synthetic rows')
+    start: np.ndarray         # the kernel's own interval
+    end: np.ndarray
+    kind: np.ndarray          # int8 KIND_CODE
+    step: np.ndarray          # step row (-1: outside every step)
+    device: np.ndarray        # device ordinal (-1: the CPU)
+    clip_start: np.ndarray    # the interval inside the rank's device range (what time accounting uses)
+    clip_end: np.ndarray
+    share_s: np.ndarray       # device seconds the kernel holds when concurrent kernels split time equally
+    tile_start: np.ndarray    # per step: its device window (stitch.windows.step_tiles)
+    tile_end: np.ndarray
+    overlap: StepOverlap      # per step
+    rank_devices: int         # devices the rank's kernels ran on (at least 1)
+    outside_kernels: int      # real kernels outside every step
+
+    @property
+    def n_real(self) -> int:
+        return len(self.start) - len(self.synth_ops)
+
+
+def kernel_kinds(inp: RankInput, synth_ops: np.ndarray) -> np.ndarray:
+    """KIND_CODE per kernel row; NCCL/RCCL kernels (and collective ops standing for kernels on a CPU) are
+    collectives whatever category the source gave them."""
+    rs = inp.records
+    n_k = rs.kernels.num_rows
+    codes = np.zeros(n_k + len(synth_ops), np.int8)  # synthetic CPU kernels are 'kernel'
+    kind = rs.kernels.column("kind")
+    for name, code in KIND_CODE.items():
+        if code:
+            codes[:n_k][pc.equal(kind, name).fill_null(False).to_numpy(zero_copy_only=False)] = code
+    if n_k:
+        # matched once per distinct name: a million kernels carry a few thousand names
+        enc = pc.dictionary_encode(rs.kernels.column("name").combine_chunks())
+        lower = pc.utf8_lower(enc.dictionary)
+        comm_name = pc.or_(pc.starts_with(lower, "nccl"), pc.match_substring(lower, "rccl")).fill_null(False)
+        code = enc.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+        comm = np.where(code >= 0, comm_name.to_numpy(zero_copy_only=False)[np.maximum(code, 0)], False)
+        codes[:n_k][comm & (codes[:n_k] == KIND_CODE["kernel"])] = KIND_CODE["collective"]
+    if len(synth_ops):
+        names = pc.utf8_lower(rs.ops.column("name").combine_chunks().take(synth_ops))
+        hit = np.zeros(len(synth_ops), bool)
+        for token in _COLLECTIVE_OP:
+            hit |= pc.match_substring(names, token).fill_null(False).to_numpy(zero_copy_only=False)
+        codes[n_k:] = np.where(hit, KIND_CODE["collective"], KIND_CODE["kernel"])
+    return codes
+
+
+def device_timeline(inp: RankInput, j: JoinedRank, options: StitchOptions) -> DeviceTimeline:
+    rs = inp.records
+    n_steps, n_op, n_k = len(j.steps), len(j.op_parent), len(j.kernel_start)
+    synth_ops = np.zeros(0, np.int64)
+    if n_k == 0 and n_op:
+        # No device activity: the CPU is the device and its ops are the kernels.
+        yields = yields_flops(j.op_parent, inp.op_model, inp.op_flops)
+        synth_ops = cpu_kernel_ops(j.op_parent, (inp.op_model != "none") & ~yields)
+        synth_ops = synth_ops[j.op_step[synth_ops] >= 0]
+    o_start = rs.ops.column("start_ns").to_numpy() if n_op else np.zeros(0, np.int64)
+    o_end = rs.ops.column("end_ns").to_numpy() if n_op else np.zeros(0, np.int64)
+    ks = np.concatenate([j.kernel_start, o_start[synth_ops]]).astype(np.int64)
+    ke = np.concatenate([j.kernel_end, o_end[synth_ops]]).astype(np.int64)
+    kstep = np.concatenate([j.kernel_step, j.op_step[synth_ops]]).astype(np.int64)
+    kinds = kernel_kinds(inp, synth_ops)
+    devs = np.concatenate([rs.kernels.column("device").to_numpy().astype(np.int64) if n_k else np.zeros(0, np.int64),
+                           np.full(len(synth_ops), -1, np.int64)])
+
+    # ---- steps tile the rank's device timeline and keep their kernels whole (stitch.windows)
+    live = np.nonzero(kstep >= 0)[0]
+    last_end = np.full(n_steps, -_BIG, np.int64)
+    np.maximum.at(last_end, kstep[live], ke[live])
+    has_k = np.bincount(kstep[live], minlength=n_steps) > 0 if n_steps else np.zeros(0, bool)
+    facts = options.step_facts
+    opens_at = facts.tile_floor(int(j.steps[0])) if facts is not None and n_steps else None
+    t_start, t_end = step_tiles(j.step_start, j.step_end, last_end, has_k, opens_at)
+    # Only the rank's device range bounds a kernel (a launch-less kernel cannot reach before the first step).
+    # Opened by an earlier batch, the range starts where that batch's last step ended: the device time before
+    # it is already billed there (as idle, where this batch's early kernels ran unseen).
+    lo, hi = (t_start[0], t_end[-1]) if n_steps else (0, 0)
+    cs = np.zeros(len(ks), np.int64)
+    ce = np.zeros(len(ks), np.int64)
+    cs[live] = np.clip(ks[live], lo, hi)
+    ce[live] = np.clip(ke[live], cs[live], hi)
+    share_s = np.zeros(len(ks))
+    share_s[live] = kernel_shares_ns(devs[live], cs[live], ce[live]) / 1e9
+
+    launch_rows = np.concatenate([j.kernel_launch, np.full(len(synth_ops), -1, np.int64)])[live]
+    l_start = rs.launches.column("start_ns").to_numpy() if rs.launches.num_rows else np.zeros(0, np.int64)
+    launch_start = np.where(launch_rows >= 0, l_start[np.maximum(launch_rows, 0)] if len(l_start) else -1, -1)
+    kind_live = kinds[live]
+    copy = (kind_live == KIND_CODE["memcpy"]) | (kind_live == KIND_CODE["memset"])
+    overlap = step_overlap(n_steps, kstep[live], devs[live], cs[live], ce[live], kind_live == KIND_CODE["collective"],
+                           copy, launch_start, t_start, t_end)
+    return DeviceTimeline(
+        synth_ops=synth_ops, start=ks, end=ke, kind=kinds, step=kstep, device=devs, clip_start=cs, clip_end=ce,
+        share_s=share_s, tile_start=t_start, tile_end=t_end, overlap=overlap,
+        rank_devices=max(len(np.unique(devs[live])), 1), outside_kernels=int((j.kernel_step < 0).sum()) if n_k else 0,
+    )

@@ -1,0 +1,93 @@
+"""A trace stitched a group of steps at a time is the trace stitched whole, span for span and id for id, on every
+shared trace; each part of the stream holds whole traces; `plasmient ingest` writes the parts as they come and
+leaves no file behind when a later group fails.
+
+The whole-rank numbers that cross step boundaries (a pipelined step's early kernels in the previous step's tile,
+concurrent kernels of two steps sharing the device, the launch queue) are measured once over the rank
+(stitch.timeline), so cutting the rank into groups must not change them: the oracle is the unchunked stitch.
+"""
+
+from __future__ import annotations
+
+import os
+
+import orjson
+import pytest
+from conftest import trace_path
+from ingest_checks import assert_same_trace
+
+import plasmient_trace.stitch.tree as tree
+from plasmient_trace.cli import main
+from plasmient_trace.pipeline import IngestOptions, ingest_paths, ingest_stream
+
+SINGLE = ("v100/resnet50_training.json.gz", "a100/cuda_graphs_rank0_of16.json.gz",
+          "a100/nccl_training_rank0_of2.json.gz", "mi300x/resnet_act_checkpoint_rank0_of8.json.gz",
+          "mi250/minitoy_train.json.gz", "h100/qwen1.5_0.5b_chat_inference.json.gz", "cpu_only/rank-34.json.gz",
+          "cc94_vllm_decode/graph_execution.json.gz")
+MULTI = ("a100_multirank/rank-0.json.gz", "a100_multirank/rank-1.json.gz")
+WHOLE = 10**12   # every step in one group
+
+
+def _ingest(names: tuple[str, ...], chunk_rows: int, **options) -> object:
+    return ingest_paths([trace_path(n) for n in names], IngestOptions(job_id="chunks", chunk_rows=chunk_rows, **options))
+
+
+@pytest.mark.parametrize("names", [(n,) for n in SINGLE] + [MULTI], ids=lambda n: n[0].split("/")[0] + "/" + n[0].split("/")[-1][:24])
+@pytest.mark.parametrize("max_spans", [None, 60])
+def test_one_step_per_group_gives_the_whole_trace(names, max_spans):
+    extra = {"max_spans": max_spans} if max_spans else {}
+    assert_same_trace(_ingest(names, 1, **extra), _ingest(names, WHOLE, **extra))
+
+
+def test_the_stream_cuts_between_steps_and_each_part_holds_whole_traces():
+    path = trace_path("v100/resnet50_training.json.gz")
+    whole = ingest_paths([path], IngestOptions(job_id="chunks", chunk_rows=WHOLE))
+    rows_per_step = whole.stats["spans"] // whole.stats["traces"]
+    stream = ingest_stream([path], IngestOptions(job_id="chunks", chunk_rows=2 * rows_per_step))
+    parts = list(stream.parts)
+    assert 2 <= len(parts) < whole.stats["traces"]  # several steps per group, several groups
+    seen: set[bytes] = set()
+    for part in parts:
+        traces = set(part.table.column("trace_id").to_pylist())
+        assert not traces & seen, "a trace was split between two parts"
+        seen |= traces
+        levels = part.table.column("plasmient.level").to_pylist()
+        assert levels.count("fleet") == len(traces)  # each trace's fleet span came with it
+    assert len(seen) == whole.stats["traces"] == stream.stats["traces"]
+    assert sum(len(p) for p in parts) == whole.stats["spans"] == stream.stats["spans"]
+
+
+def _lines(path) -> list[bytes]:
+    return sorted(path.read_bytes().splitlines())
+
+
+def test_ingest_writes_the_same_lines_in_groups(tmp_path, capsys):
+    path = trace_path("a100/cuda_graphs_rank0_of16.json.gz")
+    assert main(["ingest", str(path), "--out", str(tmp_path / "whole.jsonl"), "--quiet", "--job-id", "g"]) == 0
+    assert main(["ingest", str(path), "--out", str(tmp_path / "groups.jsonl"), "--quiet", "--job-id", "g",
+                 "--chunk-rows", "1"]) == 0
+    whole, groups = _lines(tmp_path / "whole.jsonl"), _lines(tmp_path / "groups.jsonl")
+    assert len(whole) == 5 and whole == groups  # one line per step, byte for byte
+    assert all(orjson.loads(line)["resourceSpans"] for line in groups)
+
+
+def test_a_group_that_fails_leaves_no_output_file(tmp_path, capsys, monkeypatch):
+    """The first group is written before the second is stitched; when the second fails, the partial file is
+    removed and the error is one line."""
+    stitched = []
+    real = tree.stitch_steps
+
+    def second_fails(prepared, s0, s1, *args):
+        stitched.append((s0, s1))
+        if len(stitched) == 2:
+            raise ValueError("step 2 is broken")
+        return real(prepared, s0, s1, *args)
+
+    monkeypatch.setattr(tree, "stitch_steps", second_fails)
+    out = tmp_path / "out" / "traces.jsonl"
+    code = main(["ingest", str(trace_path("v100/resnet50_training.json.gz")), "--out", str(out), "--quiet",
+                 "--chunk-rows", "1"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "step 2 is broken" in err, err
+    assert stitched[:2] == [(0, 1), (1, 2)]
+    assert not out.exists() and not [p for p in os.listdir(out.parent) if p.endswith(".tmp")]
