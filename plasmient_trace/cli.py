@@ -42,6 +42,7 @@ def _default_job_id() -> str | None:
 
 
 def add_stitch_arguments(p: argparse.ArgumentParser) -> None:
+    from .stitch.inputs import DEFAULT_CHUNK_ROWS
     from .stitch.tree import DEFAULT_MAX_SPANS
 
     p.add_argument("--job-id", default=_default_job_id(), help="job id the trace ids derive from (default: $PLASMIENT_JOB_ID, $SLURM_JOB_ID, else the first file's name)")
@@ -56,6 +57,9 @@ def add_stitch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=_positive_int, default=1,
                    help="processes that read and stitch the ranks (one file per rank), each rank a task; the fleet "
                         "and node spans are built from the ranks' step summaries. Same output as 1 (default 1)")
+    p.add_argument("--chunk-rows", type=_positive_int, default=DEFAULT_CHUNK_ROWS, metavar="N",
+                   help="records (modules + ops + kernels, all ranks) stitched and written at once: memory holds one "
+                        f"group of whole steps, not the file; the output is the same (default {DEFAULT_CHUNK_ROWS:,})")
     p.add_argument("--graph-capture", metavar="CAPTURE_TRACE",
                    help="trace of the CUDA/HIP graph capture that the (single) input replays: replayed kernels get the "
                         "FLOPs, op and module of their capture-time launch (default: the capture named by an "
@@ -73,6 +77,7 @@ def stitch_options_from_args(args: argparse.Namespace, job_id: str) -> Any:
     from .metrics.flops import load_model_config
     from .pipeline import IngestOptions
     from .sources.resource import parse_otel_resource_attributes, resource_from_env
+    from .stitch.inputs import DEFAULT_CHUNK_ROWS
 
     # OTEL_RESOURCE_ATTRIBUTES always applies, as in any OTel SDK; the rest of the environment only on request.
     extra: dict[str, Any] = parse_otel_resource_attributes(os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""))
@@ -88,13 +93,14 @@ def stitch_options_from_args(args: argparse.Namespace, job_id: str) -> Any:
         gpu_price=args.gpu_price, gpu_model=args.gpu_model,
         baseline_mfu=args.baseline_mfu or DEFAULT_BASELINE_MFU, ranks_per_node=args.ranks_per_node, host=host,
         graph_capture=getattr(args, "graph_capture", None), workers=getattr(args, "workers", 1),
+        chunk_rows=getattr(args, "chunk_rows", None) or DEFAULT_CHUNK_ROWS,
         moe=load_model_config(args.model_config) if getattr(args, "model_config", None) else None,
     )
 
 
 def _cmd_ingest(args: argparse.Namespace) -> int:
     from .metrics.flops import ModelConfigError
-    from .pipeline import ingest_paths
+    from .pipeline import ingest_stream
     from .sources.kineto import TraceFormatError
 
     if args.ray is not None:
@@ -115,19 +121,26 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     options.ray = args.ray
     options.keep_records = bool(args.parquet)  # else each rank's tables stay in the worker that read them
+    bar = None
     try:
         if console is not None:
             from rich.progress import Progress
 
-            with Progress(transient=True, console=console) as bar:
-                task = bar.add_task("ingest", total=len(args.paths) + 1)
+            bar = Progress(transient=True, console=console)
+            bar.start()
+            task = bar.add_task("ingest", total=len(args.paths) + 1)
 
-                def progress(what: str, done: int, total: int) -> None:
-                    bar.update(task, completed=done, description=what)
+            def progress(what: str, done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total, description=what)
 
-                result = ingest_paths(args.paths, options, progress=progress)
+            stream = ingest_stream(args.paths, options, progress=progress)
         else:
-            result = ingest_paths(args.paths, options)
+            stream = ingest_stream(args.paths, options)
+        for source in stream.stats.get("unknown_devices", []):
+            _say(args, f"plasmient: unknown device in {source}: no MFU on its spans (name it with --gpu-model or set --peak-tflops)")
+        for note in stream.stats.get("notes", []):
+            _say(args, f"plasmient: {note}")
+        status, summary = _deliver(args, stream, bar)
     except TraceFormatError as err:
         print(f"plasmient: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -141,39 +154,40 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         print(f"plasmient: error: {names}: cannot stitch ({type(err).__name__}{': ' + what if what else ''})",
               file=sys.stderr)
         return EXIT_BAD_INPUT
-
-    from .report.summary import render_summary
-
-    batch = result.batch
-    for source in result.stats.get("unknown_devices", []):
-        _say(args, f"plasmient: unknown device in {source}: no MFU on its spans (name it with --gpu-model or set --peak-tflops)")
-    for note in result.stats.get("notes", []):
-        _say(args, f"plasmient: {note}")
-
-    status = _deliver(args, result)
+    finally:
+        if bar is not None:
+            bar.stop()
     if status == EXIT_BAD_INPUT:
         return status
     if console is not None:
-        render_summary(batch, console=console)
+        from .report.summary import render_summary
+
+        render_summary(summary, console=console)
     return status
 
 
-def _deliver(args: argparse.Namespace, result: Any) -> int:
-    """The export tail of ingest: the one delivery path live capture uses too (export.delivery)."""
-    from .export import delivery, otlp, rebase, selection, spill
+def _deliver(args: argparse.Namespace, stream: Any, bar: Any = None) -> tuple[int, Any]:
+    """The export tail of ingest: the one delivery path live capture uses too (export.delivery).
 
-    batch = result.batch
+    The stream's parts (whole traces, a group of steps each) are written as they are stitched and let go;
+    only their fleet/node/rank/step spans are kept, for the summary. --rebase-time (which moves every span by
+    the offset of the last one) and --parquet (which keeps every record) take the spans in one part."""
+    from .conventions import upper_spans
+    from .export import delivery, otlp, rebase, selection, spill
+    from .stitch.fleet import merge_span_batches
+
     try:
         config = otlp.OtlpConfig.from_env(endpoint=args.endpoint, protocol=args.protocol)
     except ValueError as err:
         print(f"plasmient: error: {otlp.redact(str(err))}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return EXIT_BAD_INPUT, None
     choice = selection.select_exporters(os.environ, config.explicit)
     for note in choice.notes:
         _say(args, f"plasmient: {note}")
-    if args.rebase_time:
-        batch, offset = rebase.rebase_time(batch)
-        _say(args, f"plasmient: --rebase-time: every span moved by {offset / 1e9 / 86400:+.2f} days so the last one ends now")
+    parts = stream.parts
+    if args.rebase_time or args.parquet:
+        whole = stream.collect()
+        parts, stream.records = iter([whole.batch]), whole.records
     remote = [delivery.OtlpSink(config, signal) for signal, kinds in (("traces", choice.traces), ("metrics", choice.metrics))
               if "otlp" in kinds]
     send = bool(remote)
@@ -187,25 +201,44 @@ def _deliver(args: argparse.Namespace, result: Any) -> int:
     if "console" in choice.metrics:
         local.append(delivery.MetricsConsoleSink())
     if args.parquet:
-        local.append(delivery.ParquetSink(args.parquet, result.records))
+        local.append(delivery.ParquetSink(args.parquet, stream.records))
     spill_dir = spill.SpillDir(spill.default_spill_dir(out)) if send else None
     said: list[str] = []
-    sink = delivery.Delivery(local, remote, spill_dir, say=lambda key, line: said.append(line))
+    # Ingest waits for room in the export queue (memory stays bounded by a few parts) instead of spilling.
+    sink = delivery.Delivery(local, remote, spill_dir, say=lambda key, line: said.append(line), wait_when_full=True,
+                             max_queue_bytes=128 << 20)
+    kept, spans = [], 0
     try:
         if out is not None:
             delivery.check_output_path(out)
-        sink.submit(batch)
+        for batch in parts:
+            if args.rebase_time:
+                batch, offset = rebase.rebase_time(batch)
+                _say(args, f"plasmient: --rebase-time: every span moved by {offset / 1e9 / 86400:+.2f} days so the last one ends now")
+            sink.submit(batch)
+            spans += len(batch)
+            kept.append(upper_spans(batch))
+        sink.close_local()
     except delivery.OutputError as err:
+        sink.close_local(commit=False)
+        sink.shutdown(0)
         print(f"plasmient: error: cannot write {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return EXIT_BAD_INPUT, None
+    except BaseException:
+        sink.close_local(commit=False)
+        sink.shutdown(0)
+        raise
+    if bar is not None:
+        bar.stop()
+    summary = merge_span_batches(kept)
     if out is not None:
-        _say(args, f"plasmient: wrote {local[0].lines} trace(s), {len(batch)} spans to {out}")
+        _say(args, f"plasmient: wrote {local[0].lines} trace(s), {spans} spans to {out}")
     if args.parquet:
         _say(args, f"plasmient: wrote {len(local[-1].files)} Parquet files to {args.parquet}")
     if not send:
-        return 0
+        return 0, summary
     stats = sink.shutdown(None)  # every request has its own deadline: this wait is bounded
-    return _report_delivery(args, stats, config, spill_dir.path, len(batch))
+    return _report_delivery(args, stats, config, spill_dir.path, spans), summary
 
 
 def _report_delivery(args: argparse.Namespace, stats: Any, config: Any, spill_path: Any, spans: int) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 LEVELS = ("fleet", "node", "rank", "step", "module", "op", "kernel")
 ABOVE_STEP = ("fleet", "node", "rank", "step")
@@ -209,6 +210,14 @@ class SpanBatch:
 
     def trace_ids(self) -> list[bytes]:
         return sorted(set(self.table.column("trace_id").to_pylist()))
+
+
+def upper_spans(batch: SpanBatch) -> SpanBatch:
+    """The fleet, node, rank and step spans of a batch (all the terminal summary reads), with its resources.
+    Copied out, so the batch's buffers can be freed."""
+    keep = pc.is_in(batch.table.column("plasmient.level"), value_set=pa.array(ABOVE_STEP))
+    table = batch.table.filter(keep)
+    return SpanBatch(table=table.combine_chunks(), resources=batch.resources, summaries=batch.summaries)
 
 
 def empty_span_table() -> pa.Table:

@@ -210,7 +210,7 @@ def test_a_stitcher_failure_on_parsed_input_is_one_line_naming_the_inputs(tmp_pa
     def broken(*args, **kwargs):
         raise IndexError("index 0 is out of bounds for axis 0 with size 0")
 
-    monkeypatch.setattr(pipeline, "stitch", broken)
+    monkeypatch.setattr(pipeline, "stitch_stream", broken)
     path = trace_path(BERT)
     code, err = ingest(path, tmp_path / "o.jsonl", capsys)
     assert code == 2 and len(err.splitlines()) == 1

@@ -92,15 +92,18 @@ def _os_problem(err: OSError) -> str:
 class FileSink:
     """OTLP/JSON lines file, one line per trace (step). ``append=True`` (live): each line is one
     ``write`` to an O_APPEND descriptor, so processes sharing the file never interleave.
-    ``append=False`` (ingest): the file is written beside its final name and renamed into place, so
-    a failure leaves no partial file. Either way the lines are written as they are encoded: the
-    export holds one trace's line (live) or one ~4 MiB part (ingest) at a time, never the file."""
+    ``append=False`` (ingest): the batches are written beside the final name and ``close()`` renames
+    the file into place, so a failure (``close(commit=False)``) leaves no partial file. Either way the
+    lines are written as they are encoded: the export holds one trace's line (live) or one ~4 MiB part
+    (ingest) at a time, never the file."""
 
     def __init__(self, path: str | os.PathLike[str], append: bool) -> None:
         self.path = Path(path)
         self.append = append
         self.name = str(self.path)
         self.lines = 0
+        self._tmp: Path | None = None
+        self._file: Any = None
 
     def write(self, batch: SpanBatch) -> None:
         from plasmient_trace.export.otlp_json import encode_jsonl_lines, write_jsonl
@@ -118,22 +121,48 @@ class FileSink:
                 finally:
                     os.close(fd)
                 return
-            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+            if self._file is None:
+                fd, tmp = mkstemp_beside(self.path)
+                self._tmp, self._file = Path(tmp), os.fdopen(fd, "wb", buffering=1 << 20)
+            self.lines += write_jsonl(batch, self._file)
+        except OSError as err:
+            self.close(commit=False)
+            raise OutputError(f"{self.path}: {_os_problem(err)}") from None
+
+    def close(self, commit: bool = True) -> None:
+        """Ingest: move the written file into place (commit) or remove it. Nothing written: nothing to do,
+        unless committing, which writes the empty file."""
+        if self.append:
+            return
+        try:
+            if commit and self._file is None:
+                fd, tmp = mkstemp_beside(self.path)
+                self._tmp, self._file = Path(tmp), os.fdopen(fd, "wb")
+            if self._file is None:
+                return
+            f, tmp = self._file, self._tmp
+            self._file = self._tmp = None
             try:
-                with os.fdopen(fd, "wb", buffering=1 << 20) as f:
-                    self.lines += write_jsonl(batch, f)
+                if commit:
                     f.flush()
                     os.fsync(f.fileno())
                     # mkstemp makes the file private (0600); the output gets the mode any new file would
                     umask = os.umask(0)
                     os.umask(umask)
                     os.fchmod(f.fileno(), 0o666 & ~umask)
-                os.replace(tmp, self.path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+                f.close()
+                if commit:
+                    os.replace(tmp, self.path)
+            finally:
+                if tmp is not None and (not commit or tmp.exists()):
+                    tmp.unlink(missing_ok=True)
         except OSError as err:
             raise OutputError(f"{self.path}: {_os_problem(err)}") from None
+
+
+def mkstemp_beside(path: Path) -> tuple[int, str]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
 
 
 class ConsoleSink:
@@ -241,7 +270,7 @@ class Delivery:
 
     def __init__(self, local: list[Any] | None = None, remote: list[Any] | None = None, spill: SpillDir | None = None, *,
                  max_queue_spans: int = 2_000_000, max_queue_bytes: int = 512 << 20, probe_interval_s: float = 5.0,
-                 say: Say | None = None, strict_local: bool = True) -> None:
+                 say: Say | None = None, strict_local: bool = True, wait_when_full: bool = False) -> None:
         self.local = list(local or [])
         self.remote = list(remote or [])
         self.spill = spill
@@ -251,6 +280,9 @@ class Delivery:
         # strict (ingest): a local sink's OutputError propagates. Not strict (live): it is reported
         # once per sink and counted, and the other sinks still get the batch.
         self.strict_local = strict_local
+        # Ingest waits for room in a full queue (the input can wait; memory stays bounded). Live never waits:
+        # what does not fit is spilled, the job goes on.
+        self.wait_when_full = wait_when_full
         self.stats = DeliveryStats()
         self._down: dict[tuple[str, str], float] = {}  # (sink name, signal) -> when its last probe failed
         self._init_state()
@@ -298,8 +330,14 @@ class Delivery:
             return
         nbytes = batch.table.nbytes
         with self._cond:
-            fits = not self._queue or (self._queued_spans + len(batch) <= self.max_queue_spans
-                                       and self._queued_bytes + nbytes <= self.max_queue_bytes)
+            def room() -> bool:
+                return not self._queue or (self._queued_spans + len(batch) <= self.max_queue_spans
+                                           and self._queued_bytes + nbytes <= self.max_queue_bytes)
+
+            if self.wait_when_full:
+                # the processor thread notifies as it takes each batch; every export has its deadline
+                self._cond.wait_for(lambda: room() or self._closed)
+            fits = room()
             if fits:
                 self._queue.append(batch)
                 self._queued_spans += len(batch)
@@ -311,6 +349,14 @@ class Delivery:
                                    f"later batches go to {self._spill_where()}")
             for sink in self.remote:
                 self._spill(sink, batch, "export queue full")
+
+    def close_local(self, commit: bool = True) -> None:
+        """Finish the local sinks that write a file in parts (ingest's FileSink): move it into place, or
+        remove it when ``commit`` is False (the input failed half-way: no partial file)."""
+        for sink in self.local:
+            close = getattr(sink, "close", None)
+            if close is not None:
+                close(commit=commit)
 
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
