@@ -23,9 +23,13 @@ For capture configurations a round also includes waiting, after its last step, u
 thread has exported everything, so no processing escapes the clocks. Step 0 of each session (always
 full depth, plus one-off warm-up) runs and is exported before timing.
 
-Targets (issue 3): step-level <= +3%, full depth <= +15%, and less than half of torch.profiler's.
+Targets (issue 11): default sampling <= +3%, full depth every step <= +15%, below torch.profiler's.
 
-    python benchmarks/bench_capture_overhead.py [--rounds 6] [--steps 10] [--json out.json]
+Models: ``--model tiny`` (default: the example's 2-layer, 128-wide transformer, a few ms a step, where a
+fixed per-step cost shows most) and ``--model gpt2`` (GPT-2 small's shape: 12 layers, 768 wide, 12 heads,
+50,257-token vocabulary; sequence 64, batch 1 to keep a CPU step near a second).
+
+    python benchmarks/bench_capture_overhead.py [--model tiny|gpt2] [--rounds 6] [--steps 10] [--json out.json]
 """
 
 from __future__ import annotations
@@ -47,6 +51,10 @@ from plasmient_trace.capture.session import CaptureConfig, CaptureSession  # noq
 
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time, "process": time.process_time}
 CONFIGS = ("base", "step-level", "sampled", "full", "full-dispatch", "profiler", "profiler+")
+MODELS = {
+    "tiny": {},
+    "gpt2": {"dim": 768, "layers": 12, "heads": 12, "vocab": 50257, "seq": 64, "batch": 1},
+}
 
 
 class Clocks:
@@ -104,11 +112,17 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=10, help="steps per round (one sampling period)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--model", choices=sorted(MODELS), default="tiny")
+    p.add_argument("--configs", default=",".join(CONFIGS[1:]),
+                   help="comma-separated configurations besides base (default: all)")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    model, opt, data = tiny.build()
+    model, opt, data = tiny.build(**MODELS[args.model])
     steps(model, opt, data, 3)
+    chosen = {"base", *args.configs.split(",")}
+    if "profiler+" in chosen:
+        chosen.add("profiler")
     spent: dict[str, list[dict[str, float]]] = {k: [] for k in CONFIGS}
     post = []
     with tempfile.TemporaryDirectory() as out_dir:
@@ -121,16 +135,18 @@ def main(argv: list[str] | None = None) -> dict:
             sys.exit(f"native op observer unavailable: {native.failure()}")
         for _ in range(args.rounds):
             spent["base"].append(run_base(model, opt, data, args.steps))
-            spent["step-level"].append(run_capture(model, opt, data, args.steps, 10**9, out_dir))
-            spent["sampled"].append(run_capture(model, opt, data, args.steps, 10, out_dir))
-            spent["full"].append(run_capture(model, opt, data, args.steps, 1, out_dir))
-            spent["full-dispatch"].append(run_capture(model, opt, data, args.steps, 1, out_dir, "dispatch"))
-            s, x = run_profiler(model, opt, data, args.steps)
-            spent["profiler"].append(s)
-            # its exit processing covers the untimed first step too: charge the timed steps their share
-            share = x * args.steps / (args.steps + 1)
-            spent["profiler+"].append({k: v + share for k, v in s.items()})
-            post.append(x)
+            for cfg, every, hook in (("step-level", 10**9, "native"), ("sampled", 10, "native"), ("full", 1, "native"),
+                                     ("full-dispatch", 1, "dispatch")):
+                if cfg in chosen:
+                    spent[cfg].append(run_capture(model, opt, data, args.steps, every, out_dir, hook))
+            if "profiler" in chosen:
+                s, x = run_profiler(model, opt, data, args.steps)
+                spent["profiler"].append(s)
+                # its exit processing covers the untimed first step too: charge the timed steps their share
+                share = x * args.steps / (args.steps + 1)
+                spent["profiler+"].append({k: v + share for k, v in s.items()})
+                post.append(x)
+    spent = {cfg: rounds for cfg, rounds in spent.items() if rounds}
     per_step = {cfg: {clk: statistics.median(r[clk] for r in rounds) / args.steps for clk in CLOCKS}
                 for cfg, rounds in spent.items()}
     ratio = {cfg: {clk: round(v[clk] / per_step["base"][clk], 3) for clk in CLOCKS} for cfg, v in per_step.items()}
@@ -139,17 +155,17 @@ def main(argv: list[str] | None = None) -> dict:
         return round((per_step[cfg][clk] - per_step["base"][clk]) / extra, 2) if extra > 0 else None
 
     vs_prof = {ref: {cfg: {clk: vs(cfg, ref, clk) for clk in CLOCKS}
-                     for cfg in ("step-level", "sampled", "full", "full-dispatch")}
-               for ref in ("profiler", "profiler+")}
+                     for cfg in ("step-level", "sampled", "full", "full-dispatch") if cfg in per_step}
+               for ref in ("profiler", "profiler+") if ref in per_step}
     res = {"step_ms": {c: {k: round(v * 1e3, 2) for k, v in d.items()} for c, d in per_step.items()},
            "ratio_vs_base": ratio, "overhead_vs_profiler": vs_prof,
-           "profiler_processing_s": round(statistics.median(post), 3),
-           "rounds": args.rounds, "steps_per_round": args.steps, "threads": args.threads}
+           "profiler_processing_s": round(statistics.median(post), 3) if post else None,
+           "rounds": args.rounds, "steps_per_round": args.steps, "threads": args.threads, "model": args.model}
     print(f"{'config':<14}" + "".join(f"{c + ' ms':>12}{'ratio':>8}" for c in CLOCKS))
-    for cfg in CONFIGS:
+    for cfg in per_step:
         print(f"{cfg:<14}" + "".join(f"{per_step[cfg][c] * 1e3:>12.1f}{ratio[cfg][c]:>8.3f}" for c in CLOCKS))
     print("headline, wall time of the training loop vs uninstrumented (median of interleaved rounds): "
-          + ", ".join(f"{cfg} {ratio[cfg]['wall']:.3f}" for cfg in CONFIGS if cfg != "base"))
+          + ", ".join(f"{cfg} {ratio[cfg]['wall']:.3f}" for cfg in per_step if cfg != "base"))
     print(f"overhead as a fraction of torch.profiler's: {vs_prof}")
     print(f"torch.profiler processing at exit: {res['profiler_processing_s']} s (not in its ratios)")
     print(json.dumps(res))
