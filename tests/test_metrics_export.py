@@ -151,3 +151,31 @@ def test_metrics_arrive_over_otlp_and_exemplars_name_existing_traces(protocol: s
         (ex,) = dp.exemplars
         assert ex.trace_id in trace_ids, name
         assert (ex.trace_id, int.from_bytes(ex.span_id, "big")) in spans, name
+
+
+def test_an_ingest_in_groups_of_steps_continues_one_step_counter_per_series(monkeypatch, capsys) -> None:
+    """`plasmient ingest --chunk-rows 1` sends each step as its own batch; the step counter of each rank and
+    of the fleet still counts 1, 2, ... from one start time, across the requests, over real OTLP/gRPC."""
+    from otlp_receiver import OtlpReceiver
+
+    from plasmient_trace.cli import main
+
+    path = trace_path("v100/resnet50_training.json.gz")  # 6 steps, one rank
+    with OtlpReceiver() as rx:
+        monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp")
+        code = main(["ingest", str(path), "--job-id", "groups", "--endpoint", rx.grpc_endpoint, "--protocol", "grpc",
+                     "--chunk-rows", "1", "--quiet"])
+        assert code == 0, capsys.readouterr().err
+        assert rx.wait_for(requests=6, signal="metrics", timeout=120)
+        got = rx.metrics
+    assert len(got) == 6  # one request per step: the batches really were separate
+    series: dict[tuple, list] = {}
+    for name, attrs, dp, _ in _points(got):
+        if name == "plasmient.steps":
+            series.setdefault((attrs["plasmient.level"], attrs.get("plasmient.rank")), []).append(dp)
+    assert set(series) == {("fleet", None), ("rank", 0)}
+    for dps in series.values():
+        dps.sort(key=lambda d: d.time_unix_nano)
+        assert [d.as_int for d in dps] == [1, 2, 3, 4, 5, 6]
+        assert len({d.start_time_unix_nano for d in dps}) == 1
+        assert dps[0].start_time_unix_nano <= dps[0].time_unix_nano

@@ -217,12 +217,14 @@ class OtlpSink:
     """One OTLP signal (traces, or step metrics computed from the spans) over a persistent client."""
 
     def __init__(self, config: Any, signal: str = "traces") -> None:
-        from plasmient_trace.export import otlp
+        from plasmient_trace.export import metrics, otlp
 
         self.signal = signal
         self.config = config if signal == "traces" else config.for_signal(signal)
         self.name = f"{otlp.redact_url(self.config.endpoint)} ({self.config.protocol})"
         self._client: Any = None
+        # One cumulative plasmient.steps series per rank/fleet across every batch this sink sends.
+        self._steps = metrics.StepCounter()
 
     def export(self, batch: SpanBatch, stop: threading.Event) -> Any:
         from plasmient_trace.export import metrics, otlp
@@ -231,7 +233,7 @@ class OtlpSink:
             self._client = otlp.OtlpClient(self.config)
         if self.signal == "traces":
             return otlp.export_spans(self._client, batch, stop)
-        return metrics.export_metrics(self._client, batch, stop)
+        return metrics.export_metrics(self._client, batch, stop, self._steps)
 
     def reset(self) -> None:
         self._client = None  # the parent's channel belongs to the parent: forget it, never close it

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -152,7 +152,17 @@ def _exemplar(p: _Points, i: int, value: float | int) -> Exemplar:
     return ex
 
 
-def _resource_metrics(batch: SpanBatch, p: _Points, rows: list[int], res_idx: int) -> ResourceMetrics:
+@dataclass
+class StepCounter:
+    """``plasmient.steps`` across batches: per series (level, job, rank), its start time and the steps counted,
+    so one exporter's batches (a live job's, an ingest's groups of steps) continue one cumulative series
+    instead of restarting it at every batch."""
+
+    series: dict[tuple, tuple[int, int]] = field(default_factory=dict)
+
+
+def _resource_metrics(batch: SpanBatch, p: _Points, rows: list[int], res_idx: int,
+                      steps: StepCounter | None = None) -> ResourceMetrics:
     res = Resource()
     attrs = batch.resources[res_idx] if 0 <= res_idx < len(batch.resources) else {}
     for k, v in attrs.items():
@@ -175,7 +185,8 @@ def _resource_metrics(batch: SpanBatch, p: _Points, rows: list[int], res_idx: in
         if metric.gauge.data_points:
             scope.metrics.append(metric)
 
-    # Counter: cumulative per series (level, job, rank), counting from the first traced step of this batch.
+    # Counter: cumulative per series (level, job, rank), counting from the first traced step the counter saw
+    # (a StepCounter kept across batches), else from the first traced step of this batch.
     name, unit, desc = STEPS_COUNTER
     counter = Metric(name=name, unit=unit, description=desc)
     counter.sum.aggregation_temporality = AGGREGATION_TEMPORALITY_CUMULATIVE
@@ -183,13 +194,16 @@ def _resource_metrics(batch: SpanBatch, p: _Points, rows: list[int], res_idx: in
     series: dict[tuple, list[int]] = defaultdict(list)
     for i in rows:
         series[(p.level[i], p.job[i], p.rank[i] if p.level[i] == "rank" else None)].append(i)
-    for members in series.values():
-        first_start = int(min(p.start[i] for i in members))
-        for count, i in enumerate(members, start=1):
+    counts = steps if steps is not None else StepCounter()
+    for key, members in series.items():
+        first_start, count = counts.series.get(key, (int(min(p.start[i] for i in members)), 0))
+        for i in members:
+            count += 1
             counter.sum.data_points.append(NumberDataPoint(
                 attributes=_attributes(p, i), start_time_unix_nano=first_start, time_unix_nano=int(p.end[i]),
                 as_int=count, exemplars=[_exemplar(p, i, 1)],
             ))
+        counts.series[key] = (first_start, count)
     if counter.sum.data_points:
         scope.metrics.append(counter)
 
@@ -236,8 +250,10 @@ def _hw_gpu_utilization(p: _Points, rows: list[int], resource: dict[str, Any]) -
     return metric
 
 
-def metric_requests(batch: SpanBatch, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> Iterator[ExportMetricsServiceRequest]:
+def metric_requests(batch: SpanBatch, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                    steps: StepCounter | None = None) -> Iterator[ExportMetricsServiceRequest]:
     """ExportMetricsServiceRequests for every rank and fleet span of the batch, each at most ~max_bytes.
+    ``steps`` continues the step counter of earlier batches (and is updated).
 
     Requests split between resources (a resource's points are never split: one rank's points for the
     steps of one batch are a few KiB).
@@ -248,7 +264,7 @@ def metric_requests(batch: SpanBatch, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES
         by_resource[int(r)].append(i)
     request, size = ExportMetricsServiceRequest(), 0
     for res_idx in sorted(by_resource):
-        rm = _resource_metrics(batch, p, by_resource[res_idx], res_idx)
+        rm = _resource_metrics(batch, p, by_resource[res_idx], res_idx, steps)
         if not rm.scope_metrics[0].metrics:
             continue
         rm_size = rm.ByteSize() + 6
@@ -305,16 +321,17 @@ def request_json(request: ExportMetricsServiceRequest) -> bytes:
     return orjson.dumps(doc)
 
 
-def export_metrics(client: Any, batch: SpanBatch, stop: Any = None) -> MetricsSendStats:
+def export_metrics(client: Any, batch: SpanBatch, stop: Any = None, steps: StepCounter | None = None) -> MetricsSendStats:
     """Deliver the batch's step metrics over an open metrics :class:`.otlp.OtlpClient`; raises
-    :class:`.otlp.ExportError` when they cannot be (its retries, backoff and deadline)."""
+    :class:`.otlp.ExportError` when they cannot be (its retries, backoff and deadline). ``steps``: the
+    sender's step counter, continued from its earlier batches."""
     config = client.config
     stats = MetricsSendStats(endpoint=client.display_endpoint, protocol=config.protocol)
     attempts0 = client.attempts
     # Requests are sized in protobuf bytes; their OTLP/JSON is 2.5-2.6x larger on real traces (hex
     # ids, field names), so http/json splits at a third to stay under the same request limit.
     limit = config.max_request_bytes // 3 if config.protocol == "http/json" else config.max_request_bytes
-    for request in metric_requests(batch, max_bytes=limit):
+    for request in metric_requests(batch, max_bytes=limit, steps=steps):
         body = request_json(request) if config.protocol == "http/json" else request.SerializeToString()
         rejected, _ = client.export(body, stop=stop)
         stats.requests += 1
