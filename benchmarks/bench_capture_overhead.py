@@ -1,7 +1,7 @@
 """Step overhead of live capture on the tiny transformer (CPU), as ratios to the uninstrumented step.
 
 Configurations (each round times one sampling period, 10 steps, of each, interleaved so machine
-load drifts hit them alike):
+load drifts hit them alike, each round starting one configuration later than the one before):
   base        uninstrumented
   step-level  capture running, every step step-level only (PLASMIENT_EVERY huge)
   sampled     capture with the default sampling (full depth every 10th step)
@@ -133,19 +133,24 @@ def main(argv: list[str] | None = None) -> dict:
 
         if native.load() is None:  # build outside the timed runs; without it "full" would be dispatch
             sys.exit(f"native op observer unavailable: {native.failure()}")
-        for _ in range(args.rounds):
-            spent["base"].append(run_base(model, opt, data, args.steps))
-            for cfg, every, hook in (("step-level", 10**9, "native"), ("sampled", 10, "native"), ("full", 1, "native"),
-                                     ("full-dispatch", 1, "dispatch")):
-                if cfg in chosen:
+        runs = [("base", None, None), ("step-level", 10**9, "native"), ("sampled", 10, "native"),
+                ("full", 1, "native"), ("full-dispatch", 1, "dispatch"), ("profiler", None, None)]
+        runs = [r for r in runs if r[0] in chosen]
+        for r in range(args.rounds):
+            # Each round starts at the next configuration: whatever the one before leaves behind (a profiler's
+            # exit processing, a session's last export, allocator state) falls on each configuration in turn.
+            for cfg, every, hook in runs[r % len(runs):] + runs[:r % len(runs)]:
+                if cfg == "base":
+                    spent["base"].append(run_base(model, opt, data, args.steps))
+                elif cfg == "profiler":
+                    s, x = run_profiler(model, opt, data, args.steps)
+                    spent["profiler"].append(s)
+                    # its exit processing covers the untimed first step too: charge the timed steps their share
+                    share = x * args.steps / (args.steps + 1)
+                    spent["profiler+"].append({k: v + share for k, v in s.items()})
+                    post.append(x)
+                else:
                     spent[cfg].append(run_capture(model, opt, data, args.steps, every, out_dir, hook))
-            if "profiler" in chosen:
-                s, x = run_profiler(model, opt, data, args.steps)
-                spent["profiler"].append(s)
-                # its exit processing covers the untimed first step too: charge the timed steps their share
-                share = x * args.steps / (args.steps + 1)
-                spent["profiler+"].append({k: v + share for k, v in s.items()})
-                post.append(x)
     spent = {cfg: rounds for cfg, rounds in spent.items() if rounds}
     per_step = {cfg: {clk: statistics.median(r[clk] for r in rounds) / args.steps for clk in CLOCKS}
                 for cfg, rounds in spent.items()}
