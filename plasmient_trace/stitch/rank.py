@@ -1,4 +1,5 @@
-"""One rank's span tree, rank -> step -> module -> op -> kernel, and its accounting over device time.
+"""One rank's span tree, rank -> step -> module -> op -> kernel, and its accounting over device time, for the
+rank's steps or for one group of them (``stitch.chunks``; what crosses steps comes from ``stitch.timeline``).
 
 Spans live in flat arrays laid out in blocks: [rank spans | step spans | modules | ops | kernels], one rank
 span and one step span per step. Every metric is computed over a *device window* (see ``stitch.windows``):

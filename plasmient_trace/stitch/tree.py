@@ -1,10 +1,15 @@
 """The span tree: joined records of every rank -> one trace per step, fleet -> node -> rank -> step ->
 module -> op -> kernel, with the metrics of DESIGN.md on every span, as a columnar SpanBatch.
 
-Each rank is stitched on its own (``stitch_rank``: join, device windows and accounting, culprits, span
-budget, columns) and reduced to one :class:`~plasmient_trace.stitch.fleet.RankSummary` per step; the fleet
-and node spans are built from those summaries by ``fleet.top_spans``, the same builder live multi-rank
-capture uses after exchanging summaries. Ranks are independent until that reduce.
+Each rank is stitched on its own and reduced to one :class:`~plasmient_trace.stitch.fleet.RankSummary` per
+step; the fleet and node spans are built from those summaries by ``fleet.top_spans``, the same builder live
+multi-rank capture uses after exchanging summaries. Ranks are independent until that reduce.
+
+A rank is joined and its device timeline measured once (``prepare_rank``: ``stitch.timeline`` holds what
+crosses step boundaries), then stitched a group of whole steps at a time (``stitch_steps``: tree, accounting,
+culprits, span budget, columns of the group's rows, cut by ``stitch.chunks``), so a long trace never has one
+span table. ``stitch_stream`` yields each group's spans of every rank with its fleet and node spans;
+``stitch_rank`` (one rank in a worker) merges its groups.
 """
 
 from __future__ import annotations
