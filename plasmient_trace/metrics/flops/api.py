@@ -12,6 +12,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..grouping import first_seen_groups, radix_key
 from .context import apply_context
 from .core import _DTYPES, OpArgs, formula_for
 from .moe import MoEConfig
@@ -108,7 +109,7 @@ def model_ops(ops: pa.Table, moe: MoEConfig | None = None) -> OpCosts:
     A signature is the distinct (name, input_dims, input_types[, concrete_inputs]) combination;
     training and serving loops repeat the same shapes every step, so a 10^6-row table typically has
     a few thousand signatures. The columns are dictionary-encoded, combined into one integer key,
-    made unique with numpy, and the per-signature answers are mapped back with a take. ``moe`` is the
+    grouped by hashing (``metrics.grouping``), and the per-signature answers are mapped back with a take. ``moe`` is the
     expert shape from the model's config (:func:`.moe.load_model_config`); without it MoE ops are unknown.
     """
     n = ops.num_rows
@@ -117,18 +118,9 @@ def model_ops(ops: pa.Table, moe: MoEConfig | None = None) -> OpCosts:
         return OpCosts(empty, empty.copy(), np.empty(0, dtype="<U5"), np.empty(0, dtype="<U11"))
     cols = [c for c in _SIGNATURE_COLUMNS if c in ops.column_names]
     encoded = [_codes(ops.column(c)) for c in cols]
-    key = np.zeros(n, dtype=np.int64)
-    radix = 1
-    fits = True
-    for codes, values in encoded:
-        size = len(values) + 1
-        if radix * size >= 2**62:
-            fits = False
-            break
-        key += codes * radix
-        radix *= size
-    if fits:
-        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    key = radix_key([codes - 1 for codes, _ in encoded])
+    if key is not None:
+        inverse, first = first_seen_groups(key)
     else:  # dictionaries too large for one int64 key: unique rows of the code matrix instead
         stacked = np.stack([c for c, _ in encoded], axis=1)
         _, first, inverse = np.unique(stacked, axis=0, return_index=True, return_inverse=True)
@@ -155,6 +147,7 @@ def model_ops(ops: pa.Table, moe: MoEConfig | None = None) -> OpCosts:
     )
     # Ops whose cost depends on their neighbours (a conv's consumer, a vLLM step's batch) or on the
     # model config the user gave (MoE experts' size).
-    apply_context(ops, costs.flops, costs.bytes, costs.model, moe)
+    apply_context(ops, costs.flops, costs.bytes, costs.model, moe,
+                  {c: (codes - 1, values) for c, (codes, values) in zip(cols, encoded)})
     return costs
 

@@ -18,6 +18,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..grouping import first_seen_groups, radix_key
 from .conv import conv_forward_names, conv_forward_with_output
 from .core import OpArgs
 from .moe import MOE_OPS, MoEConfig, moe_forward_cost
@@ -55,12 +56,16 @@ class _Rows:
     distinct value is parsed once however many ops share it (a replicated or long trace repeats its
     signatures), so the passes cost a few dict lookups per op, not a JSON parse."""
 
-    def __init__(self, ops: pa.Table):
+    def __init__(self, ops: pa.Table, encoded: dict[str, tuple[np.ndarray, list[Any]]] | None = None):
+        """``encoded``: columns the caller already encoded, as (codes, -1 for null; dictionary values)."""
         self._codes: dict[str, np.ndarray] = {}
         self._values: dict[str, list[Any]] = {}
         self._parsed: dict[str, dict[int, Any]] = {}
         for c in ("name", "input_dims", "input_types", "concrete_inputs"):
-            if c in ops.column_names:
+            if encoded is not None and c in encoded:
+                self._codes[c], self._values[c] = encoded[c]
+                self._parsed[c] = {}
+            elif c in ops.column_names:
                 enc = pc.dictionary_encode(ops.column(c).combine_chunks())
                 self._codes[c] = enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
                 self._values[c] = enc.dictionary.to_pylist()
@@ -108,9 +113,9 @@ class _Rows:
 
 
 def apply_context(ops: pa.Table, flops: np.ndarray, nbytes: np.ndarray, model: np.ndarray,
-                  moe: MoEConfig | None = None) -> None:
+                  moe: MoEConfig | None = None, encoded: dict[str, tuple[np.ndarray, list[Any]]] | None = None) -> None:
     """Fill, in place, the costs of ops that need their neighbours or the model config (see the module
-    docstring)."""
+    docstring). ``encoded``: signature columns already dictionary-encoded (codes, -1 for null; values)."""
     if not ops.num_rows:
         return
     names = ops.column("name")
@@ -121,7 +126,7 @@ def apply_context(ops: pa.Table, flops: np.ndarray, nbytes: np.ndarray, model: n
         experts = (model == "none") & pc.is_in(names, value_set=pa.array(MOE_OPS)).to_numpy(zero_copy_only=False)
     if not conv.any() and not attn.any() and not experts.any():
         return
-    rows = _Rows(ops)
+    rows = _Rows(ops, encoded)
     if experts.any():
         decided: dict[tuple[int, ...], Any] = {}
         for r in np.nonzero(experts)[0].tolist():
@@ -202,8 +207,12 @@ def _conv_from_consumer(cands: np.ndarray, rows: _Rows, start: np.ndarray, end: 
 
 
 def _groups(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of small non-negative-or--1 codes (n, k) -> (group of each row, first row of each group), the
-    columns folded into one key a column at a time so the key stays small (1-D unique, no row sort)."""
+    """Rows of small non-negative-or--1 codes (n, k) -> (group of each row, first row of each group): one
+    radix key hashed when the columns fit in it, else the columns folded into one key a column at a time
+    so the key stays small (1-D unique, no row sort)."""
+    key = radix_key(list(codes.T))
+    if key is not None:
+        return first_seen_groups(key)
     key = np.zeros(len(codes), np.int64)
     for c in codes.T:
         _, key = np.unique(key * (int(c.max(initial=0)) + 2) + (c + 1), return_inverse=True)

@@ -1,0 +1,36 @@
+"""Grouping equal integer keys in one hashing pass: the FLOP models group a million ops by signature, and a
+trace repeats a few thousand signatures, where a hash table beats numpy's sort-based ``unique`` ~8x."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+def first_seen_groups(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(group of each row, first row of each group) for an int64 key; groups are numbered in the order
+    their first row appears."""
+    n = len(key)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    group = pc.dictionary_encode(pa.array(np.asarray(key, np.int64))).indices.to_numpy().astype(np.int64)
+    # Numbered by first appearance, a row opens a new group exactly when its number exceeds every one before it.
+    opens = np.empty(n, bool)
+    opens[0] = True
+    opens[1:] = group[1:] > np.maximum.accumulate(group)[:-1]
+    return group, np.flatnonzero(opens)
+
+
+def radix_key(columns: list[np.ndarray]) -> np.ndarray | None:
+    """One int64 key per row from small non-negative-or--1 integer columns (equal rows, equal keys), or None
+    when the columns' ranges do not fit in 62 bits together."""
+    key = np.zeros(len(columns[0]) if columns else 0, np.int64)
+    radix = 1
+    for c in columns:
+        size = int(c.max(initial=0)) + 2
+        if radix * size >= 2**62:
+            return None
+        key += (c.astype(np.int64) + 1) * radix
+        radix *= size
+    return key
