@@ -22,6 +22,21 @@ def first_seen_groups(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return group, np.flatnonzero(opens)
 
 
+def group_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(group of each row, first row of each group) for rows of small non-negative-or--1 integer columns:
+    one radix key hashed when the columns fit in it, else the columns folded into one key a column at a
+    time, so the key stays small (1-D unique, no row sort)."""
+    key = radix_key(columns)
+    if key is not None:
+        return first_seen_groups(key)
+    key = np.zeros(len(columns[0]), np.int64)
+    for c in columns:
+        _, key = np.unique(key * (int(c.max(initial=0)) + 2) + (c + 1), return_inverse=True)
+        key = key.reshape(-1).astype(np.int64)
+    groups, first = np.unique(key, return_index=True)
+    return np.searchsorted(groups, key), first
+
+
 def radix_key(columns: list[np.ndarray]) -> np.ndarray | None:
     """One int64 key per row from small non-negative-or--1 integer columns (equal rows, equal keys), or None
     when the columns' ranges do not fit in 62 bits together."""

@@ -12,8 +12,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..grouping import first_seen_groups, radix_key
-from .context import apply_context
+from ..grouping import group_rows
+from .context import SIGNATURE_COLUMNS, apply_context
 from .core import _DTYPES, OpArgs, formula_for
 from .moe import MoEConfig
 
@@ -88,18 +88,14 @@ class OpCosts:
         })
 
 
-# Signature columns, in order; concrete_inputs joins the key only when the table has it.
-_SIGNATURE_COLUMNS = ("name", "input_dims", "input_types", "concrete_inputs")
-
-
 def _codes(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[Any]]:
-    """Dictionary codes (0 = null, i+1 = dictionary[i]) and the dictionary values of one column."""
+    """Dictionary codes (-1 = null, i = dictionary[i]) and the dictionary values of one column."""
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if pa.types.is_dictionary(arr.type):
         # Re-encode: chunks of a dictionary column may carry different dictionaries.
         arr = arr.cast(arr.type.value_type)
     enc = pc.dictionary_encode(arr)
-    codes = pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64) + 1
+    codes = pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
     return codes, enc.dictionary.to_pylist()
 
 
@@ -116,22 +112,17 @@ def model_ops(ops: pa.Table, moe: MoEConfig | None = None) -> OpCosts:
     if n == 0:
         empty = np.empty(0, dtype=np.float64)
         return OpCosts(empty, empty.copy(), np.empty(0, dtype="<U5"), np.empty(0, dtype="<U11"))
-    cols = [c for c in _SIGNATURE_COLUMNS if c in ops.column_names]
+    # concrete_inputs joins the signature only when the table has it
+    cols = [c for c in SIGNATURE_COLUMNS if c in ops.column_names]
     encoded = [_codes(ops.column(c)) for c in cols]
-    key = radix_key([codes - 1 for codes, _ in encoded])
-    if key is not None:
-        inverse, first = first_seen_groups(key)
-    else:  # dictionaries too large for one int64 key: unique rows of the code matrix instead
-        stacked = np.stack([c for c, _ in encoded], axis=1)
-        _, first, inverse = np.unique(stacked, axis=0, return_index=True, return_inverse=True)
-    inverse = inverse.reshape(-1)
+    inverse, first = group_rows([codes for codes, _ in encoded])
     m = len(first)
     flops_u = np.empty(m, dtype=np.float64)
     bytes_u = np.empty(m, dtype=np.float64)
     dtype_u: list[str] = []
     model_u: list[str] = []
     for j, row in enumerate(first):
-        args = [values[codes[row] - 1] if codes[row] else None for codes, values in encoded]
+        args = [values[codes[row]] if codes[row] >= 0 else None for codes, values in encoded]
         name, dims, types = args[0], args[1] if len(args) > 1 else None, args[2] if len(args) > 2 else None
         conc = args[3] if len(args) > 3 else None
         f, b, dt, mo = op_cost(name, dims, types, conc)
@@ -147,7 +138,6 @@ def model_ops(ops: pa.Table, moe: MoEConfig | None = None) -> OpCosts:
     )
     # Ops whose cost depends on their neighbours (a conv's consumer, a vLLM step's batch) or on the
     # model config the user gave (MoE experts' size).
-    apply_context(ops, costs.flops, costs.bytes, costs.model, moe,
-                  {c: (codes - 1, values) for c, (codes, values) in zip(cols, encoded)})
+    apply_context(ops, costs.flops, costs.bytes, costs.model, moe, dict(zip(cols, encoded)))
     return costs
 

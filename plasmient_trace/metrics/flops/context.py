@@ -18,13 +18,14 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..grouping import first_seen_groups, radix_key
+from ..grouping import group_rows
 from .conv import conv_forward_names, conv_forward_with_output
 from .core import OpArgs
 from .moe import MOE_OPS, MoEConfig, moe_forward_cost
 from .vendor import VLLM_ATTENTION_OPS, vllm_attention_cost, vllm_batch_stats
 
-_SIGNATURE = ("name", "input_dims", "input_types", "concrete_inputs")
+# The columns that make two ops the same call, in order (model_ops groups by them too).
+SIGNATURE_COLUMNS = ("name", "input_dims", "input_types", "concrete_inputs")
 # How far past a conv to look for its consumer: the consumer follows directly in eager code, after
 # at most the bookkeeping ops of the conv's own wrappers (resize_, empty, a scalar add).
 _LOOKAHEAD = 32
@@ -61,7 +62,7 @@ class _Rows:
         self._codes: dict[str, np.ndarray] = {}
         self._values: dict[str, list[Any]] = {}
         self._parsed: dict[str, dict[int, Any]] = {}
-        for c in ("name", "input_dims", "input_types", "concrete_inputs"):
+        for c in SIGNATURE_COLUMNS:
             if encoded is not None and c in encoded:
                 self._codes[c], self._values[c] = encoded[c]
                 self._parsed[c] = {}
@@ -93,7 +94,7 @@ class _Rows:
         return OpArgs(d, t, self.get("concrete_inputs", r)) if isinstance(d, list) and isinstance(t, list) else None
 
     def signature(self, r: int) -> tuple[int, ...]:
-        return tuple(self.code(c, r) for c in _SIGNATURE)
+        return tuple(self.code(c, r) for c in SIGNATURE_COLUMNS)
 
     def codes(self, column: str) -> np.ndarray:
         """Every row's dictionary code in a column (-1: null or no such column)."""
@@ -109,7 +110,7 @@ class _Rows:
 
     def signatures(self, rows: np.ndarray) -> np.ndarray:
         """(len(rows), 4) codes of name, dims, types and concrete inputs: equal rows are the same call."""
-        return np.stack([self.codes(c)[rows] for c in _SIGNATURE], axis=1)
+        return np.stack([self.codes(c)[rows] for c in SIGNATURE_COLUMNS], axis=1)
 
 
 def apply_context(ops: pa.Table, flops: np.ndarray, nbytes: np.ndarray, model: np.ndarray,
@@ -158,13 +159,13 @@ def _conv_from_consumer(cands: np.ndarray, rows: _Rows, start: np.ndarray, end: 
     pos[order] = np.arange(n)
     # every op's first tensor shape: (rank, dim 0, dim 1), parsed per distinct (input_dims, input_types)
     dims_code, types_code = rows.codes("input_dims"), rows.codes("input_types")
-    pair_of, pair_first = _groups(np.stack([dims_code, types_code], axis=1))
+    pair_of, pair_first = group_rows([dims_code, types_code])
     shapes = [_first_tensor_shape(rows.value("input_dims", int(d)), rows.value("input_types", int(t)))
               if d >= 0 and t >= 0 else None for d, t in zip(dims_code[pair_first].tolist(), types_code[pair_first].tolist())]
     first = np.array([(len(x), x[0], x[1]) if x is not None and len(x) >= 2 else (-1, -1, -1) for x in shapes],
                      np.int64).reshape(-1, 3)[pair_of]
     # each conv's input X and weight W, per distinct signature
-    sig_of, sig_first = _groups(rows.signatures(cands))
+    sig_of, sig_first = group_rows(list(rows.signatures(cands).T))
     sig_args, sig_xw = [], []
     for r in cands[sig_first].tolist():
         a = rows.args(r)
@@ -204,21 +205,6 @@ def _conv_from_consumer(cands: np.ndarray, rows: _Rows, start: np.ndarray, end: 
         res = decided[key]
         if res is not None:
             flops[r], nbytes[r], model[r] = res
-
-
-def _groups(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of small non-negative-or--1 codes (n, k) -> (group of each row, first row of each group): one
-    radix key hashed when the columns fit in it, else the columns folded into one key a column at a time
-    so the key stays small (1-D unique, no row sort)."""
-    key = radix_key(list(codes.T))
-    if key is not None:
-        return first_seen_groups(key)
-    key = np.zeros(len(codes), np.int64)
-    for c in codes.T:
-        _, key = np.unique(key * (int(c.max(initial=0)) + 2) + (c + 1), return_inverse=True)
-        key = key.reshape(-1).astype(np.int64)
-    groups, first = np.unique(key, return_index=True)
-    return np.searchsorted(groups, key), first
 
 
 def _vllm_attention(cands: np.ndarray, ops: pa.Table, rows: _Rows, start: np.ndarray, end: np.ndarray,
