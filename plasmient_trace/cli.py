@@ -184,10 +184,7 @@ def _deliver(args: argparse.Namespace, stream: Any, bar: Any = None) -> tuple[in
     choice = selection.select_exporters(os.environ, config.explicit)
     for note in choice.notes:
         _say(args, f"plasmient: {note}")
-    parts = stream.parts
-    if args.rebase_time or args.parquet:
-        whole = stream.collect()
-        parts, stream.records = iter([whole.batch]), whole.records
+    parts = iter([stream.collect().batch]) if args.rebase_time or args.parquet else stream.parts
     remote = [delivery.OtlpSink(config, signal) for signal, kinds in (("traces", choice.traces), ("metrics", choice.metrics))
               if "otlp" in kinds]
     send = bool(remote)
@@ -219,15 +216,14 @@ def _deliver(args: argparse.Namespace, stream: Any, bar: Any = None) -> tuple[in
             spans += len(batch)
             kept.append(upper_spans(batch))
         sink.close_local()
-    except delivery.OutputError as err:
+    except BaseException as err:
+        # no partial output; the caller reports what is not ours to report (bad input mid-stream, Ctrl-C)
         sink.close_local(commit=False)
         sink.shutdown(0)
+        if not isinstance(err, delivery.OutputError):
+            raise
         print(f"plasmient: error: cannot write {err}", file=sys.stderr)
         return EXIT_BAD_INPUT, None
-    except BaseException:
-        sink.close_local(commit=False)
-        sink.shutdown(0)
-        raise
     if bar is not None:
         bar.stop()
     summary = merge_span_batches(kept)

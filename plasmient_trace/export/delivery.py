@@ -102,7 +102,7 @@ class FileSink:
         self.append = append
         self.name = str(self.path)
         self.lines = 0
-        self._tmp: Path | None = None
+        self._tmp: Path | None = None  # the file being written (ingest), set with _file
         self._file: Any = None
 
     def write(self, batch: SpanBatch) -> None:
@@ -150,12 +150,12 @@ class FileSink:
                     umask = os.umask(0)
                     os.umask(umask)
                     os.fchmod(f.fileno(), 0o666 & ~umask)
-                f.close()
-                if commit:
+                    f.close()
                     os.replace(tmp, self.path)
             finally:
-                if tmp is not None and (not commit or tmp.exists()):
-                    tmp.unlink(missing_ok=True)
+                f.close()
+                if tmp is not None:
+                    tmp.unlink(missing_ok=True)  # gone already once moved into place
         except OSError as err:
             raise OutputError(f"{self.path}: {_os_problem(err)}") from None
 
