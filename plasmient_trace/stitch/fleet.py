@@ -13,6 +13,7 @@ totals still add up. Culprit rows are the ranks' rows summed by (kernel, op, mod
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
@@ -336,11 +337,12 @@ def merge_span_batches(batches: list[cv.SpanBatch]) -> cv.SpanBatch:
     """Concatenate batches, re-basing each batch's resource indices onto the merged resource list, where
     equal resources (one rank's, from each chunk of its steps) are one entry."""
     tables, resources = [], []
+    index: dict[str, int] = {}
     for b in batches:
         if b.table.num_rows == 0 and not b.resources:
             continue
         t = b.table
-        merged = np.array([_index_of(resources, r) for r in b.resources] or [0], np.int32)
+        merged = np.array([_index_of(resources, index, r) for r in b.resources] or [0], np.int32)
         idx = merged[t.column("resource_index").to_numpy().astype(np.int32)]
         i = t.schema.get_field_index("resource_index")
         tables.append(t.set_column(i, t.schema.field(i), pa.array(idx, pa.int32())))
@@ -350,9 +352,11 @@ def merge_span_batches(batches: list[cv.SpanBatch]) -> cv.SpanBatch:
     return cv.SpanBatch(table=pa.concat_tables(tables), resources=resources, summaries=summaries)
 
 
-def _index_of(resources: list[dict[str, Any]], resource: dict[str, Any]) -> int:
-    for i, known in enumerate(resources):
-        if known == resource:
-            return i
-    resources.append(resource)
-    return len(resources) - 1
+def _index_of(resources: list[dict[str, Any]], index: dict[str, int], resource: dict[str, Any]) -> int:
+    """The resource's position in ``resources``, appended when new (``index``: by content, so a thousand
+    ranks' resources are not compared pairwise)."""
+    key = json.dumps(resource, sort_keys=True, default=str)
+    if key not in index:
+        index[key] = len(resources)
+        resources.append(resource)
+    return index[key]
