@@ -1,6 +1,7 @@
 """The one pipeline every entry point runs: records -> costs and device specs -> stitch -> SpanBatch.
 
-`ingest_paths` is the offline path (Kineto files); live capture builds RecordSets itself and calls
+`ingest_stream` is the offline path (Kineto files): its spans come a group of steps at a time, whole traces
+each (`ingest_paths` collects them into one batch). Live capture builds RecordSets itself and calls
 `stitch_records`, so both share the joins, metrics and exporters.
 """
 
