@@ -215,6 +215,51 @@ def test_a_blocked_exporter_never_blocks_a_step():
     assert sorted(r["plasmient.step"] for r in sink.rows() if r["plasmient.level"] == "step") == [0, 1, 2]
 
 
+def test_a_worker_that_falls_behind_defers_full_depth_instead_of_dropping_steps(capsys, monkeypatch):
+    """PLASMIENT_EVERY=1 on a job faster than its stitch: once half the queue waits, steps due at full
+    depth run at step depth (carrying FLOPs) and the first step after the backlog clears is full again."""
+    from plasmient_trace.capture import config as config_mod
+
+    monkeypatch.setattr(config_mod, "_said", set())  # said once per process: earlier tests may have said it
+    release = threading.Event()
+    sink = Collect()
+
+    def slow(batch):
+        release.wait(60)
+        sink(batch)
+
+    config = CaptureConfig(every=1, peak_tflops=0.05, job_id="behind", environ={}, queue_steps=8, max_batch_steps=1)
+    session = CaptureSession(config, exporters=[("slow", slow)]).start()
+    try:
+        model = torch.nn.Linear(8, 8)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def one_step():
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+
+        one_step()
+        assert not session.flush(0.5)  # step 0 is inside the exporter; later steps wait in the queue
+        for _ in range(7):
+            one_step()
+        # Steps 1-4 began with 0-3 steps waiting; steps 5-7 found 4 (half the queue) and were put off.
+        assert session.stats["steps_deferred"] >= 3 and session.stats["steps_dropped"] == 0
+        release.set()
+        assert session.flush(30)
+        one_step()  # step 8 began while the backlog still stood; step 9 is owed full depth
+        one_step()
+    finally:
+        release.set()
+        session.close(timeout=30)
+    depth = {r["plasmient.step"]: (r["plasmient.sampled_depth"], r["plasmient.flops.source"])
+             for r in sink.rows() if r["plasmient.level"] == "step"}
+    assert sorted(depth) == list(range(10))  # every step exported
+    assert all(depth[s] == ("full", "measured") for s in range(5))
+    assert all(depth[s] == ("step", "carried") for s in (5, 6, 7))  # same shapes: the full steps' FLOPs
+    assert depth[9] == ("full", "measured")
+    assert "ran at step depth: the background stitch fell behind" in capsys.readouterr().err
+
+
 def test_a_broken_hook_never_changes_what_the_op_returns(monkeypatch, capsys):
     def losses(session: CaptureSession | None) -> list[float]:
         model, opt, data = tiny.build(dim=32, layers=2, heads=2, vocab=64, seq=8, batch=2)

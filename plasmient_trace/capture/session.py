@@ -77,6 +77,12 @@ _STEP_NAMES = {"optimizer": "optimizer.step#{n}", "profiler": "ProfilerStep#{n}"
 _SIGNATURE_TRIES = 64
 
 
+def _backlog_limit(queue_steps: int) -> int:
+    """Queued steps from which a full-depth step is put off: half the queue, so step-depth steps
+    (cheap to stitch) still have room while the worker catches up."""
+    return max(1, queue_steps // 2)
+
+
 def _frames_compiled() -> int:
     """Frames torch.compile has traced in this process (0 before dynamo is loaded). A full-depth step
     during which it traced recorded the compiler's own (fake-tensor) ops too: not a measurement to carry."""
@@ -100,11 +106,13 @@ class CaptureSession:
         self.closed = False
         self.failed = False
         self.step_index = 0
-        self.stats = {"steps": 0, "steps_full": 0, "steps_dropped": 0, "exported_batches": 0, "export_errors": 0}
+        self.stats = {"steps": 0, "steps_full": 0, "steps_deferred": 0, "steps_dropped": 0, "exported_batches": 0,
+                      "export_errors": 0}
         self._kind: str | None = None
         self._open = False
         self._full = False
         self._force_full = False
+        self._full_owed = False  # a sampled full-depth step was put off while the worker was behind
         self._step_start = 0
         self._mode_entered = False
         self._queue: queue.Queue = queue.Queue(maxsize=self.config.queue_steps)
@@ -395,6 +403,9 @@ class CaptureSession:
                 self.nvml.stop()
         except Exception as err:
             self._fail("close", err)
+        if self.stats["steps_deferred"]:
+            say_once("deferred", f"{self.stats['steps_deferred']} step(s) due at full depth ran at step depth: "
+                                 "the background stitch fell behind (raise PLASMIENT_EVERY)")
         if self.stats["steps_dropped"]:
             say_once("dropped", f"{self.stats['steps_dropped']} step(s) were not exported: the exporter fell behind")
 
@@ -506,8 +517,15 @@ class CaptureSession:
             self._poll_native()
         every = max(self.config.every, 1)
         self._full = False
-        full = (self.step_index % every == 0) or self._force_full
+        full = (self.step_index % every == 0) or self._force_full or self._full_owed
         self._force_full = False
+        self._full_owed = False
+        if full and self.step_index > 0 and self._queue.qsize() >= _backlog_limit(self.config.queue_steps):
+            # The worker is behind: another full step would only deepen the backlog until whole steps
+            # are dropped. This one runs at step depth (it still carries FLOPs) and the next step owes it.
+            full = False
+            self._full_owed = True
+            self.stats["steps_deferred"] += 1
         self._step_start = now
         self._open = True
         self._signature = None
