@@ -24,6 +24,7 @@ from plasmient_trace.conventions import (
     CORE_COLUMNS,
     SPAN_TABLE_SCHEMA,
     SpanBatch,
+    scatter_rows,
     span_table_from_columns,
 )
 from plasmient_trace.export.span_columns import attribute_kind
@@ -217,9 +218,7 @@ class _SpanAccumulator:
             if not col.rows:
                 continue
             values = col.array(lambda row: locate(self.origin[row]))
-            index = np.full(n, -1, dtype=np.int64)
-            index[np.asarray(col.rows, dtype=np.int64)] = np.arange(len(col.rows), dtype=np.int64)
-            columns[name] = values.take(pa.array(index, mask=index < 0))
+            columns[name] = scatter_rows(values, np.asarray(col.rows, dtype=np.int64), n)  # rows in read order
         return SpanBatch(span_table_from_columns(columns, n), self.resources)
 
 
