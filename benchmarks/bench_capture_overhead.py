@@ -5,7 +5,8 @@ interleaved so machine load drifts hit them alike, each round starting one confi
 the one before):
   base        uninstrumented
   step-level  capture running, every step step-level only (PLASMIENT_EVERY huge)
-  sampled     capture with the default sampling (full depth every 10th step)
+  sampled     capture with the default sampling (full depth every 10th step, no more often than keeps
+              the background work under PLASMIENT_OVERHEAD = 2% of wall time)
   full        capture with every step at full depth (modules + ops), ops through the native
               RecordFunction observer (the default op hook)
   full-dispatch  the same with PLASMIENT_OP_HOOK=dispatch (the Python TorchDispatchMode fallback)
@@ -89,8 +90,11 @@ def run_base(model, opt, data, n: int) -> dict[str, float]:
 def run_capture(model, opt, data, n: int, every: int, out_dir: str, deferred: list[int],
                 op_hook: str = "native") -> dict[str, float]:
     path = str(Path(out_dir) / f"bench-{every}-{op_hook}.jsonl")
-    # the live delivery path as users get it: an OTLP/JSON lines file, written by the export thread
-    session = CaptureSession(CaptureConfig(every=every, job_id="bench", op_hook=op_hook, out=path, environ={})).start()
+    # the live delivery path as users get it: an OTLP/JSON lines file, written by the export thread;
+    # sampling as the environment sets it (the default: every 10th step within PLASMIENT_OVERHEAD's budget)
+    env = {} if every == 10 else {"PLASMIENT_EVERY": str(every)}
+    config = CaptureConfig.from_env(env, job_id="bench", op_hook=op_hook, out=path)
+    session = CaptureSession(config).start()
     try:
         steps(model, opt, data, 1)  # step 0 (always full depth) opens the run, not timed
         session.flush(60)
@@ -100,6 +104,8 @@ def run_capture(model, opt, data, n: int, every: int, out_dir: str, deferred: li
             session.flush(60)
         deferred[0] += session.stats["steps_deferred"]
         deferred[1] += session.stats["steps_dropped"]
+        deferred[2] += session.stats["samples_held"]
+        deferred[3] += session.stats["steps_full"] - 1  # step 0 is not timed
         return {**c.spent, "loop": loop_wall}
     finally:
         session.close(timeout=60)
@@ -137,7 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
     if "profiler+" in chosen:
         chosen.add("profiler")
     spent: dict[str, list[dict[str, float]]] = {k: [] for k in CONFIGS}
-    put_off = {k: [0, 0] for k in CONFIGS}  # steps (deferred to step depth, dropped) over all rounds
+    put_off = {k: [0, 0, 0, 0] for k in CONFIGS}  # steps deferred, dropped, samples held, full: all rounds
     post = []
     with tempfile.TemporaryDirectory() as out_dir:
         from plasmient_trace.metrics import hardware
@@ -179,7 +185,8 @@ def main(argv: list[str] | None = None) -> dict:
     vs_prof = {ref: {cfg: {clk: vs(cfg, ref, clk) for clk in CLOCKS}
                      for cfg in ("step-level", "sampled", "full", "full-dispatch") if cfg in per_step}
                for ref in ("profiler", "profiler+") if ref in per_step}
-    put_off = {cfg: {"deferred": d, "dropped": x} for cfg, (d, x) in put_off.items() if cfg in loop}
+    put_off = {cfg: {"deferred": d, "dropped": x, "held": h, "full": f} for cfg, (d, x, h, f) in put_off.items()
+               if cfg in loop}
     res = {"step_ms": {c: {k: round(v * 1e3, 2) for k, v in d.items()} for c, d in per_step.items()},
            "ratio_vs_base": ratio, "loop_ratio_vs_base": loop, "steps_put_off": put_off,
            "overhead_vs_profiler": vs_prof,
@@ -192,8 +199,9 @@ def main(argv: list[str] | None = None) -> dict:
           + ", ".join(f"{cfg} {ratio[cfg]['wall']:.3f}" for cfg in per_step if cfg != "base"))
     print("the loop alone, without draining the export queue after it: "
           + ", ".join(f"{cfg} {v:.3f}" for cfg, v in loop.items()))
-    print("steps due at full depth put off (the worker behind) / dropped, all rounds: "
-          + ", ".join(f"{cfg} {v['deferred']}/{v['dropped']}" for cfg, v in put_off.items()))
+    print("timed steps at full depth / samples held by PLASMIENT_OVERHEAD / put off (the worker behind) / "
+          "dropped, all rounds: " + ", ".join(f"{cfg} {v['full']}/{v['held']}/{v['deferred']}/{v['dropped']}"
+                                               for cfg, v in put_off.items()))
     print(f"overhead as a fraction of torch.profiler's: {vs_prof}")
     print(f"torch.profiler processing at exit: {res['profiler_processing_s']} s (not in its ratios)")
     print(json.dumps(res))

@@ -64,12 +64,35 @@ def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
     return default
 
 
+def _overhead(env: Mapping[str, str]) -> float | None:
+    """PLASMIENT_OVERHEAD; unset: the default budget, unless PLASMIENT_EVERY asks for a rate itself."""
+    from .budget import DEFAULT_FRACTION
+
+    default = None if env.get("PLASMIENT_EVERY", "").strip() else DEFAULT_FRACTION
+    raw = env.get("PLASMIENT_OVERHEAD", "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value == 0:
+        return None  # asked for: no limit
+    if 0 < value < 1:
+        return value
+    say_once("bad-PLASMIENT_OVERHEAD", f"ignoring PLASMIENT_OVERHEAD={raw!r}: not a share of wall time in [0, 1)")
+    return default
+
+
 @dataclass
 class CaptureConfig:
     """What the capture does; ``from_env`` reads the documented PLASMIENT_* and OTEL_* variables.
 
     PLASMIENT_OUT           OTLP/JSON lines file (default traces.jsonl, traces.rank<R>.jsonl with ranks)
     PLASMIENT_EVERY         full depth every N-th step (default 10; 1 = every step)
+    PLASMIENT_OVERHEAD      and no more often than keeps their background work under this share of
+                            wall time (default 0.02 when PLASMIENT_EVERY is not set, else no limit;
+                            0 = no limit); see capture.budget
     PLASMIENT_MFU_THRESHOLD capture the next step at full depth when a step's estimated MFU is below
     PLASMIENT_MAX_SIGNATURES  input-shape signatures captured at full depth when first seen (default 64);
                             a step with a signature past that (and not picked by PLASMIENT_EVERY) has
@@ -98,6 +121,7 @@ class CaptureConfig:
 
     out: str | None = None
     every: int = 10
+    overhead: float | None = None  # capture.budget: None = full depth exactly every N-th step
     mfu_threshold: float | None = None
     max_signatures: int = 64
     job_id: str | None = None
@@ -122,6 +146,7 @@ class CaptureConfig:
         cfg = cls(
             out=env.get("PLASMIENT_OUT") or None,
             every=_env_int(env, "PLASMIENT_EVERY", 10),
+            overhead=_overhead(env),
             mfu_threshold=_env_float(env, "PLASMIENT_MFU_THRESHOLD"),
             max_signatures=_env_int(env, "PLASMIENT_MAX_SIGNATURES", 64),
             job_id=job,

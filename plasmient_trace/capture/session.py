@@ -37,6 +37,7 @@ import pyarrow as pa
 from ..conventions import SpanBatch
 from ..records import DeviceInfo
 from . import batches, distributed, step_hooks
+from .budget import FullDepthBudget
 from .config import (
     CaptureConfig,
     Exporter,
@@ -106,8 +107,9 @@ class CaptureSession:
         self.closed = False
         self.failed = False
         self.step_index = 0
-        self.stats = {"steps": 0, "steps_full": 0, "steps_deferred": 0, "steps_dropped": 0, "exported_batches": 0,
-                      "export_errors": 0}
+        self.stats = {"steps": 0, "steps_full": 0, "steps_deferred": 0, "samples_held": 0, "steps_dropped": 0,
+                      "exported_batches": 0, "export_errors": 0}
+        self._budget = FullDepthBudget(self.config.overhead)
         self._kind: str | None = None
         self._open = False
         self._full = False
@@ -517,15 +519,21 @@ class CaptureSession:
             self._poll_native()
         every = max(self.config.every, 1)
         self._full = False
-        full = (self.step_index % every == 0) or self._force_full or self._full_owed
+        periodic = self.step_index % every == 0
+        full = periodic or self._force_full or self._full_owed
         self._force_full = False
         self._full_owed = False
-        if full and self.step_index > 0 and self._queue.qsize() >= _backlog_limit(self.config.queue_steps):
-            # The worker is behind: another full step would only deepen the backlog until whole steps
-            # are dropped. This one runs at step depth (it still carries FLOPs) and the next step owes it.
-            full = False
-            self._full_owed = True
-            self.stats["steps_deferred"] += 1
+        if full and self.step_index > 0:
+            if self._queue.qsize() >= _backlog_limit(self.config.queue_steps):
+                # The worker is behind: another full step would only deepen the backlog until whole steps
+                # are dropped. This one runs at step depth (it still carries FLOPs); the next step owes it.
+                full = False
+                self._full_owed = True
+                self.stats["steps_deferred"] += 1
+            elif not self._budget.allow(now):
+                full = False  # over PLASMIENT_OVERHEAD: the sample runs once the budget holds its cost
+                self._full_owed = True
+                self.stats["samples_held"] += int(periodic)
         self._step_start = now
         self._open = True
         self._signature = None
@@ -684,8 +692,10 @@ class CaptureSession:
                     break
                 items.append(nxt)
             try:
+                cpu = time.thread_time()
                 batch = batches.process(self, items)
                 self._export(batch)
+                self._budget.measured(time.thread_time() - cpu, sum(c.full for c in items))
             except Exception as err:
                 say_once("process", f"a step could not be traced ({type(err).__name__}: {err}); later steps continue")
             finally:

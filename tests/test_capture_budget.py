@@ -1,0 +1,82 @@
+"""Sampled full-depth steps under PLASMIENT_OVERHEAD: their background work stays under a share of wall time,
+whatever the model's step time, and the steps they skip still carry FLOPs."""
+
+from __future__ import annotations
+
+import torch
+
+from plasmient_trace.capture import config as config_mod
+from plasmient_trace.capture.budget import DEFAULT_FRACTION, FullDepthBudget
+from plasmient_trace.capture.session import CaptureConfig, CaptureSession
+
+from capture_helpers import Collect
+
+
+def _simulate(budget: FullDepthBudget, step_s: float, cost_s: float, steps: int, every: int) -> list[int]:
+    """Steps of `step_s` wall time, each sample costing `cost_s` of background CPU (measured after it runs);
+    a sample held back is owed to the next step, as the session does. Returns the steps that ran full."""
+    full, owed = [], False
+    for i in range(1, steps):
+        if i % every == 0 or owed:
+            owed = not budget.allow(int(i * step_s * 1e9))
+            if not owed:
+                full.append(i)
+                budget.measured(cost_s, 1)
+    return full
+
+
+def test_background_share_stays_under_the_budget_on_fast_and_slow_steps():
+    for step_s, cost_s in ((0.034, 0.030), (0.005, 0.030), (1.6, 0.100)):
+        steps = int(600 / step_s)  # ten minutes of the job
+        full = _simulate(FullDepthBudget(0.02), step_s, cost_s, steps, every=10)
+        share = len(full) * cost_s / (steps * step_s)
+        # one in ten when that is cheap enough; otherwise 2% of the time, plus the free samples at the start
+        assert share <= 0.02 + 3 * cost_s / (steps * step_s)
+        assert len(full) >= min(steps // 10, 0.02 * steps * step_s / cost_s) - 4
+    slow = _simulate(FullDepthBudget(0.02), 1.6, 0.1, 1000, every=10)
+    assert slow == list(range(10, 1000, 10))  # slow steps: the budget never holds a sample back
+
+
+def test_no_budget_means_exactly_every_nth_step():
+    assert _simulate(FullDepthBudget(None), 0.005, 0.5, 101, every=10) == list(range(10, 101, 10))
+
+
+def test_environment_defaults():
+    assert CaptureConfig.from_env({}).overhead == DEFAULT_FRACTION
+    assert CaptureConfig.from_env({"PLASMIENT_EVERY": "1"}).overhead is None  # a rate asked for is kept
+    assert CaptureConfig.from_env({"PLASMIENT_EVERY": "1", "PLASMIENT_OVERHEAD": "0.1"}).overhead == 0.1
+    assert CaptureConfig.from_env({"PLASMIENT_OVERHEAD": "0"}).overhead is None
+
+
+def test_a_bad_value_is_said_once_and_the_default_kept(capsys, monkeypatch):
+    monkeypatch.setattr(config_mod, "_said", set())
+    assert CaptureConfig.from_env({"PLASMIENT_OVERHEAD": "5%"}).overhead == DEFAULT_FRACTION
+    assert CaptureConfig.from_env({"PLASMIENT_OVERHEAD": "1.5"}).overhead == DEFAULT_FRACTION
+    err = capsys.readouterr().err
+    assert err.count("ignoring PLASMIENT_OVERHEAD") == 1 and "'5%'" in err
+
+
+def test_samples_held_back_by_the_budget_carry_flops_and_are_counted():
+    sink = Collect()
+    config = CaptureConfig(every=2, overhead=1e-6, peak_tflops=0.05, job_id="budget", environ={}, export_interval_s=0.05)
+    session = CaptureSession(config, exporters=[("memory", sink)]).start()
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(12):
+            model(torch.randn(8, 16)).sum().backward()
+            opt.step()
+            session.flush(30)  # each step measured before the next begins
+    finally:
+        session.close(timeout=30)
+    rows = {r["plasmient.step"]: r for r in sink.rows() if r["plasmient.level"] == "step"}
+    assert sorted(rows) == list(range(12))
+    full = sorted(s for s, r in rows.items() if r["plasmient.sampled_depth"] == "full")
+    # step 0 and the two free samples (steps 2 and 4); later samples wait for 1e-6 of wall time per
+    # measured cost, which twelve small steps never accrue
+    assert full == [0, 2, 4]
+    assert session.stats["samples_held"] == 4  # steps 6, 8, 10 and 12 (opened by the last optimizer step)
+    for s in set(rows) - set(full):
+        latest = max(f for f in full if f < s)  # the same input shapes every step: carried from there
+        assert rows[s]["plasmient.flops.source"] == "carried"
+        assert rows[s]["plasmient.flops"] == rows[latest]["plasmient.flops"] > 0
