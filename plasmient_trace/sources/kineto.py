@@ -32,8 +32,9 @@ import pyarrow.compute as pc
 from msgspec import UNSET
 
 from ..records import DeviceInfo, RecordSet, table_from_columns
+from .event_chunks import EventChunks, Unstreamable
 from .kineto_schema import DOCUMENT, EVENT, TOP_LEVEL_KEYS, KinetoArgs, KinetoEvent
-from .rawinput import InputError, read_trace_bytes
+from .rawinput import InputError, inflate_whole, is_gzip, read_file_bytes
 from .validate import MAX_ABS_TS_US, TimeChecker
 
 _dumps = orjson.dumps
@@ -150,7 +151,7 @@ def read_kineto(path: str | Path) -> RecordSet:
     """Parse one Kineto trace file into a RecordSet (one process/rank)."""
     path = Path(path)
     try:
-        raw = read_trace_bytes(path)
+        data = read_file_bytes(path)
     except InputError as err:
         raise TraceFormatError(str(err)) from None
     # The column pass keeps ~10 tracked objects per event (list items, grid lists) and frees none: the
@@ -158,16 +159,45 @@ def read_kineto(path: str | Path) -> RecordSet:
     gc_was_on = gc.isenabled()
     gc.disable()
     try:
-        events, meta = _decode(path, raw)
-        del raw
-        if not events:
-            raise TraceFormatError(f"{path}: trace contains no events")
-        columns = _collect(path, events)
-        del events
+        columns = meta = raw = None
+        if is_gzip(data):  # inflated a block at a time: a large document never exists at once
+            try:
+                chunks = EventChunks(data, path)
+                if chunks.whole is not None:
+                    raw = chunks.whole
+                else:
+                    columns, meta = _collect_chunks(path, chunks)
+            except Unstreamable:
+                pass  # read whole below, which names the problem if there is one
+        if columns is None or meta is None:
+            if raw is None:
+                try:
+                    raw = inflate_whole(path, data)
+                except InputError as err:
+                    raise TraceFormatError(str(err)) from None
+            del data
+            events, meta = _decode(path, raw)
+            del raw
+            if not events:
+                raise TraceFormatError(f"{path}: trace contains no events")
+            columns = _collect(path, events)
+            del events
     finally:
         if gc_was_on:
             gc.enable()
     return _build(path, columns, meta)
+
+
+def _collect_chunks(path: Path, chunks: EventChunks) -> tuple[_Columns, dict[str, Any] | None]:
+    columns = _Columns()
+    seen = 0
+    for events in chunks:
+        _collect(path, events, columns, seen)
+        seen += len(events)
+        del events  # before the next chunk is inflated and cut
+    if not seen:
+        raise TraceFormatError(f"{path}: trace contains no events")
+    return columns, chunks.meta
 
 
 _FLOAT_COLUMNS = ("ts", "dur")
@@ -210,8 +240,9 @@ class _Columns:
                 "steps": self.steps}
 
 
-def _collect(path: Path, events: list[msgspec.Raw]) -> _Columns:
-    cols = _Columns()
+def _collect(path: Path, events: list[msgspec.Raw], cols: _Columns | None = None, first: int = 0) -> _Columns:
+    """Append the events' fields to the columns (new ones when None); ``first`` numbers them in errors."""
+    cols = _Columns() if cols is None else cols
     K, L, O, M, S = cols.kernels, cols.launches, cols.ops, cols.modules, cols.steps
     k_ts, k_dur, k_dev, k_stream, k_name, k_kind = K["ts"], K["dur"], K["device"], K["stream"], K["name"], K["kind"]
     k_corr, k_ext, k_grid, k_block, k_regs = K["correlation_id"], K["external_id"], K["grid"], K["block"], K["registers_per_thread"]
@@ -221,11 +252,11 @@ def _collect(path: Path, events: list[msgspec.Raw]) -> _Columns:
     o_ts, o_dur, o_pid, o_tid, o_name, o_cat, o_ext, o_seq, o_fwd, o_dims, o_types, o_flops, o_conc = (O[k] for k in O)
     m_ts, m_dur, m_pid, m_tid, m_name = (M[k] for k in M)
     s_ts, s_dur, s_step, s_name = (S[k] for k in S)
-    index = -1
+    index = first - 1
     e = None
     decode = EVENT.decode
     try:
-        for index, raw in enumerate(events):
+        for index, raw in enumerate(events, first):
             e = decode(raw)
             if e.ph != "X":
                 continue

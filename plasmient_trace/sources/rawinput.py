@@ -1,8 +1,9 @@
 """Read a trace file's bytes under a size cap, gunzipping in bounded chunks (gzip bombs stop early).
 
-A trace is parsed from one contiguous buffer, so the decompressed size is the memory floor of an
-ingest. The caps turn "the machine ran out of memory" (a MemoryError traceback, or a segfault inside
-a C parser under a cgroup limit) into a one-line error that says which limit to raise:
+A gzip'd trace is inflated a block at a time (``inflate_blocks``, read by ``event_chunks``); a plain
+one, or one that reader cannot cut, is parsed from one contiguous buffer (``inflate_whole``). The caps
+bound both: they turn "the machine ran out of memory" (a MemoryError traceback, or a segfault inside a
+C parser under a cgroup limit) into a one-line error that says which limit to raise:
 
 - ``PLASMIENT_MAX_TRACE_BYTES`` (default 8 GiB): largest decompressed trace accepted;
 - ``PLASMIENT_MAX_GZIP_RATIO`` (default 200): largest expansion of a gzip file once its output
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 import stat
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -24,6 +26,7 @@ DEFAULT_MAX_GZIP_RATIO = 200.0
 _RATIO_FLOOR_BYTES = 256 << 20
 # Small enough that freeing it does not raise glibc's mmap threshold and leave heap pages behind.
 _MEASURE_CHUNK = 1 << 20
+_INPUT_PIECE = 1 << 20  # compressed bytes fed to zlib per call
 
 
 class InputError(ValueError):
@@ -57,10 +60,19 @@ def read_trace_bytes(path: Path) -> bytes:
     """The decompressed bytes of a .json or .json.gz file (gzip detected by its magic bytes).
 
     Always ``bytes``: the decoder's per-event ``msgspec.Raw`` views then point into it without copying."""
-    max_bytes, max_ratio = limits()
+    return inflate_whole(path, read_file_bytes(path))
+
+
+def is_gzip(data: bytes) -> bool:
+    return data[:2] == b"\x1f\x8b"
+
+
+def read_file_bytes(path: Path) -> bytes:
+    """The file's own bytes (gzip'd or not), under PLASMIENT_MAX_TRACE_BYTES; one-line errors."""
+    max_bytes, _ = limits()
     try:
         with open(path, "rb") as f:
-            data = _read_capped(path, f, max_bytes)
+            return _read_capped(path, f, max_bytes)
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
     except IsADirectoryError:
@@ -69,8 +81,13 @@ def read_trace_bytes(path: Path) -> bytes:
         raise InputError(f"{path}: not enough memory to read the file") from None
     except OSError as err:
         raise InputError(f"{path}: cannot read ({err.strerror or err})") from None
-    if data[:2] != b"\x1f\x8b":
+
+
+def inflate_whole(path: Path, data: bytes) -> bytes:
+    """The whole decompressed document of a file's bytes (the bytes themselves when not gzip'd)."""
+    if not is_gzip(data):
         return data
+    max_bytes, max_ratio = limits()
     return _gunzip(path, data, max_bytes, max_ratio)
 
 
@@ -110,34 +127,52 @@ def _gunzip(path: Path, data: bytes, max_bytes: int, max_ratio: float) -> bytes:
 
 def _measure(path: Path, data: bytes, max_bytes: int, max_ratio: float) -> list[tuple[int, int, int]]:
     """(start, end, inflated size) of each gzip member (concatenated .gz files are legal), caps enforced."""
-    members = []
-    total = 0
+    members: list[tuple[int, int, int]] = []
+    for _ in inflate_blocks(path, data, _MEASURE_CHUNK, members):
+        pass
+    return members
+
+
+def inflate_blocks(path: Path, data: bytes, block_bytes: int,
+                   members: list[tuple[int, int, int]] | None = None) -> Iterator[bytes]:
+    """The inflated bytes of every gzip member in blocks of at most ``block_bytes``, under the caps;
+    ``members`` gets (start, end, inflated size) of each member as it ends.
+
+    The compressed input is fed a piece at a time: zlib copies what a call leaves unconsumed, so
+    feeding it all at once would copy the rest of the file at every block."""
+    max_bytes, max_ratio = limits()
     ratio_cap = max(_RATIO_FLOOR_BYTES, int(len(data) * max_ratio))
+    view = memoryview(data)
+    total = 0
     begin = 0
     try:
         while True:
             inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-            pending = memoryview(data)[begin:]
-            size = 0
+            at, size = begin, 0
+            piece: bytes | memoryview = b""
             while not inflater.eof:
-                produced = len(inflater.decompress(pending, _MEASURE_CHUNK))
-                pending = inflater.unconsumed_tail
-                if not produced and not pending:
-                    break  # input used up before the end of the stream
-                size += produced
+                if not piece and at < len(data):
+                    piece = view[at:at + _INPUT_PIECE]
+                    at += len(piece)
+                block = inflater.decompress(piece, block_bytes)
+                piece = inflater.unconsumed_tail
+                if not block and not piece and at >= len(data):
+                    raise InputError(f"{path}: truncated gzip stream (the file was cut short)")
+                size += len(block)
                 if total + size > max_bytes:
                     raise InputError(f"{path}: decompresses to over {_mb(max_bytes)}, the size limit "
                                      "(raise PLASMIENT_MAX_TRACE_BYTES to accept it)")
                 if total + size > ratio_cap:
                     raise InputError(f"{path}: expands more than {max_ratio:g}x ({_mb(len(data))} gzip -> over "
                                      f"{_mb(total + size)}): a gzip bomb? (raise PLASMIENT_MAX_GZIP_RATIO to accept it)")
-            if not inflater.eof:
-                raise InputError(f"{path}: truncated gzip stream (the file was cut short)")
-            end = len(data) - len(inflater.unused_data)
-            members.append((begin, end, size))
+                if block:
+                    yield block
+            end = at - len(inflater.unused_data)
+            if members is not None:
+                members.append((begin, end, size))
             total += size
             if not data[end:].strip(b"\x00"):
-                return members
+                return
             begin = end
     except zlib.error as err:
         raise InputError(f"{path}: corrupt gzip data ({err})") from None

@@ -1,0 +1,187 @@
+"""A gzip'd Chrome trace's events in chunks of whole events, inflated as they are read.
+
+The decompressed document never exists at once: a 10^6-kernel trace is about 4 GB of JSON, and its
+record tables a third of that. Blocks are inflated under the same caps as ``rawinput`` and cut into
+chunks of whole events, each decoded into ``msgspec.Raw`` views by one call.
+
+Where to cut is found by the decoder itself. A chunk starts at a boundary between two events; a
+candidate end (a ``}`` followed by ``,``, latest first) is right exactly when ``[`` + chunk + ``]``
+decodes, since a parser that starts at a boundary can only reach the end of the text between two
+events. The document around the events (``deviceProperties``, ``baseTimeNanoseconds``, ...) is
+decoded once the array is closed, as the document with an empty ``traceEvents``.
+
+Anything this reader does not expect (no ``traceEvents`` near the top, an event larger than the
+buffer allows, a closing it cannot place, a corrupt or capped stream) raises :class:`Unstreamable`,
+and the caller reads the file whole, which names the problem exactly as before.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from .kineto_schema import KinetoDocument
+from .rawinput import InputError, inflate_blocks
+
+BLOCK_BYTES = 2 << 20  # inflated per step; a chunk of events is about this size (1-2 MiB blocks kept the
+# peak lowest and read fastest on the shared traces: less to copy, and freed memory is reused)
+_MAX_BUFFER = 256 << 20    # one event (or the head before traceEvents) larger than this: read it whole
+_CUT_TRIES = 16            # candidate cuts tried per chunk before reading more
+_KEY = b'"traceEvents"'
+_CLOSING = re.compile(rb"\}[ \t\r\n]*\]")
+_WHITESPACE = b" \t\r\n"
+_EVENTS = msgspec.json.Decoder(list[msgspec.Raw])
+_DOCUMENT = msgspec.json.Decoder(KinetoDocument)
+
+
+class Unstreamable(Exception):
+    """This file is read whole instead (the whole-document reader reports any problem)."""
+
+
+class EventChunks:
+    """Iterate to get each chunk's events (``list[msgspec.Raw]``); ``meta`` is set once they are exhausted.
+    When the whole document inflates to one block, ``whole`` holds it and nothing is to be iterated."""
+
+    def __init__(self, data: bytes, path: Path | str = "trace") -> None:
+        self._blocks = _inflate(Path(path), data)
+        first = next(self._blocks, b"")
+        second = next(self._blocks, None)
+        # A document that fits in one block is decoded whole, as an uncompressed file is: cutting it
+        # would only add copies.
+        self.whole: bytes | None = first if second is None else None
+        self._read = [first] if second is None else [first, second]
+        self.meta: dict[str, Any] | None = None
+
+    def __iter__(self) -> Iterator[list[msgspec.Raw]]:
+        blocks = self._blocks_in_order()
+        buf = b""
+        for block in blocks:  # the head: up to the '[' that opens traceEvents
+            buf += block
+            del block
+            at = buf.find(_KEY)
+            if at >= 0:
+                opened = _array_start(buf, at + len(_KEY))
+                if opened is not None:
+                    break
+            if len(buf) > _MAX_BUFFER:
+                raise Unstreamable("no traceEvents near the top")
+        else:
+            raise Unstreamable("no traceEvents")
+        head = buf[:at + len(_KEY)]
+        rest = buf[opened:]  # from an event boundary on, not cut yet
+        del buf
+        # At most about three blocks at once: the one just inflated, the buffer it extends, and the
+        # chunk being decoded; between chunks, one chunk and its events.
+        while True:
+            nxt = next(blocks, None)
+            exhausted = nxt is None
+            buf = rest if exhausted else rest + nxt
+            del rest, nxt
+            pos = _after_separator(buf, 0)
+            if exhausted:
+                events, self.meta = _close(buf, pos, head)
+                del buf
+                if events:
+                    yield events
+                return
+            cut = _cut(buf, pos)
+            if cut is None:  # no boundary yet: an event longer than what is buffered
+                if len(buf) > _MAX_BUFFER:
+                    raise Unstreamable("an event larger than the buffer")
+                rest = buf
+                continue
+            events, end = cut
+            rest = buf[end:]
+            del buf
+            yield events
+            del events
+
+    def _blocks_in_order(self) -> Iterator[bytes]:
+        """The blocks read ahead in __init__, then the rest; each let go once handed out."""
+        while self._read:
+            yield self._read.pop(0)
+        yield from self._blocks
+
+
+def _array_start(buf: bytes, after_key: int) -> int | None:
+    """Index just past the '[' of ``"traceEvents": [``, None when the buffer ends before it."""
+    i = _skip(buf, after_key)
+    if i >= len(buf):
+        return None
+    if buf[i:i + 1] != b":":
+        raise Unstreamable("traceEvents is not a key")
+    i = _skip(buf, i + 1)
+    if i >= len(buf):
+        return None
+    if buf[i:i + 1] != b"[":
+        raise Unstreamable("traceEvents is not a list")
+    return i + 1
+
+
+def _skip(buf: bytes, i: int) -> int:
+    while i < len(buf) and buf[i] in _WHITESPACE:
+        i += 1
+    return i
+
+
+def _after_separator(buf: bytes, pos: int) -> int:
+    """Where the next event starts: past whitespace and the ',' between two events."""
+    i = _skip(buf, pos)
+    if buf[i:i + 1] == b",":
+        i = _skip(buf, i + 1)
+    return i
+
+
+def _cut(buf: bytes, pos: int) -> tuple[list[msgspec.Raw], int] | None:
+    """The whole events in buf[pos:] up to a boundary near its end, and where the rest starts; None when
+    no boundary is found."""
+    end = len(buf)
+    view = memoryview(buf)
+    for _ in range(_CUT_TRIES):
+        brace = buf.rfind(b"}", pos, end)
+        if brace < 0:
+            return None
+        after = _skip(buf, brace + 1)
+        if buf[after:after + 1] == b",":
+            try:
+                return _EVENTS.decode(b"[" + view[pos:brace + 1] + b"]"), brace + 1
+            except msgspec.DecodeError:
+                pass
+            except (RecursionError, MemoryError):
+                raise Unstreamable("nested too deeply, or too large") from None
+        end = brace
+    return None
+
+
+def _close(buf: bytes, pos: int, head: bytes) -> tuple[list[msgspec.Raw], dict[str, Any]]:
+    """At the end of the input: the last events, and the document around them (as ``_decode``'s meta)."""
+    view = memoryview(buf)
+    # The array closes at a ']' right after an event's '}' (or at once, when it is empty). Forward, because
+    # what follows it (Kineto's "traceLog" lines) may hold many ']'.
+    ends = itertools.chain([pos] if buf[pos:pos + 1] == b"]" else [], (m.end() - 1 for m in _CLOSING.finditer(buf, pos)))
+    for bracket in itertools.islice(ends, _CUT_TRIES):
+        try:
+            events = _EVENTS.decode(b"[" + view[pos:bracket] + b"]")
+            doc = _DOCUMENT.decode(head + b":[]" + view[bracket + 1:])
+        except msgspec.DecodeError:
+            continue
+        except (RecursionError, MemoryError):
+            raise Unstreamable("nested too deeply, or too large") from None
+        if doc.traceEvents:  # the key found first was not the top-level one
+            raise Unstreamable("traceEvents twice")
+        return events, {"deviceProperties": doc.deviceProperties, "baseTimeNanoseconds": doc.baseTimeNanoseconds,
+                        "distributedInfo": doc.distributedInfo}
+    raise Unstreamable("cannot place the end of traceEvents")
+
+
+def _inflate(path: Path, data: bytes) -> Iterator[bytes]:
+    """``rawinput.inflate_blocks``, its problems left to the whole-document reader to report."""
+    try:
+        yield from inflate_blocks(path, data, BLOCK_BYTES)
+    except InputError as err:
+        raise Unstreamable(str(err)) from None

@@ -1,0 +1,114 @@
+"""A gzip'd trace read a block at a time (sources.event_chunks) gives exactly what reading the whole document
+gives, on every shared trace and on fuzzed inputs, in memory bounded by the block, not the document."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import TRACES
+from ingest_checks import ingest
+from plasmient_trace.sources import event_chunks, kineto
+from plasmient_trace.sources.rawinput import read_file_bytes
+
+import test_fuzz_input as fuzz
+
+GZ_TRACES = sorted(str(p.relative_to(TRACES)) for p in TRACES.rglob("*.json.gz"))
+SMALL_BLOCK = 64 << 10
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks small enough that every shared trace but the tiniest is cut into many chunks."""
+    monkeypatch.setattr(event_chunks, "BLOCK_BYTES", SMALL_BLOCK)
+
+
+def _read_whole(path: Path, monkeypatch) -> kineto.RecordSet:
+    with monkeypatch.context() as m:
+        m.setattr(kineto, "is_gzip", lambda data: False)  # the whole-document reader
+        return kineto.read_kineto(path)
+
+
+@pytest.mark.parametrize("name", GZ_TRACES)
+def test_every_shared_trace_reads_the_same_in_chunks(name, small_blocks, monkeypatch):
+    path = TRACES / name
+    chunks = event_chunks.EventChunks(read_file_bytes(path), path)
+    if chunks.whole is not None:
+        pytest.skip("inflates to less than one block")
+    assert sum(1 for _ in chunks) >= 1  # read a block at a time, not whole
+    streamed, whole = kineto.read_kineto(path), _read_whole(path, monkeypatch)
+    for table in ("kernels", "launches", "ops", "modules", "steps", "external_correlation", "samples"):
+        assert getattr(streamed, table).equals(getattr(whole, table)), table
+    assert streamed.devices == whole.devices
+    assert (streamed.resource, streamed.clock, streamed.counters) == (whole.resource, whole.clock, whole.counters)
+
+
+def test_the_events_are_the_documents_own_bytes(small_blocks):
+    path = TRACES / "a100/cuda_graphs_rank0_of16.json.gz"
+    chunks = event_chunks.EventChunks(read_file_bytes(path), path)
+    streamed = [bytes(raw) for events in chunks for raw in events]
+    doc = json.loads(gzip.decompress(path.read_bytes()))  # an independent parser
+    assert len(streamed) == len(doc["traceEvents"])
+    assert [json.loads(raw) for raw in streamed] == doc["traceEvents"]
+    assert chunks.meta["deviceProperties"] == doc["deviceProperties"]
+    assert chunks.meta["baseTimeNanoseconds"] == doc.get("baseTimeNanoseconds")
+
+
+@pytest.mark.parametrize("case", range(0, fuzz.CASES, 3))
+def test_a_fuzzed_gzip_trace_ends_the_same_in_chunks_as_whole(case, tmp_path, capsys, monkeypatch):
+    """Each fuzz case (truncations, corrupt streams, type confusion, deletions, absurd values, nesting) gzip'd
+    when it is not: same exit code, same error line or the same spans, streamed or whole."""
+    path, what = fuzz._bytes_for(case, tmp_path)
+    if not path.name.endswith(".gz"):
+        path = path.rename(path.with_name("case.json.gz.src"))
+        gz = path.with_name("case.json.gz")
+        gz.write_bytes(gzip.compress(path.read_bytes(), compresslevel=1))
+        path = gz
+    outcomes = []
+    for streamed in (True, False):
+        out = tmp_path / f"out-{streamed}.jsonl"
+        with monkeypatch.context() as m:
+            m.setattr(event_chunks, "BLOCK_BYTES", 4 << 10)
+            if not streamed:
+                m.setattr(kineto, "is_gzip", lambda data: False)
+            code, err = ingest(path, out, capsys)
+        outcomes.append((code, err, out.read_bytes() if out.exists() else None))
+    assert outcomes[0] == outcomes[1], what
+
+
+def test_memory_is_bounded_by_the_block_not_the_document(tmp_path):
+    """A 140 MB document (a real trace plus 1.5M flow events, which make no records), read with the default
+    blocks: the reader's peak stays under a third of the document, which the whole-document reader holds
+    at once."""
+    doc = json.loads(gzip.decompress((TRACES / "h100/bert_small_inference.json.gz").read_bytes()))
+    flow = b',{"ph": "s", "id": 1, "pid": 1, "tid": 1, "ts": 1.0, "cat": "ac2g", "name": "ac2g", "bp": "e"}' * 1000
+    head, events = json.dumps({**doc, "traceEvents": []}).encode().split(b'"traceEvents": []')
+    body = json.dumps(doc["traceEvents"]).encode()[:-1] + flow * 1500 + b"]"
+    text = head + b'"traceEvents": ' + body + events
+    path = tmp_path / "big.json.gz"
+    path.write_bytes(gzip.compress(text, compresslevel=1))
+    size = len(text)
+    del text, body
+    child = textwrap.dedent(f"""
+        import json
+        from pathlib import Path
+        from plasmient_trace.sources import kineto
+        def vm(field):
+            for line in open("/proc/self/status"):
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+        before = vm("VmRSS")
+        records = kineto.read_kineto(Path({str(path)!r}))
+        print(json.dumps({{"peak": vm("VmHWM") - before, "kernels": records.kernels.num_rows}}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300, check=True)
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["kernels"] == kineto.read_kineto(TRACES / "h100/bert_small_inference.json.gz").kernels.num_rows
+    assert size > 130e6
+    assert got["peak"] < size / 3, f"peak {got['peak'] / 1e6:.0f} MB reading a {size / 1e6:.0f} MB document"
