@@ -11,13 +11,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
+import test_fuzz_input as fuzz
 from conftest import TRACES
 from ingest_checks import ingest
+
 from plasmient_trace.sources import event_chunks, kineto
 from plasmient_trace.sources.rawinput import read_file_bytes
-
-import test_fuzz_input as fuzz
 
 GZ_TRACES = sorted(str(p.relative_to(TRACES)) for p in TRACES.rglob("*.json.gz"))
 SMALL_BLOCK = 64 << 10
