@@ -3,6 +3,7 @@ that nothing tracing does can break or block the job."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import sys
 import threading
@@ -185,33 +186,41 @@ def test_a_failing_exporter_is_reported_once_and_the_job_continues(capsys):
     assert err.count("export to collector failed") == 1
 
 
-def test_a_blocked_exporter_never_blocks_a_step():
+@contextlib.contextmanager
+def held_exporter(job_id: str, **cfg):
+    """A full-depth session whose exporter waits until released, and one small training step to run
+    under it; yields (session, one_step, release, sink)."""
     release = threading.Event()
     sink = Collect()
 
-    def stuck(batch):
+    def held(batch):
         release.wait(60)
         sink(batch)
 
-    config = CaptureConfig(every=1, peak_tflops=0.05, job_id="stuck", environ={}, queue_steps=2)
-    session = CaptureSession(config, exporters=[("stuck", stuck)]).start()
+    config = CaptureConfig(every=1, peak_tflops=0.05, job_id=job_id, environ={}, **cfg)
+    session = CaptureSession(config, exporters=[("held", held)]).start()
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def one_step():
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+
     try:
-        model = torch.nn.Linear(8, 8)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        yield session, one_step, release, sink
+    finally:
+        release.set()
+        session.close(timeout=30)
 
-        def one_step():
-            model(torch.randn(4, 8)).sum().backward()
-            opt.step()
 
+def test_a_blocked_exporter_never_blocks_a_step():
+    with held_exporter("stuck", queue_steps=2) as (session, one_step, _, sink):
         one_step()
         assert not session.flush(0.5)  # the worker is now stuck inside the exporter
         for _ in range(8):
             one_step()
         # All 9 steps returned although the exporter never did: the full queue dropped steps instead.
         assert session.stats["steps"] == 9 and session.stats["steps_dropped"] == 8 - 2
-    finally:
-        release.set()
-        session.close(timeout=30)
     assert sorted(r["plasmient.step"] for r in sink.rows() if r["plasmient.level"] == "step") == [0, 1, 2]
 
 
@@ -221,23 +230,7 @@ def test_a_worker_that_falls_behind_defers_full_depth_instead_of_dropping_steps(
     from plasmient_trace.capture import config as config_mod
 
     monkeypatch.setattr(config_mod, "_said", set())  # said once per process: earlier tests may have said it
-    release = threading.Event()
-    sink = Collect()
-
-    def slow(batch):
-        release.wait(60)
-        sink(batch)
-
-    config = CaptureConfig(every=1, peak_tflops=0.05, job_id="behind", environ={}, queue_steps=8, max_batch_steps=1)
-    session = CaptureSession(config, exporters=[("slow", slow)]).start()
-    try:
-        model = torch.nn.Linear(8, 8)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-
-        def one_step():
-            model(torch.randn(4, 8)).sum().backward()
-            opt.step()
-
+    with held_exporter("behind", queue_steps=8, max_batch_steps=1) as (session, one_step, release, sink):
         one_step()
         assert not session.flush(0.5)  # step 0 is inside the exporter; later steps wait in the queue
         for _ in range(7):
@@ -248,9 +241,6 @@ def test_a_worker_that_falls_behind_defers_full_depth_instead_of_dropping_steps(
         assert session.flush(30)
         one_step()  # step 8 began while the backlog still stood; step 9 is owed full depth
         one_step()
-    finally:
-        release.set()
-        session.close(timeout=30)
     depth = {r["plasmient.step"]: (r["plasmient.sampled_depth"], r["plasmient.flops.source"])
              for r in sink.rows() if r["plasmient.level"] == "step"}
     assert sorted(depth) == list(range(10))  # every step exported

@@ -1,7 +1,7 @@
 """A gzip'd Chrome trace's events in chunks of whole events, inflated as they are read.
 
 The decompressed document never exists at once: a 10^6-kernel trace is about 4 GB of JSON, and its
-record tables a third of that. Blocks are inflated under the same caps as ``rawinput`` and cut into
+record tables about a fifth of that. Blocks are inflated under the same caps as ``rawinput`` and cut into
 chunks of whole events, each decoded into ``msgspec.Raw`` views by one call.
 
 Where to cut is found by the decoder itself. A chunk starts at a boundary between two events; a
