@@ -192,16 +192,23 @@ def test_size_limit_applies_to_plain_and_gzip_files(tmp_path, monkeypatch, capsy
 
 
 def test_gunzip_reads_concatenated_members_and_rejects_trailing_garbage(tmp_path):
+    def whole(path: Path) -> bytes:
+        return rawinput.inflate_whole(path, rawinput.read_file_bytes(path))
+
+    def in_blocks(path: Path) -> bytes:
+        return b"".join(rawinput.inflate_blocks(path, rawinput.read_file_bytes(path), 1 << 16))
+
     text = gzip.decompress(trace_path(BERT).read_bytes())
     half = len(text) // 2
     two = tmp_path / "two.json.gz"
     two.write_bytes(gzip.compress(text[:half]) + gzip.compress(text[half:]))
-    assert bytes(rawinput.read_trace_bytes(two)) == text
     junk = tmp_path / "junk.json.gz"
     junk.write_bytes(gzip.compress(text) + b"not gzip at all")
-    with pytest.raises(rawinput.InputError, match="corrupt gzip"):
-        rawinput.read_trace_bytes(junk)
-    assert zlib.crc32(bytes(rawinput.read_trace_bytes(trace_path(BERT)))) == zlib.crc32(text)
+    for read in (whole, in_blocks):
+        assert bytes(read(two)) == text
+        with pytest.raises(rawinput.InputError, match="corrupt gzip"):
+            read(junk)
+        assert zlib.crc32(bytes(read(trace_path(BERT)))) == zlib.crc32(text)
 
 
 def test_a_stitcher_failure_on_parsed_input_is_one_line_naming_the_inputs(tmp_path, monkeypatch, capsys):

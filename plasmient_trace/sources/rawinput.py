@@ -56,13 +56,6 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:,.0f} MB"
 
 
-def read_trace_bytes(path: Path) -> bytes:
-    """The decompressed bytes of a .json or .json.gz file (gzip detected by its magic bytes).
-
-    Always ``bytes``: the decoder's per-event ``msgspec.Raw`` views then point into it without copying."""
-    return inflate_whole(path, read_file_bytes(path))
-
-
 def is_gzip(data: bytes) -> bool:
     return data[:2] == b"\x1f\x8b"
 
@@ -84,7 +77,9 @@ def read_file_bytes(path: Path) -> bytes:
 
 
 def inflate_whole(path: Path, data: bytes) -> bytes:
-    """The whole decompressed document of a file's bytes (the bytes themselves when not gzip'd)."""
+    """The whole decompressed document of a file's bytes (the bytes themselves when not gzip'd).
+
+    Always ``bytes``: the decoder's per-event ``msgspec.Raw`` views then point into it without copying."""
     if not is_gzip(data):
         return data
     max_bytes, max_ratio = limits()
