@@ -248,8 +248,7 @@ def scatter_rows(values: pa.Array, rows: np.ndarray, n: int) -> pa.Array:
     Not ``values.take(index with nulls)``: for strings Arrow reserves the values' mean length times n
     bytes (126 MB for the few culprit lists of a 33k-span table)."""
     valid = np.zeros(n, bool)
-    valid[rows] = values.is_valid().to_numpy(zero_copy_only=False) if len(rows) else True
-    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    valid[rows] = values.is_valid().to_numpy(zero_copy_only=False)
     if not (pa.types.is_string(values.type) or pa.types.is_binary(values.type)):
         where = np.zeros(n, np.int64)
         where[rows] = np.arange(len(rows))
@@ -262,5 +261,6 @@ def scatter_rows(values: pa.Array, rows: np.ndarray, n: int) -> pa.Array:
     np.cumsum(lengths, out=out_offsets[1:])
     # rows increase with k, so the values' bytes are already in row order
     data = values.buffers()[2] or pa.py_buffer(b"")
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
     return pa.Array.from_buffers(values.type, n, [bitmap, pa.py_buffer(out_offsets), data],
                                  null_count=n - int(valid.sum()))

@@ -181,12 +181,12 @@ def merge_culprits(lists: list[tuple[int, list[dict[str, Any]]]], rows: int | No
 def culprit_columns(n: int, lists: dict[int, list[dict[str, Any]]]) -> dict[str, pa.Array]:
     """plasmient.culprits (JSON rows) and the plasmient.culprit.* attributes of the first row, for the
     n spans of a table of which `lists` (row -> culprit rows) names the few that carry them."""
-    have = np.array(sorted(i for i, items in lists.items() if items), np.int64)
+    have = sorted(i for i, items in lists.items() if items)
+    rows = np.array(have, np.int64)
     out: dict[str, pa.Array] = {}
     for k in ("kernel", "op", "module", "rank", "wasted_s", "bound", "suggestion"):
         typ = cv.ATTRIBUTE_BY_NAME[f"plasmient.culprit.{k}"].type
-        out[f"plasmient.culprit.{k}"] = cv.scatter_rows(pa.array([lists[i][0].get(k) for i in have.tolist()], typ), have, n)
-    rows = [json.dumps(lists[i], separators=(",", ":")) for i in have.tolist()]
-    out["plasmient.culprits"] = cv.scatter_rows(pa.array(rows, pa.string()), have, n)
+        out[f"plasmient.culprit.{k}"] = cv.scatter_rows(pa.array([lists[i][0].get(k) for i in have], typ), rows, n)
+    texts = [json.dumps(lists[i], separators=(",", ":")) for i in have]
+    out["plasmient.culprits"] = cv.scatter_rows(pa.array(texts, pa.string()), rows, n)
     return out
-
