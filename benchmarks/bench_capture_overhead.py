@@ -50,6 +50,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -60,6 +61,8 @@ import train_tiny_transformer as tiny  # noqa: E402
 from plasmient_trace.capture.session import CaptureConfig, CaptureSession  # noqa: E402
 
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time, "process": time.process_time}
+# session.stats counted per configuration, in the order printed
+STEP_COUNTS = ("steps_full", "samples_held", "steps_deferred", "steps_dropped")
 CONFIGS = ("base", "step-level", "sampled", "full", "full-dispatch", "profiler", "profiler+")
 MODELS = {
     "tiny": {},
@@ -87,7 +90,7 @@ def run_base(model, opt, data, n: int) -> dict[str, float]:
     return c.spent
 
 
-def run_capture(model, opt, data, n: int, every: int, out_dir: str, deferred: list[int],
+def run_capture(model, opt, data, n: int, every: int, out_dir: str, tally: Counter,
                 op_hook: str = "native") -> dict[str, float]:
     path = str(Path(out_dir) / f"bench-{every}-{op_hook}.jsonl")
     # the live delivery path as users get it: an OTLP/JSON lines file, written by the export thread;
@@ -102,10 +105,8 @@ def run_capture(model, opt, data, n: int, every: int, out_dir: str, deferred: li
             steps(model, opt, data, n)
             loop_wall = time.perf_counter() - c.t0["wall"]
             session.flush(60)
-        deferred[0] += session.stats["steps_deferred"]
-        deferred[1] += session.stats["steps_dropped"]
-        deferred[2] += session.stats["samples_held"]
-        deferred[3] += session.stats["steps_full"] - 1  # step 0 is not timed
+        tally.update({k: session.stats[k] for k in STEP_COUNTS})
+        tally["steps_full"] -= 1  # step 0 is not timed
         return {**c.spent, "loop": loop_wall}
     finally:
         session.close(timeout=60)
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
     if "profiler+" in chosen:
         chosen.add("profiler")
     spent: dict[str, list[dict[str, float]]] = {k: [] for k in CONFIGS}
-    put_off = {k: [0, 0, 0, 0] for k in CONFIGS}  # steps deferred, dropped, samples held, full: all rounds
+    tallies = {k: Counter() for k in CONFIGS}  # STEP_COUNTS over all rounds
     post = []
     with tempfile.TemporaryDirectory() as out_dir:
         from plasmient_trace.metrics import hardware
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> dict:
                     spent["profiler+"].append({k: v + share for k, v in s.items()})
                     post.append(x)
                 else:
-                    spent[cfg].append(run_capture(model, opt, data, args.steps, every, out_dir, put_off[cfg], hook))
+                    spent[cfg].append(run_capture(model, opt, data, args.steps, every, out_dir, tallies[cfg], hook))
     spent = {cfg: rounds for cfg, rounds in spent.items() if rounds}
     per_step = {cfg: {clk: statistics.median(r[clk] for r in rounds) / args.steps for clk in CLOCKS}
                 for cfg, rounds in spent.items()}
@@ -185,10 +186,9 @@ def main(argv: list[str] | None = None) -> dict:
     vs_prof = {ref: {cfg: {clk: vs(cfg, ref, clk) for clk in CLOCKS}
                      for cfg in ("step-level", "sampled", "full", "full-dispatch") if cfg in per_step}
                for ref in ("profiler", "profiler+") if ref in per_step}
-    put_off = {cfg: {"deferred": d, "dropped": x, "held": h, "full": f} for cfg, (d, x, h, f) in put_off.items()
-               if cfg in loop}
+    counts = {cfg: {k: tallies[cfg][k] for k in STEP_COUNTS} for cfg in loop}
     res = {"step_ms": {c: {k: round(v * 1e3, 2) for k, v in d.items()} for c, d in per_step.items()},
-           "ratio_vs_base": ratio, "loop_ratio_vs_base": loop, "steps_put_off": put_off,
+           "ratio_vs_base": ratio, "loop_ratio_vs_base": loop, "step_counts": counts,
            "overhead_vs_profiler": vs_prof,
            "profiler_processing_s": round(statistics.median(post), 3) if post else None,
            "rounds": args.rounds, "steps_per_round": args.steps, "threads": args.threads, "model": args.model}
@@ -200,8 +200,8 @@ def main(argv: list[str] | None = None) -> dict:
     print("the loop alone, without draining the export queue after it: "
           + ", ".join(f"{cfg} {v:.3f}" for cfg, v in loop.items()))
     print("timed steps at full depth / samples held by PLASMIENT_OVERHEAD / put off (the worker behind) / "
-          "dropped, all rounds: " + ", ".join(f"{cfg} {v['full']}/{v['held']}/{v['deferred']}/{v['dropped']}"
-                                               for cfg, v in put_off.items()))
+          "dropped, all rounds: " + ", ".join(f"{cfg} " + "/".join(str(v[k]) for k in STEP_COUNTS)
+                                               for cfg, v in counts.items()))
     print(f"overhead as a fraction of torch.profiler's: {vs_prof}")
     print(f"torch.profiler processing at exit: {res['profiler_processing_s']} s (not in its ratios)")
     print(json.dumps(res))
