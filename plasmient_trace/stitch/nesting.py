@@ -63,54 +63,64 @@ def innermost_enclosing(
     uniq = np.unique(all_groups)
     inv = np.searchsorted(uniq, all_groups)
     g_iv, g_pt = inv[:n_iv], inv[n_iv:]
+    del all_groups
     t0 = int(min(iv_start.min(), pt_time.min() if n_pt else iv_start.min()))
     t1 = int(max(iv_end.max(), pt_time.max() if n_pt else iv_end.max()))
     span = t1 - t0 + 2
     if span * (len(uniq) + 1) >= 2**62:
         raise OverflowError("time range too large to pack with group ids")
 
+    # Millions of ops pass through here whole-rank: each temporary is let go once used, so the peak holds
+    # about eight of the n-long arrays rather than every one the function makes.
     start_key = np.concatenate([_group_keys(g_iv, iv_start, t0, span), _group_keys(g_pt, pt_time, t0, span)])
     is_point = np.concatenate([np.zeros(n_iv, np.int8), np.ones(n_pt, np.int8)])
-    neg_len = np.concatenate([-(iv_end - iv_start), np.zeros(n_pt, np.int64)])
+    neg_len = np.concatenate([iv_start - iv_end, np.zeros(n_pt, np.int64)])
     # Sort by (key, intervals before points, longer first): a parent precedes what it contains.
     order = _lexsort_ties(start_key, is_point, neg_len)
+    del neg_len
     sorted_key = start_key[order]
+    del start_key
     sorted_is_iv = is_point[order] == 0
+    del is_point
 
     # Open intervals at each item's start = intervals before it - intervals already closed.
-    iv_before = np.cumsum(sorted_is_iv) - sorted_is_iv
+    depth = np.cumsum(sorted_is_iv)
+    depth -= sorted_is_iv
     end_keys_sorted = np.sort(_group_keys(g_iv, iv_end, t0, span))
-    closed = np.searchsorted(end_keys_sorted, sorted_key, side="right")
     # Intervals before it that belong to earlier groups are all closed; both counts include them.
-    depth = iv_before - closed
+    depth -= np.searchsorted(end_keys_sorted, sorted_key, side="right")
+    del end_keys_sorted
 
     # Parent = the last interval before the item (in sorted order) that is exactly one level up. One
     # searchsorted over (depth, position) keys answers all depths at once: O(n log n) however deep.
     n_items = len(order)
-    positions = np.arange(n_items, dtype=np.int64)
-    iv_pos = positions[sorted_is_iv]
+    iv_pos = np.flatnonzero(sorted_is_iv)
+    del sorted_is_iv
     cand_keys = depth[iv_pos] * (n_items + 1) + iv_pos
     cand_order = np.argsort(cand_keys, kind="stable")
     cand_keys, cand_pos = cand_keys[cand_order], iv_pos[cand_order]
-    want_keys = (depth - 1) * (n_items + 1) + positions
+    del cand_order, iv_pos
+    want_keys = (depth - 1) * (n_items + 1)
+    want_keys += np.arange(n_items, dtype=np.int64)
     k = np.searchsorted(cand_keys, want_keys, side="left") - 1
+    del want_keys
     ok = (depth >= 1) & (k >= 0)
-    k = np.maximum(k, 0)
+    np.maximum(k, 0, out=k)
     ok &= cand_keys[k] // (n_items + 1) == depth - 1  # n_iv > 0 here, so there is a candidate
+    del depth, cand_keys
     parent_pos = np.where(ok, cand_pos[k], -1)
+    del ok, k, cand_pos
 
     # Validate containment (guards against partial overlaps from float-µs rounding).
-    orig = order  # position -> original item index
     has = parent_pos >= 0
-    par_item = np.where(has, orig[np.maximum(parent_pos, 0)], 0)
-    item_key = sorted_key
-    par_end_key = _group_keys(g_iv[par_item], iv_end[par_item], t0, span)
-    par_start_key = _group_keys(g_iv[par_item], iv_start[par_item], t0, span)
-    valid = has & (par_start_key <= item_key) & (item_key < par_end_key)
-    result = np.where(valid, par_item, -1)
-
+    par_item = np.where(has, order[np.maximum(parent_pos, 0)], 0)
+    del parent_pos
+    valid = has & (_group_keys(g_iv[par_item], iv_start[par_item], t0, span) <= sorted_key)
+    valid &= sorted_key < _group_keys(g_iv[par_item], iv_end[par_item], t0, span)
+    del has, sorted_key
     out = np.empty(n_iv + n_pt, np.int64)
-    out[orig] = result
+    out[order] = np.where(valid, par_item, -1)
+    del order, valid, par_item
     iv_parent[:] = out[:n_iv]
     pt_parent[:] = out[n_iv:]
     return iv_parent, pt_parent
