@@ -141,7 +141,7 @@ def rank_input(records: RecordSet, options: IngestOptions, notes: list[str] | No
     return RankInput(
         records=records, spec=resolve_device(records, options),
         op_flops=np.asarray(costs.flops, np.float64), op_bytes=np.asarray(costs.bytes, np.float64),
-        op_dtype=np.asarray(costs.dtype, dtype=str), op_model=np.asarray(costs.model, dtype=str),
+        op_dtype=flops_model.Labels.encode(costs.dtype), op_model=flops_model.Labels.encode(costs.model),
     )
 
 

@@ -44,24 +44,6 @@ def repeated(value: str | None, n: int, where: np.ndarray | None = None) -> pa.A
     return pa.array([value], pa.string()).take(pa.array(np.zeros(n, np.int32), mask=~np.asarray(where, bool)))
 
 
-def unicode_to_arrow(values: np.ndarray) -> pa.Array:
-    """A numpy unicode array as an Arrow string array. ASCII (dtype and model names) is converted from the
-    fixed-width code points in a few vectorised passes (pa.array walks it element by element)."""
-    values = np.asarray(values)
-    width = values.dtype.itemsize // 4
-    if values.dtype.kind != "U" or width == 0 or len(values) == 0:
-        return pa.array(values.astype(str), pa.string())
-    points = values.view(np.uint32).reshape(len(values), width)
-    if points.max() >= 128:
-        return pa.array(values, pa.string())
-    # numpy pads with NUL code points at the end only, so the non-NUL points are each string's text
-    keep = points != 0
-    offsets = np.zeros(len(values) + 1, np.int32)
-    np.cumsum(keep.sum(axis=1), out=offsets[1:])
-    data = points[keep].astype(np.uint8)
-    return pa.Array.from_buffers(pa.string(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-
-
 def _runs(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """(starts, lengths) of the consecutive runs of sorted rows, or None when there are too many runs for
     slicing to beat a take (a budget that keeps every span but a few is a handful of runs)."""
@@ -305,8 +287,8 @@ def _record_values(kind: str, inp: RankInput, j: JoinedRank, rows: np.ndarray, f
         vals["plasmient.op.sequence_number"] = t.column("sequence_number")
         vals["plasmient.op.input_dims"] = t.column("input_dims")
         vals["plasmient.op.input_types"] = t.column("input_types")
-        vals["plasmient.op.dtype"] = unicode_to_arrow(inp.op_dtype[rows])
-        vals["plasmient.op.flops_model"] = unicode_to_arrow(inp.op_model[rows])
+        vals["plasmient.op.dtype"] = inp.op_dtype[rows].to_arrow()
+        vals["plasmient.op.flops_model"] = inp.op_model[rows].to_arrow()
         vals["plasmient.op.model_flops"] = pa.array(inp.op_flops[rows], pa.float64())
         vals["plasmient.op.kineto_flops"] = t.column("kineto_flops")
         vals["plasmient.op.cpu_s"] = pc.divide(pc.subtract(t.column("end_ns"), t.column("start_ns")).cast(pa.float64()), 1e9)

@@ -8,6 +8,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import conventions as cv
+from ..metrics.flops.labels import Labels
 from ..records import RecordSet
 
 LEVEL_CODE = {name: i for i, name in enumerate(cv.LEVELS)}
@@ -73,5 +74,5 @@ class RankInput:
     spec: DeviceSpec
     op_flops: np.ndarray
     op_bytes: np.ndarray
-    op_dtype: np.ndarray   # unicode array of dtype names
-    op_model: np.ndarray   # unicode array of model names ("none" = no model)
+    op_dtype: Labels       # dtype name per op
+    op_model: Labels       # model name per op ("none" = no model)

@@ -94,7 +94,7 @@ def kernel_peaks(inp: RankInput, work: KernelWork) -> np.ndarray:
         # tensor-core kernel; then the peak per distinct precision (a handful)
         has_src = work.dtype_src >= 0
         dtype = np.full(n_ks, "fp32", dtype=object)
-        dtype[has_src] = inp.op_dtype.astype(str)[work.dtype_src[has_src]]
+        dtype[has_src] = inp.op_dtype[work.dtype_src[has_src]].decode()
         n_real = inp.records.kernels.num_rows
         if n_real:
             dtype[:n_real] = kernel_precision(inp.records.kernels.column("name"), dtype[:n_real].astype(str))

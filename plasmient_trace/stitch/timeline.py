@@ -89,7 +89,7 @@ def device_timeline(inp: RankInput, j: JoinedRank, options: StitchOptions) -> De
     if n_k == 0 and n_op:
         # No device activity: the CPU is the device and its ops are the kernels.
         yields = yields_flops(j.op_parent, inp.op_model, inp.op_flops)
-        synth_ops = cpu_kernel_ops(j.op_parent, (inp.op_model != "none") & ~yields)
+        synth_ops = cpu_kernel_ops(j.op_parent, ~inp.op_model.equals("none") & ~yields)
         synth_ops = synth_ops[j.op_step[synth_ops] >= 0]
     o_start = rs.ops.column("start_ns").to_numpy() if n_op else np.zeros(0, np.int64)
     o_end = rs.ops.column("end_ns").to_numpy() if n_op else np.zeros(0, np.int64)

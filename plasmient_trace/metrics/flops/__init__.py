@@ -33,8 +33,9 @@ from .api import OpCosts, model_ops, op_cost
 from .core import (CANONICAL_DTYPES, MODELS, FlopFormula, FlopResult, OpArgs, canonical_dtype, element_size,
                    formula_for, register_flop_formula, registered_ops)
 from .moe import ModelConfigError, MoEConfig, load_model_config
+from .labels import Labels
 from .ownership import GEMM_LIKE, flop_owners, yields_flops
 
-__all__ = ["MODELS", "CANONICAL_DTYPES", "GEMM_LIKE", "OpCosts", "OpArgs", "FlopFormula", "FlopResult", "op_cost",
+__all__ = ["MODELS", "CANONICAL_DTYPES", "GEMM_LIKE", "Labels", "OpCosts", "OpArgs", "FlopFormula", "FlopResult", "op_cost",
            "model_ops", "canonical_dtype", "element_size", "register_flop_formula", "registered_ops",
            "formula_for", "flop_owners", "yields_flops", "MoEConfig", "ModelConfigError", "load_model_config"]

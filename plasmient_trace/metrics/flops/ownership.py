@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .labels import Labels, as_labels
+
 __all__ = ["GEMM_LIKE", "flop_owners", "yields_flops"]
 
 GEMM_LIKE = ("gemm", "conv", "attention")
@@ -36,7 +38,7 @@ def _yields_to(op_parent: np.ndarray, cls: np.ndarray, k: int, below: np.ndarray
     return yields
 
 
-def yields_flops(op_parent: np.ndarray, op_model: np.ndarray, op_flops: np.ndarray) -> np.ndarray:
+def yields_flops(op_parent: np.ndarray, op_model: np.ndarray | Labels, op_flops: np.ndarray) -> np.ndarray:
     """Per op: is its work already modelled by an op below it of the same class?
 
     ``op_parent``: index of each op's parent op (-1 at a root); ``op_model``/``op_flops`` as
@@ -50,27 +52,26 @@ def yields_flops(op_parent: np.ndarray, op_model: np.ndarray, op_flops: np.ndarr
     if n == 0:
         return np.zeros(0, bool)
     parent = np.asarray(op_parent, np.int64)
-    model = np.asarray(op_model).astype(str)
+    model = as_labels(op_model)
     flops = np.asarray(op_flops, np.float64)
-    # classify the few distinct model names, then look every op up among them (a sort-based unique or isin
-    # over millions of strings costs seconds)
-    names = np.sort(np.unique(model, sorted=False))
+    # classify the few distinct model names, then look every op up among them by its code
+    names = model.names
     name_class = np.unique(np.where(np.isin(names, GEMM_LIKE), "gemm-like", names), return_inverse=True)[1].reshape(-1)
     classes = np.unique(name_class)
-    cls = name_class[np.searchsorted(names, model)]
-    modelled = model != "none"
+    cls = name_class[model.codes]
+    modelled = ~model.equals("none")
     to_any = _yields_to(parent, cls, len(classes), modelled)
     to_working = _yields_to(parent, cls, len(classes), modelled & (flops > 0))
     yields = np.where(flops > 0, to_working, to_any)
     # A shape-only op (model "view") that materialises a copy below it (reshape -> clone -> copy_) yields to
     # that work whatever its class: its own known zero must not stand for the copy.
-    view = model == "view"
+    view = model.equals("view")
     if view.any():
         yields |= view & _yields_to(parent, np.zeros(n, np.int64), 1, modelled & ~view)
     return yields
 
 
-def flop_owners(launching_op: np.ndarray, op_parent: np.ndarray, op_model: np.ndarray,
+def flop_owners(launching_op: np.ndarray, op_parent: np.ndarray, op_model: np.ndarray | Labels,
                 yields: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per kernel: (owner, counted). The owner is the innermost modelled op on the launching op's ancestor
     chain (-1 none); its work is counted on this kernel unless the owner yields to a same-class op below it
@@ -78,7 +79,7 @@ def flop_owners(launching_op: np.ndarray, op_parent: np.ndarray, op_model: np.nd
     owner = np.asarray(launching_op, np.int64).copy()
     if len(op_parent) == 0:
         return np.full(len(owner), -1, np.int64), np.zeros(len(owner), bool)
-    modelled = np.asarray(op_model).astype(str) != "none"
+    modelled = ~as_labels(op_model).equals("none")
     for _ in range(256):
         climb = (owner >= 0) & ~modelled[np.maximum(owner, 0)]
         if not climb.any():
