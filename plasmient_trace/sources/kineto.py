@@ -167,6 +167,7 @@ def read_kineto(path: str | Path) -> RecordSet:
                     raw = chunks.whole
                 else:
                     columns, meta = _collect_chunks(path, chunks)
+                    del chunks, data  # the compressed bytes too: the tables are built without them
             except Unstreamable:
                 pass  # read whole below, which names the problem if there is one
         if columns is None or meta is None:
@@ -215,6 +216,7 @@ def _return_freed_heap() -> None:
 
 
 _FLOAT_COLUMNS = ("ts", "dur")
+_RELEASE_EVENTS = 1_000_000
 # Kernel columns of the NCCL/RCCL message metadata, with the least valid value of the integer ones.
 _COMM_COLUMNS = ("comm_collective", "comm_in_nelems", "comm_out_nelems", "comm_group_size", "comm_dtype",
                  "comm_process_group")
@@ -402,6 +404,10 @@ def _build(path: Path, columns: _Columns, meta: dict[str, Any]) -> RecordSet:
         raise TraceFormatError(f"{path}: all {total} timed events have impossible timestamps or durations "
                                "(negative, non-finite, or spread over more than a day)")
     base_ns, clock = _clock_anchor(meta, [kept[n][1] for n in ("kernels", "launches", "ops", "steps", "modules")])
+    # Arrow's allocator keeps what a column's chunks freed for reuse, and the next column rarely fits it: on
+    # a large trace that cache is hundreds of MB at the peak, so it is handed back column by column. (On a
+    # small one handing it back costs more time, in page faults, than it saves memory.)
+    large = total >= _RELEASE_EVENTS
 
     records = RecordSet(source=str(path), clock=clock)
     try:
@@ -429,11 +435,15 @@ def _build(path: Path, columns: _Columns, meta: dict[str, Any]) -> RecordSet:
                 elif column in _COMM_COLUMNS:
                     values = _text_or_null(values, checker)
                 out[column] = values if every else _take(values, keep)
+                if large:
+                    pa.default_memory_pool().release_unused()
             if name == "modules":
                 out["phase"] = ["forward"] * len(ts)
             setattr(records, name, table_from_columns(name, out))
             del out
             cols.clear()  # this table's lists go now, before the next table is built
+            if large:
+                pa.default_memory_pool().release_unused()
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as err:
         raise TraceFormatError(f"{path}: unexpected field types ({str(err).splitlines()[0][:160]})") from None
 
