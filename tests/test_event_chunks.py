@@ -111,3 +111,36 @@ def test_memory_is_bounded_by_the_block_not_the_document(tmp_path):
     assert got["kernels"] == kineto.read_kineto(TRACES / "h100/bert_small_inference.json.gz").kernels.num_rows
     assert size > 130e6
     assert got["peak"] < size / 3, f"peak {got['peak'] / 1e6:.0f} MB reading a {size / 1e6:.0f} MB document"
+
+
+@pytest.mark.parametrize("split", range(len(event_chunks._KEY) + 2))
+def test_the_events_key_is_found_wherever_a_block_boundary_cuts_it(split, monkeypatch):
+    block = 64
+    monkeypatch.setattr(event_chunks, "BLOCK_BYTES", block)
+    events = [{"ph": "X", "name": f"op{i}", "ts": i, "dur": 1} for i in range(40)]
+    head = '{"schemaVersion": 1, "pad": "'
+    pad = "x" * (block - split - len(head) - 3)  # the key's quote starts `split` bytes before the boundary
+    text = f'{head}{pad}", "traceEvents": {json.dumps(events)}, "baseTimeNanoseconds": 1234}}'
+    assert text.index('"traceEvents"') == block - split
+    chunks = event_chunks.EventChunks(gzip.compress(text.encode()), "t.json.gz")
+    assert chunks.whole is None
+    assert [json.loads(bytes(raw)) for part in chunks for raw in part] == events
+    assert chunks.meta["baseTimeNanoseconds"] == 1234
+
+
+def test_a_document_without_trace_events_is_given_up_after_the_head_limit(monkeypatch):
+    # 64 MiB of whitespace: the head search stops at the limit instead of reading (and rescanning) it all,
+    # and the whole-document reader then names the problem.
+    inflated = []
+
+    def counting(path, data):
+        for b in original(path, data):
+            inflated.append(len(b))
+            yield b
+
+    original = event_chunks._inflate
+    monkeypatch.setattr(event_chunks, "_inflate", counting)
+    data = gzip.compress(b"{" + b" " * (64 << 20) + b'"x": 1}', compresslevel=1)
+    with pytest.raises(event_chunks.Unstreamable):
+        list(event_chunks.EventChunks(data, "t.json.gz"))
+    assert sum(inflated) <= event_chunks._MAX_HEAD + 2 * event_chunks.BLOCK_BYTES

@@ -30,7 +30,8 @@ from .rawinput import InputError, inflate_blocks
 
 BLOCK_BYTES = 2 << 20  # inflated per step; a chunk of events is about this size (1-2 MiB blocks kept the
 # peak lowest and read fastest on the shared traces: less to copy, and freed memory is reused)
-_MAX_BUFFER = 256 << 20    # one event (or the head before traceEvents) larger than this: read it whole
+_MAX_BUFFER = 256 << 20    # one event larger than this: read the file whole
+_MAX_HEAD = 16 << 20       # no traceEvents array opened in this many bytes: read the file whole
 _CUT_TRIES = 16            # candidate cuts tried per chunk before reading more
 _KEY = b'"traceEvents"'
 _CLOSING = re.compile(rb"\}[ \t\r\n]*\]")
@@ -59,16 +60,29 @@ class EventChunks:
 
     def __iter__(self) -> Iterator[list[msgspec.Raw]]:
         blocks = self._blocks_in_order()
-        buf = b""
-        for block in blocks:  # the head: up to the '[' that opens traceEvents
-            buf += block
+        # The head: up to the '[' that opens traceEvents. Each block is searched once (with the few bytes
+        # before it that could start the key): a file with no such key must not be rescanned and recopied
+        # at every block.
+        pieces: list[bytes] = []
+        size = 0
+        at = opened = -1
+        for block in blocks:
+            pieces.append(block)
+            size += len(block)
             del block
-            at = buf.find(_KEY)
+            if at < 0:
+                tail = pieces[-2][1 - len(_KEY):] + pieces[-1] if len(pieces) > 1 else pieces[-1]
+                found = tail.find(_KEY)
+                if found >= 0:
+                    at = size - len(tail) + found
             if at >= 0:
-                opened = _array_start(buf, at + len(_KEY))
-                if opened is not None:
+                buf = b"".join(pieces)
+                pieces = [buf]
+                found_start = _array_start(buf, at + len(_KEY))
+                if found_start is not None:
+                    opened = found_start
                     break
-            if len(buf) > _MAX_BUFFER:
+            if size > _MAX_HEAD:
                 raise Unstreamable("no traceEvents near the top")
         else:
             raise Unstreamable("no traceEvents")

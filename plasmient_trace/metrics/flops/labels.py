@@ -16,7 +16,6 @@ import pyarrow.compute as pc
 
 from ..grouping import first_seen_groups, group_rows
 
-
 _MIX = np.int64(-7046029254386353131)  # 0x9E3779B97F4A7C15, an odd 64-bit constant (wraps)
 
 
