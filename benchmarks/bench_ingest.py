@@ -254,8 +254,8 @@ def bench_scale(base_name: str, sizes: list[int], rounds: int, encode: bool) -> 
         rate = r["kernels"] / r["stitch_cpu_s"]
         enc = (f"{r['encode_cpu_s']:7.2f} {r['spans'] / r['encode_cpu_s']:9,.0f}" if "encode_cpu_s" in r else f"{'-':>7s} {'-':>9s}")
         print(f"  {r['kernels']:>9,d} {r['ops']:>9,d} {r['spans']:>9,d} {r['stitch_cpu_s']:8.2f} {r['stitch_s']:7.2f} {rate:10,.0f} "
-              f"{rate / 2e5:6.2f} {r['rss_records_mb']:8.0f} MB {enc} "
-              f"{r['rss_peak_mb']:5.0f} MB")
+              f"{rate / 2e5:6.2f} {r['rss_records_mb']:7.0f} MiB {enc} "
+              f"{r['rss_peak_mb']:5.0f} MiB")
 
 
 def main() -> None:
