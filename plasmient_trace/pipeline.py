@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .conventions import DEFAULT_BASELINE_MFU, SpanBatch
+from .memory import LARGE_ROWS, return_freed_memory
 from .metrics import flops as flops_model
 from .metrics import hardware
 from .records import RecordSet
@@ -138,11 +139,15 @@ def rank_input(records: RecordSet, options: IngestOptions, notes: list[str] | No
         # A calibrated CPU peak that a recorded op beat by more than 5% is wrong: raise it (said once, as a note).
         options.cpu_spec = hardware.raise_cpu_peak(options.cpu_spec, _observed_cpu_rates(records, costs),
                                                    say=(notes.append if notes is not None else lambda _: None))
-    return RankInput(
+    inp = RankInput(
         records=records, spec=resolve_device(records, options),
         op_flops=np.asarray(costs.flops, np.float64), op_bytes=np.asarray(costs.bytes, np.float64),
         op_dtype=flops_model.Labels.encode(costs.dtype), op_model=flops_model.Labels.encode(costs.model),
     )
+    del costs  # its per-op text goes before the join, which reuses none of it
+    if records.ops.num_rows >= LARGE_ROWS:
+        return_freed_memory()
+    return inp
 
 
 def stitch_options(options: IngestOptions) -> StitchOptions:

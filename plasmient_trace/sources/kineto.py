@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from msgspec import UNSET
 
+from ..memory import LARGE_ROWS, return_freed_memory
 from ..records import TABLE_SCHEMAS, DeviceInfo, RecordSet, table_from_columns
 from .event_chunks import EventChunks, Unstreamable
 from .kineto_schema import DOCUMENT, EVENT, TOP_LEVEL_KEYS, KinetoArgs, KinetoEvent
@@ -199,24 +200,11 @@ def _collect_chunks(path: Path, chunks: EventChunks) -> tuple[_Columns, dict[str
         columns.compact()
     if not seen:
         raise TraceFormatError(f"{path}: trace contains no events")
-    _return_freed_heap()
+    return_freed_memory(arrow=False)  # before the tables are built (Arrow's cache is reused by them)
     return columns, chunks.meta
 
 
-def _return_freed_heap() -> None:
-    """Give the C heap's free pages back before the tables are built. The chunks' millions of short-lived
-    objects leave it fragmented: at 10^6 kernels about 140 MB that the build would otherwise add on top
-    of (glibc only; elsewhere nothing to do)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 _FLOAT_COLUMNS = ("ts", "dur")
-_RELEASE_EVENTS = 1_000_000
 # Kernel columns of the NCCL/RCCL message metadata, with the least valid value of the integer ones.
 _COMM_COLUMNS = ("comm_collective", "comm_in_nelems", "comm_out_nelems", "comm_group_size", "comm_dtype",
                  "comm_process_group")
@@ -407,7 +395,7 @@ def _build(path: Path, columns: _Columns, meta: dict[str, Any]) -> RecordSet:
     # Arrow's allocator keeps what a column's chunks freed for reuse, and the next column rarely fits it: on
     # a large trace that cache is hundreds of MB at the peak, so it is handed back column by column. (On a
     # small one handing it back costs more time, in page faults, than it saves memory.)
-    large = total >= _RELEASE_EVENTS
+    large = total >= LARGE_ROWS
 
     records = RecordSet(source=str(path), clock=clock)
     try:
