@@ -1,4 +1,10 @@
-"""Freed memory handed back to the OS between the phases of a large ingest (parse, FLOP models, join, stitch)."""
+"""Freed memory handed back to the OS between the phases of a large ingest (parse, FLOP models, join, stitch).
+
+glibc keeps what millions of short-lived objects and arrays freed (fragmented, about 140 MB after a
+10^6-kernel parse), and Arrow's allocator keeps its own free pages for reuse. Numpy allocates from the
+first and Arrow from the second, so neither reuses what the other freed. Handing pages back costs page
+faults later: only large inputs do it.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +15,22 @@ import pyarrow as pa
 LARGE_ROWS = 1_000_000
 
 
-def return_freed_memory(arrow: bool = True) -> None:
-    """Give freed heap pages back to the OS between the phases of a large ingest: glibc keeps what millions
-    of short-lived objects and arrays freed (fragmented, about 140 MB after a 10^6-kernel parse), and Arrow's
-    allocator keeps its own free pages for reuse. Numpy allocates from the first and Arrow from the second,
-    so neither reuses what the other freed. Costs page faults later: only for large inputs."""
+def trim_heap() -> None:
+    """Give the C heap's free pages back (glibc only; elsewhere nothing to do)."""
     try:
         import ctypes
 
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass  # not glibc: nothing to trim
-    if arrow:
-        pa.default_memory_pool().release_unused()
+
+
+def release_arrow_cache() -> None:
+    """Give back the free pages Arrow's allocator keeps for reuse."""
+    pa.default_memory_pool().release_unused()
+
+
+def return_freed_memory() -> None:
+    """Both: between phases, where what comes next allocates from either."""
+    trim_heap()
+    release_arrow_cache()

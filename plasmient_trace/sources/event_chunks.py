@@ -65,7 +65,7 @@ class EventChunks:
         # at every block.
         pieces: list[bytes] = []
         size = 0
-        at = opened = -1
+        at = -1
         for block in blocks:
             pieces.append(block)
             size += len(block)
@@ -78,9 +78,8 @@ class EventChunks:
             if at >= 0:
                 buf = b"".join(pieces)
                 pieces = [buf]
-                found_start = _array_start(buf, at + len(_KEY))
-                if found_start is not None:
-                    opened = found_start
+                opened = _array_start(buf, at + len(_KEY))
+                if opened is not None:
                     break
             if size > _MAX_HEAD:
                 raise Unstreamable("no traceEvents near the top")

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from msgspec import UNSET
 
-from ..memory import LARGE_ROWS, return_freed_memory
+from ..memory import LARGE_ROWS, release_arrow_cache, trim_heap
 from ..records import TABLE_SCHEMAS, DeviceInfo, RecordSet, table_from_columns
 from .event_chunks import EventChunks, Unstreamable
 from .kineto_schema import DOCUMENT, EVENT, TOP_LEVEL_KEYS, KinetoArgs, KinetoEvent
@@ -200,7 +200,7 @@ def _collect_chunks(path: Path, chunks: EventChunks) -> tuple[_Columns, dict[str
         columns.compact()
     if not seen:
         raise TraceFormatError(f"{path}: trace contains no events")
-    return_freed_memory(arrow=False)  # before the tables are built (Arrow's cache is reused by them)
+    trim_heap()  # before the tables are built (Arrow's own cache is reused by them)
     return columns, chunks.meta
 
 
@@ -424,14 +424,14 @@ def _build(path: Path, columns: _Columns, meta: dict[str, Any]) -> RecordSet:
                     values = _text_or_null(values, checker)
                 out[column] = values if every else _take(values, keep)
                 if large:
-                    pa.default_memory_pool().release_unused()
+                    release_arrow_cache()
             if name == "modules":
                 out["phase"] = ["forward"] * len(ts)
             setattr(records, name, table_from_columns(name, out))
             del out
             cols.clear()  # this table's lists go now, before the next table is built
             if large:
-                pa.default_memory_pool().release_unused()
+                release_arrow_cache()
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as err:
         raise TraceFormatError(f"{path}: unexpected field types ({str(err).splitlines()[0][:160]})") from None
 

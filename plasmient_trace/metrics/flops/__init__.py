@@ -32,8 +32,8 @@ from . import attention, conv, elementwise, embedding, gemm, norm, reduction, ve
 from .api import OpCosts, model_ops, op_cost
 from .core import (CANONICAL_DTYPES, MODELS, FlopFormula, FlopResult, OpArgs, canonical_dtype, element_size,
                    formula_for, register_flop_formula, registered_ops)
-from .moe import ModelConfigError, MoEConfig, load_model_config
 from .labels import Labels
+from .moe import ModelConfigError, MoEConfig, load_model_config
 from .ownership import GEMM_LIKE, flop_owners, yields_flops
 
 __all__ = ["MODELS", "CANONICAL_DTYPES", "GEMM_LIKE", "Labels", "OpCosts", "OpArgs", "FlopFormula", "FlopResult", "op_cost",
