@@ -36,6 +36,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from otlp_json_strict import OtlpJsonError, parse_otlp_json
 
 __all__ = ["OtlpReceiver", "Received", "otlp_json_to_proto", "trace_request_to_dict"]
 
@@ -43,29 +44,12 @@ _REQUEST = {"traces": trace_service_pb2.ExportTraceServiceRequest, "metrics": me
 _RESPONSE = {"traces": trace_service_pb2.ExportTraceServiceResponse, "metrics": metrics_service_pb2.ExportMetricsServiceResponse}
 _REJECTED_FIELD = {"traces": "rejected_spans", "metrics": "rejected_data_points"}
 _HTTP_PATHS = {"/v1/traces": "traces", "/v1/metrics": "metrics"}
-_ID_KEYS = {"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"}
-
-
-def _hex_ids_to_base64(node: Any) -> Any:
-    """OTLP/JSON writes ids as hex; protobuf's JSON parser expects base64 for bytes fields."""
-    if isinstance(node, dict):
-        out = {}
-        for k, v in node.items():
-            if k in _ID_KEYS and isinstance(v, str) and v and len(v) % 2 == 0:
-                try:
-                    v = base64.b64encode(bytes.fromhex(v)).decode("ascii")
-                except ValueError:
-                    pass  # not hex: leave it for the parser to judge
-            out[k] = _hex_ids_to_base64(v)
-        return out
-    if isinstance(node, list):
-        return [_hex_ids_to_base64(v) for v in node]
-    return node
 
 
 def otlp_json_to_proto(data: bytes, message_type: type[Message]) -> Message:
-    """Parse an OTLP/JSON body (hex ids, integer enums) into a generated protobuf message."""
-    return json_format.ParseDict(_hex_ids_to_base64(orjson.loads(data)), message_type())
+    """Parse an OTLP/JSON body (hex ids, integer enums) into a generated protobuf message, strictly
+    (``otlp_json_strict``: unknown fields, wrong types and bad ids are refused)."""
+    return parse_otlp_json(orjson.loads(data), message_type)
 
 
 _ANY_JSON = {"string_value": "stringValue", "int_value": "intValue", "double_value": "doubleValue", "bool_value": "boolValue"}
@@ -401,7 +385,7 @@ class OtlpReceiver:
                     else:
                         self._reply(415, f"unsupported content type {ctype!r}".encode())
                         return
-                except (OSError, EOFError, DecodeError, json_format.ParseError, orjson.JSONDecodeError) as exc:
+                except (OSError, EOFError, DecodeError, OtlpJsonError, orjson.JSONDecodeError) as exc:
                     self._reply(400, f"bad request body: {exc}".encode())
                     return
                 if receiver.delay_s:

@@ -221,13 +221,15 @@ def test_an_exporter_plasmient_does_not_implement_is_named_and_ignored(tmp_path,
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_a_busy_backend_answering_503_with_retry_after_still_gets_the_whole_trace(protocol, tmp_path, monkeypatch, capsys) -> None:
     with OtlpReceiver() as rx:
-        # Busy for the first 5 requests, asking for 1 s each: more than the 1.5 s timeout of one request.
-        rx.fail_next(5, grpc_code=grpc.StatusCode.RESOURCE_EXHAUSTED, http_status=503, retry_after="1")
+        # Busy for the first 2 requests, asking for 1 s each: 2 s, more than the 1.5 s timeout of one request.
+        rx.fail_next(2, grpc_code=grpc.StatusCode.RESOURCE_EXHAUSTED, http_status=503, retry_after="1")
         endpoint = rx.grpc_endpoint if protocol == "grpc" else rx.http_endpoint
         env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
                "OTEL_EXPORTER_OTLP_TIMEOUT": "1500"}
+        started = time.monotonic()
         code = _ingest(tmp_path, monkeypatch, env)
         assert code == 0, capsys.readouterr().err
+        assert time.monotonic() - started >= 2.0  # both busy answers were waited out as asked
         assert _arrived_ids(rx) == _expected_ids()
 
 

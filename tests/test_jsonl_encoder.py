@@ -88,11 +88,17 @@ def test_real_spans_come_out_as_the_table_holds_them(name: str, max_spans: int) 
     _check_lines_against_table(list(otlp_json.encode_jsonl_lines(batch)), batch)
 
 
-def test_chunks_and_parts_do_not_change_the_bytes() -> None:
-    batch = ingested(*REAL[0]).batch
+@pytest.mark.parametrize("name, max_spans, sizes", [
+    (*REAL[0], ((997, 1 << 16), (211, 1), (1 << 16, 1 << 30))),
+    # a few rows a chunk and one span a part: every boundary case, on a two-step trace small enough for it
+    ("mi250/minitoy_train.json.gz", None, ((5, 1), (3, 1))),
+])
+def test_chunks_and_parts_do_not_change_the_bytes(name: str, max_spans: int | None, sizes: tuple) -> None:
+    batch = ingested(name, max_spans).batch
     default = b"".join(otlp_json.encode_jsonl_lines(batch))
+    assert len(batch.trace_ids()) > 1
     # Odd chunk sizes cut groups and traces anywhere; tiny parts gather a few spans at a time.
-    for chunk_rows, part_bytes in ((997, 1 << 16), (5, 1), (1 << 16, 1 << 30)):
+    for chunk_rows, part_bytes in sizes:
         pieces = otlp_json._json_pieces(batch, None, chunk_rows=chunk_rows, part_bytes=part_bytes)
         assert b"".join(p for p in pieces if p is not None) == default
 
