@@ -127,3 +127,20 @@ def native_observer():
     if observer is None:
         pytest.fail(f"the native op observer did not build: {native.failure()}")
     return observer
+
+
+@pytest.fixture(scope="session")
+def warm_cache(tmp_path_factory, native_observer) -> Path:
+    """A PLASMIENT_CACHE_DIR for the capture tests' subprocesses, as a user's machine has it after a first
+    run: this session's build of the native op observer and the calibrated CPU peaks. Shared by the
+    modules that run example jobs, so neither rebuilds the observer (15 s of CPU) nor recalibrates."""
+    import shutil
+
+    from capture_helpers import warm_cpu_calibration
+
+    root = tmp_path_factory.mktemp("plasmient-cache")
+    build = Path(native_observer.__file__).parent
+    shutil.copytree(build, root / "native" / build.name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PLASMIENT_"))}
+    warm_cpu_calibration({**env, "PLASMIENT_CACHE_DIR": str(root)})
+    return root

@@ -20,7 +20,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from capture_helpers import warm_cpu_calibration
 
 from plasmient_trace import pipeline
 from plasmient_trace.capture import distributed
@@ -134,13 +133,12 @@ def pa_copy(batch):
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory) -> dict[str, str]:
+def env(warm_cache) -> dict[str, str]:
     e = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PLASMIENT_", "TORCHELASTIC_"))}
-    e["PLASMIENT_CACHE_DIR"] = str(tmp_path_factory.mktemp("calibration"))  # one CPU calibration
+    e["PLASMIENT_CACHE_DIR"] = str(warm_cache)  # the observer built and the CPU calibrated once
     e["PLASMIENT_EVERY"] = "1"  # every step at full depth: the flops sums are checked on each
     e["PLASMIENT_FLUSH_TIMEOUT_S"] = "60"  # let rank 0 wait for rank 1 at exit
     e["PYTHONUNBUFFERED"] = "1"
-    warm_cpu_calibration(e)  # a short job can end before the detached calibration does
     return e
 
 
