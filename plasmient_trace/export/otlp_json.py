@@ -147,18 +147,38 @@ _VALUE_OPEN = {
 }
 
 
-def _json_values(pieces: Pieces, a: AttributeValues) -> tuple[str, np.ndarray]:
-    """Pool one attribute's value texts; returns (closing class, piece id per value)."""
-    if a.kind == "double":
-        return "double", pieces.array(number_texts(a.values, b"}"))
-    if a.kind == "int":
-        return "int", pieces.array(number_texts(a.values, b'"'))
-    if a.kind == "bool":
-        ids = np.where(a.values, pieces.const(b"true"), pieces.const(b"false"))
-        return "bool", ids.astype(np.int64)
-    if needs_json_escape(a.values):
-        return "literal", pieces.array(json_strings(a.values))
-    return "raw", pieces.array(a.values.cast(LB))
+def _json_values(pieces: Pieces, attrs: list[AttributeValues]) -> tuple[list[int], list[np.ndarray]]:
+    """Pool every attribute's value texts; returns (closing class code, piece id per value) per attribute.
+
+    Numbers of one kind are printed in one orjson call for all columns: per column, the call and the
+    separator search cost more than the printing at a few thousand rows."""
+    classes = [0] * len(attrs)
+    ids: list[np.ndarray] = [np.zeros(0, np.int64)] * len(attrs)
+    for kind, cls, terminator in (("double", "double", b"}"), ("int", "int", b'"')):
+        members = [i for i, a in enumerate(attrs) if a.kind == kind]
+        if not members:
+            continue
+        texts = pieces.array(number_texts(np.concatenate([attrs[i].values for i in members]), terminator))
+        bounds = np.cumsum([0] + [len(attrs[i].values) for i in members])
+        for i, lo, hi in zip(members, bounds[:-1], bounds[1:]):
+            classes[i], ids[i] = _CLASSES.index(cls), texts[lo:hi]
+    for i, a in enumerate(attrs):
+        if a.kind == "bool":
+            classes[i] = _CLASSES.index("bool")
+            ids[i] = np.where(a.values, pieces.const(b"true"), pieces.const(b"false")).astype(np.int64)
+        elif a.kind == "string":
+            literal = needs_json_escape(a.values)
+            classes[i] = _CLASSES.index("literal" if literal else "raw")
+            ids[i] = pieces.array(json_strings(a.values) if literal else a.values.cast(LB))
+    return classes, ids
+
+
+@functools.lru_cache(maxsize=4096)
+def _key_prefixes(key: str, cls: int) -> tuple[bytes, ...]:
+    """What precedes a value of ``key`` of closing class ``cls``: when it is its row's first attribute, then
+    after a value of each closing class."""
+    key_open = b'{"key":' + orjson.dumps(key) + b',"value":{' + _VALUE_OPEN[_CLASSES[cls]]
+    return (b',"attributes":[' + key_open, *(_CLOSE_AFTER[c] + b"," + key_open for c in _CLASSES))
 
 
 def json_span_fragments(chunk: pa.Table, part_bytes: int = PART_BYTES) -> Iterator[pa.Array]:
@@ -208,25 +228,22 @@ def json_span_fragments(chunk: pa.Table, part_bytes: int = PART_BYTES) -> Iterat
     # Attributes: per value a prefix (what closes the previous KeyValue, ',', this key) and the value.
     total = int(slot_first[-1])
     slot_class = np.empty(total, dtype=np.int64)  # closing class of each slot, row-major
-    per_attr = []
-    for a in attrs:
-        cls, value_ids = _json_values(pieces, a)
+    classes, value_ids = _json_values(pieces, attrs)
+    slots = []
+    for a, cls in zip(attrs, classes):
         slot = a.take(slot_first) + a.ranks
-        slot_class[slot] = _CLASSES.index(cls)
-        per_attr.append((a, cls, value_ids, slot))
+        slot_class[slot] = cls
+        slots.append(slot)
     prefix_bytes = 0
-    for a, cls, value_ids, slot in per_attr:
-        key_open = b'{"key":' + orjson.dumps(a.key) + b',"value":{' + _VALUE_OPEN[cls]
-        variants = np.array(
-            [pieces.const(b',"attributes":[' + key_open)] + [pieces.const(_CLOSE_AFTER[c] + b"," + key_open) for c in _CLASSES],
-            dtype=np.int64,
-        )
+    for a, cls, ids, slot in zip(attrs, classes, value_ids, slots):
+        variants = _key_prefixes(a.key, int(cls))
+        variant_ids = np.array([pieces.const(v) for v in variants], dtype=np.int64)
         is_first = a.ranks == 0
         prev_class = slot_class[np.where(is_first, slot, slot - 1)]
         at = a.take(first) + _FIXED_PIECES + 2 * a.ranks
-        pieces.put(at, np.where(is_first, variants[0], variants[1 + prev_class]))
-        pieces.put(at + 1, value_ids)
-        prefix_bytes += len(a.rows) * (len(key_open) + 3)
+        pieces.put(at, np.where(is_first, variant_ids[0], variant_ids[1 + prev_class]))
+        pieces.put(at + 1, ids)
+        prefix_bytes += len(a.rows) * (len(variants[1]) + 1)
     closings = np.array([pieces.const(b"},")] + [pieces.const(_CLOSE_AFTER[c] + b']},') for c in _CLASSES], dtype=np.int64)
     last_class = slot_class[np.maximum(slot_first[1:] - 1, 0)] if total else np.zeros(n, dtype=np.int64)
     pieces.put(row_first[1:] - 1, np.where(counts > 0, closings[1 + last_class], closings[0]))
