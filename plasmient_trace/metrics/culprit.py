@@ -3,17 +3,29 @@
 Advice follows from evidence only: compute/memory advice needs a compute/memory bound (known FLOPs,
 bytes and peak); collectives get communication advice; idle rows get host-side advice; an unknown bound
 says what is missing. CPU runs get CPU words (no tensor cores, no CUDA graphs, no GPU-hours).
-Called once per culprit row (a handful per step), so plain Python is fine here.
+Called once per culprit row (a handful per step), so plain Python is fine here; the name matching is
+cached per name, since every step repeats its culprits.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 
 _ATTENTION = re.compile(r"attention|attn|fmha|flash|sdpa|softmax", re.I)
 _GEMM = re.compile(r"gemm|matmul|\bmm\b|addmm|bmm|linear|cutlass|cublas|sm\d+_xmma|ampere_|hopper|wgmma|nvjet", re.I)
 _CONV = re.compile(r"conv|cudnn|implicit_convolve|winograd|igemm", re.I)
 _ELEMENTWISE = re.compile(r"elementwise|vectorized|unrolled|reduce|norm|layer_norm|rms|batch_norm|add|mul|copy|fill|cat", re.I)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _memory_family(text: str) -> str | None:
+    """Which kind of memory-bound work the kernel and op names say it is (cached: templated kernel names run
+    to hundreds of characters and every step's culprits repeat them)."""
+    for family, pattern in (("attention", _ATTENTION), ("gemm", _GEMM), ("conv", _CONV), ("elementwise", _ELEMENTWISE)):
+        if pattern.search(text):
+            return family
+    return None
 
 
 def suggestion(
@@ -54,14 +66,16 @@ def suggestion(
     if bound in (None, "unknown"):
         return (f"no FLOP model for this work{where}: its efficiency is unknown; record shapes "
                 f"(record_shapes=True), or register a formula for its op (metrics.flops.register_flop_formula)")
-    if _ATTENTION.search(text) and bound == "memory":
-        return f"memory-bound attention{where} (decode-like): raise the batch or use a flash-decoding/paged attention kernel"
-    if _GEMM.search(text) and bound == "memory":
-        return f"GEMM with low arithmetic intensity{where}: raise batch x sequence so weights are reused, or fuse/group small GEMMs"
-    if _CONV.search(text) and bound == "memory":
-        return f"memory-bound convolution{where}: use channels_last and bf16, raise the batch"
-    if bound == "memory" and _ELEMENTWISE.search(text):
-        return f"memory-bound elementwise/norm work{where}: fuse it (torch.compile) to cut memory traffic"
+    if bound == "memory":
+        family = _memory_family(text)
+        if family == "attention":
+            return f"memory-bound attention{where} (decode-like): raise the batch or use a flash-decoding/paged attention kernel"
+        if family == "gemm":
+            return f"GEMM with low arithmetic intensity{where}: raise batch x sequence so weights are reused, or fuse/group small GEMMs"
+        if family == "conv":
+            return f"memory-bound convolution{where}: use channels_last and bf16, raise the batch"
+        if family == "elementwise":
+            return f"memory-bound elementwise/norm work{where}: fuse it (torch.compile) to cut memory traffic"
     if bound == "memory":
         return f"memory-bound{where}: raise arithmetic intensity (bigger batch, fusion, lower precision)"
     if bound == "compute":

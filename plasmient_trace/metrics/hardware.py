@@ -330,8 +330,13 @@ def kernel_precision(kernel_names: pa.Array | pa.ChunkedArray, op_dtype: np.ndar
     out = np.asarray(op_dtype).astype(object).copy()
     if len(out) == 0:
         return out
-    tf32 = pc.match_substring_regex(kernel_names, _TF32_KERNEL)
-    tf32 = np.asarray(pc.fill_null(tf32, False).to_numpy(zero_copy_only=False), bool)
+    # on the distinct names: a trace repeats a few hundred kernel names over and over
+    names = pc.dictionary_encode(kernel_names.combine_chunks() if isinstance(kernel_names, pa.ChunkedArray) else kernel_names)
+    distinct = pc.fill_null(pc.match_substring_regex(names.dictionary, _TF32_KERNEL), False).to_numpy(zero_copy_only=False)
+    codes = names.indices.to_numpy(zero_copy_only=False)
+    tf32 = np.zeros(len(out), bool)
+    valid = names.indices.is_valid().to_numpy(zero_copy_only=False)
+    tf32[valid] = np.asarray(distinct, bool)[codes[valid].astype(np.int64)]
     out[tf32 & (out == "fp32")] = "tf32"
     return out
 

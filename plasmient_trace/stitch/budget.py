@@ -32,8 +32,8 @@ def choose_exported(tree: RankTree, allowance: int, full_depth_steps: set[int] |
         full = np.isin(steps[np.maximum(t.step_row, 0)], np.fromiter(full_depth_steps, np.int64, len(full_depth_steps)))
         export &= ~(below_step & ~full)
     cand = np.nonzero(export & below_step)[0]
-    if not len(cand):
-        return export
+    if not len(cand) or np.bincount(t.step_row[cand]).max() <= allowance:
+        return export  # every step's spans fit: nothing to rank
     waste = np.zeros(n)
     waste[t.base["kernel"] + t.k_rows] = t.k_waste
     device = np.where(is_kernel, t.col("kernel_s"), 0.0)
