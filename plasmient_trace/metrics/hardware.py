@@ -45,6 +45,7 @@ __all__ = [
     "apply_overrides",
     "cpu_spec",  # noqa: F822 -- resolved lazily by __getattr__ (cpu_peak)
     "kernel_precision",
+    "tf32_kernels",
     "lookup",
     "raise_cpu_peak",  # noqa: F822 -- resolved lazily by __getattr__ (cpu_peak)
     "start_cpu_calibration",  # noqa: F822 -- resolved lazily by __getattr__ (cpu_peak)
@@ -324,20 +325,24 @@ def lookup(device_properties: Mapping[str, Any]) -> GpuSpec | None:
 _TF32_KERNEL = r"(?i)tf32|tensorop_s(1688|16816)|(^|[^a-z0-9])s(1688|16816)(gemm|fprop|dgrad|wgrad)"
 
 
+def tf32_kernels(kernel_names: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Per kernel, whether its name is a tensor-core kernel that runs fp32 math as TF32 (see _TF32_KERNEL)."""
+    names = pc.dictionary_encode(kernel_names.combine_chunks() if isinstance(kernel_names, pa.ChunkedArray) else kernel_names)
+    # on the distinct names: a trace repeats a few hundred kernel names over and over
+    distinct = pc.fill_null(pc.match_substring_regex(names.dictionary, _TF32_KERNEL), False).to_numpy(zero_copy_only=False)
+    out = np.zeros(len(names), bool)
+    valid = names.indices.is_valid().to_numpy(zero_copy_only=False)
+    out[valid] = np.asarray(distinct, bool)[names.indices.to_numpy(zero_copy_only=False)[valid].astype(np.int64)]
+    return out
+
+
 def kernel_precision(kernel_names: pa.Array | pa.ChunkedArray, op_dtype: np.ndarray) -> np.ndarray:
     """Per kernel, the precision its math ran at: ``op_dtype`` (the launching op's canonical dtype),
     except ``tf32`` where an fp32 op ran a tensor-core kernel (see _TF32_KERNEL)."""
     out = np.asarray(op_dtype).astype(object).copy()
     if len(out) == 0:
         return out
-    # on the distinct names: a trace repeats a few hundred kernel names over and over
-    names = pc.dictionary_encode(kernel_names.combine_chunks() if isinstance(kernel_names, pa.ChunkedArray) else kernel_names)
-    distinct = pc.fill_null(pc.match_substring_regex(names.dictionary, _TF32_KERNEL), False).to_numpy(zero_copy_only=False)
-    codes = names.indices.to_numpy(zero_copy_only=False)
-    tf32 = np.zeros(len(out), bool)
-    valid = names.indices.is_valid().to_numpy(zero_copy_only=False)
-    tf32[valid] = np.asarray(distinct, bool)[codes[valid].astype(np.int64)]
-    out[tf32 & (out == "fp32")] = "tf32"
+    out[tf32_kernels(kernel_names) & (out == "fp32")] = "tf32"
     return out
 
 

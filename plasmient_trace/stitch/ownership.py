@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..metrics.flops import flop_owners
-from ..metrics.hardware import kernel_precision
+from ..metrics.flops.labels import as_labels
+from ..metrics.hardware import tf32_kernels
 from .inputs import KIND_CODE, RankInput
 from .joins import JoinedRank
 from .nesting import any_ancestor
@@ -90,17 +91,21 @@ def kernel_peaks(inp: RankInput, work: KernelWork) -> np.ndarray:
     peaks = np.full(n_ks, inp.spec.peak("fp32"))
     n_op = len(inp.op_dtype)
     if n_op and n_ks:
-        # the precision each kernel's math ran at: its op's dtype, tf32 where an fp32 GEMM ran a
-        # tensor-core kernel; then the peak per distinct precision (a handful)
+        # the precision each kernel's math ran at, as a code into its op's dtype names plus fp32 and tf32: its
+        # op's dtype, tf32 where an fp32 GEMM ran a tensor-core kernel; then the peak per precision (a handful)
+        op_dtype = as_labels(inp.op_dtype)
+        vocab = [str(d) for d in op_dtype.names] + ["fp32", "tf32"]
+        fp32, tf32 = len(vocab) - 2, len(vocab) - 1
         has_src = work.dtype_src >= 0
-        dtype = np.full(n_ks, "fp32", dtype=object)
-        dtype[has_src] = inp.op_dtype[work.dtype_src[has_src]].decode()
+        code = np.full(n_ks, fp32, np.int64)
+        code[has_src] = op_dtype.codes[work.dtype_src[has_src]]
         n_real = inp.records.kernels.num_rows
         if n_real:
-            dtype[:n_real] = kernel_precision(inp.records.kernels.column("name"), dtype[:n_real].astype(str))
-        kinds, code = np.unique(dtype.astype(str), return_inverse=True)
-        peak_of_code = np.array([inp.spec.peak(str(d)) for d in kinds])
-        peaks[has_src] = peak_of_code[code.reshape(-1)[has_src]]
+            is_fp32 = np.array([d == "fp32" for d in vocab])
+            real = code[:n_real]
+            real[is_fp32[real] & tf32_kernels(inp.records.kernels.column("name"))] = tf32
+        peak_of_code = np.array([inp.spec.peak(d) for d in vocab])
+        peaks[has_src] = peak_of_code[code[has_src]]
     rs = inp.records
     if "model_dtype" in rs.kernels.column_names and rs.kernels.num_rows and rs.kernels.column("model_dtype").null_count < rs.kernels.num_rows:
         dt = rs.kernels.column("model_dtype").combine_chunks()
