@@ -69,6 +69,14 @@ def _renumber(old: np.ndarray, kept: np.ndarray, size: int) -> np.ndarray:
     return new_of[old]
 
 
+def _distinct_ascending(values: np.ndarray) -> np.ndarray:
+    """np.unique, without its sort when the values already ascend (kernels in launch order)."""
+    steps = np.diff(values)
+    if (steps >= 0).all():
+        return values[np.concatenate(([True], steps > 0))] if len(values) else values
+    return np.unique(values)
+
+
 def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
     """The rows of the table, in the order given: a zero-copy slice when they are one ascending run, as a step
     group's records usually are in a time-ordered trace."""
@@ -91,7 +99,7 @@ def slice_rank(inp: RankInput, j: JoinedRank, tl: DeviceTimeline, s0: int, s1: i
     mods, ops, kernels = within(j.module_step), within(j.op_step), within(j.kernel_step)
     fwd = mods[mods < n_fwd]
     synth = np.nonzero(np.isin(tl.synth_ops, ops))[0]
-    launches = np.unique(j.kernel_launch[kernels])
+    launches = _distinct_ascending(j.kernel_launch[kernels])
     launches = launches[launches >= 0]
     step_order = np.argsort(rs.steps.column("start_ns").to_numpy(), kind="stable") if rs.steps.num_rows else None
 
