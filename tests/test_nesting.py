@@ -2,7 +2,10 @@
 
 import numpy as np
 
-from plasmient_trace.stitch.nesting import innermost_enclosing, tree_depth, tree_root
+from conftest import trace_path
+
+from plasmient_trace.sources.kineto import read_kineto
+from plasmient_trace.stitch.nesting import innermost_enclosing, innermost_enclosing_points, tree_depth, tree_root
 
 
 def _call_stacks(rng, groups=3, width=1000):
@@ -47,6 +50,32 @@ def test_innermost_enclosing_matches_brute_force():
         want = _shortest(cands, s, e)
         got = None if pt_parent[i] < 0 else e[pt_parent[i]] - s[pt_parent[i]]
         assert got == want, i
+
+
+def test_a_few_points_among_many_intervals_get_the_brute_force_answer_from_the_intervals_around_them():
+    rng = np.random.default_rng(2)
+    g, s, e = _call_stacks(rng, groups=4, width=4000)
+    pg, pt = rng.integers(0, 5, 60), rng.integers(-5, 4005, 60)  # group 4 has no intervals
+    assert len(pt) * 8 <= len(s)  # few enough points for the filtered path
+    got = innermost_enclosing_points(g, s, e, pg, pt)
+    assert np.array_equal(got, innermost_enclosing(g, s, e, pg, pt)[1])
+    for i in range(len(pt)):
+        cands = [j for j in range(len(s)) if g[j] == pg[i] and s[j] <= pt[i] < e[j]]
+        want = _shortest(cands, s, e)
+        assert (None if got[i] < 0 else e[got[i]] - s[got[i]]) == want, i
+
+
+def test_points_on_a_real_trace_get_the_same_ops_as_the_whole_nesting_gives():
+    # launches among a real trace's ops, one point in 30: the answer the join used to get from nesting every op
+    rs = read_kineto(trace_path("v100/resnet50_training.json.gz"))
+    ops, launches = rs.ops, rs.launches
+    thread = lambda t: t.column("pid").to_numpy() * (1 << 32) + (t.column("tid").to_numpy() & 0xFFFFFFFF)  # noqa: E731
+    o_start, o_end = ops.column("start_ns").to_numpy(), ops.column("end_ns").to_numpy()
+    pick = np.arange(0, launches.num_rows, 30)
+    l_thread, l_start = thread(launches)[pick], launches.column("start_ns").to_numpy()[pick]
+    want = innermost_enclosing(thread(ops), o_start, o_end, l_thread, l_start)[1]
+    got = innermost_enclosing_points(thread(ops), o_start, o_end, l_thread, l_start)
+    assert (want >= 0).mean() > 0.9 and np.array_equal(got, want)
 
 
 def test_tree_depth_and_root():

@@ -31,7 +31,7 @@ from ..metrics.flops.context import step_annotations
 from ..metrics.flops.vendor import VLLM_ATTENTION_OPS, vllm_attention_cost
 from ..records import RecordSet
 from ..stitch.joins import join_rank
-from ..stitch.nesting import innermost_enclosing
+from ..stitch.nesting import innermost_enclosing_points
 
 __all__ = ["capture_trace_for", "launch_kernel_names", "pair_graph_capture"]
 
@@ -124,8 +124,8 @@ def _launch_ops(capture: RecordSet, rows: np.ndarray) -> np.ndarray:
     if missing.any() and ops.num_rows:
         o_thread = _col(ops, "pid") * (1 << 32) + (_col(ops, "tid") & 0xFFFFFFFF)
         l_thread = _col(lt, "pid")[rows] * (1 << 32) + (_col(lt, "tid")[rows] & 0xFFFFFFFF)
-        _, inner = innermost_enclosing(o_thread, _col(ops, "start_ns"), _col(ops, "end_ns"),
-                                       l_thread[missing], _col(lt, "start_ns")[rows][missing])
+        inner = innermost_enclosing_points(o_thread, _col(ops, "start_ns"), _col(ops, "end_ns"),
+                                           l_thread[missing], _col(lt, "start_ns")[rows][missing])
         op[missing] = inner
     return op
 
@@ -160,8 +160,8 @@ def _op_modules(capture: RecordSet, op: np.ndarray) -> np.ndarray:
         return out
     m_thread = _col(mt, "pid") * (1 << 32) + (_col(mt, "tid") & 0xFFFFFFFF)
     o_thread = (_col(ot, "pid") * (1 << 32) + (_col(ot, "tid") & 0xFFFFFFFF))[op[sel]]
-    _, inner = innermost_enclosing(m_thread, _col(mt, "start_ns"), _col(mt, "end_ns"),
-                                   o_thread, _col(ot, "start_ns")[op[sel]])
+    inner = innermost_enclosing_points(m_thread, _col(mt, "start_ns"), _col(mt, "end_ns"),
+                                       o_thread, _col(ot, "start_ns")[op[sel]])
     out[sel] = inner
     return out
 

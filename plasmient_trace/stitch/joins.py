@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..records import RecordSet
-from .nesting import innermost_enclosing, tree_depth, tree_root
+from .nesting import innermost_enclosing, innermost_enclosing_points, tree_depth, tree_root
 
 # Tolerance for "the op is active at the launch": Kineto rounds to 1 ns (new) or 1 µs (old files).
 _ACTIVE_SLACK_NS = 1_000
@@ -157,7 +157,7 @@ def join_rank(records: RecordSet) -> JoinedRank:
             idx = np.searchsorted(step_start, times, side="right") - 1
             inside = (idx >= 0) & (times < np.maximum(step_end, step_start + 1)[np.maximum(idx, 0)])
             return np.where(inside, idx, -1)
-        _, idx = innermost_enclosing(no_group, step_start, step_end, np.zeros(len(times), np.int64), times)
+        idx = innermost_enclosing_points(no_group, step_start, step_end, np.zeros(len(times), np.int64), times)
         return idx
 
     op_step = to_step(o_start)
@@ -176,7 +176,7 @@ def join_rank(records: RecordSet) -> JoinedRank:
     op_module = np.full(len(o_start), -1, np.int64)
     roots = np.nonzero(op_parent < 0)[0]
     if n_mod and len(roots):
-        _, root_mod = innermost_enclosing(m_thread, m_start, m_end, o_thread[roots], o_start[roots])
+        root_mod = innermost_enclosing_points(m_thread, m_start, m_end, o_thread[roots], o_start[roots])
         op_module[roots] = root_mod
 
     # ---- backward ops -> forward module via the autograd sequence number
@@ -269,7 +269,7 @@ def join_rank(records: RecordSet) -> JoinedRank:
         stats.launches_by_external_id = int(ok.sum())
         rest = np.nonzero(~ok)[0]
         if len(rest):
-            _, inner = innermost_enclosing(o_thread, o_start, o_end, l_thread[rest], l_start[rest])
+            inner = innermost_enclosing_points(o_thread, o_start, o_end, l_thread[rest], l_start[rest])
             launch_op[rest] = inner
             stats.launches_by_interval = int((inner >= 0).sum())
 

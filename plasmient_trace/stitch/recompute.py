@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from ..records import RecordSet
 from .joins import JoinedRank
-from .nesting import any_ancestor, innermost_enclosing
+from .nesting import any_ancestor, innermost_enclosing_points
 
 _BACKWARD_SCOPE = "autograd::engine::evaluate_function"
 
@@ -65,7 +65,7 @@ def find_recompute(rs: RecordSet, j: JoinedRank) -> Recompute:
     o_thread = _col(ops, "pid", 0) * (1 << 32) + (_col(ops, "tid", 0) & 0xFFFFFFFF)
     m_thread = _col(rs.modules, "pid", 0) * (1 << 32) + (_col(rs.modules, "tid", 0) & 0xFFFFFFFF)
     m_start, m_end = _col(rs.modules, "start_ns", 0), _col(rs.modules, "end_ns", 0)
-    _, around = innermost_enclosing(o_thread, _col(ops, "start_ns", 0), _col(ops, "end_ns", 0), m_thread, m_start)
+    around = innermost_enclosing_points(o_thread, _col(ops, "start_ns", 0), _col(ops, "end_ns", 0), m_thread, m_start)
     backward_op = (around >= 0) & (is_node[np.maximum(around, 0)] | in_backward[np.maximum(around, 0)])
     modules = np.zeros(n_mod_all, bool)
     modules[:n_mod] = backward_op
@@ -76,7 +76,7 @@ def find_recompute(rs: RecordSet, j: JoinedRank) -> Recompute:
     roots = np.nonzero(root)[0]
     op_module = np.full(n_op, -1, np.int64)
     if len(rc_mods) and len(roots):
-        _, inner = innermost_enclosing(m_thread[rc_mods], m_start[rc_mods], m_end[rc_mods], o_thread[roots],
-                                       _col(ops, "start_ns", 0)[roots])
+        inner = innermost_enclosing_points(m_thread[rc_mods], m_start[rc_mods], m_end[rc_mods], o_thread[roots],
+                                           _col(ops, "start_ns", 0)[roots])
         op_module[roots] = np.where(inner >= 0, rc_mods[np.maximum(inner, 0)], -1)
     return Recompute(rc, modules, parent_op, op_module)
