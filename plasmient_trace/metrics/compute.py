@@ -15,6 +15,7 @@ import numpy as np
 
 from ..conventions import BOUNDS, DEFAULT_BASELINE_MFU
 from ..stitch.nesting import reduce_to_parents
+from .grouping import unique_inverse
 
 # Below this mean kernel duration a span's kernels are launch/latency-bound, whatever their intensity.
 LATENCY_BOUND_MEAN_KERNEL_S = 10e-6
@@ -78,8 +79,7 @@ def subtree_device_stats(parent: np.ndarray, depth: np.ndarray, k_span: np.ndarr
         return out
     by_start = np.argsort(k_start, kind="stable")
     k_span, k_start, k_end = k_span[by_start], k_start[by_start], k_end[by_start]
-    dev_codes, dev = np.unique(k_device, return_inverse=True)
-    dev = dev.reshape(-1)
+    dev_codes, dev = unique_inverse(k_device)
     n_dev = len(dev_codes)
     cur = k_span.astype(np.int64).copy()
     k_depth = depth[cur]

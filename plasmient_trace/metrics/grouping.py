@@ -49,3 +49,29 @@ def radix_key(columns: list[np.ndarray]) -> np.ndarray | None:
         key += (c.astype(np.int64) + 1) * radix
         radix *= size
     return key
+
+
+def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` (inverse flat, int64) without its sort or hash where one
+    pass does: integer keys that already ascend (rows ordered by group), or keys in a range no wider than a
+    few times their count (device ids, step rows)."""
+    v = np.asarray(values)
+    n = len(v)
+    if n == 0 or v.dtype.kind not in "iu":
+        keys, inverse = np.unique(v, return_inverse=True)
+        return keys, inverse.reshape(-1).astype(np.int64)
+    if (v[1:] >= v[:-1]).all():
+        opens = np.empty(n, bool)
+        opens[0] = True
+        np.not_equal(v[1:], v[:-1], out=opens[1:])
+        return v[opens], np.cumsum(opens) - 1
+    lo, hi = int(v.min()), int(v.max())
+    if hi - lo < 4 * n + 1024:
+        present = np.zeros(hi - lo + 1, bool)
+        # unsigned: v - lo is exact in its own type; signed: widen first (int8 from -100 to 100 spans 200)
+        offset = (v - v.dtype.type(lo)).astype(np.int64) if v.dtype.kind == "u" else v.astype(np.int64) - lo
+        present[offset] = True
+        code = np.cumsum(present) - 1
+        return np.flatnonzero(present).astype(v.dtype) + v.dtype.type(lo), code[offset]
+    keys, inverse = np.unique(v, return_inverse=True)
+    return keys, inverse.reshape(-1).astype(np.int64)

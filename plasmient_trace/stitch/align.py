@@ -48,6 +48,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..metrics.grouping import unique_inverse
 from ..records import TABLE_SCHEMAS, RecordSet
 
 __all__ = [
@@ -121,7 +122,7 @@ def _launch_shift(records: RecordSet, k_dev: np.ndarray, k_start: np.ndarray) ->
         return shift
     lag = np.full(len(k_start), np.iinfo(np.int64).min)
     lag[hit] = l_start[order[pos[hit]]] - k_start[hit]
-    devs, inverse = np.unique(k_dev, return_inverse=True)
+    devs, inverse = unique_inverse(k_dev)
     per_dev = np.full(len(devs), np.iinfo(np.int64).min)
     np.maximum.at(per_dev, inverse, lag)
     per_dev = np.maximum(per_dev, 0)

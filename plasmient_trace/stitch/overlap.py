@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..metrics.grouping import unique_inverse
 from .windows import Coverage, merge_intervals
 
 
@@ -47,8 +48,7 @@ def step_overlap(n_steps: int, step: np.ndarray, device: np.ndarray, start: np.n
                  tile_start: np.ndarray, tile_end: np.ndarray) -> StepOverlap:
     """Kernels (alive ones) with their step row, device, interval, kind flags and launch start (-1: no launch
     record); the steps' tiles (their device windows)."""
-    _, dev = np.unique(device, return_inverse=True) if len(device) else (None, np.zeros(0, np.int64))
-    dev = dev.reshape(-1)
+    dev = unique_inverse(device)[1]
     n_dev = int(dev.max()) + 1 if len(dev) else 1
     group = step * n_dev + dev
     n_groups = n_steps * n_dev

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..metrics.grouping import unique_inverse
+
 
 def _end_to_end(group: np.ndarray, n_groups: int, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per group (0..n_groups-1): its first start, last end, and the shift that lays the groups end to end
@@ -66,8 +68,8 @@ def kernel_shares_ns(device_key: np.ndarray, start: np.ndarray, end: np.ndarray)
         return np.zeros(0)
     start = start.astype(np.int64)
     end = np.maximum(end.astype(np.int64), start)
-    keys, dev = np.unique(device_key, return_inverse=True)
-    _, _, offset = _end_to_end(dev.reshape(-1), len(keys), start, end)
+    keys, dev = unique_inverse(device_key)
+    _, _, offset = _end_to_end(dev, len(keys), start, end)
     s, e = start + offset[dev], end + offset[dev]
     times = np.concatenate([s, e])
     delta = np.concatenate([np.ones(n, np.int64), -np.ones(n, np.int64)])
@@ -93,8 +95,7 @@ def merge_intervals(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tu
     order = np.lexsort((start, group))
     g, s, e = group[order], start[order], end[order]
     # one running maximum over all groups: lay them end to end on one axis
-    keys, gi = np.unique(g, return_inverse=True)
-    gi = gi.reshape(-1)
+    keys, gi = unique_inverse(g)  # g ascends: one pass
     shift = _end_to_end(gi, len(keys), s, e)[2][gi]
     reach = np.maximum.accumulate(e + shift)
     new = np.ones(len(s), bool)
@@ -120,8 +121,7 @@ class Coverage:
     @classmethod
     def of(cls, group: np.ndarray, start: np.ndarray, end: np.ndarray) -> Coverage:
         g, ms, me = merge_intervals(group, start, end)
-        keys, gi = np.unique(g, return_inverse=True)
-        gi = gi.reshape(-1)
+        keys, gi = unique_inverse(g)
         lo, hi, offset = _end_to_end(gi, len(keys), ms, me)
         length = me - ms
         return cls(keys, lo, hi, offset, ms + offset[gi], me + offset[gi], np.cumsum(length) - length)
