@@ -69,6 +69,9 @@ def _renumber(old: np.ndarray, kept: np.ndarray, size: int) -> np.ndarray:
     return new_of[old]
 
 
+_MAX_SLICED_RUNS = 64  # more runs than this are gathered by one take instead
+
+
 def _distinct_ascending(values: np.ndarray) -> np.ndarray:
     """np.unique, without its sort when the values already ascend (kernels in launch order)."""
     steps = np.diff(values)
@@ -78,13 +81,17 @@ def _distinct_ascending(values: np.ndarray) -> np.ndarray:
 
 
 def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
-    """The rows of the table, in the order given: a zero-copy slice when they are one ascending run, as a step
-    group's records usually are in a time-ordered trace."""
-    if not table.num_rows:
-        return table
-    if len(rows) and (np.diff(rows) == 1).all():
-        return table.slice(int(rows[0]), len(rows))
-    return table.take(pa.array(rows, pa.int64()))
+    """The rows of the table, in the order given. In a time-ordered trace a step group's records are a few
+    ascending runs (ops between steps fall out): those are zero-copy slices, so a column is only copied if
+    it is read, and then once; a take would copy every column, names and shapes included."""
+    if not table.num_rows or not len(rows):
+        return table.slice(0, 0)
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    if len(breaks) > _MAX_SLICED_RUNS:
+        return table.take(pa.array(rows, pa.int64()))
+    bounds = [0, *breaks.tolist(), len(rows)]
+    runs = [table.slice(int(rows[a]), b - a) for a, b in zip(bounds[:-1], bounds[1:])]
+    return runs[0] if len(runs) == 1 else pa.concat_tables(runs)
 
 
 def slice_rank(inp: RankInput, j: JoinedRank, tl: DeviceTimeline, s0: int, s1: int) -> tuple[RankInput, JoinedRank, DeviceTimeline]:
