@@ -129,6 +129,34 @@ def test_the_file_is_written_in_bounded_pieces() -> None:
     assert bytes(out.data) == b"".join(otlp_json.encode_jsonl_lines(batch))
 
 
+def test_a_write_that_fails_mid_file_raises_in_the_caller_and_leaves_no_writer_thread() -> None:
+    """The pieces are written on a thread of their own beside the encoder; a full disk there is the
+    caller's OSError, at once, not a hang and not a truncated file reported as written."""
+    import errno
+    import threading
+
+    class FullAfter(io.RawIOBase):
+        def __init__(self, limit: int) -> None:
+            self.written, self.limit = 0, limit
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b: bytes | memoryview) -> int:  # type: ignore[override]
+            if self.written + len(b) > self.limit:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.written += len(b)
+            return len(b)
+
+    batch = ingested(*REAL[0]).batch
+    assert batch.table.num_rows >= otlp_json._BACKGROUND_WRITE_ROWS  # the threaded path
+    out = FullAfter(3 * otlp_json.PART_BYTES)
+    with pytest.raises(OSError, match="No space left"):
+        otlp_json.write_jsonl(batch, out)
+    assert out.written <= 3 * otlp_json.PART_BYTES
+    assert not [t for t in threading.enumerate() if t.name == "plasmient-jsonl-writer"]
+
+
 def test_numbers_read_back_as_the_tables_values() -> None:
     """Repeated and all-distinct number columns read back as exactly the table's values (signed
     zeros, subnormals, extremes, int64 ends), across several chunks and parts."""

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from plasmient_trace.conventions import SCOPE_NAME, SpanBatch
+from plasmient_trace.export.background_write import BackgroundWriter
 from plasmient_trace.export.otlp_json_read import (
     any_value_py,
     batch_from_otlp_dicts,
@@ -412,13 +413,29 @@ def write_jsonl(batch: SpanBatch, path_or_file: str | os.PathLike[str] | BinaryI
     return _write_pieces(batch, path_or_file)
 
 
+# Below this many spans the output is a part or two: written inline, no thread to start.
+_BACKGROUND_WRITE_ROWS = 4096
+
+
 def _write_pieces(batch: SpanBatch, f: IO[bytes]) -> int:
     lines = 0
-    write = f.write
     # Pieces go straight to the file: a huge trace never exists as one bytes object.
-    for piece in _json_pieces(batch, None):
-        if piece is None:
-            lines += 1
-        else:
-            write(piece)
+    if batch.table.num_rows < _BACKGROUND_WRITE_ROWS:
+        for piece in _json_pieces(batch, None):
+            if piece is None:
+                lines += 1
+            else:
+                f.write(piece)
+        return lines
+    writer = BackgroundWriter(f.write)
+    try:
+        for piece in _json_pieces(batch, None):
+            if piece is None:
+                lines += 1
+            else:
+                writer.add(piece)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
     return lines
