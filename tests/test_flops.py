@@ -22,6 +22,7 @@ from conftest import raw_trace
 from plasmient_trace import records
 from plasmient_trace.metrics import flops as F
 from plasmient_trace.metrics.flops import api as flops_api
+from plasmient_trace.metrics.flops import core as flops_core
 from plasmient_trace.metrics.flops import model_ops, op_cost
 
 OP_CATS = ("cpu_op", "Operator")
@@ -455,13 +456,26 @@ def test_model_ops_calls_op_cost_once_per_signature(monkeypatch: pytest.MonkeyPa
         return real(*args)
 
     monkeypatch.setattr(flops_api, "op_cost", counting)
+    monkeypatch.setattr(flops_api, "_COSTS", {})  # nothing remembered from earlier tests
     costs = model_ops(repeated)
     signatures = {(r["name"], r["input_dims"], r["input_types"], r["concrete_inputs"])
                   for r in table.select(["name", "input_dims", "input_types", "concrete_inputs"]).to_pylist()}
     assert len(calls) == len(signatures) < table.num_rows
+    # a later table with the same signatures (live capture's next step) calls no formula at all
     single = model_ops(table)
+    assert len(calls) == len(signatures)
     assert np.array_equal(costs.flops, np.tile(single.flops, 20))
     assert np.array_equal(costs.model, np.tile(single.model, 20))
+
+
+def test_a_formula_registered_after_a_signature_was_costed_takes_effect(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(flops_core, "_REGISTRY", dict(flops_core._REGISTRY))
+    rows = {"pid": [1], "tid": [1], "start_ns": [0], "end_ns": [1], "name": ["plasmient_test::late_op"],
+            "input_dims": ["[[4,8],[8,2]]"], "input_types": ['["float","float"]']}
+    table = records.table_from_columns("ops", rows)
+    assert model_ops(table).model.tolist() == ["none"]
+    F.register_flop_formula("plasmient_test::late_op")(lambda a: (2.0 * 4 * 8 * 2, 0.0, "gemm"))
+    assert model_ops(table).flops.tolist() == [128.0]  # not the remembered "unknown"
 
 
 def test_model_ops_handles_empty_nulls_and_chunked_dictionary_columns() -> None:

@@ -67,6 +67,26 @@ def op_cost(name: str | None, dims: Any, types: Any, concrete: Any = None) -> tu
     return float(flops), float(nbytes), dtype, model
 
 
+# op_cost per signature, with the formula it was computed with: live capture models the same few hundred
+# signatures every step (40 ms a step of the tiny transformer); a formula registered or replaced since makes
+# the entry stale. Cleared when full: a run whose shapes never repeat gains nothing from it anyway.
+_COSTS: dict[tuple[Any, ...], tuple[Any, tuple[float, float, str, str]]] = {}
+_MAX_COSTS = 1 << 16
+
+
+def _signature_cost(name: str | None, dims: Any, types: Any, concrete: Any) -> tuple[float, float, str, str]:
+    key = (name, dims, types, concrete)
+    fn = formula_for(name)
+    hit = _COSTS.get(key)
+    if hit is not None and hit[0] is fn:
+        return hit[1]
+    cost = op_cost(name, dims, types, concrete)
+    if len(_COSTS) >= _MAX_COSTS:
+        _COSTS.clear()
+    _COSTS[key] = (fn, cost)
+    return cost
+
+
 @dataclass(frozen=True)
 class OpCosts:
     """Per-op costs, aligned row for row with the ops table they were computed from."""
@@ -125,7 +145,7 @@ def model_ops(ops: pa.Table, moe: MoEConfig | None = None) -> OpCosts:
         args = [values[codes[row]] if codes[row] >= 0 else None for codes, values in encoded]
         name, dims, types = args[0], args[1] if len(args) > 1 else None, args[2] if len(args) > 2 else None
         conc = args[3] if len(args) > 3 else None
-        f, b, dt, mo = op_cost(name, dims, types, conc)
+        f, b, dt, mo = _signature_cost(name, dims, types, conc)
         flops_u[j] = f
         bytes_u[j] = b
         dtype_u.append(dt)
