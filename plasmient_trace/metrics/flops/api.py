@@ -69,9 +69,10 @@ def op_cost(name: str | None, dims: Any, types: Any, concrete: Any = None) -> tu
 
 # op_cost per signature, with the formula it was computed with: live capture models the same few hundred
 # signatures every step (40 ms a step of the tiny transformer); a formula registered or replaced since makes
-# the entry stale. Cleared when full: a run whose shapes never repeat gains nothing from it anyway.
+# the entry stale. Cleared when full, which bounds it to a few MB of signature text: a run whose shapes
+# never repeat (a decode loop's growing KV cache) gains nothing from it anyway.
 _COSTS: dict[tuple[Any, ...], tuple[Any, tuple[float, float, str, str]]] = {}
-_MAX_COSTS = 1 << 16
+_MAX_COSTS = 1 << 14
 
 
 def _signature_cost(name: str | None, dims: Any, types: Any, concrete: Any) -> tuple[float, float, str, str]:
