@@ -264,3 +264,17 @@ def scatter_rows(values: pa.Array, rows: np.ndarray, n: int) -> pa.Array:
     bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
     return pa.Array.from_buffers(values.type, n, [bitmap, pa.py_buffer(out_offsets), data],
                                  null_count=n - int(valid.sum()))
+
+
+def rows_of(table: pa.Table, rows: np.ndarray, max_runs: int = 64, take_below: int = 0) -> pa.Table:
+    """The table's rows in the order given. Rows that form a few ascending runs (a step group's records, a
+    grouped chunk of spans) are zero-copy slices, so a column is copied only if it is read; more than
+    ``max_runs`` runs, or a broken-up selection of at most ``take_below`` rows, are gathered by one take."""
+    if not len(rows):
+        return table.slice(0, 0)
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    if len(breaks) > max_runs or (len(breaks) and len(rows) <= take_below):
+        return table.take(pa.array(rows, pa.int64()))
+    bounds = [0, *breaks.tolist(), len(rows)]
+    runs = [table.slice(int(rows[a]), b - a) for a, b in zip(bounds[:-1], bounds[1:])]
+    return runs[0] if len(runs) == 1 else pa.concat_tables(runs)

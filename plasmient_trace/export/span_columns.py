@@ -11,7 +11,6 @@ row's attributes, which both the JSON and the protobuf encoders need.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from plasmient_trace.conventions import CORE_COLUMNS, SpanBatch
+from plasmient_trace.conventions import CORE_COLUMNS, SpanBatch, rows_of
 
 __all__ = [
     "CHUNK_ROWS",
@@ -73,12 +72,7 @@ class SpanLayout:
         """
         if self.rows is None:
             return self.table.slice(start, stop - start)
-        rows = self.rows[start:stop]
-        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
-        if len(breaks) > _MAX_SLICED_RUNS or (len(breaks) and len(rows) <= _TAKE_BELOW_ROWS):
-            return self.table.take(pa.array(rows))
-        bounds = np.concatenate(([0], breaks, [len(rows)]))
-        return pa.concat_tables([self.table.slice(int(rows[a]), b - a) for a, b in itertools.pairwise(bounds.tolist())])
+        return rows_of(self.table, self.rows[start:stop], _MAX_SLICED_RUNS, _TAKE_BELOW_ROWS)
 
 
 def id_matrix(column: pa.ChunkedArray | pa.Array, width: int) -> np.ndarray:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import pyarrow as pa
 
+from ..conventions import rows_of
+from ..metrics.grouping import unique_inverse
 from .inputs import RankInput
 from .joins import JoinedRank, RowOrigin
 from .overlap import StepOverlap
@@ -69,31 +70,6 @@ def _renumber(old: np.ndarray, kept: np.ndarray, size: int) -> np.ndarray:
     return new_of[old]
 
 
-_MAX_SLICED_RUNS = 64  # more runs than this are gathered by one take instead
-
-
-def _distinct_ascending(values: np.ndarray) -> np.ndarray:
-    """np.unique, without its sort when the values already ascend (kernels in launch order)."""
-    steps = np.diff(values)
-    if (steps >= 0).all():
-        return values[np.concatenate(([True], steps > 0))] if len(values) else values
-    return np.unique(values)
-
-
-def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
-    """The rows of the table, in the order given. In a time-ordered trace a step group's records are a few
-    ascending runs (ops between steps fall out): those are zero-copy slices, so a column is only copied if
-    it is read, and then once; a take would copy every column, names and shapes included."""
-    if not table.num_rows or not len(rows):
-        return table.slice(0, 0)
-    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
-    if len(breaks) > _MAX_SLICED_RUNS:
-        return table.take(pa.array(rows, pa.int64()))
-    bounds = [0, *breaks.tolist(), len(rows)]
-    runs = [table.slice(int(rows[a]), b - a) for a, b in zip(bounds[:-1], bounds[1:])]
-    return runs[0] if len(runs) == 1 else pa.concat_tables(runs)
-
-
 def slice_rank(inp: RankInput, j: JoinedRank, tl: DeviceTimeline, s0: int, s1: int) -> tuple[RankInput, JoinedRank, DeviceTimeline]:
     """The chunk of steps [s0, s1): its records, joins and device timeline, rows renumbered from 0."""
     rs = inp.records
@@ -106,13 +82,15 @@ def slice_rank(inp: RankInput, j: JoinedRank, tl: DeviceTimeline, s0: int, s1: i
     mods, ops, kernels = within(j.module_step), within(j.op_step), within(j.kernel_step)
     fwd = mods[mods < n_fwd]
     synth = np.nonzero(np.isin(tl.synth_ops, ops))[0]
-    launches = _distinct_ascending(j.kernel_launch[kernels])
+    launches = unique_inverse(j.kernel_launch[kernels])[0]  # one pass: kernels in launch order ascend
     launches = launches[launches >= 0]
     step_order = np.argsort(rs.steps.column("start_ns").to_numpy(), kind="stable") if rs.steps.num_rows else None
 
+    # In a time-ordered trace a group's records are a few ascending runs (ops between steps fall out):
+    # rows_of slices them, so only the columns the stitch reads are ever copied.
     records = dataclasses.replace(
-        rs, kernels=_take(rs.kernels, kernels), launches=_take(rs.launches, launches), ops=_take(rs.ops, ops),
-        modules=_take(rs.modules, fwd), steps=_take(rs.steps, step_order[s0:s1]) if step_order is not None else rs.steps,
+        rs, kernels=rows_of(rs.kernels, kernels), launches=rows_of(rs.launches, launches), ops=rows_of(rs.ops, ops),
+        modules=rows_of(rs.modules, fwd), steps=rows_of(rs.steps, step_order[s0:s1]) if step_order is not None else rs.steps,
     )
     part = RankInput(records=records, spec=inp.spec, op_flops=inp.op_flops[ops], op_bytes=inp.op_bytes[ops],
                      op_dtype=inp.op_dtype[ops], op_model=inp.op_model[ops])
