@@ -4,9 +4,11 @@ return_inverse=True)`` on every integer type, whether the keys ascend, span a sm
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
-from plasmient_trace.metrics.grouping import first_seen_groups, unique_inverse
+from plasmient_trace.metrics.grouping import first_seen_groups, match_distinct, unique_inverse
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.int32, np.int64, np.uint64])
@@ -30,3 +32,17 @@ def test_unique_inverse_is_numpys_unique_with_inverse(dtype: type) -> None:
 def test_first_seen_groups_numbers_groups_by_first_appearance() -> None:
     group, first = first_seen_groups(np.array([9, 4, 9, 9, -1, 4]))
     assert group.tolist() == [0, 1, 0, 0, 2, 1] and first.tolist() == [0, 1, 4]
+
+
+def test_match_distinct_answers_every_row_as_matching_it_alone_would() -> None:
+    names = pa.chunked_array([["ncclKernel_AllReduce", None, "ampere_sgemm", "ncclKernel_AllReduce"], ["", "NCCL_x"]])
+    seen: list[int] = []
+
+    def is_nccl(distinct: pa.Array) -> pa.Array:
+        seen.append(len(distinct))
+        return pc.starts_with(distinct, "nccl")
+
+    got = match_distinct(names, is_nccl)
+    want = [v is not None and v.startswith("nccl") for v in names.to_pylist()]
+    assert got.tolist() == want and seen == [4]  # null row False; four distinct names matched once
+    assert match_distinct(pa.array(["a", "b"]), lambda d: pa.array([None, True])).tolist() == [False, True]

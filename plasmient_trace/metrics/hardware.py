@@ -38,6 +38,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .grouping import match_distinct
+
 __all__ = [
     "DTYPES",
     "SPECS",
@@ -327,13 +329,7 @@ _TF32_KERNEL = r"(?i)tf32|tensorop_s(1688|16816)|(^|[^a-z0-9])s(1688|16816)(gemm
 
 def tf32_kernels(kernel_names: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """Per kernel, whether its name is a tensor-core kernel that runs fp32 math as TF32 (see _TF32_KERNEL)."""
-    names = pc.dictionary_encode(kernel_names.combine_chunks() if isinstance(kernel_names, pa.ChunkedArray) else kernel_names)
-    # on the distinct names: a trace repeats a few hundred kernel names over and over
-    distinct = pc.fill_null(pc.match_substring_regex(names.dictionary, _TF32_KERNEL), False).to_numpy(zero_copy_only=False)
-    out = np.zeros(len(names), bool)
-    valid = names.indices.is_valid().to_numpy(zero_copy_only=False)
-    out[valid] = np.asarray(distinct, bool)[names.indices.to_numpy(zero_copy_only=False)[valid].astype(np.int64)]
-    return out
+    return match_distinct(kernel_names, lambda names: pc.match_substring_regex(names, _TF32_KERNEL))
 
 
 def kernel_precision(kernel_names: pa.Array | pa.ChunkedArray, op_dtype: np.ndarray) -> np.ndarray:

@@ -16,9 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..metrics.flops import yields_flops
+from ..metrics.grouping import match_distinct
 from .inputs import KIND_CODE, RankInput, StitchOptions
 from .joins import JoinedRank
 from .overlap import StepOverlap, step_overlap
@@ -55,6 +57,11 @@ class DeviceTimeline:
         return len(self.start) - len(self.synth_ops)
 
 
+def _collective_kernel_names(names: pa.Array) -> pa.Array:
+    lower = pc.utf8_lower(names)
+    return pc.or_(pc.starts_with(lower, "nccl"), pc.match_substring(lower, "rccl"))
+
+
 def kernel_kinds(inp: RankInput, synth_ops: np.ndarray) -> np.ndarray:
     """KIND_CODE per kernel row; NCCL/RCCL kernels (and collective ops standing for kernels on a CPU) are
     collectives whatever category the source gave them."""
@@ -66,12 +73,7 @@ def kernel_kinds(inp: RankInput, synth_ops: np.ndarray) -> np.ndarray:
         if code:
             codes[:n_k][pc.equal(kind, name).fill_null(False).to_numpy(zero_copy_only=False)] = code
     if n_k:
-        # matched once per distinct name: a million kernels carry a few thousand names
-        enc = pc.dictionary_encode(rs.kernels.column("name").combine_chunks())
-        lower = pc.utf8_lower(enc.dictionary)
-        comm_name = pc.or_(pc.starts_with(lower, "nccl"), pc.match_substring(lower, "rccl")).fill_null(False)
-        code = enc.indices.fill_null(-1).to_numpy(zero_copy_only=False)
-        comm = np.where(code >= 0, comm_name.to_numpy(zero_copy_only=False)[np.maximum(code, 0)], False)
+        comm = match_distinct(rs.kernels.column("name"), _collective_kernel_names)
         codes[:n_k][comm & (codes[:n_k] == KIND_CODE["kernel"])] = KIND_CODE["collective"]
     if len(synth_ops):
         names = pc.utf8_lower(rs.ops.column("name").combine_chunks().take(synth_ops))
