@@ -155,14 +155,14 @@ def _json_values(pieces: Pieces, attrs: list[AttributeValues]) -> tuple[list[int
     separator search cost more than the printing at a few thousand rows."""
     classes = [0] * len(attrs)
     ids: list[np.ndarray] = [np.zeros(0, np.int64)] * len(attrs)
-    for kind, cls, terminator in (("double", "double", b"}"), ("int", "int", b'"')):
+    for kind, terminator in (("double", b"}"), ("int", b'"')):  # the closing class is the kind
         members = [i for i, a in enumerate(attrs) if a.kind == kind]
         if not members:
             continue
         texts = pieces.array(number_texts(np.concatenate([attrs[i].values for i in members]), terminator))
         bounds = np.cumsum([0] + [len(attrs[i].values) for i in members])
         for i, lo, hi in zip(members, bounds[:-1], bounds[1:]):
-            classes[i], ids[i] = _CLASSES.index(cls), texts[lo:hi]
+            classes[i], ids[i] = _CLASSES.index(kind), texts[lo:hi]
     for i, a in enumerate(attrs):
         if a.kind == "bool":
             classes[i] = _CLASSES.index("bool")
@@ -419,23 +419,19 @@ _BACKGROUND_WRITE_ROWS = 4096
 
 def _write_pieces(batch: SpanBatch, f: IO[bytes]) -> int:
     lines = 0
+    writer = BackgroundWriter(f.write) if batch.table.num_rows >= _BACKGROUND_WRITE_ROWS else None
+    write = f.write if writer is None else writer.add
     # Pieces go straight to the file: a huge trace never exists as one bytes object.
-    if batch.table.num_rows < _BACKGROUND_WRITE_ROWS:
-        for piece in _json_pieces(batch, None):
-            if piece is None:
-                lines += 1
-            else:
-                f.write(piece)
-        return lines
-    writer = BackgroundWriter(f.write)
     try:
         for piece in _json_pieces(batch, None):
             if piece is None:
                 lines += 1
             else:
-                writer.add(piece)
+                write(piece)
     except BaseException:
-        writer.abort()
+        if writer is not None:
+            writer.abort()
         raise
-    writer.close()
+    if writer is not None:
+        writer.close()
     return lines
