@@ -187,6 +187,12 @@ def culprit_columns(n: int, lists: dict[int, list[dict[str, Any]]]) -> dict[str,
     for k in ("kernel", "op", "module", "rank", "wasted_s", "bound", "suggestion"):
         typ = cv.ATTRIBUTE_BY_NAME[f"plasmient.culprit.{k}"].type
         out[f"plasmient.culprit.{k}"] = cv.scatter_rows(pa.array([lists[i][0].get(k) for i in have], typ), rows, n)
-    texts = [json.dumps(lists[i], separators=(",", ":")) for i in have]
+    texts_of: dict[int, str] = {}  # rows shared by several spans (a fleet and its one node) printed once
+    texts = []
+    for i in have:
+        text = texts_of.get(id(lists[i]))
+        if text is None:
+            text = texts_of[id(lists[i])] = json.dumps(lists[i], separators=(",", ":"))
+        texts.append(text)
     out["plasmient.culprits"] = cv.scatter_rows(pa.array(texts, pa.string()), rows, n)
     return out

@@ -27,6 +27,7 @@ from . import ids
 from .culprits import culprit_columns, merge_culprits
 from .inputs import StitchOptions
 from .step_facts import top_columns
+from .summary_groups import SummaryGroups
 
 _FLOATS = ("flops", "ideal_s", "recompute_flops", "recompute_ideal_s", "comm_total_s", "comm_exposed_s",
            "copy_total_s", "copy_exposed_s", "idle_device_s", "queue_mean", "queue_max", "busy_s", "union_s", "known_s", "bytes", "kernel_s", "comm_s", "copy_s", "wasted_s",
@@ -114,30 +115,33 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
         members = sorted(by_step[step], key=lambda s: s.rank)
         if include_fleet:
             groups.append(("fleet", step, None, members))
-        for host in sorted({s.host for s in members}):
+        on_host: dict[str, list[RankSummary]] = {}
+        for s in members:  # in rank order, as the members of each node group stay
+            on_host.setdefault(s.host, []).append(s)
+        for host in sorted(on_host):
             if wanted_hosts is None or host in wanted_hosts:
-                groups.append(("node", step, host, [s for s in members if s.host == host]))
+                groups.append(("node", step, host, on_host[host]))
     n = len(groups)
     if n == 0:
         return cv.SpanBatch(table=cv.empty_span_table(), resources=[])
+    g = SummaryGroups(groups)
+    total = g.total
 
-    def total(name: str) -> np.ndarray:
-        return np.array([sum(getattr(s, name) for s in g[3]) for g in groups], np.float64)
-
-    w_start = np.array([min(s.window_start_ns for s in g[3]) for g in groups], np.int64)
-    w_end = np.array([max(s.window_end_ns for s in g[3]) for g in groups], np.int64)
+    w_start, w_end = g.min("window_start_ns"), g.max("window_end_ns")
     window_s = np.maximum(w_end - w_start, 0) / 1e9
-    gpus = np.array([sum(s.gpus for s in g[3]) for g in groups], np.int64)
+    gpus = total(g.values("gpus", np.int64)).astype(np.int64)
     device_s = window_s * gpus
     # What each rank spent inside the group's window but outside its own: the group's own waste.
-    skew = np.array([sum(max(0.0, (w - (s.window_end_ns - s.window_start_ns) / 1e9) * s.gpus) for s in g[3])
-                     for g, w in zip(groups, window_s)])
-    skew_usd = np.array([sum(max(0.0, (w - (s.window_end_ns - s.window_start_ns) / 1e9) * s.gpus) * s.price_per_hour / 3600
-                             for s in g[3]) for g, w in zip(groups, window_s)])
+    own_window_s = (g.values("window_end_ns", np.int64) - g.values("window_start_ns", np.int64)) / 1e9
+    outside = (g.per_pair(window_s) - own_window_s) * g.values("gpus")
+    outside = np.where(outside > 0.0, outside, 0.0)  # max(0.0, x), NaN read as 0.0 as max() does
+    price = g.values("price_per_hour")
+    skew = total(outside)
+    skew_usd = total(outside * price / 3600)
     busy, known, ideal = total("busy_s"), total("known_s"), total("ideal_s")
     wasted = total("wasted_s") + skew
-    cost = np.array([sum(s.charged_s * s.price_per_hour / 3600 for s in g[3]) for g in groups]) + skew_usd
-    wasted_usd = np.array([sum(s.wasted_s * s.price_per_hour / 3600 for s in g[3]) for g in groups]) + skew_usd
+    cost = total(g.values("charged_s") * price / 3600) + skew_usd
+    wasted_usd = total(g.values("wasted_s") * price / 3600) + skew_usd
     with np.errstate(divide="ignore", invalid="ignore"):
         util = np.where(device_s > 0, np.minimum(total("union_s") / device_s, 1.0), 0.0)
         coverage = np.where(busy > 0, np.clip(known / busy, 0, 1), np.nan)
@@ -146,8 +150,9 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
         stall = np.where((coverage > 0) & (busy > 0), np.clip(1 - ideal / busy, 0, 1), np.nan)
         executed = total("flops") + total("recompute_flops")  # the roofline is about executed work
         intensity = np.where((total("bytes") > 0) & (coverage > 0), executed / total("bytes"), np.nan)
-    ridge = np.array([np.nanmean([s.ridge for s in g[3]]) if any(np.isfinite(s.ridge) for s in g[3]) else np.nan
-                      for g in groups])
+        ridges = g.values("ridge")
+        known_ridge = np.isfinite(ridges)
+        ridge = total(ridges, known_ridge) / g.count(known_ridge)  # the mean of the known ones; NaN if none
     kernels = total("kernels")
     bound = mc.bound_codes(has_device=np.ones(n, bool), is_kernel=np.zeros(n, bool), util=util, kernels=kernels,
                            kernel_s=total("kernel_s"), comm_s=total("comm_s"), copy_s=total("copy_s"),
@@ -168,9 +173,8 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
     span_id = np.array([ids.fleet_span_id(job, step) if lvl == "fleet" else ids.node_span_id(job, step, host)
                         for lvl, step, host, _ in groups], np.uint64)
     parent = np.array([0 if lvl == "fleet" else ids.fleet_span_id(job, step) for lvl, step, _, _ in groups], np.uint64)
-    all_cpu = [all(s.device_type == "cpu" for s in g[3]) for g in groups]
-    start = np.array([min(s.start_ns for s in g[3]) for g in groups], np.int64)
-    end = np.array([max(s.end_ns for s in g[3]) for g in groups], np.int64)
+    all_cpu = g.all(g.values("device_type", object) == "cpu").tolist()
+    start, end = g.min("start_ns"), g.max("end_ns")
     cols: dict[str, Any] = {
         "trace_id": pa.array([ids.trace_id(job, step) for _, step, _, _ in groups], pa.binary(16)),
         "span_id": span_id,
@@ -212,9 +216,9 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
         "plasmient.wasted_s.self": skew,
         "plasmient.kernels": kernels.astype(np.int64),
         "plasmient.kernel_s": total("kernel_s"),
-        **_overlap_columns(groups, total, device_s),
+        **_overlap_columns(g),
         **straggler_columns(groups),
-        **bandwidth_columns(groups),
+        **bandwidth_columns(g),
     }
     # A rank whose step was not measured (a live step-level step: flops NaN) leaves the group's FLOP-derived
     # numbers, bound, waste and culprits absent: a partial sum would read as a measurement.
@@ -225,41 +229,53 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
         cols[name] = _nan_to_null(np.where(unmeasured, np.nan, np.asarray(cols[name].to_numpy(zero_copy_only=False)
                                                                           if isinstance(cols[name], pa.Array) else cols[name], np.float64)))
     cols["plasmient.bound"] = pa.array([None if u else b for u, b in zip(unmeasured.tolist(), cols["plasmient.bound"].to_pylist())], pa.string())
-    lists = [None if u else merge_culprits([(s.rank, s.culprits) for s in g[3]]) for g, u in zip(groups, unmeasured.tolist())]
-    cols.update(culprit_columns(n, {i: rows for i, rows in enumerate(lists) if rows}))
-    top_columns(cols, groups)
+    # A fleet group and the node group of a one-host job have the same members: their rows are merged once.
+    merged: dict[tuple[int, ...], list[dict[str, Any]]] = {}
+    lists: dict[int, list[dict[str, Any]]] = {}
+    for i, ((_, _, _, members), u) in enumerate(zip(groups, unmeasured.tolist())):
+        if u:
+            continue
+        key = tuple(map(id, members))
+        rows = merged.get(key)
+        if rows is None:
+            rows = merged[key] = merge_culprits([(s.rank, s.culprits) for s in members])
+        if rows:
+            lists[i] = rows
+    cols.update(culprit_columns(n, lists))
+    top_columns(cols, g)
     return cv.SpanBatch(table=cv.span_table_from_columns(cols, n), resources=resources)
 
 
-def bandwidth_columns(groups: list) -> dict[str, Any]:
+def bandwidth_columns(g: SummaryGroups) -> dict[str, Any]:
     """Collective message bytes and bus bandwidth of a node or the fleet from its ranks' steps: bytes add up,
     bus bandwidth is weighted by the bytes it was measured on (as on a step), and the fraction of the link
     peak is given only when every rank with sized collectives has the same known peak."""
-    n = len(groups)
-    total, rated, weighted, peak = np.full(n, np.nan), np.zeros(n), np.zeros(n), np.full(n, np.nan)
-    for i, g in enumerate(groups):
-        sized = [s for s in g[3] if math.isfinite(s.comm_bytes)]
-        if not sized:
-            continue
-        total[i] = sum(s.comm_bytes for s in sized)
-        timed = [s for s in sized if math.isfinite(s.comm_busbw) and s.comm_rated_bytes > 0]
-        rated[i] = sum(s.comm_rated_bytes for s in timed)
-        weighted[i] = sum(s.comm_busbw * s.comm_rated_bytes for s in timed)
-        peaks = {s.link_peak for s in sized}
-        if len(peaks) == 1 and all(math.isfinite(p) for p in peaks):
-            peak[i] = peaks.pop()
+    comm_bytes, busbw, rated = g.values("comm_bytes"), g.values("comm_busbw"), g.values("comm_rated_bytes")
+    sized = np.isfinite(comm_bytes)
+    timed = sized & np.isfinite(busbw) & (rated > 0)
+    any_sized = g.any(sized)
+    total = np.where(any_sized, g.total(comm_bytes, sized), np.nan)
+    rated_sum, weighted = g.total(rated, timed), g.total(busbw * rated, timed)
+    link = g.values("link_peak")
+    lowest, highest = np.full(g.n, np.inf), np.full(g.n, -np.inf)
+    with np.errstate(invalid="ignore"):  # an unknown (NaN) peak rules the group's out below
+        np.minimum.at(lowest, g.group[sized], link[sized])
+        np.maximum.at(highest, g.group[sized], link[sized])
+    one_peak = any_sized & g.all(~sized | np.isfinite(link)) & (lowest == highest)
+    peak = np.where(one_peak, lowest, np.nan)
     with np.errstate(divide="ignore", invalid="ignore"):
-        busbw = np.where(rated > 0, weighted / rated, np.nan)
+        bw = np.where(rated_sum > 0, weighted / rated_sum, np.nan)
     return {
         "plasmient.comm.bytes": _nan_to_null(total),
-        "plasmient.comm.busbw_gbs": _nan_to_null(busbw / 1e9),
-        "plasmient.comm.busbw_fraction": _nan_to_null(busbw / peak),
+        "plasmient.comm.busbw_gbs": _nan_to_null(bw / 1e9),
+        "plasmient.comm.busbw_fraction": _nan_to_null(bw / peak),
         "plasmient.comm.link_peak_gbs": _nan_to_null(np.where(np.isfinite(total), peak / 1e9, np.nan)),
     }
 
 
-def _overlap_columns(groups: list, total: Any, device_s: np.ndarray) -> dict[str, Any]:
+def _overlap_columns(g: SummaryGroups) -> dict[str, Any]:
     """Communication/copy overlap, idle split and launch queue of a node or the fleet, from its ranks."""
+    total = g.total
     with np.errstate(divide="ignore", invalid="ignore"):
         comm, copy = total("comm_total_s"), total("copy_total_s")
         out = {
@@ -271,14 +287,15 @@ def _overlap_columns(groups: list, total: Any, device_s: np.ndarray) -> dict[str
             "plasmient.idle.host_s": total("idle_s") - total("idle_device_s"),
         }
     # the queue: the deepest any rank's got, and the ranks' means weighted by their device-seconds
-    qmax = np.array([max((s.queue_max for s in g[3] if np.isfinite(s.queue_max)), default=np.nan) for g in groups])
+    qmax = np.fmax.reduceat(g.values("queue_max"), g.first)
     out["plasmient.launch_queue.max"] = pa.array(np.nan_to_num(qmax).astype(np.int64), mask=np.isnan(qmax))
-    qmean = []
-    for g in groups:
-        pairs = [(s.queue_mean, (s.window_end_ns - s.window_start_ns) * s.gpus) for s in g[3] if np.isfinite(s.queue_mean)]
-        w = sum(p[1] for p in pairs)
-        qmean.append(sum(m * x for m, x in pairs) / w if pairs and w > 0 else np.nan)
-    out["plasmient.launch_queue.mean"] = _nan_to_null(np.array(qmean))
+    qmean = g.values("queue_mean")
+    queued = np.isfinite(qmean)
+    device_ns = ((g.values("window_end_ns", np.int64) - g.values("window_start_ns", np.int64)) * g.values("gpus", np.int64)).astype(np.float64)
+    weight = g.total(device_ns, queued)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = np.where(weight > 0, g.total(qmean * device_ns, queued) / weight, np.nan)
+    out["plasmient.launch_queue.mean"] = _nan_to_null(mean)
     return out
 
 

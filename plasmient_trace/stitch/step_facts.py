@@ -284,33 +284,34 @@ def step_columns(cols: dict[str, Any], tree: Any, sel: np.ndarray) -> None:
         cols["plasmient.cupti.dropped_records"] = pa.array(d, pa.int64(), mask=~is_step | (d < 0))
 
 
-def top_columns(cols: dict[str, Any], groups: list) -> None:
+def top_columns(cols: dict[str, Any], g: Any) -> None:
     """Fleet and node rows of steps some rank sampled at step depth: flops.source, device time absent
-    where a rank recorded none, MFU/HFU from the ranks' carried ideal seconds over the group's window."""
-    n = len(groups)
-    source = np.array([max((FLOPS_SOURCES.index(getattr(m, "flops_source", "measured")) for m in g[3]), default=0)
-                       for g in groups], np.int64)
+    where a rank recorded none, MFU/HFU from the ranks' carried ideal seconds over the group's window.
+    ``g`` is the rows' ``summary_groups.SummaryGroups``."""
+    n = g.n
+    codes = {name: code for code, name in enumerate(FLOPS_SOURCES)}
+    member_source = np.array([codes[m] for m in g.values("flops_source", object).tolist()], np.int64)
+    source = np.maximum.reduceat(member_source, g.first) if n else np.zeros(0, np.int64)
     cols["plasmient.flops.source"] = pa.array(list(FLOPS_SOURCES), pa.string()).take(pa.array(source))
-    shallow = np.array([any(not getattr(m, "full_depth", True) for m in g[3]) for g in groups], bool)
+    shallow = g.any(~g.values("full_depth", bool))
     if not shallow.any():
         return
-    no_device = np.array([any(not getattr(m, "device_measured", True) for m in g[3]) for g in groups], bool)
+    no_device = g.any(~g.values("device_measured", bool))
     _null_columns(cols, NEEDS_KERNEL_FLOPS, shallow, n)
     _null_columns(cols, NEEDS_DEVICE_ACTIVITY, no_device, n)
     carried = shallow & (source == CARRIED)
 
-    def member_coverage(m: Any) -> float:
-        if getattr(m, "flops_source", "measured") == "carried":
-            value = getattr(m, "flops_coverage", None)
-            return float("nan") if value is None else float(value)
-        return m.known_s / m.busy_s if m.busy_s > 0 else float("nan")
-
-    coverage = np.array([min(member_coverage(m) for m in g[3]) for g in groups])
+    # a carried member's coverage is the one it carried; a measured one's is known over busy time
+    busy, known = g.values("busy_s"), g.values("known_s")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        measured_coverage = np.where(busy > 0, known / busy, np.nan)
+    member_coverage = np.where(member_source == CARRIED, g.values("flops_coverage"), measured_coverage)
+    # min() over the members as Python's does it: a NaN first stays, a NaN after a number is passed over
+    coverage = np.array([min(member_coverage[a:b].tolist()) for a, b in zip(g.first.tolist(), [*g.first[1:].tolist(), len(g.members)])])
     coverage[source == UNKNOWN] = np.nan
-    device_s = np.array([(max(m.window_end_ns for m in g[3]) - min(m.window_start_ns for m in g[3])) / 1e9 *
-                         sum(m.gpus for m in g[3]) for g in groups])
-    ideal = np.array([sum(m.ideal_s for m in g[3]) for g in groups])
-    recompute = np.array([sum(m.recompute_ideal_s for m in g[3]) for g in groups])
+    device_s = (g.max("window_end_ns") - g.min("window_start_ns")) / 1e9 * g.total(g.values("gpus", np.int64)).astype(np.int64)
+    ideal = g.total("ideal_s")
+    recompute = g.total("recompute_ideal_s")
     util = np.where(no_device, np.nan, np.array([np.nan if c is None else c for c in
                                                   _as_floats(cols.get("plasmient.util.resident"), n)]))
     cap = np.where(np.isfinite(util), util, 1.0)
