@@ -17,12 +17,13 @@ what it did not is a fact of the capture, given to the stitcher in :class:`StepF
 
 Offline ingest passes no facts: every step is ``measured``. Hooks: :func:`with_step_facts` (end of
 ``build_rank_tree``: carried totals on the step and rank rows), :func:`step_metrics` (end of
-``derive_metrics``), :func:`summary_fields` (the rank summaries), :func:`step_columns` (end of
+``derive_metrics``), :func:`step_summary_columns` (the rank summaries), :func:`step_columns` (end of
 ``rank_columns``) and :func:`top_columns` (fleet and node rows).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -226,14 +227,17 @@ def step_metrics(tree: Any, met: Any) -> Any:
     return met
 
 
-def summary_fields(tree: Any, s: int) -> dict[str, Any]:
-    """What a rank summary says about step row ``s`` beyond its sums (see fleet.RankSummary)."""
+def step_summary_columns(tree: Any) -> dict[str, list[Any]]:
+    """What the rank summaries of the tree's steps say beyond their sums (see fleet.RankSummary), one list
+    per field with a value per step row."""
     f = getattr(tree, "facts", None)
     if f is None:
         return {}
-    return {"flops_source": FLOPS_SOURCES[int(f.source[s])], "full_depth": bool(f.full[s]),
-            "device_measured": bool(f.device_measured[s]),
-            "flops_coverage": float(f.coverage[s]) if np.isfinite(f.coverage[s]) else None}
+    n = tree.n_steps
+    coverage = np.asarray(f.coverage[:n], np.float64)
+    return {"flops_source": [FLOPS_SOURCES[c] for c in f.source[:n].tolist()], "full_depth": f.full[:n].astype(bool).tolist(),
+            "device_measured": f.device_measured[:n].astype(bool).tolist(),
+            "flops_coverage": [c if math.isfinite(c) else None for c in coverage.tolist()]}
 
 
 def _null_where(value: Any, mask: np.ndarray, typ: pa.DataType) -> pa.Array:

@@ -30,7 +30,7 @@ from .fleet import RankSummary, merge_span_batches, top_spans
 from .inputs import DEFAULT_MAX_SPANS, KIND_CODE, DeviceSpec, RankInput, StitchOptions
 from .joins import JoinedRank, join_rank
 from .rank import RankTree, build_rank_tree, derive_metrics
-from .step_facts import summary_fields
+from .step_facts import step_summary_columns
 from .timeline import DeviceTimeline, device_timeline
 
 __all__ = ["DEFAULT_MAX_SPANS", "DeviceSpec", "RankInput", "StitchOptions", "StitchResult", "StreamTotals", "allowance_for",
@@ -122,41 +122,56 @@ def stitch_steps(prepared: PreparedRank, s0: int, s1: int, options: StitchOption
     culprits = step_culprits(tree, j, met, inp.spec.device_type)
     export = choose_exported(tree, allowance, options.full_depth_steps, j.steps.astype(np.int64))
     batch = rank_columns(inp, j, tree, met, export, rank, node, options, culprits)
-    summaries = []
     service = batch.resources[0].get("service.name") if batch.resources else None
-    collectives = _collectives_by_step(tree, j)
-    for s in range(tree.n_steps):
-        r = tree.base["rank"] + s
-        total = {k: float(tree.col(k)[r]) for k in ("busy_s", "known_s", "bytes", "kernel_s", "comm_s", "copy_s",
-                                                  "wasted_s", "charged_s", "idle_s", "recompute_flops")}
-        total["flops"] = float(tree.col("flops")[r] - tree.col("recompute_flops")[r])
-        recompute_ideal = float(tree.col("recompute_ideal_s")[r]) if tree.peak_known else float("nan")
-        o = tree.overlap
-        total.update(comm_total_s=float(o.comm_total_s[s]), comm_exposed_s=float(o.comm_exposed_s[s]),
-                     copy_total_s=float(o.copy_total_s[s]), copy_exposed_s=float(o.copy_exposed_s[s]),
-                     idle_device_s=float(min(o.idle_device_s[s], total["idle_s"])), queue_mean=float(o.queue_mean[s]),
-                     queue_max=float(o.queue_max[s]))
-        total.update(summary_fields(tree, s))
-        cb = tree.comm_bw
-        if cb is not None and len(cb.step_bytes):
-            # what node and fleet spans need to add bytes up and weight bus bandwidth by them across ranks
-            total.update(comm_bytes=float(cb.step_bytes[s]), comm_rated_bytes=float(cb.step_rated_bytes[s]),
-                         comm_busbw=float(cb.step_busbw[s]), link_peak=float(cb.link_peak))
-        summaries.append(RankSummary(
-            job_id=options.job_id, step=int(j.steps[s]), rank=rank, host=node,
-            start_ns=int(tree.start[r]), end_ns=int(tree.end[r]),
-            window_start_ns=int(tree.win_start[r]), window_end_ns=int(tree.win_end[r]), gpus=int(tree.gpus[r]),
-            ideal_s=float(tree.col("ideal_s")[r]) - recompute_ideal if tree.peak_known else float("nan"),
-            recompute_ideal_s=recompute_ideal, union_s=float(tree.union_s[r]),
-            kernels=int(tree.col("kernels")[r]), price_per_hour=float(tree.price), ridge=float(inp.spec.ridge()),
-            device_type=inp.spec.device_type, culprits=culprits[s], service_name=service,
-            collectives=collectives.get(s, []), **total,
-        ))
+    summaries = [RankSummary(job_id=options.job_id, rank=rank, host=node, price_per_hour=float(tree.price),
+                             ridge=float(inp.spec.ridge()), device_type=inp.spec.device_type, service_name=service, **fields)
+                 for fields in _summary_fields(tree, j, culprits)]
     stats = {"spans": int(export.sum()), "kernels": tree.n_k,
              "kernels_folded": int((~export[tree.base["kernel"]:tree.base["kernel"] + tree.n_k] &
                                     tree.alive[tree.base["kernel"]:tree.base["kernel"] + tree.n_k]).sum())}
     batch.summaries = summaries
     return RankResult(batch=batch, joined=prepared.joined, summaries=summaries, stats=stats)
+
+
+def _summary_fields(tree: RankTree, j: JoinedRank, culprits: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The per-step fields of the rank's summaries (fleet.RankSummary), each read from the step's rank span
+    row as one array per field, not one numpy scalar per field and step."""
+    n = tree.n_steps
+    rows = tree.base["rank"] + np.arange(n)
+    col = {k: tree.col(k)[rows] for k in ("busy_s", "known_s", "bytes", "kernel_s", "comm_s", "copy_s", "wasted_s",
+                                          "charged_s", "idle_s", "recompute_flops", "flops", "ideal_s", "recompute_ideal_s",
+                                          "kernels")}
+    o = tree.overlap
+    idle_device = o.idle_device_s[:n]
+    unknown = np.full(n, np.nan)
+    recompute_ideal = col["recompute_ideal_s"] if tree.peak_known else unknown
+    columns: dict[str, list[Any]] = {k: col[k].tolist() for k in ("busy_s", "known_s", "bytes", "kernel_s", "comm_s", "copy_s",
+                                                               "wasted_s", "charged_s", "idle_s", "recompute_flops")}
+    columns.update(
+        flops=(col["flops"] - col["recompute_flops"]).tolist(),
+        comm_total_s=o.comm_total_s[:n].tolist(), comm_exposed_s=o.comm_exposed_s[:n].tolist(),
+        copy_total_s=o.copy_total_s[:n].tolist(), copy_exposed_s=o.copy_exposed_s[:n].tolist(),
+        # min(idle_device, idle) as Python's min() reads a NaN: the second wins only when smaller
+        idle_device_s=np.where(col["idle_s"] < idle_device, col["idle_s"], idle_device).tolist(),
+        queue_mean=o.queue_mean[:n].tolist(), queue_max=o.queue_max[:n].astype(np.float64).tolist(),
+        step=j.steps[:n].astype(np.int64).tolist(), start_ns=tree.start[rows].astype(np.int64).tolist(),
+        end_ns=tree.end[rows].astype(np.int64).tolist(), window_start_ns=tree.win_start[rows].astype(np.int64).tolist(),
+        window_end_ns=tree.win_end[rows].astype(np.int64).tolist(), gpus=tree.gpus[rows].astype(np.int64).tolist(),
+        ideal_s=(col["ideal_s"] - recompute_ideal if tree.peak_known else unknown).tolist(),
+        recompute_ideal_s=recompute_ideal.tolist(), union_s=tree.union_s[rows].astype(np.float64).tolist(),
+        kernels=col["kernels"].astype(np.int64).tolist(), culprits=list(culprits[:n]),
+    )
+    cb = tree.comm_bw
+    if cb is not None and len(cb.step_bytes):
+        # what node and fleet spans need to add bytes up and weight bus bandwidth by them across ranks
+        columns.update(comm_bytes=cb.step_bytes[:n].astype(np.float64).tolist(),
+                       comm_rated_bytes=cb.step_rated_bytes[:n].astype(np.float64).tolist(),
+                       comm_busbw=cb.step_busbw[:n].astype(np.float64).tolist(), link_peak=[float(cb.link_peak)] * n)
+    columns.update(step_summary_columns(tree))
+    collectives = _collectives_by_step(tree, j)
+    columns["collectives"] = [collectives.get(s, []) for s in range(n)]
+    names = list(columns)
+    return [dict(zip(names, values)) for values in zip(*columns.values())]
 
 
 # A summary carries at most this many collectives per step (what stragglers are computed from).
