@@ -22,13 +22,13 @@ import importlib.machinery
 import importlib.util
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
 import threading
-import time
 from pathlib import Path
 from types import ModuleType
+
+from ..native_build import cache_dir, compile_cached
 
 MODULE_NAME = "_plasmient_op_observer"
 SOURCE = Path(__file__).with_name("op_observer.cpp")
@@ -38,12 +38,6 @@ _lock = threading.Lock()
 _module: ModuleType | None = None
 _failure: str | None = None
 _thread: threading.Thread | None = None
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("PLASMIENT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "plasmient-trace")
-    return Path(root) / "native"
 
 
 def _torch_paths() -> tuple[list[str], str, int]:
@@ -90,13 +84,6 @@ def _import(path: Path) -> ModuleType:
     return mod
 
 
-# The compile runs in its own session and renames its output into place itself: a short job that
-# exits mid-build neither orphans a half-written file nor wastes the build (the next run finds it).
-# $1 temporary output, $2 target, $3 log, $4 lock; the compiler command follows.
-_BUILD_SCRIPT = 'tmp=$1 target=$2 log=$3 lock=$4; shift 4; "$@" -o "$tmp" >"$log" 2>&1 && mv -f "$tmp" "$target"; ' \
-                'status=$?; rm -f "$tmp" "$lock"; exit $status'
-
-
 def build(timeout_s: float = BUILD_TIMEOUT_S) -> Path:
     """Compile into the cache and return the path; one build per cache entry however many
     processes (ranks, short jobs) ask, and it completes even if the asking process exits. Raises
@@ -104,70 +91,15 @@ def build(timeout_s: float = BUILD_TIMEOUT_S) -> Path:
     target = artifact_path()
     if target.exists():
         return target
-    if sys.platform != "linux":
-        raise RuntimeError(f"the native op observer is built for Linux only (this is {sys.platform})")
     cxx = _compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler (set CXX, or install g++)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    lock = target.with_name(target.name + ".building")
-    log = target.with_name(target.name + ".log")
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-            break  # ours to build
-        except FileExistsError:
-            if time.time() - _mtime(lock) > timeout_s:
-                lock.unlink(missing_ok=True)  # a build that died without cleaning up
-                continue
-            if _wait_for(target, lock, deadline):
-                return target
-            if target.exists():
-                return target
-            if not lock.exists():
-                raise RuntimeError(f"the build of another process failed: {_log_tail(log)}")
-            raise RuntimeError(f"waited {timeout_s:.0f} s for another process's build")
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    proc = subprocess.Popen(["sh", "-c", _BUILD_SCRIPT, "build", str(tmp), str(target), str(log), str(lock),
-                             *_without_output(_command(cxx, "out"))], start_new_session=True,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        code = proc.wait(timeout=max(deadline - time.monotonic(), 1.0))
-    except subprocess.TimeoutExpired as err:
-        raise RuntimeError(f"compiling took over {timeout_s:.0f} s") from err
-    if code != 0 or not target.exists():
-        raise RuntimeError(f"{os.path.basename(cxx)} failed (exit {code}): {_log_tail(log)}")
-    return target
+    return compile_cached(target, _without_output(_command(cxx, "out")), "native op observer", timeout_s)
 
 
 def _without_output(command: list[str]) -> list[str]:
     i = command.index("-o")
     return command[:i] + command[i + 2:]
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except FileNotFoundError:
-        return time.time()
-
-
-def _wait_for(target: Path, lock: Path, deadline: float) -> bool:
-    while time.monotonic() < deadline:
-        if target.exists():
-            return True
-        if not lock.exists():
-            return target.exists()
-        time.sleep(0.2)
-    return False
-
-
-def _log_tail(log: Path) -> str:
-    try:
-        return " | ".join(log.read_text(errors="replace").strip().splitlines()[-5:])
-    except OSError:
-        return "(no compiler output)"
 
 
 def load(build_if_missing: bool = True) -> ModuleType | None:
