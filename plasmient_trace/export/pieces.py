@@ -287,8 +287,8 @@ class Pieces:
         else:
             order, row_first = self._order_by_runs()
         pool = pa.concat_arrays(self._arrays + [pa.array(self._const_list, LB)])
-        is_const = order >= _CONST
-        order[is_const] -= _CONST - self._size
+        # constants follow the pooled arrays in the pool: one pass over the ids, no gather and scatter of them
+        np.subtract(order, _CONST - self._size, out=order, where=order >= _CONST)
         n = self.n
         for r0 in range(0, max(n, 1), rows_per_part):
             r1 = min(n, r0 + rows_per_part)
