@@ -16,6 +16,7 @@ with :mod:`.otlp_proto`; reading lines back is :mod:`.otlp_json_read`'s.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import math
 import os
@@ -29,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from plasmient_trace.conventions import SCOPE_NAME, SpanBatch
+from plasmient_trace.export import json_native
 from plasmient_trace.export.background_write import BackgroundWriter
 from plasmient_trace.export.otlp_json_read import (
     any_value_py,
@@ -148,30 +150,33 @@ _VALUE_OPEN = {
 }
 
 
-def _json_values(pieces: Pieces, attrs: list[AttributeValues]) -> tuple[list[int], list[np.ndarray]]:
-    """Pool every attribute's value texts; returns (closing class code, piece id per value) per attribute.
+def _json_value_texts(attrs: list[AttributeValues]) -> tuple[list[int], list[pa.Array]]:
+    """Every attribute's value texts; returns (closing class code, texts: one per present value) per attribute.
 
     Numbers of one kind are printed in one orjson call for all columns: per column, the call and the
     separator search cost more than the printing at a few thousand rows."""
     classes = [0] * len(attrs)
-    ids: list[np.ndarray] = [np.zeros(0, np.int64)] * len(attrs)
+    texts: list[pa.Array] = [pa.array([], LB)] * len(attrs)
     for kind, terminator in (("double", b"}"), ("int", b'"')):  # the closing class is the kind
         members = [i for i, a in enumerate(attrs) if a.kind == kind]
         if not members:
             continue
-        texts = pieces.array(number_texts(np.concatenate([attrs[i].values for i in members]), terminator))
+        printed = number_texts(np.concatenate([attrs[i].values for i in members]), terminator)
         bounds = np.cumsum([0] + [len(attrs[i].values) for i in members])
-        for i, lo, hi in zip(members, bounds[:-1], bounds[1:]):
-            classes[i], ids[i] = _CLASSES.index(kind), texts[lo:hi]
+        for i, lo, hi in zip(members, bounds[:-1].tolist(), bounds[1:].tolist()):
+            classes[i], texts[i] = _CLASSES.index(kind), printed.slice(lo, hi - lo)
     for i, a in enumerate(attrs):
         if a.kind == "bool":
             classes[i] = _CLASSES.index("bool")
-            ids[i] = np.where(a.values, pieces.const(b"true"), pieces.const(b"false")).astype(np.int64)
+            texts[i] = _BOOL_TEXTS.take(pa.array(np.where(a.values, 0, 1)))
         elif a.kind == "string":
             literal = needs_json_escape(a.values)
             classes[i] = _CLASSES.index("literal" if literal else "raw")
-            ids[i] = pieces.array(json_strings(a.values) if literal else a.values.cast(LB))
-    return classes, ids
+            texts[i] = json_strings(a.values) if literal else a.values.cast(LB)
+    return classes, texts
+
+
+_BOOL_TEXTS = pa.array([b"true", b"false"], LB)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -182,70 +187,117 @@ def _key_prefixes(key: str, cls: int) -> tuple[bytes, ...]:
     return (b',"attributes":[' + key_open, *(_CLOSE_AFTER[c] + b"," + key_open for c in _CLASSES))
 
 
-def json_span_fragments(chunk: pa.Table, part_bytes: int = PART_BYTES) -> Iterator[pa.Array]:
-    """One OTLP/JSON span object per row, each followed by ',' (the consumer drops the group's last).
+# How a span ends: after no attribute, then after a value of each closing class.
+_CLOSINGS = (b"},", *(_CLOSE_AFTER[c] + b"]}," for c in _CLASSES))
 
-    The rows come in consecutive parts of about ``part_bytes`` each: a part is gathered only when
-    the consumer asks for it, so the encoded bytes held at once stay near ``part_bytes`` (and small
-    enough for the allocator to reuse one part's memory for the next, instead of faulting in fresh
-    pages for every chunk).
-    """
+
+@dataclasses.dataclass
+class _SpanTexts:
+    """The texts a chunk's span objects are made of, before they are laid out row by row."""
+
+    n: int
+    head_rows: list[np.ndarray]  # rows without a parent, rows with one
+    heads: list[pa.Array]        # their heads: ids (and parentSpanId) up to the name's opening
+    name: pa.Array
+    kind_start: bytes            # what closes the name and opens the start time
+    start: pa.Array              # start time texts, each closed by its '"'
+    end: pa.Array
+    attrs: list[AttributeValues]
+    classes: list[int]           # closing class per attribute
+    values: list[pa.Array]       # value texts per attribute, one per present value
+
+
+def _span_texts(chunk: pa.Table) -> _SpanTexts:
     n = chunk.num_rows
-    pieces = Pieces(n)
     tid = hex_matrix(id_matrix(column_array(chunk, "trace_id"), 16))
     sid = hex_matrix(u64_be_matrix(column_array(chunk, "span_id").to_numpy()))
     parent_ids = column_array(chunk, "parent_span_id").to_numpy()
     name = column_array(chunk, "name")
     literal_names = needs_json_escape(name)
     name_open = b'","name":' if literal_names else b'","name":"'
-
-    # Every row: head, name, ',"kind":..,"startTimeUnixNano":"', start, ',"endTimeUnixNano":"', end,
-    # then a (prefix, value) pair per attribute, then what closes the span.
-    attrs = attribute_values(chunk)
-    counts, slot_first = attribute_slots(n, attrs)
-    row_first = pieces.layout(_FIXED_PIECES + 1 + 2 * counts)
-    first = row_first[:-1]
-
-    # Head: ids (+ parentSpanId, which roots omit as the Collector does) up to the name's opening.
+    # Roots omit parentSpanId, as the Collector does.
     kids = parent_ids != 0
+    head_rows, heads = [], []
     for sel, parent_part in ((~kids, []), (kids, [b'","parentSpanId":"', hex_matrix(u64_be_matrix(parent_ids[kids]))])):
         rows = np.flatnonzero(sel)
-        if len(rows):
-            part = build_rows(len(rows), [b'{"traceId":"', tid[rows], b'","spanId":"', sid[rows], *parent_part, name_open])
-            pieces.put(first[rows], pieces.array(part))
-    pieces.put(first + 1, pieces.array(json_strings(name) if literal_names else name.cast(LB)))
-
-    # Times: one orjson pass over interleaved (start, end), each text closed by its '"'.
-    times = np.empty(2 * n, dtype=np.int64)
-    times[0::2] = column_array(chunk, "start_ns").to_numpy()
-    times[1::2] = column_array(chunk, "end_ns").to_numpy()
-    time_ids = pieces.array(number_texts(times, b'"'))
+        head_rows.append(rows)
+        heads.append(build_rows(len(rows), [b'{"traceId":"', tid[rows], b'","spanId":"', sid[rows], *parent_part, name_open]))
+    attrs = attribute_values(chunk)
+    classes, values = _json_value_texts(attrs)
     close_name = b"," if literal_names else b'",'
-    pieces.put(first + 2, pieces.const(close_name + b'"kind":%d,"startTimeUnixNano":"' % SPAN_KIND_INTERNAL))
-    pieces.put(first + 3, time_ids[0::2])
+    return _SpanTexts(n=n, head_rows=head_rows, heads=heads, name=json_strings(name) if literal_names else name.cast(LB),
+                      kind_start=close_name + b'"kind":%d,"startTimeUnixNano":"' % SPAN_KIND_INTERNAL,
+                      start=number_texts(column_array(chunk, "start_ns").to_numpy(), b'"'),  # each closed by its '"'
+                      end=number_texts(column_array(chunk, "end_ns").to_numpy(), b'"'),
+                      attrs=attrs, classes=classes, values=values)
+
+
+def json_span_fragments(chunk: pa.Table, part_bytes: int = PART_BYTES) -> Iterator[pa.Array]:
+    """One OTLP/JSON span object per row, each followed by ',' (the consumer drops the group's last).
+
+    The rows come in consecutive parts of about ``part_bytes`` each: a part is made only when the
+    consumer asks for it, so the encoded bytes held at once stay near ``part_bytes`` (and small enough
+    for the allocator to reuse one part's memory for the next, instead of faulting in fresh pages for
+    every chunk). The native assembler lays the parts out where it could be built; the numpy layout
+    otherwise, with the same bytes.
+    """
+    texts = _span_texts(chunk)
+    assemble = json_native.assembler()
+    if assemble is not None:
+        return _native_layout(texts, assemble, part_bytes)
+    return _numpy_layout(texts, part_bytes)
+
+
+def _native_layout(t: _SpanTexts, assemble: Any, part_bytes: int) -> Iterator[pa.Array]:
+    src = json_native.Texts()
+    head_index = np.empty(t.n, np.int64)
+    head_index[t.head_rows[0]] = np.arange(len(t.head_rows[0]))
+    head_index[t.head_rows[1]] = len(t.head_rows[0]) + np.arange(len(t.head_rows[1]))
+    identity, constant, indexed = 0, 1, 2
+    fixed = [(indexed, src.of_array(pa.concat_arrays(t.heads)), head_index), (identity, src.of_array(t.name), None),
+             (constant, src.of_bytes([t.kind_start]), None), (identity, src.of_array(t.start), None),
+             (constant, src.of_bytes([b',"endTimeUnixNano":"']), None), (identity, src.of_array(t.end), None)]
+    attrs = [(a.rows, src.of_array(values), cls, src.of_bytes(_key_prefixes(a.key, cls)))
+             for a, cls, values in zip(t.attrs, t.classes, t.values)]
+    return json_native.assemble_parts(assemble, t.n, fixed, attrs, src.of_bytes(_CLOSINGS), src, part_bytes)
+
+
+def _numpy_layout(t: _SpanTexts, part_bytes: int) -> Iterator[pa.Array]:
+    # Every row: head, name, ',"kind":..,"startTimeUnixNano":"', start, ',"endTimeUnixNano":"', end,
+    # then a (prefix, value) pair per attribute, then what closes the span.
+    n = t.n
+    pieces = Pieces(n)
+    counts, slot_first = attribute_slots(n, t.attrs)
+    row_first = pieces.layout(_FIXED_PIECES + 1 + 2 * counts)
+    first = row_first[:-1]
+    for rows, head in zip(t.head_rows, t.heads):
+        if len(rows):
+            pieces.put(first[rows], pieces.array(head))
+    pieces.put(first + 1, pieces.array(t.name))
+    pieces.put(first + 2, pieces.const(t.kind_start))
+    pieces.put(first + 3, pieces.array(t.start))
     pieces.put(first + 4, pieces.const(b',"endTimeUnixNano":"'))
-    pieces.put(first + 5, time_ids[1::2])
+    pieces.put(first + 5, pieces.array(t.end))
 
     # Attributes: per value a prefix (what closes the previous KeyValue, ',', this key) and the value.
     total = int(slot_first[-1])
     slot_class = np.empty(total, dtype=np.int64)  # closing class of each slot, row-major
-    classes, value_ids = _json_values(pieces, attrs)
     slots = []
-    for a, cls in zip(attrs, classes):
+    for a, cls in zip(t.attrs, t.classes):
         slot = a.take(slot_first) + a.ranks
         slot_class[slot] = cls
         slots.append(slot)
     prefix_bytes = 0
-    for a, cls, ids, slot in zip(attrs, classes, value_ids, slots):
+    for a, cls, values, slot in zip(t.attrs, t.classes, t.values, slots):
         variants = _key_prefixes(a.key, int(cls))
         variant_ids = np.array([pieces.const(v) for v in variants], dtype=np.int64)
         is_first = a.ranks == 0
         prev_class = slot_class[np.where(is_first, slot, slot - 1)]
         at = a.take(first) + _FIXED_PIECES + 2 * a.ranks
         pieces.put(at, np.where(is_first, variant_ids[0], variant_ids[1 + prev_class]))
-        pieces.put(at + 1, ids)
+        pieces.put(at + 1, pieces.array(values))
         prefix_bytes += len(a.rows) * (len(variants[1]) + 1)
-    closings = np.array([pieces.const(b"},")] + [pieces.const(_CLOSE_AFTER[c] + b']},') for c in _CLASSES], dtype=np.int64)
+    closings = np.array([pieces.const(c) for c in _CLOSINGS], dtype=np.int64)
     last_class = slot_class[np.maximum(slot_first[1:] - 1, 0)] if total else np.zeros(n, dtype=np.int64)
     pieces.put(row_first[1:] - 1, np.where(counts > 0, closings[1 + last_class], closings[0]))
     row_bytes = (pieces.pooled_bytes + prefix_bytes) / max(n, 1) + 64  # + the per-span constants
