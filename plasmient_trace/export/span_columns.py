@@ -116,6 +116,11 @@ def span_layout(batch: SpanBatch) -> SpanLayout:
         if col.type != f.type:
             table = table.set_column(table.schema.get_field_index(f.name), f.name, col.cast(f.type))
     n = table.num_rows
+    # A column with no value on any span (a CPU job's GPU attributes) would be gathered chunk by chunk only
+    # to be skipped: left out once here.
+    present = [name for name in table.column_names if name in _CORE_NAMES or table.column(name).null_count < n]
+    if n and len(present) < table.num_columns:
+        table = table.select(present)
     resources = list(batch.resources)
     if n == 0:
         return SpanLayout(table, None, np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), [], resources)
