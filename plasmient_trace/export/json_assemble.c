@@ -9,9 +9,10 @@
  *           and its value text; then closing[0] (no attribute) or closing[1 + last class].
  *
  * A binary source is (offsets, data): element i is data[offs[i] .. offs[i + 1]). A fixed source's
- * element for row r is r (mode 0), 0 (mode 1: a constant) or index[r] (mode 2). Attribute j's values
- * belong to the ascending rows attr_rows[j][0 .. attr_count[j]); attr_cursor[j] is the next of them,
- * kept across calls so a chunk is laid out part by part.
+ * element for row r is r (mode 0), 0 (mode 1: a constant) or index[r] (mode 2). Attribute j's
+ * attr_count[j] values belong, in order, to the rows where attr_valid[j][r] is set (every row when
+ * attr_valid[j] is NULL); attr_cursor[j] is the next one, kept across calls so a chunk is laid out
+ * part by part.
  *
  * Rows [r0, r1) are written to out while they fit in cap bytes; row_end[i] is where row r0 + i ends.
  * Returns the number of rows written (0: the first row alone is larger than cap). No allocation.
@@ -50,7 +51,7 @@ static inline void copy(uint8_t *d, const uint8_t *s, int64_t n)
 int64_t plasmient_json_assemble(
     int64_t r0, int64_t r1,
     int32_t n_fixed, const int8_t *fixed_mode, const bin_t *fixed, const int64_t *const *fixed_index,
-    int32_t n_attr, const int64_t *const *attr_rows, const int64_t *attr_count, int64_t *attr_cursor,
+    int32_t n_attr, const uint8_t *const *attr_valid, const int64_t *attr_count, int64_t *attr_cursor,
     const bin_t *values, const int32_t *attr_class, const bin_t *prefixes, const bin_t *closing,
     uint8_t *out, int64_t cap, int64_t *row_end)
 {
@@ -65,9 +66,11 @@ int64_t plasmient_json_assemble(
             pos += len;
         }
         int32_t last = -1;
+        /* the cursors move only once the whole row has fitted (below) */
         for (int32_t j = 0; j < n_attr && ok; j++) {
+            if (attr_valid[j] != 0 && !attr_valid[j][r]) continue;
             int64_t k = attr_cursor[j];
-            if (k >= attr_count[j] || attr_rows[j][k] != r) continue;
+            if (k >= attr_count[j]) continue;
             const bin_t *p = &prefixes[j];
             int64_t variant = last < 0 ? 0 : 1 + last;
             int64_t plen = bin_len(p, variant), vlen = bin_len(&values[j], k);
@@ -76,7 +79,6 @@ int64_t plasmient_json_assemble(
             pos += plen;
             copy(out + pos, values[j].data + values[j].offs[k], vlen);
             pos += vlen;
-            attr_cursor[j] = k + 1;
             last = attr_class[j];
         }
         if (ok) {
@@ -85,13 +87,9 @@ int64_t plasmient_json_assemble(
             if (pos + clen > cap) ok = 0;
             else { copy(out + pos, closing->data + closing->offs[c], clen); pos += clen; }
         }
-        if (!ok) {
-            /* this row does not fit: give back the values it took, and leave it for the next call */
-            for (int32_t j = 0; j < n_attr; j++) {
-                int64_t k = attr_cursor[j];
-                if (k > 0 && attr_rows[j][k - 1] == r) attr_cursor[j] = k - 1;
-            }
-            return r - r0;
+        if (!ok) return r - r0;  /* this row does not fit: it is left, cursors untouched, for the next call */
+        for (int32_t j = 0; j < n_attr; j++) {
+            if ((attr_valid[j] == 0 || attr_valid[j][r]) && attr_cursor[j] < attr_count[j]) attr_cursor[j]++;
         }
         row_end[r - r0] = pos;
     }

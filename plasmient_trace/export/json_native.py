@@ -109,28 +109,28 @@ def _pointers(values: Sequence[int]) -> np.ndarray:
 
 
 def assemble_parts(fn: Callable[..., int], n: int, fixed: list[tuple[int, tuple[int, int], np.ndarray | None]],
-                   attrs: list[tuple[np.ndarray, tuple[int, int], int, tuple[int, int]]], closing: tuple[int, int],
+                   attrs: list[tuple[np.ndarray | None, int, tuple[int, int], int, tuple[int, int]]], closing: tuple[int, int],
                    texts: Texts, part_bytes: int) -> Iterator[pa.Array]:
     """Lay out rows 0..n-1 a part of about ``part_bytes`` at a time; yields large_binary arrays, one
-    value per row, each part made when asked for. ``fixed``: (mode, source, index) per fixed piece; ``attrs``: (rows, values source,
-    closing class, prefixes source) per attribute column; ``closing``: the row closings source."""
+    value per row, each part made when asked for. ``fixed``: (mode, source, index) per fixed piece;
+    ``attrs``: (validity per row or None for every row, number of values, values source, closing class,
+    prefixes source) per attribute column; ``closing``: the row closings source."""
     mode = np.array([m for m, _, _ in fixed], np.int8)
     fixed_bins = _pointers([p for _, src, _ in fixed for p in src])
     fixed_index = _pointers([texts.keep(np.ascontiguousarray(i, np.int64)) if i is not None else 0 for _, _, i in fixed])
-    rows = [np.ascontiguousarray(r, np.int64) for r, _, _, _ in attrs]
-    attr_rows = _pointers([texts.keep(r) for r in rows] or [0])
-    attr_count = np.array([len(r) for r in rows] or [0], np.int64)
-    cursor = np.zeros(max(len(rows), 1), np.int64)
-    values = _pointers([p for _, src, _, _ in attrs for p in src] or [0, 0])
-    classes = np.array([c for _, _, c, _ in attrs] or [0], np.int32)
-    prefixes = _pointers([p for _, _, _, src in attrs for p in src] or [0, 0])
+    attr_valid = _pointers([texts.keep(np.ascontiguousarray(v).view(np.uint8)) if v is not None else 0 for v, *_ in attrs] or [0])
+    attr_count = np.array([count for _, count, *_ in attrs] or [0], np.int64)
+    cursor = np.zeros(max(len(attrs), 1), np.int64)
+    values = _pointers([p for _, _, src, _, _ in attrs for p in src] or [0, 0])
+    classes = np.array([c for _, _, _, c, _ in attrs] or [0], np.int32)
+    prefixes = _pointers([p for *_, src in attrs for p in src] or [0, 0])
     closing_bin = _pointers(closing)
     r, cap = 0, max(int(part_bytes), 1)
     while r < n:
         out = np.empty(cap, np.uint8)
         ends = np.zeros(n - r + 1, np.int64)
         done = fn(r, n, len(fixed), mode.ctypes.data, fixed_bins.ctypes.data, fixed_index.ctypes.data,
-                  len(attrs), attr_rows.ctypes.data, attr_count.ctypes.data, cursor.ctypes.data,
+                  len(attrs), attr_valid.ctypes.data, attr_count.ctypes.data, cursor.ctypes.data,
                   values.ctypes.data, classes.ctypes.data, prefixes.ctypes.data, closing_bin.ctypes.data,
                   out.ctypes.data, cap, ends[1:].ctypes.data)
         if done == 0:

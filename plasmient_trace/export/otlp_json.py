@@ -257,7 +257,7 @@ def _native_layout(t: _SpanTexts, assemble: Any, part_bytes: int) -> Iterator[pa
     fixed = [(indexed, src.of_array(pa.concat_arrays(t.heads)), head_index), (identity, src.of_array(t.name), None),
              (constant, src.of_bytes([t.kind_start]), None), (identity, src.of_array(t.start), None),
              (constant, src.of_bytes([b',"endTimeUnixNano":"']), None), (identity, src.of_array(t.end), None)]
-    attrs = [(a.rows, src.of_array(values), cls, src.of_bytes(_key_prefixes(a.key, cls)))
+    attrs = [(a.valid, len(a.values), src.of_array(values), cls, src.of_bytes(_key_prefixes(a.key, cls)))
              for a, cls, values in zip(t.attrs, t.classes, t.values)]
     return json_native.assemble_parts(assemble, t.n, fixed, attrs, src.of_bytes(_CLOSINGS), src, part_bytes)
 

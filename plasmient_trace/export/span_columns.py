@@ -12,7 +12,7 @@ row's attributes, which both the JSON and the protobuf encoders need.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -239,18 +239,27 @@ class AttributeValues:
 
     key: str
     kind: str  # string | int | double | bool
-    rows: np.ndarray  # int64 ascending row numbers that carry the attribute
+    valid: np.ndarray | None  # bool per chunk row: carries the attribute (None: every row does)
     values: Any  # numpy int64 / float64 / bool for numbers and bools, pa.LargeStringArray for strings
     ranks: np.ndarray | None = None  # position among its row's attributes (set by attribute_slots)
+    _rows: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def rows(self) -> np.ndarray:
+        """int64 ascending row numbers that carry the attribute (made when first asked for)."""
+        if self._rows is None:
+            self._rows = (np.arange(len(self.values), dtype=np.int64) if self.valid is None
+                          else np.flatnonzero(self.valid).astype(np.int64))
+        return self._rows
 
     @property
     def dense(self) -> bool:
         """rows is 0..m-1 (typically: present on every row of the chunk), so row gathers become slices."""
-        return len(self.rows) == 0 or int(self.rows[-1]) == len(self.rows) - 1
+        return self.valid is None or len(self.rows) == 0 or int(self.rows[-1]) == len(self.rows) - 1
 
     def take(self, per_row: np.ndarray) -> np.ndarray:
         """``per_row[rows]``, without the gather when dense."""
-        return per_row[: len(self.rows)] if self.dense else per_row[self.rows]
+        return per_row[: len(self.values)] if self.dense else per_row[self.rows]
 
 
 def _validity(arr: pa.Array) -> np.ndarray | None:
@@ -297,9 +306,8 @@ def attribute_values(chunk: pa.Table) -> list[AttributeValues]:
             finite = np.isfinite(floats)
             valid = finite if valid is None else valid & finite
             values = floats[valid]
-        rows = np.arange(n, dtype=np.int64) if valid is None else np.flatnonzero(valid).astype(np.int64)
-        if len(rows):
-            out.append(AttributeValues(name, kind, rows, values))
+        if len(values):
+            out.append(AttributeValues(name, kind, None if len(values) == n else valid, values))
     return out
 
 
