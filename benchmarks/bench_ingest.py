@@ -11,7 +11,10 @@
    JSONL file, at each of --kernels (default 10^4, 10^5, 10^6), each in its own child process on one core.
    Prints a table: kernels/s stitched, spans/s encoded, and peak RSS (after building the records, after
    the stitch, after the JSONL). Targets: >= 200,000 kernels/s stitched, >= 200,000 spans/s encoded,
-   <= 2 GB peak RSS at 10^6 kernels.
+   <= 2 GB peak RSS at 10^6 kernels. spans/s is per CPU second of the process, user + system; the last
+   columns split it: the JSONL's size, the system seconds (the kernel copying a multi-GB file into the
+   page cache and writing it back, which grows with memory pressure at 10^6) and spans per user second
+   (the encoding itself).
 
 3. With --pool: the same files read as ranks of one job, in one process and in the local process pool.
 
@@ -76,7 +79,7 @@ def _stream_to(stream, out: Path | None, cpu: list[float] | None = None) -> tupl
     """Stitch the stream's parts and write each as JSON lines (none with out=None), letting each go:
     (stitch seconds, write seconds). ``cpu`` gets [stitch CPU seconds, write CPU seconds] of the process,
     each clocked around its own calls."""
-    stitch_s = write_s = stitch_cpu = write_cpu = 0.0
+    stitch_s = write_s = stitch_cpu = write_cpu = write_sys = 0.0
     f = open(out, "wb", buffering=1 << 20) if out is not None else None  # noqa: SIM115 - optional file
     try:
         parts = iter(stream.parts)
@@ -88,16 +91,17 @@ def _stream_to(stream, out: Path | None, cpu: list[float] | None = None) -> tupl
             if part is None:
                 break
             if f is not None:
-                c, t = time.process_time(), time.perf_counter()
+                c, t, k = time.process_time(), time.perf_counter(), os.times().system
                 otlp_json.write_jsonl(part, f)
                 write_s += time.perf_counter() - t
                 write_cpu += time.process_time() - c
+                write_sys += os.times().system - k  # the kernel's side of the file writes
             del part
     finally:
         if f is not None:
             f.close()
     if cpu is not None:
-        cpu[:] = [stitch_cpu, write_cpu]
+        cpu[:] = [stitch_cpu, write_cpu, write_sys]
     return stitch_s, write_s
 
 
@@ -207,7 +211,7 @@ def _scale_child(base_name: str, kernels: int, rounds: int, encode: bool) -> Non
     records = replicate(base, copies)
     del base
     rss_records = _vm_mib("VmRSS")
-    times, cpu, enc_cpu = [], [], []
+    times, cpu, enc_cpu, enc_sys = [], [], [], []
     stream = None
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "scale.jsonl" if encode else None
@@ -221,12 +225,13 @@ def _scale_child(base_name: str, kernels: int, rounds: int, encode: bool) -> Non
             times.append(prepare_wall + stitch_wall)
             cpu.append(prepare_cpu + split[0])
             enc_cpu.append(split[1])
+            enc_sys.append(split[2])
         jsonl_mb = out.stat().st_size / 1e6 if out is not None else None
     result = {"copies": copies, "kernels": records.kernels.num_rows, "ops": records.ops.num_rows,
               "steps": records.steps.num_rows, "spans": stream.stats["spans"], "stitch_s": statistics.median(times),
               "stitch_cpu_s": statistics.median(cpu), "rss_records_mb": rss_records}
     if encode:
-        result.update(encode_cpu_s=statistics.median(enc_cpu), jsonl_mb=jsonl_mb)
+        result.update(encode_cpu_s=statistics.median(enc_cpu), encode_sys_s=statistics.median(enc_sys), jsonl_mb=jsonl_mb)
     result["rss_peak_mb"] = _vm_mib("VmHWM")
     print(json.dumps(result))
 
@@ -241,7 +246,7 @@ def bench_scale(base_name: str, sizes: list[int], rounds: int, encode: bool) -> 
     print("  (stitched and written a group of steps at a time, as `plasmient ingest` runs: the peak holds the "
           "records and one group's spans)")
     print(f"  {'kernels':>9s} {'ops':>9s} {'spans':>9s} {'stitch s':>8s} {'(wall)':>7s} {'kernels/s':>10s} {'x200k':>6s} "
-          f"{'RSS records':>11s} {'JSONL s':>7s} {'spans/s':>9s} {'RSS peak':>8s}")
+          f"{'RSS records':>11s} {'JSONL s':>7s} {'spans/s':>9s} {'RSS peak':>8s}  {'JSONL MB':>8s} {'of it sys s':>11s} {'spans/user s':>12s}")
     for n in sizes:
         cmd = [sys.executable, __file__, "--scale-child", str(n), "--base", base_name, "--rounds", str(rounds)]
         if not encode:
@@ -255,7 +260,8 @@ def bench_scale(base_name: str, sizes: list[int], rounds: int, encode: bool) -> 
         enc = (f"{r['encode_cpu_s']:7.2f} {r['spans'] / r['encode_cpu_s']:9,.0f}" if "encode_cpu_s" in r else f"{'-':>7s} {'-':>9s}")
         print(f"  {r['kernels']:>9,d} {r['ops']:>9,d} {r['spans']:>9,d} {r['stitch_cpu_s']:8.2f} {r['stitch_s']:7.2f} {rate:10,.0f} "
               f"{rate / 2e5:6.2f} {r['rss_records_mb']:7.0f} MiB {enc} "
-              f"{r['rss_peak_mb']:5.0f} MiB")
+              f"{r['rss_peak_mb']:5.0f} MiB  " + (f"{r['jsonl_mb']:8,.0f} {r['encode_sys_s']:11.2f} "
+              f"{r['spans'] / max(r['encode_cpu_s'] - r['encode_sys_s'], 1e-9):12,.0f}" if "encode_cpu_s" in r else ""))
 
 
 def main() -> None:
