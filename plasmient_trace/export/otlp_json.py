@@ -45,6 +45,7 @@ from plasmient_trace.export.pieces import (
     join,
     needs_json_escape,
     number_texts,
+    string_data,
     u64_be_matrix,
 )
 from plasmient_trace.export.span_columns import (
@@ -76,7 +77,7 @@ PART_BYTES = 4 << 20
 # Spans prepared per pass (value texts, slots, piece order): bounds the transient memory of the
 # export whatever the file size; the per-pass overhead is a few numpy calls per attribute column.
 JSON_CHUNK_ROWS = 8192
-_FIXED_PIECES = 6  # pieces of every span before its attributes: head, name, kind+start, start, end key, end
+_FIXED_PIECES = 7  # pieces of every span before its attributes: ids, parent, name, kind+start, start, end key, end
 
 
 # --------------------------------------------------------------------------------------------
@@ -129,7 +130,8 @@ def json_strings(arr: pa.Array) -> pa.Array:
     quote = pa.scalar(b'"', LB)
     if not needs_json_escape(arr):
         return join([quote, arr.cast(LB), quote])
-    if pc.any(pc.match_substring_regex(arr, r"[\x00-\x1f]")).as_py():
+    data = string_data(arr)
+    if len(data) and data.min() < 0x20:  # in UTF-8 only the control characters themselves are bytes below 0x20
         # Control characters need \u escapes; rare enough to let orjson do it once per distinct value.
         enc = pc.dictionary_encode(arr)
         literals = pa.array([orjson.dumps(s) for s in enc.dictionary.to_pylist()], LB)
@@ -196,8 +198,9 @@ class _SpanTexts:
     """The texts a chunk's span objects are made of, before they are laid out row by row."""
 
     n: int
-    head_rows: list[np.ndarray]  # rows without a parent, rows with one
-    heads: list[pa.Array]        # their heads: ids (and parentSpanId) up to the name's opening
+    ids: pa.Array                # per row: '{"traceId":"..","spanId":"..'
+    parents: pa.Array            # per span with a parent: '","parentSpanId":"..","name":"', then the roots' one text
+    parent_of: np.ndarray        # per row: its element of ``parents`` (roots: the last)
     name: pa.Array
     kind_start: bytes            # what closes the name and opens the start time
     start: pa.Array              # start time texts, each closed by its '"'
@@ -217,15 +220,15 @@ def _span_texts(chunk: pa.Table) -> _SpanTexts:
     name_open = b'","name":' if literal_names else b'","name":"'
     # Roots omit parentSpanId, as the Collector does.
     kids = parent_ids != 0
-    head_rows, heads = [], []
-    for sel, parent_part in ((~kids, []), (kids, [b'","parentSpanId":"', hex_matrix(u64_be_matrix(parent_ids[kids]))])):
-        rows = np.flatnonzero(sel)
-        head_rows.append(rows)
-        heads.append(build_rows(len(rows), [b'{"traceId":"', tid[rows], b'","spanId":"', sid[rows], *parent_part, name_open]))
+    n_kids = int(np.count_nonzero(kids))
+    parents = pa.concat_arrays([build_rows(n_kids, [b'","parentSpanId":"', hex_matrix(u64_be_matrix(parent_ids[kids])), name_open]),
+                                pa.array([name_open], LB)])
+    parent_of = np.full(n, n_kids, np.int64)
+    parent_of[kids] = np.arange(n_kids)
     attrs = attribute_values(chunk)
     classes, values = _json_value_texts(attrs)
     close_name = b"," if literal_names else b'",'
-    return _SpanTexts(n=n, head_rows=head_rows, heads=heads, name=json_strings(name) if literal_names else name.cast(LB),
+    return _SpanTexts(n=n, ids=build_rows(n, [b'{"traceId":"', tid, b'","spanId":"', sid]), parents=parents, parent_of=parent_of, name=json_strings(name) if literal_names else name.cast(LB),
                       kind_start=close_name + b'"kind":%d,"startTimeUnixNano":"' % SPAN_KIND_INTERNAL,
                       start=number_texts(column_array(chunk, "start_ns").to_numpy(), b'"'),  # each closed by its '"'
                       end=number_texts(column_array(chunk, "end_ns").to_numpy(), b'"'),
@@ -250,11 +253,8 @@ def json_span_fragments(chunk: pa.Table, part_bytes: int = PART_BYTES) -> Iterat
 
 def _native_layout(t: _SpanTexts, assemble: Any, part_bytes: int) -> Iterator[pa.Array]:
     src = json_native.Texts()
-    head_index = np.empty(t.n, np.int64)
-    head_index[t.head_rows[0]] = np.arange(len(t.head_rows[0]))
-    head_index[t.head_rows[1]] = len(t.head_rows[0]) + np.arange(len(t.head_rows[1]))
     identity, constant, indexed = 0, 1, 2
-    fixed = [(indexed, src.of_array(pa.concat_arrays(t.heads)), head_index), (identity, src.of_array(t.name), None),
+    fixed = [(identity, src.of_array(t.ids), None), (indexed, src.of_array(t.parents), t.parent_of), (identity, src.of_array(t.name), None),
              (constant, src.of_bytes([t.kind_start]), None), (identity, src.of_array(t.start), None),
              (constant, src.of_bytes([b',"endTimeUnixNano":"']), None), (identity, src.of_array(t.end), None)]
     attrs = [(a.valid, len(a.values), src.of_array(values), cls, src.of_bytes(_key_prefixes(a.key, cls)))
@@ -263,21 +263,21 @@ def _native_layout(t: _SpanTexts, assemble: Any, part_bytes: int) -> Iterator[pa
 
 
 def _numpy_layout(t: _SpanTexts, part_bytes: int) -> Iterator[pa.Array]:
-    # Every row: head, name, ',"kind":..,"startTimeUnixNano":"', start, ',"endTimeUnixNano":"', end,
+    # Every row: ids, parent (or the name's opening), name, ',"kind":..,"startTimeUnixNano":"', start,
+    # ',"endTimeUnixNano":"', end,
     # then a (prefix, value) pair per attribute, then what closes the span.
     n = t.n
     pieces = Pieces(n)
     counts, slot_first = attribute_slots(n, t.attrs)
     row_first = pieces.layout(_FIXED_PIECES + 1 + 2 * counts)
     first = row_first[:-1]
-    for rows, head in zip(t.head_rows, t.heads):
-        if len(rows):
-            pieces.put(first[rows], pieces.array(head))
-    pieces.put(first + 1, pieces.array(t.name))
-    pieces.put(first + 2, pieces.const(t.kind_start))
-    pieces.put(first + 3, pieces.array(t.start))
-    pieces.put(first + 4, pieces.const(b',"endTimeUnixNano":"'))
-    pieces.put(first + 5, pieces.array(t.end))
+    pieces.put(first, pieces.array(t.ids))
+    pieces.put(first + 1, pieces.array(t.parents)[t.parent_of])
+    pieces.put(first + 2, pieces.array(t.name))
+    pieces.put(first + 3, pieces.const(t.kind_start))
+    pieces.put(first + 4, pieces.array(t.start))
+    pieces.put(first + 5, pieces.const(b',"endTimeUnixNano":"'))
+    pieces.put(first + 6, pieces.array(t.end))
 
     # Attributes: per value a prefix (what closes the previous KeyValue, ',', this key) and the value.
     total = int(slot_first[-1])
