@@ -10,18 +10,27 @@ itself, so a job that exits mid-build neither leaves a half-written file nor was
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-__all__ = ["cache_dir", "compile_cached"]
+__all__ = ["cache_dir", "compile_cached", "find_compiler"]
 
 
 def cache_dir() -> Path:
     root = os.environ.get("PLASMIENT_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "plasmient-trace")
     return Path(root) / "native"
+
+
+def find_compiler(variable: str, names: tuple[str, ...]) -> str | None:
+    """The compiler the environment ``variable`` names (CC, CXX), else the first of ``names`` on PATH."""
+    chosen = os.environ.get(variable)
+    if chosen:
+        return shutil.which(chosen) or (chosen if os.path.isfile(chosen) else None)
+    return next((found for found in map(shutil.which, names) if found), None)
 
 
 # $1 temporary output, $2 target, $3 log, $4 lock; the compiler command follows.

@@ -21,14 +21,13 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import os
-import shutil
 import sys
 import sysconfig
 import threading
 from pathlib import Path
 from types import ModuleType
 
-from ..native_build import cache_dir, compile_cached
+from ..native_build import cache_dir, compile_cached, find_compiler
 
 MODULE_NAME = "_plasmient_op_observer"
 SOURCE = Path(__file__).with_name("op_observer.cpp")
@@ -49,10 +48,7 @@ def _torch_paths() -> tuple[list[str], str, int]:
 
 
 def _compiler() -> str | None:
-    cxx = os.environ.get("CXX")
-    if cxx:
-        return shutil.which(cxx) or (cxx if os.path.isfile(cxx) else None)
-    return shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    return find_compiler("CXX", ("c++", "g++", "clang++"))
 
 
 def _command(cxx: str, out: str) -> list[str]:

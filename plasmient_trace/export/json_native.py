@@ -16,7 +16,6 @@ import ctypes
 import hashlib
 import os
 import platform
-import shutil
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -25,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from ..native_build import cache_dir, compile_cached
+from ..native_build import cache_dir, compile_cached, find_compiler
 
 __all__ = ["Texts", "assemble_parts", "assembler", "failure"]
 
@@ -39,10 +38,7 @@ _failure: str | None = None
 
 
 def _compiler() -> str | None:
-    cc = os.environ.get("CC")
-    if cc:
-        return shutil.which(cc) or (cc if os.path.isfile(cc) else None)
-    return shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    return find_compiler("CC", ("cc", "gcc", "clang"))
 
 
 def artifact_path() -> Path:
