@@ -4,11 +4,11 @@ One line is one ``ExportTraceServiceRequest`` in the protobuf JSON mapping with 
 exceptions (trace/span ids as lowercase hex, enums as integers), one line per trace id.
 
 Encoding never builds per-span Python objects. Per chunk of spans, every column is turned into
-byte *pieces* at once (hex ids and fixed-width heads with numpy, number texts with orjson's numpy
-serializer, strings as they are), constants (keys, punctuation) are pooled once, and a numpy index
-program says which pieces make up each span in which order; Arrow ``take`` then lays the spans'
-bytes out contiguously, one part of about ``PART_BYTES`` at a time (:class:`.pieces.Pieces`), which
-goes to the file before the next is made: the output never exists as one string. Only the
+texts at once (hex ids and fixed-width heads with numpy, number texts with orjson's numpy serializer,
+strings as they are, key prefixes once per key). A small C loop (:mod:`.json_native`) then copies them
+into span objects in row order, one part of about ``PART_BYTES`` at a time, which goes to the file
+before the next is made: the output never exists as one string. Where the C loop cannot be built, a
+numpy index program and an Arrow ``take`` (:class:`.pieces.Pieces`) lay out the same bytes. Only the
 per-trace/per-resource framing is Python. The grouping into (trace, resource) runs and the chunking are :mod:`.span_columns`'s, shared
 with :mod:`.otlp_proto`; reading lines back is :mod:`.otlp_json_read`'s.
 """
@@ -228,11 +228,16 @@ def _span_texts(chunk: pa.Table) -> _SpanTexts:
     attrs = attribute_values(chunk)
     classes, values = _json_value_texts(attrs)
     close_name = b"," if literal_names else b'",'
-    return _SpanTexts(n=n, ids=build_rows(n, [b'{"traceId":"', tid, b'","spanId":"', sid]), parents=parents, parent_of=parent_of, name=json_strings(name) if literal_names else name.cast(LB),
-                      kind_start=close_name + b'"kind":%d,"startTimeUnixNano":"' % SPAN_KIND_INTERNAL,
-                      start=number_texts(column_array(chunk, "start_ns").to_numpy(), b'"'),  # each closed by its '"'
-                      end=number_texts(column_array(chunk, "end_ns").to_numpy(), b'"'),
-                      attrs=attrs, classes=classes, values=values)
+    return _SpanTexts(
+        n=n,
+        ids=build_rows(n, [b'{"traceId":"', tid, b'","spanId":"', sid]),
+        parents=parents,
+        parent_of=parent_of,
+        name=json_strings(name) if literal_names else name.cast(LB),
+        kind_start=close_name + b'"kind":%d,"startTimeUnixNano":"' % SPAN_KIND_INTERNAL,
+        start=number_texts(column_array(chunk, "start_ns").to_numpy(), b'"'),  # each closed by its '"'
+        end=number_texts(column_array(chunk, "end_ns").to_numpy(), b'"'),
+        attrs=attrs, classes=classes, values=values)
 
 
 def json_span_fragments(chunk: pa.Table, part_bytes: int = PART_BYTES) -> Iterator[pa.Array]:
