@@ -2,8 +2,8 @@
 with ctypes, called by the OTLP/JSON encoder to lay out span objects from their prepared texts.
 
 Why: laying the texts out with numpy index arrays and an Arrow ``take`` costs a dozen array passes
-per attribute value; the C loop copies each text once, which makes the whole JSON export about twice
-as fast. It is an accelerator only: where there is no C compiler, the cache is not writable, or
+per attribute value; the C loop copies each text once, which cut the instructions of the whole JSON
+export by about 40% (1.5-1.6x the spans encoded per CPU second on the replicated v100 trace). It is an accelerator only: where there is no C compiler, the cache is not writable, or
 ``PLASMIENT_NATIVE_JSON=0``, :func:`assembler` returns None and the numpy layout runs, writing the same
 bytes (tests compare the two on the shared traces). Plain C, no Python headers: any ``cc`` builds it.
 
