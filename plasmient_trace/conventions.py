@@ -242,6 +242,26 @@ def span_table_from_columns(columns: dict[str, Any], length: int) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=SPAN_TABLE_SCHEMA)
 
 
+def with_nulls(values: np.ndarray, null: np.ndarray) -> pa.Array:
+    """``pa.array(values, mask=null)`` for int/float numpy values: the validity bitmap made with one
+    ``np.packbits`` instead of Arrow's loop over the mask (5% of a stitch at 10^5 kernels); the values
+    buffer is shared, not copied. Other dtypes go through ``pa.array``."""
+    values = np.asarray(values)
+    null = np.asarray(null, bool)
+    if values.dtype.kind not in "iuf" or values.ndim != 1 or null.shape != values.shape:
+        return pa.array(values, mask=null)
+    values = np.ascontiguousarray(values)
+    nulls = int(np.count_nonzero(null))
+    bitmap = None if nulls == 0 else pa.py_buffer(np.packbits(~null, bitorder="little"))
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [bitmap, pa.py_buffer(values)], null_count=nulls)
+
+
+def nan_to_null(values: np.ndarray) -> pa.Array:
+    """float64 values with NaN and infinities as nulls (an unknown number is absent, never a number)."""
+    values = np.asarray(values, np.float64)
+    return with_nulls(values, ~np.isfinite(values))
+
+
 def scatter_rows(values: pa.Array, rows: np.ndarray, n: int) -> pa.Array:
     """An n-row array holding values[k] on row rows[k] (rows increasing), null elsewhere.
 

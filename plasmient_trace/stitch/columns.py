@@ -28,12 +28,10 @@ _NAME_LIMIT = 1024
 
 
 def masked(values: np.ndarray, mask_null: np.ndarray) -> pa.Array:
-    return pa.array(values, mask=np.asarray(mask_null, bool))
+    return cv.with_nulls(values, mask_null)
 
 
-def nan_to_null(values: np.ndarray) -> pa.Array:
-    values = np.asarray(values, np.float64)
-    return pa.array(values, mask=~np.isfinite(values))
+nan_to_null = cv.nan_to_null
 
 
 def repeated(value: str | None, n: int, where: np.ndarray | None = None) -> pa.Array:

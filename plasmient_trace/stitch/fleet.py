@@ -96,9 +96,7 @@ class RankSummary:
         return cls(**{k: (float("nan") if v is None and k in _FLOATS else v) for k, v in doc.items()})
 
 
-def _nan_to_null(values: np.ndarray) -> pa.Array:
-    values = np.asarray(values, np.float64)
-    return pa.array(values, mask=~np.isfinite(values))
+_nan_to_null = cv.nan_to_null
 
 
 def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_hosts: Iterable[str] | None = None,

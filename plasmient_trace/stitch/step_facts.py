@@ -31,6 +31,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..conventions import nan_to_null
+
 FLOPS_SOURCES = ("measured", "carried", "unknown")
 MEASURED, CARRIED, UNKNOWN = range(3)
 
@@ -337,4 +339,4 @@ def _as_floats(value: Any, n: int) -> np.ndarray:
 
 
 def _floats_to_array(values: np.ndarray) -> pa.Array:
-    return pa.array(values, mask=~np.isfinite(values))
+    return nan_to_null(values)
