@@ -26,7 +26,10 @@ import pyarrow as pa
 
 from ..native_build import cache_dir, compile_cached, find_compiler
 
-__all__ = ["Texts", "assemble_parts", "assembler", "failure"]
+__all__ = ["PER_ROW", "CONSTANT", "INDEXED", "Texts", "assemble_parts", "assembler", "failure"]
+
+# How a fixed piece's element is chosen for row r (json_assemble.c's fixed_mode): r, 0, or index[r].
+PER_ROW, CONSTANT, INDEXED = 0, 1, 2
 
 SOURCE = Path(__file__).with_name("json_assemble.c")
 BUILD_TIMEOUT_S = 120

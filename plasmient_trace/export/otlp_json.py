@@ -258,10 +258,11 @@ def json_span_fragments(chunk: pa.Table, part_bytes: int = PART_BYTES) -> Iterat
 
 def _native_layout(t: _SpanTexts, assemble: Any, part_bytes: int) -> Iterator[pa.Array]:
     src = json_native.Texts()
-    identity, constant, indexed = 0, 1, 2
-    fixed = [(identity, src.of_array(t.ids), None), (indexed, src.of_array(t.parents), t.parent_of), (identity, src.of_array(t.name), None),
-             (constant, src.of_bytes([t.kind_start]), None), (identity, src.of_array(t.start), None),
-             (constant, src.of_bytes([b',"endTimeUnixNano":"']), None), (identity, src.of_array(t.end), None)]
+    per_row, constant, indexed = json_native.PER_ROW, json_native.CONSTANT, json_native.INDEXED
+    fixed = [(per_row, src.of_array(t.ids), None), (indexed, src.of_array(t.parents), t.parent_of),
+             (per_row, src.of_array(t.name), None), (constant, src.of_bytes([t.kind_start]), None),
+             (per_row, src.of_array(t.start), None), (constant, src.of_bytes([b',"endTimeUnixNano":"']), None),
+             (per_row, src.of_array(t.end), None)]
     attrs = [(a.valid, len(a.values), src.of_array(values), cls, src.of_bytes(_key_prefixes(a.key, cls)))
              for a, cls, values in zip(t.attrs, t.classes, t.values)]
     return json_native.assemble_parts(assemble, t.n, fixed, attrs, src.of_bytes(_CLOSINGS), src, part_bytes)

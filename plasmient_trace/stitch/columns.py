@@ -27,11 +27,8 @@ from .step_facts import step_columns
 _NAME_LIMIT = 1024
 
 
-def masked(values: np.ndarray, mask_null: np.ndarray) -> pa.Array:
-    return cv.with_nulls(values, mask_null)
-
-
-nan_to_null = cv.nan_to_null
+# numeric span-table columns with nulls (one np.packbits for the validity, conventions.with_nulls)
+masked, nan_to_null = cv.with_nulls, cv.nan_to_null
 
 
 def repeated(value: str | None, n: int, where: np.ndarray | None = None) -> pa.Array:

@@ -96,8 +96,6 @@ class RankSummary:
         return cls(**{k: (float("nan") if v is None and k in _FLOATS else v) for k, v in doc.items()})
 
 
-_nan_to_null = cv.nan_to_null
-
 
 def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_hosts: Iterable[str] | None = None,
               include_fleet: bool = True) -> cv.SpanBatch:
@@ -191,25 +189,25 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
         "plasmient.device.start_ns": w_start,
         "plasmient.flops": total("flops"),
         "plasmient.flops.self": np.zeros(n),
-        "plasmient.flops.coverage": _nan_to_null(coverage),
-        "plasmient.ideal_s": _nan_to_null(ideal),
+        "plasmient.flops.coverage": cv.nan_to_null(coverage),
+        "plasmient.ideal_s": cv.nan_to_null(ideal),
         "plasmient.busy_s": busy,
         "plasmient.busy_s.self": np.zeros(n),
         "plasmient.idle_s": total("idle_s"),
         "plasmient.util.resident": util,
-        "plasmient.mfu": _nan_to_null(mfu),
-        "plasmient.hfu": _nan_to_null(hfu),
-        "plasmient.flops.recompute": _nan_to_null(np.where(total("recompute_flops") > 0, total("recompute_flops"), np.nan)),
-        "plasmient.stall_fraction": _nan_to_null(stall),
+        "plasmient.mfu": cv.nan_to_null(mfu),
+        "plasmient.hfu": cv.nan_to_null(hfu),
+        "plasmient.flops.recompute": cv.nan_to_null(np.where(total("recompute_flops") > 0, total("recompute_flops"), np.nan)),
+        "plasmient.stall_fraction": cv.nan_to_null(stall),
         "plasmient.idle_fraction": 1.0 - util,
         "plasmient.bytes": total("bytes"),
         "plasmient.bytes.self": np.zeros(n),
-        "plasmient.arithmetic_intensity": _nan_to_null(intensity),
+        "plasmient.arithmetic_intensity": cv.nan_to_null(intensity),
         "plasmient.bound": pa.array([cv.BOUNDS[b] if b >= 0 else None for b in bound.tolist()], pa.string()),
-        "plasmient.cost.usd": _nan_to_null(cost),
-        "plasmient.cost.usd.self": _nan_to_null(skew_usd),
-        "plasmient.cost.wasted_usd": _nan_to_null(wasted_usd),
-        "plasmient.cost.wasted_usd.self": _nan_to_null(skew_usd),
+        "plasmient.cost.usd": cv.nan_to_null(cost),
+        "plasmient.cost.usd.self": cv.nan_to_null(skew_usd),
+        "plasmient.cost.wasted_usd": cv.nan_to_null(wasted_usd),
+        "plasmient.cost.wasted_usd.self": cv.nan_to_null(skew_usd),
         "plasmient.wasted_s": wasted,
         "plasmient.wasted_s.self": skew,
         "plasmient.kernels": kernels.astype(np.int64),
@@ -224,7 +222,7 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
     for name in ("plasmient.flops", "plasmient.ideal_s", "plasmient.mfu", "plasmient.hfu", "plasmient.stall_fraction", "plasmient.flops.coverage",
                  "plasmient.arithmetic_intensity", "plasmient.wasted_s", "plasmient.wasted_s.self",
                  "plasmient.cost.wasted_usd", "plasmient.cost.wasted_usd.self"):
-        cols[name] = _nan_to_null(np.where(unmeasured, np.nan, np.asarray(cols[name].to_numpy(zero_copy_only=False)
+        cols[name] = cv.nan_to_null(np.where(unmeasured, np.nan, np.asarray(cols[name].to_numpy(zero_copy_only=False)
                                                                           if isinstance(cols[name], pa.Array) else cols[name], np.float64)))
     cols["plasmient.bound"] = pa.array([None if u else b for u, b in zip(unmeasured.tolist(), cols["plasmient.bound"].to_pylist())], pa.string())
     # A fleet group and the node group of a one-host job have the same members: their rows are merged once.
@@ -264,10 +262,10 @@ def bandwidth_columns(g: SummaryGroups) -> dict[str, Any]:
     with np.errstate(divide="ignore", invalid="ignore"):
         bw = np.where(rated_sum > 0, weighted / rated_sum, np.nan)
     return {
-        "plasmient.comm.bytes": _nan_to_null(total),
-        "plasmient.comm.busbw_gbs": _nan_to_null(bw / 1e9),
-        "plasmient.comm.busbw_fraction": _nan_to_null(bw / peak),
-        "plasmient.comm.link_peak_gbs": _nan_to_null(np.where(np.isfinite(total), peak / 1e9, np.nan)),
+        "plasmient.comm.bytes": cv.nan_to_null(total),
+        "plasmient.comm.busbw_gbs": cv.nan_to_null(bw / 1e9),
+        "plasmient.comm.busbw_fraction": cv.nan_to_null(bw / peak),
+        "plasmient.comm.link_peak_gbs": cv.nan_to_null(np.where(np.isfinite(total), peak / 1e9, np.nan)),
     }
 
 
@@ -278,9 +276,9 @@ def _overlap_columns(g: SummaryGroups) -> dict[str, Any]:
         comm, copy = total("comm_total_s"), total("copy_total_s")
         out = {
             "plasmient.comm.total_s": comm, "plasmient.comm.exposed_s": total("comm_exposed_s"),
-            "plasmient.comm.overlap": _nan_to_null(np.where(comm > 0, 1 - total("comm_exposed_s") / comm, np.nan)),
+            "plasmient.comm.overlap": cv.nan_to_null(np.where(comm > 0, 1 - total("comm_exposed_s") / comm, np.nan)),
             "plasmient.memcpy.total_s": copy, "plasmient.memcpy.exposed_s": total("copy_exposed_s"),
-            "plasmient.memcpy.overlap": _nan_to_null(np.where(copy > 0, 1 - total("copy_exposed_s") / copy, np.nan)),
+            "plasmient.memcpy.overlap": cv.nan_to_null(np.where(copy > 0, 1 - total("copy_exposed_s") / copy, np.nan)),
             "plasmient.idle.device_s": total("idle_device_s"),
             "plasmient.idle.host_s": total("idle_s") - total("idle_device_s"),
         }
@@ -293,7 +291,7 @@ def _overlap_columns(g: SummaryGroups) -> dict[str, Any]:
     weight = g.total(device_ns, queued)
     with np.errstate(divide="ignore", invalid="ignore"):
         mean = np.where(weight > 0, g.total(qmean * device_ns, queued) / weight, np.nan)
-    out["plasmient.launch_queue.mean"] = _nan_to_null(mean)
+    out["plasmient.launch_queue.mean"] = cv.nan_to_null(mean)
     return out
 
 
@@ -341,10 +339,10 @@ def straggler_columns(groups: list) -> dict[str, Any]:
             straggler[i], cost[i] = max(imposed.items(), key=lambda kv: (kv[1], -kv[0]))
     return {
         "plasmient.collectives.matched": pa.array(count, mask=count == 0),
-        "plasmient.collectives.skew_max_s": _nan_to_null(skew_max),
-        "plasmient.collectives.skew_mean_s": _nan_to_null(skew_mean),
+        "plasmient.collectives.skew_max_s": cv.nan_to_null(skew_max),
+        "plasmient.collectives.skew_mean_s": cv.nan_to_null(skew_mean),
         "plasmient.straggler.rank": pa.array(np.maximum(straggler, 0), mask=straggler < 0),
-        "plasmient.straggler.wait_s": _nan_to_null(cost),
+        "plasmient.straggler.wait_s": cv.nan_to_null(cost),
     }
 
 

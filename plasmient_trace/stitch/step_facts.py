@@ -327,7 +327,7 @@ def top_columns(cols: dict[str, Any], g: Any) -> None:
         hfu = np.where(ok, np.minimum((ideal + recompute) / device_s, cap), np.nan)
     for name, values in (("plasmient.mfu", mfu), ("plasmient.hfu", hfu), ("plasmient.flops.coverage", coverage)):
         old = _as_floats(cols.get(name), n)
-        cols[name] = _floats_to_array(np.where(shallow, values, old))
+        cols[name] = nan_to_null(np.where(shallow, values, old))
 
 
 def _as_floats(value: Any, n: int) -> np.ndarray:
@@ -337,6 +337,3 @@ def _as_floats(value: Any, n: int) -> np.ndarray:
         return pc.fill_null(value.cast(pa.float64()), np.nan).to_numpy(zero_copy_only=False)
     return np.asarray(value, np.float64)
 
-
-def _floats_to_array(values: np.ndarray) -> pa.Array:
-    return nan_to_null(values)

@@ -133,20 +133,21 @@ def stitch_steps(prepared: PreparedRank, s0: int, s1: int, options: StitchOption
     return RankResult(batch=batch, joined=prepared.joined, summaries=summaries, stats=stats)
 
 
+# The rank span's totals a summary carries as they are (flops, ideal_s and kernels are derived below).
+_SUMMED = ("busy_s", "known_s", "bytes", "kernel_s", "comm_s", "copy_s", "wasted_s", "charged_s", "idle_s", "recompute_flops")
+
+
 def _summary_fields(tree: RankTree, j: JoinedRank, culprits: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """The per-step fields of the rank's summaries (fleet.RankSummary), each read from the step's rank span
     row as one array per field, not one numpy scalar per field and step."""
     n = tree.n_steps
     rows = tree.base["rank"] + np.arange(n)
-    col = {k: tree.col(k)[rows] for k in ("busy_s", "known_s", "bytes", "kernel_s", "comm_s", "copy_s", "wasted_s",
-                                          "charged_s", "idle_s", "recompute_flops", "flops", "ideal_s", "recompute_ideal_s",
-                                          "kernels")}
+    col = {k: tree.col(k)[rows] for k in (*_SUMMED, "flops", "ideal_s", "recompute_ideal_s", "kernels")}
     o = tree.overlap
     idle_device = o.idle_device_s[:n]
     unknown = np.full(n, np.nan)
     recompute_ideal = col["recompute_ideal_s"] if tree.peak_known else unknown
-    columns: dict[str, list[Any]] = {k: col[k].tolist() for k in ("busy_s", "known_s", "bytes", "kernel_s", "comm_s", "copy_s",
-                                                               "wasted_s", "charged_s", "idle_s", "recompute_flops")}
+    columns: dict[str, list[Any]] = {k: col[k].tolist() for k in _SUMMED}
     columns.update(
         flops=(col["flops"] - col["recompute_flops"]).tolist(),
         comm_total_s=o.comm_total_s[:n].tolist(), comm_exposed_s=o.comm_exposed_s[:n].tolist(),
