@@ -5,7 +5,9 @@
    builds Python objects. Rounds interleave the two so load on a shared machine hits both alike; the
    ratios printed are medians over rounds. Targets: read + stitch + JSONL <= 1.0x (fail above 1.5x).
    Peak memory: a child process per file reports its RSS growth during ingest + stitch + JSONL (the
-   imports excluded), against the decompressed size. Target: <= 2x.
+   imports excluded), against the decompressed size. Target: <= 2x. Every process uses the Arrow memory
+   pool `plasmient ingest` uses (``arrow_memory.use_offline_pool``: jemalloc unless
+   ARROW_DEFAULT_MEMORY_POOL is set; set it to mimalloc to measure pyarrow's default).
 2. Throughput at scale: the record tables of a real trace replicated (new steps, shifted times,
    offset correlation/external ids) until there are >= 10^6 kernels, then stitched and encoded to a
    JSONL file, at each of --kernels (default 10^4, 10^5, 10^6), each in its own child process on one core.
@@ -43,6 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "traces"
 sys.path.insert(0, str(REPO))
 
+from plasmient_trace.arrow_memory import use_offline_pool
 from plasmient_trace.export import otlp_json
 from plasmient_trace.pipeline import IngestOptions, stream_records
 from plasmient_trace.records import RecordSet
@@ -279,13 +282,15 @@ def main() -> None:
     parser.add_argument("--pool", action="store_true", help="also time the multi-rank read in a process pool")
     parser.add_argument("--rss-child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    pool = use_offline_pool()  # as `plasmient ingest` does; ARROW_DEFAULT_MEMORY_POOL=mimalloc measures the default
     if args.rss_child:
         _rss_child(args.rss_child)
         return
     if args.scale_child:
         _scale_child(args.base, args.scale_child, args.rounds, not args.no_encode)
         return
-    print(f"one process, {os.cpu_count()} cores visible; numpy/pyarrow single-threaded paths dominate")
+    print(f"one process, {os.cpu_count()} cores visible; numpy/pyarrow single-threaded paths dominate; "
+          f"Arrow memory pool: {pool}")
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_largest:
             bench_files(args.files, args.rounds, Path(tmp))

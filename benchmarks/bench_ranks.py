@@ -58,8 +58,10 @@ def trace_hash(result) -> str:
 
 def child(config: str, trace_dir: Path) -> dict:
     """One ingest of every rank in trace_dir, in this (fresh) process."""
+    from plasmient_trace.arrow_memory import use_offline_pool
     from plasmient_trace.pipeline import IngestOptions, ingest_paths
 
+    use_offline_pool()  # as `plasmient ingest` does (its pool workers too)
     paths = sorted(trace_dir.glob("rank-*.json.gz"), key=lambda p: int(p.name.split("-")[1].split(".")[0]))
     options = IngestOptions(job_id="bench", keep_records=False)
     engine_start_s = 0.0

@@ -340,9 +340,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands that build and drop many Arrow buffers; `run` is left alone (its child is the user's job).
+ARROW_HEAVY_COMMANDS = ("ingest", "report", "replay", "diff")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command in ARROW_HEAVY_COMMANDS:
+        from .arrow_memory import use_offline_pool
+
+        use_offline_pool()
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -33,6 +33,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .arrow_memory import use_offline_pool
 from .ranks import RankDigest, RankPart, StitchJob, parse_rank, stitch_part
 from .sources.kineto import TraceFormatError
 from .sources.parallel import default_workers
@@ -82,7 +83,8 @@ class PoolRunner:
             # Workers fork from a server that has imported the tasks (numpy, pyarrow, the stitcher) once,
             # rather than each importing them again. Takes effect when this process starts its server.
             context.set_forkserver_preload(["plasmient_trace.runners", "plasmient_trace.pipeline"])
-        self.pool = ProcessPoolExecutor(max_workers=max(1, min(workers, n_ranks)), mp_context=context)
+        self.pool = ProcessPoolExecutor(max_workers=max(1, min(workers, n_ranks)), mp_context=context,
+                                        initializer=use_offline_pool)
         self.spill = Path(tempfile.mkdtemp(prefix="plasmient-ranks-"))
         self.paths: list[Path] = []
 
