@@ -144,3 +144,58 @@ def test_a_document_without_trace_events_is_given_up_after_the_head_limit(monkey
     with pytest.raises(event_chunks.Unstreamable):
         list(event_chunks.EventChunks(data, "t.json.gz"))
     assert sum(inflated) <= event_chunks._MAX_HEAD + 2 * event_chunks.BLOCK_BYTES
+
+
+def test_megabytes_of_whitespace_between_events_read_the_same_in_linear_time(tmp_path):
+    """Whitespace is legal anywhere between tokens. 48 MiB of it, after the array's '[', before a ',' and after
+    one, read with 64 KiB blocks: the same events as the unpadded document. The reader used to rescan (in a
+    Python loop per byte) and recopy the growing buffer at every block: 97 s with half this padding, past
+    the subprocess's 120 s bound with this one; now it takes seconds."""
+    original = TRACES / "h100/bert_small_inference.json.gz"
+    text = gzip.decompress(original.read_bytes())
+    pad = b" \n\t\r" * (4 << 20)  # 16 MiB
+    opened = text.index(b"[", text.index(b'"traceEvents"')) + 1
+    middle = text.index(b"},", len(text) // 2) + 1  # the end of an event, just before its ','
+    later = text.index(b"},", len(text) * 3 // 4) + 2  # just after a ','
+    padded = text[:opened] + pad + text[opened:middle] + pad + text[middle:later] + pad + text[later:]
+    path = tmp_path / "padded.json.gz"
+    path.write_bytes(gzip.compress(padded, compresslevel=6))
+    child = textwrap.dedent(f"""
+        import json, sys
+        from pathlib import Path
+        from plasmient_trace.sources import event_chunks, rawinput
+        event_chunks.BLOCK_BYTES = 64 << 10
+        path = Path({str(path)!r})
+        chunks = event_chunks.EventChunks(rawinput.read_file_bytes(path), path)
+        assert chunks.whole is None
+        events = [json.loads(bytes(raw)) for part in chunks for raw in part]
+        json.dump({{"events": events, "base": chunks.meta["baseTimeNanoseconds"]}}, sys.stdout)
+    """)
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout)
+    doc = json.loads(text)  # an independent parser, on the unpadded document
+    assert got["events"] == doc["traceEvents"]
+    assert got["base"] == doc.get("baseTimeNanoseconds")
+
+
+def test_a_whitespace_gzip_bomb_inside_the_events_stops_at_the_cap_in_bounded_memory(tmp_path):
+    """'{"traceEvents": [' then 1 GB of spaces in ~1 MB of gzip: one line naming the cap, exit 2, and the
+    streaming reader keeps none of the whitespace (it used to hold 256 MiB of it, then copies)."""
+    member = gzip.compress(b" " * (1 << 20), compresslevel=9)
+    path = tmp_path / "spaces.json.gz"
+    path.write_bytes(gzip.compress(b'{"traceEvents": [') + member * 1024)
+    child = textwrap.dedent(f"""
+        import sys
+        from plasmient_trace.cli import main
+        code = main(["ingest", {str(path)!r}, "--quiet", "--out", {str(tmp_path / 'o.jsonl')!r}])
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                print(int(line.split()[1]) * 1024, code)
+    """)
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
+    hwm, code = proc.stdout.split()
+    assert code == "2", proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and "gzip bomb" in proc.stderr and str(path) in proc.stderr
+    assert int(hwm) < 400 << 20, f"peak RSS {int(hwm) >> 20} MiB"
+    assert not (tmp_path / "o.jsonl").exists()

@@ -35,7 +35,7 @@ _MAX_HEAD = 16 << 20       # no traceEvents array opened in this many bytes: rea
 _CUT_TRIES = 16            # candidate cuts tried per chunk before reading more
 _KEY = b'"traceEvents"'
 _CLOSING = re.compile(rb"\}[ \t\r\n]*\]")
-_WHITESPACE = b" \t\r\n"
+_NOT_WHITESPACE = re.compile(rb"[^ \t\r\n]")
 _EVENTS = msgspec.json.Decoder(list[msgspec.Raw])
 _DOCUMENT = msgspec.json.Decoder(KinetoDocument)
 
@@ -89,12 +89,25 @@ class EventChunks:
         rest = buf[opened:]  # from an event boundary on, not cut yet
         del buf
         # At most about three blocks at once: the one just inflated, the buffer it extends, and the
-        # chunk being decoded; between chunks, one chunk and its events.
+        # chunk being decoded; between chunks, one chunk and its events. When a buffer holds no
+        # boundary (one huge event, or megabytes of whitespace), blocks are gathered until it has
+        # doubled before looking again: the searches and copies then add up to a few times its size,
+        # not its square.
+        pending, pending_bytes, next_look = [rest], len(rest), 0
+        del rest
         while True:
             nxt = next(blocks, None)
             exhausted = nxt is None
-            buf = rest if exhausted else rest + nxt
-            del rest, nxt
+            if not exhausted:
+                pending.append(nxt)
+                pending_bytes += len(nxt)
+                del nxt
+                if pending_bytes < next_look:
+                    continue
+                if pending_bytes > _MAX_BUFFER:
+                    raise Unstreamable("an event larger than the buffer")
+            buf = b"".join(pending) if len(pending) > 1 else pending[0]
+            pending = []
             pos = _after_separator(buf, 0)
             if exhausted:
                 events, self.meta = _close(buf, pos, head)
@@ -106,11 +119,18 @@ class EventChunks:
             if cut is None:  # no boundary yet: an event longer than what is buffered
                 if len(buf) > _MAX_BUFFER:
                     raise Unstreamable("an event larger than the buffer")
-                rest = buf
+                if pos:  # the whitespace (and the one ',') before the event is all that can be let go
+                    first = _skip(buf, 0)
+                    sep = buf[first:first + 1] == b","
+                    buf = (b"," if sep else b"") + buf[pos:]
+                pending, pending_bytes, next_look = [buf], len(buf), 2 * len(buf)
+                del buf
                 continue
             events, end = cut
             rest = buf[end:]
             del buf
+            pending, pending_bytes, next_look = [rest], len(rest), 0
+            del rest
             yield events
             del events
 
@@ -137,9 +157,9 @@ def _array_start(buf: bytes, after_key: int) -> int | None:
 
 
 def _skip(buf: bytes, i: int) -> int:
-    while i < len(buf) and buf[i] in _WHITESPACE:
-        i += 1
-    return i
+    """The first index at or after ``i`` that is not JSON whitespace (``len(buf)`` when none is)."""
+    found = _NOT_WHITESPACE.search(buf, i)
+    return len(buf) if found is None else found.start()
 
 
 def _after_separator(buf: bytes, pos: int) -> int:
