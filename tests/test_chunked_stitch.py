@@ -57,6 +57,24 @@ def test_the_stream_cuts_between_steps_and_each_part_holds_whole_traces():
     assert sum(len(p) for p in parts) == whole.stats["spans"] == stream.stats["spans"]
 
 
+def test_a_part_holds_at_most_chunk_rows_spans_even_when_steps_are_tiny(tmp_path):
+    """20,000 steps of one op each: most spans are the steps' own (fleet, node, rank, step). A group is sized by
+    them too, so no part holds more spans than ``chunk_rows`` (sized by the ops alone, the parts held 25,000
+    spans each at chunk_rows=10,000)."""
+    events = []
+    for s in range(20_000):
+        t = 1000.0 + 10 * s
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "pid": 1, "tid": 1, "ts": t, "dur": 9})
+        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": t + 1, "dur": 5,
+                       "args": {"Input Dims": [[64, 64], [64, 64]], "Input type": ["float", "float"]}})
+    path = tmp_path / "tiny_steps.json"
+    path.write_bytes(orjson.dumps({"traceEvents": events}))
+    stream = ingest_stream([path], IngestOptions(job_id="tiny", chunk_rows=10_000))
+    sizes = [len(part) for part in stream.parts]
+    assert sum(sizes) == stream.stats["spans"] == 20_000 * 5
+    assert max(sizes) <= 10_000 and len(sizes) >= 10, sizes
+
+
 def _lines(path) -> list[bytes]:
     return sorted(path.read_bytes().splitlines())
 

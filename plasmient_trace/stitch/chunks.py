@@ -21,10 +21,16 @@ from .overlap import StepOverlap
 from .timeline import DeviceTimeline
 
 
+# Spans every step has whatever it holds: on each rank its step span and that rank's span under the node,
+# and once per step the fleet and node spans. A trace of many tiny steps is mostly these.
+STEP_SPANS_PER_RANK = 2
+STEP_SPANS_SHARED = 2
+
+
 def rows_per_step(j: JoinedRank, tl: DeviceTimeline) -> np.ndarray:
-    """Modules + ops + kernels of each step row."""
+    """Modules + ops + kernels of each step row, plus the step's own spans on this rank."""
     n_steps = len(j.steps)
-    rows = np.zeros(n_steps, np.int64)
+    rows = np.full(n_steps, STEP_SPANS_PER_RANK, np.int64)
     for step in (j.module_step, j.op_step, tl.step):
         rows += np.bincount(step[step >= 0], minlength=n_steps)[:n_steps]
     return rows
@@ -45,15 +51,15 @@ def _cut(rows: np.ndarray, max_rows: int) -> list[tuple[int, int]]:
 
 
 def step_groups(ranks: list[tuple[JoinedRank, DeviceTimeline]], max_rows: int) -> list[list[tuple[int, int]]]:
-    """Groups of step numbers, as each rank's [s0, s1) step rows, holding at most ``max_rows`` rows over all
-    ranks (one step at least). A step is whole in one group on every rank, so each trace is built at once
+    """Groups of step numbers, as each rank's [s0, s1) step rows, holding at most ``max_rows`` rows (records
+    and the spans every step has) over all ranks (one step at least). A step is whole in one group on every rank, so each trace is built at once
     with its fleet and node spans. Step numbers out of time order on a rank: one group."""
     whole = [[(0, len(j.steps)) for j, _ in ranks]]
     numbers = [np.asarray(j.steps, np.int64) for j, _ in ranks]
     if any(len(n) > 1 and not np.all(np.diff(n) > 0) for n in numbers):
         return whole
     every = np.unique(np.concatenate(numbers)) if numbers else np.zeros(0, np.int64)
-    rows = np.zeros(len(every), np.int64)
+    rows = np.full(len(every), STEP_SPANS_SHARED, np.int64)
     for (j, tl), n in zip(ranks, numbers):
         rows[np.searchsorted(every, n)] += rows_per_step(j, tl)
     groups = _cut(rows, max_rows)
