@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .conventions import MAX_FLAG_VALUE
 from .stitch import ids
 
 EXIT_BAD_INPUT = 2
@@ -27,10 +28,25 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
 def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError("must be a positive number")
+    value = _number(text)
+    if not 0 < value <= MAX_FLAG_VALUE:  # NaN and inf fail here too
+        raise argparse.ArgumentTypeError(f"must be a positive number up to {MAX_FLAG_VALUE:g}, not {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    """An MFU: in (0, 1]."""
+    value = _number(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], not {text!r}")
     return value
 
 
@@ -51,7 +67,7 @@ def add_stitch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bandwidth-gbs", type=_positive_float, help="override the device's memory bandwidth, GB/s")
     p.add_argument("--gpu-price", type=_positive_float, help="USD per GPU-hour (default: the hardware table's list price)")
     p.add_argument("--gpu-model", help="GPU model to assume when the trace names none (e.g. 'NVIDIA A100-SXM4-80GB')")
-    p.add_argument("--baseline-mfu", type=_positive_float, default=None, help="MFU counted as not wasted (default 0.46)")
+    p.add_argument("--baseline-mfu", type=_fraction, default=None, help="MFU counted as not wasted (default 0.46)")
     p.add_argument("--ranks-per-node", type=_positive_int, default=8, help="ranks per node when the trace names no host (default 8)")
     p.add_argument("--host", help="host name to record for a single-host ingest")
     p.add_argument("--workers", type=_positive_int, default=1,

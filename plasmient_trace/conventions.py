@@ -22,6 +22,9 @@ LEVELS = ("fleet", "node", "rank", "step", "module", "op", "kernel")
 ABOVE_STEP = ("fleet", "node", "rank", "step")
 BOUNDS = ("compute", "memory", "latency", "communication", "idle", "unknown")
 DEFAULT_BASELINE_MFU = 0.46  # PaLM's reported MFU, the DESIGN default for "not wasted"
+# The largest device peak (TFLOP/s), bandwidth (GB/s) or price (USD an hour) a flag or variable may set: a
+# larger one is a typo, and past ~1e296 TFLOP/s the peak overflows to inf and every MFU reads 0.
+MAX_FLAG_VALUE = 1e9
 SCOPE_NAME = "plasmient_trace"
 
 

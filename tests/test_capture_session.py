@@ -383,6 +383,27 @@ def test_config_reads_the_documented_variables_and_ignores_garbage(capsys):
     assert "PLASMIENT_EVERY" in err and "PLASMIENT_PEAK_TFLOPS" in err
 
 
+def test_non_finite_or_absurd_numbers_in_the_environment_are_said_and_ignored(capsys, monkeypatch):
+    """inf would make a flush wait forever and a peak of 1e308 TFLOP/s read every MFU as 0; an MFU threshold
+    of 5 would force every step to full depth. Each is said once and taken as unset."""
+    from plasmient_trace.capture import config as config_mod
+    from plasmient_trace.capture.distributed import DEFAULT_WAIT_S, wait_s
+
+    monkeypatch.setattr(config_mod, "_said", set())
+    cfg = CaptureConfig.from_env({"PLASMIENT_PEAK_TFLOPS": "1e308", "PLASMIENT_GPU_PRICE": "inf",
+                                  "PLASMIENT_FLUSH_TIMEOUT_S": "nan", "PLASMIENT_MFU_THRESHOLD": "5",
+                                  "PLASMIENT_EXPORT_INTERVAL_S": "-1"})
+    assert (cfg.peak_tflops, cfg.gpu_price, cfg.flush_timeout_s, cfg.mfu_threshold, cfg.export_interval_s) == \
+        (None, None, 5.0, None, 2.0)
+    err = capsys.readouterr().err.splitlines()
+    said = {name for name in ("PEAK_TFLOPS", "GPU_PRICE", "FLUSH_TIMEOUT_S", "MFU_THRESHOLD", "EXPORT_INTERVAL_S")
+            if any(f"PLASMIENT_{name}=" in line for line in err)}
+    assert said == {"PEAK_TFLOPS", "GPU_PRICE", "FLUSH_TIMEOUT_S", "MFU_THRESHOLD"}  # a negative means "off"
+    assert len(err) == 4
+    assert [wait_s({"PLASMIENT_FLEET_WAIT_S": v}) for v in ("inf", "nan", "-3", "2.5")] == \
+        [DEFAULT_WAIT_S, DEFAULT_WAIT_S, DEFAULT_WAIT_S, 2.5]
+
+
 def test_two_optimizers_stepping_each_iteration_make_one_step_per_iteration():
     sink = Collect()
     session = CaptureSession(CaptureConfig(every=1, peak_tflops=0.05, job_id="gan", environ={}),

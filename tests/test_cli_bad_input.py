@@ -85,3 +85,43 @@ def test_bad_flag_values_are_rejected_by_argparse(capsys):
         main(["ingest", "x.json", "--max-spans", "0"])
     assert exc.value.code == 2
     assert "must be a positive integer" in capsys.readouterr().err
+
+
+TRACE = "a100/alexnet.json.gz"
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["ingest", TRACE, "--peak-tflops", "inf"], "must be a positive number up to 1e+09"),
+    (["ingest", TRACE, "--peak-tflops", "nan"], "must be a positive number"),
+    (["ingest", TRACE, "--peak-tflops", "1e308"], "must be a positive number"),
+    (["ingest", TRACE, "--gpu-price", "inf"], "must be a positive number"),
+    (["ingest", TRACE, "--bandwidth-gbs", "-2"], "must be a positive number"),
+    (["ingest", TRACE, "--peak-tflops", "fast"], "not a number: 'fast'"),
+    (["ingest", TRACE, "--baseline-mfu", "7"], "must be a fraction in (0, 1]"),
+    (["report", "x.jsonl", "--price-per-gpu-hour", "-5"], "must be a positive number"),
+    (["report", "x.jsonl", "--baseline-mfu", "7"], "must be a fraction in (0, 1]"),
+    (["report", "x.jsonl", "--fleet-gpus", "-3"], "must be a positive integer"),
+    (["report", "x.jsonl", "--top", "0"], "must be a positive integer"),
+    (["diff", "a.jsonl", "b.jsonl", "--top", "-1"], "must be a positive integer"),
+    (["run", "--mfu-threshold", "2", "--", "true"], "must be a fraction in (0, 1]"),
+])
+def test_absurd_numbers_in_flags_are_refused_with_exit_2(argv, problem, capsys):
+    """Each used to be taken: an infinite peak wrote MFU 0 on every span, an infinite price printed numpy
+    warnings and null costs, a negative price made the report's bill negative."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert problem in err and "Traceback" not in err
+
+
+def test_a_cpu_price_that_is_not_a_price_falls_back_to_the_default_and_says_so(monkeypatch):
+    from plasmient_trace.metrics import cpu_peak
+
+    for bad in ("-1", "inf", "nan", "cheap"):
+        monkeypatch.setenv("PLASMIENT_CPU_PRICE", bad)
+        price, source = cpu_peak._cpu_price(4)
+        assert price == cpu_peak.CPU_PRICE_PER_THREAD_HOUR * 4
+        assert f"PLASMIENT_CPU_PRICE={bad!r} ignored" in source
+    monkeypatch.setenv("PLASMIENT_CPU_PRICE", "0.42")
+    assert cpu_peak._cpu_price(4) == (0.42, "PLASMIENT_CPU_PRICE")

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from typing import Any
 
-from ..cli import _positive_float, _positive_int
+from ..cli import _fraction, _positive_float, _positive_int
 
 
 def register(subparsers: Any) -> None:
@@ -24,7 +24,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", help="OTLP/JSON lines file (default traces.jsonl when no OTLP endpoint is configured)")
     p.add_argument("--every", type=_positive_int, help="full depth (modules, ops, kernels) every N-th step (default 10)")
     p.add_argument("--job-id", help="job id the trace ids derive from (default $PLASMIENT_JOB_ID, $SLURM_JOB_ID, ...)")
-    p.add_argument("--mfu-threshold", type=_positive_float, help="also trace at full depth after a step whose MFU falls below this")
+    p.add_argument("--mfu-threshold", type=_fraction, help="also trace at full depth after a step whose MFU falls below this")
     p.add_argument("--peak-tflops", type=_positive_float, help="override the device peak, TFLOP/s")
     p.add_argument("--gpu-price", type=_positive_float, help="USD per device-hour")
     p.add_argument("--install-hook", action="store_true",

@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from ..conventions import SpanBatch
+from ..conventions import MAX_FLAG_VALUE, SpanBatch
 
 Exporter = Callable[[SpanBatch], None]
 
@@ -38,7 +38,9 @@ def notice(key: str, message: str) -> None:
         say_once(key, message)
 
 
-def _env_float(env: Mapping[str, str], name: str) -> float | None:
+def _env_float(env: Mapping[str, str], name: str, upper: float = MAX_FLAG_VALUE) -> float | None:
+    """A positive number in (0, upper] from the environment; anything else (NaN, inf, a typo) is said once
+    and ignored, as if unset."""
     value = env.get(name, "").strip()
     if not value:
         return None
@@ -47,7 +49,11 @@ def _env_float(env: Mapping[str, str], name: str) -> float | None:
     except ValueError:
         say_once(f"bad-{name}", f"ignoring {name}={value!r}: not a number")
         return None
-    return out if out > 0 else None
+    if 0 < out <= upper:
+        return out
+    if out > 0 or out != out:  # too large, inf or NaN: a mistake worth saying (0 and negatives mean "off")
+        say_once(f"bad-{name}", f"ignoring {name}={value!r}: not a number in (0, {upper:g}]")
+    return None
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -147,7 +153,7 @@ class CaptureConfig:
             out=env.get("PLASMIENT_OUT") or None,
             every=_env_int(env, "PLASMIENT_EVERY", 10),
             overhead=_overhead(env),
-            mfu_threshold=_env_float(env, "PLASMIENT_MFU_THRESHOLD"),
+            mfu_threshold=_env_float(env, "PLASMIENT_MFU_THRESHOLD", upper=1.0),
             max_signatures=_env_int(env, "PLASMIENT_MAX_SIGNATURES", 64),
             job_id=job,
             peak_tflops=_env_float(env, "PLASMIENT_PEAK_TFLOPS"),

@@ -109,7 +109,7 @@ def wait_s(environ: Any = os.environ) -> float:
         value = float(environ.get("PLASMIENT_FLEET_WAIT_S", DEFAULT_WAIT_S))
     except ValueError:
         return DEFAULT_WAIT_S
-    return value if value >= 0 else DEFAULT_WAIT_S
+    return value if 0 <= value < float("inf") else DEFAULT_WAIT_S  # NaN fails too: never wait forever
 
 
 def _key(job: str, *parts: Any) -> str:

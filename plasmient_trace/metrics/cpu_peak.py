@@ -110,14 +110,22 @@ def _measure_copy() -> float:
 
 
 def _cpu_price(threads: int) -> tuple[float, str]:
-    env = os.environ.get("PLASMIENT_CPU_PRICE")
+    """USD an hour, and where it came from. A PLASMIENT_CPU_PRICE that is not a price (negative, NaN, inf, a
+    typo) is not used, and the source says so: a negative price would make every cost negative."""
+    from ..conventions import MAX_FLAG_VALUE
+
+    env = os.environ.get("PLASMIENT_CPU_PRICE", "").strip()
+    rejected = ""
     if env:
         try:
-            return float(env), "PLASMIENT_CPU_PRICE"
+            price = float(env)
         except ValueError:
-            pass
+            price = float("nan")
+        if 0 < price <= MAX_FLAG_VALUE:
+            return price, "PLASMIENT_CPU_PRICE"
+        rejected = f" (PLASMIENT_CPU_PRICE={env!r} ignored: not a price in (0, {MAX_FLAG_VALUE:g}])"
     return CPU_PRICE_PER_THREAD_HOUR * threads, (
-        f"default ${CPU_PRICE_PER_THREAD_HOUR}/vCPU-hour x {threads} threads (AWS m7i on-demand, rounded)")
+        f"default ${CPU_PRICE_PER_THREAD_HOUR}/vCPU-hour x {threads} threads (AWS m7i on-demand, rounded){rejected}")
 
 
 def _cpu_has_bf16() -> bool:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from plasmient_trace.cli import _fraction, _positive_float, _positive_int
 from plasmient_trace.conventions import DEFAULT_BASELINE_MFU, SpanBatch
 
 
@@ -21,10 +22,10 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE.jsonl", help="OTLP JSON lines span files (.gz allowed); several are merged")
     parser.add_argument("--html", metavar="OUT.html", help="write the self-contained HTML report here")
     parser.add_argument("--title", default=None, help="page title (default: the input file names)")
-    parser.add_argument("--fleet-gpus", type=int, default=None, help="fleet size the bill starts with (default: the GPUs in the data; editable in the page)")
-    parser.add_argument("--price-per-gpu-hour", type=float, default=None, help="USD per GPU-hour for the bill (default: the trace's own cost, else an assumed price)")
-    parser.add_argument("--baseline-mfu", type=float, default=DEFAULT_BASELINE_MFU, help="MFU below which time counts as wasted in the bill")
-    parser.add_argument("--top", type=int, default=5, help="culprits to list in the terminal summary")
+    parser.add_argument("--fleet-gpus", type=_positive_int, default=None, help="fleet size the bill starts with (default: the GPUs in the data; editable in the page)")
+    parser.add_argument("--price-per-gpu-hour", type=_positive_float, default=None, help="USD per GPU-hour for the bill (default: the trace's own cost, else an assumed price)")
+    parser.add_argument("--baseline-mfu", type=_fraction, default=DEFAULT_BASELINE_MFU, help="MFU below which time counts as wasted in the bill")
+    parser.add_argument("--top", type=_positive_int, default=5, help="culprits to list in the terminal summary")
     parser.add_argument("--quiet", "-q", action="store_true", help="print nothing (the report is still written)")
 
 

@@ -42,7 +42,7 @@ def parse_percent(text: str) -> float:
 
 
 def add_diff_arguments(parser: argparse.ArgumentParser) -> None:
-    from plasmient_trace.cli import add_stitch_arguments
+    from plasmient_trace.cli import _positive_int, add_stitch_arguments
 
     parser.add_argument("a", metavar="A", help="the baseline: span file (.jsonl[.gz], spans.parquet or its directory) or a trace")
     parser.add_argument("b", metavar="B", help="the run compared with it, in any of the same forms")
@@ -50,7 +50,7 @@ def add_diff_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exit 1 when B's step-weighted MFU is more than PCT (relative, e.g. 5%%) below A's")
     parser.add_argument("--per-step", action="store_true",
                         help="divide each side's times, FLOPs and $ by its number of steps (runs that profiled different step counts)")
-    parser.add_argument("--top", type=int, default=10, help="rows per table (default 10)")
+    parser.add_argument("--top", type=_positive_int, default=10, help="rows per table (default 10)")
     parser.add_argument("--json", metavar="OUT.json", help="also write every row of the comparison as JSON")
     parser.add_argument("--parquet", metavar="OUT.parquet", help="also write every row as one Parquet table (report.diff.DIFF_ROW_SCHEMA)")
     parser.add_argument("--html", metavar="OUT.html", help="also write B's HTML report with the comparison as its first section")
