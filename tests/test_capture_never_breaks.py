@@ -206,6 +206,25 @@ def test_checkpointing_dataloader_workers_threads_and_generators_leave_the_job_u
     assert _steps(tmp_path / "t.jsonl") == list(range(6))  # 96 rows / 16 per batch
 
 
+FAILING_JOB = STEPS_JOB + '''
+if sys.argv[3] == "raise":
+    raise ValueError("the job's own bug, after its last step")
+sys.exit(int(sys.argv[3]))
+'''
+
+
+@pytest.mark.parametrize("end", ["raise", "3", "0"])
+def test_a_job_that_fails_or_exits_keeps_its_traceback_and_status_and_every_step(tmp_path: Path, end: str) -> None:
+    """The job's own exception (traceback and exit status 1) and its sys.exit code pass through unchanged, and
+    the steps it finished before are all written: tracing flushes at interpreter exit whatever the exit is."""
+    script = _script(tmp_path, "failing.py", FAILING_JOB)
+    plain = _plain(tmp_path, script, "5", "0", end)
+    assert plain.returncode == {"raise": 1, "3": 3, "0": 0}[end]
+    traced = _traced(tmp_path, script, "5", "0", end, PLASMIENT_EVERY="2")
+    _same_run(plain, traced)
+    assert _steps(tmp_path / "t.jsonl") == list(range(5))
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_mid_run_flushes_every_finished_step_and_keeps_the_exit_status(tmp_path: Path, sig: int) -> None:
     script = _script(tmp_path, "steps.py", STEPS_JOB)
