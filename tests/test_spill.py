@@ -206,3 +206,25 @@ def test_sealing_moves_the_open_segment_aside_for_a_replay(tmp_path: Path) -> No
     sealed = spill.seal("traces")
     assert sealed is not None and sealed.read_bytes() == b'{"resourceSpans":[]}\n'
     assert spill.segments("traces") == [sealed] and not spill.live("traces").exists()
+
+
+def test_lines_replay_cannot_send_are_kept_counted_and_said_never_deleted_unseen(tmp_path: Path) -> None:
+    """A segment with good traces, a line that is not OTLP/JSON and a last line cut short (a write that failed
+    half way, as on a full disk): the good ones reach a real receiver, the other two are kept in bad.jsonl
+    byte for byte and named on stderr. The torn tail used to be deleted with its segment without a word."""
+    batch = _batch()
+    good = [line for part in _per_trace(batch) for line in encode_jsonl_lines(part)]
+    spill = SpillDir(tmp_path / "spill")
+    spill.append("traces", good[:1] + [b"not json at all"] + good[1:])
+    torn = good[0][: len(good[0]) // 2]
+    with open(spill.live("traces"), "ab") as f:
+        f.write(torn)  # no newline: cut short
+    with OtlpReceiver() as rx:
+        env = dict(os.environ, PYTHONPATH=str(REPO), OTEL_EXPORTER_OTLP_ENDPOINT=rx.grpc_endpoint)
+        proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "replay", str(spill.path)],
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert _received(rx) == Counter(_span_keys(batch))
+    assert "2 line(s) could not be sent (1 not OTLP/JSON, 1 cut short by a failed write)" in proc.stderr
+    assert (spill.path / "bad.jsonl").read_bytes() == b"not json at all\n" + torn + b"\n"
+    assert not spill.pending()

@@ -168,7 +168,8 @@ class ReplayStats:
     spans: int = 0
     traces: int = 0
     segments: int = 0
-    bad_lines: int = 0
+    bad_lines: int = 0   # complete lines that are not OTLP/JSON
+    torn_lines: int = 0  # a segment's last line cut short (a failed or interrupted write)
 
 
 def replay(spill_dir: str | os.PathLike[str], senders: dict[str, Callable[[SpanBatch], Any]]) -> ReplayStats:
@@ -179,7 +180,8 @@ def replay(spill_dir: str | os.PathLike[str], senders: dict[str, Callable[[SpanB
     the segment's ``.done`` offset is replaced atomically, with SIGINT/SIGTERM held back from the
     send to that commit (see :class:`_DeferSignals`), so an interrupted replay resumes exactly after the last delivered line;
     only SIGKILL between a send and its commit can repeat that one line. A finished segment is
-    deleted. Unparseable lines are moved to ``bad.jsonl`` and skipped.
+    deleted. Unparseable lines, and a segment's last line when a write cut it short, are moved to
+    ``bad.jsonl``, skipped and counted (``bad_lines``, ``torn_lines``).
     """
     spill = SpillDir(Path(spill_dir))
     stats = ReplayStats()
@@ -230,6 +232,16 @@ class _DeferSignals:
         self._restore()
 
 
+def bad_lines_path(spill: SpillDir) -> Path:
+    """Where replay keeps the lines it cannot send, one per line."""
+    return spill.path / "bad.jsonl"
+
+
+def _keep_bad(spill: SpillDir, line: bytes) -> None:
+    with open(bad_lines_path(spill), "ab") as bad:
+        bad.write(line if line.endswith(b"\n") else line + b"\n")
+
+
 def _replay_segment(spill: SpillDir, segment: Path, send: Callable[[SpanBatch], Any], stats: ReplayStats,
                     deferred: _DeferSignals) -> None:
     offset = _read_done(segment)
@@ -238,12 +250,15 @@ def _replay_segment(spill: SpillDir, segment: Path, send: Callable[[SpanBatch], 
         for line in f:
             end = offset + len(line)
             if not line.endswith(b"\n"):
-                break  # a torn tail (a writer killed mid-line) is never sent
+                # A torn tail (a write cut short: disk full, a writer killed mid-line) is never sent, and
+                # never deleted unseen: it is kept with the unparseable lines and counted.
+                _keep_bad(spill, line)
+                stats.torn_lines += 1
+                break
             try:
                 batch = batch_from_otlp_dicts([orjson.loads(line)])
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                with open(spill.path / "bad.jsonl", "ab") as bad:
-                    bad.write(line)
+                _keep_bad(spill, line)
                 stats.bad_lines += 1
                 _write_done(segment, end)
                 offset = end
@@ -286,6 +301,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             return 1
     print(f"plasmient: replayed {stats.traces} trace line(s), {stats.spans} spans from {stats.segments} segment(s) "
           f"to {otlp.redact_url(config.endpoint)}", file=sys.stderr)
+    if stats.bad_lines or stats.torn_lines:
+        print(f"plasmient: {stats.bad_lines + stats.torn_lines} line(s) could not be sent ({stats.bad_lines} not OTLP/JSON, "
+              f"{stats.torn_lines} cut short by a failed write): kept in {bad_lines_path(spill)}", file=sys.stderr)
     return 0
 
 
