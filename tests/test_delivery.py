@@ -277,6 +277,38 @@ def test_a_full_disk_leaves_no_partial_file(tmp_path: Path, monkeypatch, capsys)
     assert list(tmp_path.iterdir()) == []  # neither the file nor its temporary
 
 
+def test_output_to_a_fifo_is_written_in_place_and_the_fifo_stays_a_fifo(tmp_path: Path, capsys) -> None:
+    """``--out /dev/null``, ``/dev/stdout`` or a named pipe: the ingest used to write a temporary file and
+    rename it over the path, which turned /dev/full into a regular file (run as root). A FIFO stands in for
+    the devices here, so a regression cannot harm the machine running the test."""
+    import stat
+
+    assert main(["ingest", str(trace_path(TRACE)), "--quiet", "--out", str(tmp_path / "plain.jsonl")]) == 0
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    assert main(["ingest", str(trace_path(TRACE)), "--quiet", "--out", str(fifo)]) == 0
+    reader.join(timeout=60)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert got == [(tmp_path / "plain.jsonl").read_bytes()]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.fifo", "plain.jsonl"]  # no temporary left
+
+
+def test_output_through_a_symlink_replaces_the_file_it_names_not_the_link(tmp_path: Path, capsys) -> None:
+    (tmp_path / "data").mkdir()
+    target = tmp_path / "data" / "traces.jsonl"
+    target.write_text("old\n")
+    link = tmp_path / "traces.jsonl"
+    link.symlink_to(target)
+    assert main(["ingest", str(trace_path(TRACE)), "--quiet", "--out", str(link)]) == 0
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert main(["ingest", str(trace_path(TRACE)), "--quiet", "--out", str(tmp_path / "plain.jsonl")]) == 0
+    assert target.read_bytes() == (tmp_path / "plain.jsonl").read_bytes()
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["traces.jsonl"]
+
+
 def test_gpu_check_without_a_gpu_says_skipped_and_exits_0(tmp_path: Path) -> None:
     import subprocess
 

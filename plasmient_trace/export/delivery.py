@@ -22,6 +22,7 @@ must not cross a fork).
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import tempfile
 import threading
@@ -93,7 +94,10 @@ class FileSink:
     """OTLP/JSON lines file, one line per trace (step). ``append=True`` (live): each line is one
     ``write`` to an O_APPEND descriptor, so processes sharing the file never interleave.
     ``append=False`` (ingest): the batches are written beside the final name and ``close()`` renames
-    the file into place, so a failure (``close(commit=False)``) leaves no partial file. Either way the
+    the file into place, so a failure (``close(commit=False)``) leaves no partial file. An output that
+    exists and is not a regular file (``/dev/null``, ``/dev/stdout``'s pipe, a FIFO) is written in place:
+    a rename would put a regular file where the device node was. A symlink is followed: the file it
+    names is replaced, not the link. Either way the
     lines are written as they are encoded: the export holds one trace's line (live) or one ~4 MiB part
     (ingest) at a time, never the file."""
 
@@ -102,8 +106,12 @@ class FileSink:
         self.append = append
         self.name = str(self.path)
         self.lines = 0
-        self._tmp: Path | None = None  # the file being written (ingest), set with _file
+        self._tmp: Path | None = None  # the file being written (ingest), set with _file; None: in place
         self._file: Any = None
+        # where the written file is renamed to: the file a symlink names, not the link
+        self._final = self.path
+        if self.path.is_symlink() and not _is_special(self.path):  # /dev/stdout -> /proc/self/fd/1 stays as is
+            self._final = Path(os.path.realpath(self.path))
 
     def write(self, batch: SpanBatch) -> None:
         from plasmient_trace.export.otlp_json import encode_jsonl_lines, write_jsonl
@@ -122,8 +130,7 @@ class FileSink:
                     os.close(fd)
                 return
             if self._file is None:
-                fd, tmp = mkstemp_beside(self.path)
-                self._tmp, self._file = Path(tmp), os.fdopen(fd, "wb", buffering=1 << 20)
+                self._open()
             self.lines += write_jsonl(batch, self._file)
         except OSError as err:
             self.close(commit=False)
@@ -136,12 +143,18 @@ class FileSink:
             return
         try:
             if commit and self._file is None:
-                fd, tmp = mkstemp_beside(self.path)
-                self._tmp, self._file = Path(tmp), os.fdopen(fd, "wb")
+                self._open()
             if self._file is None:
                 return
             f, tmp = self._file, self._tmp
             self._file = self._tmp = None
+            if tmp is None:  # written in place (a device or a pipe): nothing to move, nothing to remove
+                try:
+                    if commit:
+                        f.flush()
+                finally:
+                    f.close()
+                return
             try:
                 if commit:
                     f.flush()
@@ -151,13 +164,30 @@ class FileSink:
                     os.umask(umask)
                     os.fchmod(f.fileno(), 0o666 & ~umask)
                     f.close()
-                    os.replace(tmp, self.path)
+                    os.replace(tmp, self._final)
             finally:
                 f.close()
                 if tmp is not None:
                     tmp.unlink(missing_ok=True)  # gone already once moved into place
         except OSError as err:
             raise OutputError(f"{self.path}: {_os_problem(err)}") from None
+
+
+    def _open(self) -> None:
+        if _is_special(self.path):
+            self._tmp, self._file = None, open(self.path, "wb", buffering=1 << 20)
+        else:
+            fd, tmp = mkstemp_beside(self._final)
+            self._tmp, self._file = Path(tmp), os.fdopen(fd, "wb", buffering=1 << 20)
+
+
+def _is_special(path: Path) -> bool:
+    """An existing path that is neither a regular file nor a directory: a device, a FIFO, a socket."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def mkstemp_beside(path: Path) -> tuple[int, str]:
