@@ -101,6 +101,13 @@ def test_spill_is_bounded_and_segments_seal_at_their_size(tmp_path: Path) -> Non
     assert len(spill.segments("traces")) >= 1  # sealed at 20 kB; the open segment keeps the rest
 
 
+def _replay_to(rx: OtlpReceiver, spill: SpillDir) -> subprocess.CompletedProcess:
+    """`plasmient replay DIR` in a child process, sending to the receiver over gRPC."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), OTEL_EXPORTER_OTLP_ENDPOINT=rx.grpc_endpoint)
+    return subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "replay", str(spill.path)],
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
 def test_replay_sends_traces_and_metrics_then_removes_them(tmp_path: Path) -> None:
     batch = _batch()
     spill = SpillDir(tmp_path / "spill")
@@ -108,9 +115,7 @@ def test_replay_sends_traces_and_metrics_then_removes_them(tmp_path: Path) -> No
         spill.append("traces", list(encode_jsonl_lines(part)))
     spill.append("metrics", list(encode_jsonl_lines(batch)))
     with OtlpReceiver() as rx:
-        env = dict(os.environ, PYTHONPATH=str(REPO), OTEL_EXPORTER_OTLP_ENDPOINT=rx.grpc_endpoint)
-        proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "replay", str(spill.path)],
-                              env=env, capture_output=True, text=True, timeout=300)
+        proc = _replay_to(rx, spill)
         assert proc.returncode == 0, proc.stderr
         assert _received(rx) == Counter(_span_keys(batch))
         assert rx.metrics  # the step metrics of the metrics segment, recomputed from its spans
@@ -220,9 +225,7 @@ def test_lines_replay_cannot_send_are_kept_counted_and_said_never_deleted_unseen
     with open(spill.live("traces"), "ab") as f:
         f.write(torn)  # no newline: cut short
     with OtlpReceiver() as rx:
-        env = dict(os.environ, PYTHONPATH=str(REPO), OTEL_EXPORTER_OTLP_ENDPOINT=rx.grpc_endpoint)
-        proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "replay", str(spill.path)],
-                              env=env, capture_output=True, text=True, timeout=300)
+        proc = _replay_to(rx, spill)
         assert proc.returncode == 0, proc.stderr
         assert _received(rx) == Counter(_span_keys(batch))
     assert "2 line(s) could not be sent (1 not OTLP/JSON, 1 cut short by a failed write)" in proc.stderr
