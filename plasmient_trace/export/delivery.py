@@ -108,10 +108,6 @@ class FileSink:
         self.lines = 0
         self._tmp: Path | None = None  # the file being written (ingest), set with _file; None: in place
         self._file: Any = None
-        # where the written file is renamed to: the file a symlink names, not the link
-        self._final = self.path
-        if self.path.is_symlink() and not _is_special(self.path):  # /dev/stdout -> /proc/self/fd/1 stays as is
-            self._final = Path(os.path.realpath(self.path))
 
     def write(self, batch: SpanBatch) -> None:
         from plasmient_trace.export.otlp_json import encode_jsonl_lines, write_jsonl
@@ -164,7 +160,7 @@ class FileSink:
                     os.umask(umask)
                     os.fchmod(f.fileno(), 0o666 & ~umask)
                     f.close()
-                    os.replace(tmp, self._final)
+                    os.replace(tmp, os.path.realpath(self.path))  # through a symlink: the file it names
             finally:
                 f.close()
                 if tmp is not None:
@@ -174,10 +170,10 @@ class FileSink:
 
 
     def _open(self) -> None:
-        if _is_special(self.path):
+        if _is_special(self.path):  # /dev/null, /dev/stdout -> /proc/self/fd/1, a FIFO
             self._tmp, self._file = None, open(self.path, "wb", buffering=1 << 20)
         else:
-            fd, tmp = mkstemp_beside(self._final)
+            fd, tmp = mkstemp_beside(Path(os.path.realpath(self.path)))
             self._tmp, self._file = Path(tmp), os.fdopen(fd, "wb", buffering=1 << 20)
 
 
