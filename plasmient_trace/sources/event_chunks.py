@@ -104,11 +104,10 @@ class EventChunks:
                 del nxt
                 if pending_bytes < next_look:
                     continue
-                if pending_bytes > _MAX_BUFFER:
-                    raise Unstreamable("an event larger than the buffer")
             buf = b"".join(pending) if len(pending) > 1 else pending[0]
             pending = []
-            pos = _after_separator(buf, 0)
+            first = _skip(buf, 0)
+            pos = _after_separator(buf, first)
             if exhausted:
                 events, self.meta = _close(buf, pos, head)
                 del buf
@@ -120,10 +119,9 @@ class EventChunks:
                 if len(buf) > _MAX_BUFFER:
                     raise Unstreamable("an event larger than the buffer")
                 if pos:  # the whitespace (and the one ',') before the event is all that can be let go
-                    first = _skip(buf, 0)
-                    sep = buf[first:first + 1] == b","
-                    buf = (b"," if sep else b"") + buf[pos:]
-                pending, pending_bytes, next_look = [buf], len(buf), 2 * len(buf)
+                    buf = (b"," if buf[first:first + 1] == b"," else b"") + buf[pos:]
+                # look again once doubled, and last at the cap, so an event just under it is still cut
+                pending, pending_bytes, next_look = [buf], len(buf), min(2 * len(buf), _MAX_BUFFER + 1)
                 del buf
                 continue
             events, end = cut
