@@ -24,6 +24,7 @@ import argparse
 import fcntl
 import os
 import signal
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -91,7 +92,15 @@ class SpillDir:
         return fd
 
     def size(self) -> int:
-        return sum(p.stat().st_size for p in self.path.glob("*.jsonl") if p.is_file()) if self.path.is_dir() else 0
+        total = 0
+        for p in self.path.glob("*.jsonl") if self.path.is_dir() else ():
+            try:
+                st = p.stat()
+            except FileNotFoundError:  # a replay finished the segment and removed it since the listing
+                continue
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+        return total
 
     def append(self, signal_name: str, lines: list[bytes]) -> int:
         """Append the lines to the signal's open segment; returns their bytes. Raises SpillFull past
