@@ -83,6 +83,35 @@ def test_activity_records_become_kernel_launch_and_correlation_tables():
         assert table.schema.equals(RecordSet().tables()[name].schema)
 
 
+# Mangled symbols as CUPTI reports them for kernels torch launches on an H100/H200.
+MANGLED = [
+    "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEENS_6detail5ArrayIPcLi1EEEEEviT0_T1_",
+    "_ZN2at6native13reduce_kernelILi512ELi1ENS0_8ReduceOpIfNS0_14func_wrapper_tIfZNS0_11sum_functorIfffEclERNS_14TensorIteratorEEUlffE_EEjfLi4ELi4EEEEEvT1_",
+    "_ZN2at6native12_GLOBAL__N_127vectorized_layer_norm_kernelIffEEviT0_PKT_S6_S6_PS3_S7_PS4_",
+]
+
+
+def test_kernel_names_are_demangled_as_kineto_writes_them():
+    """Oracle: binutils' c++filt, which uses the same Itanium demangler Kineto calls."""
+    import shutil
+    import subprocess
+
+    if shutil.which("c++filt") is None:
+        pytest.skip("c++filt (binutils) is not installed")
+    expected = subprocess.run(["c++filt"], input="\n".join(MANGLED), capture_output=True, text=True,
+                              check=True).stdout.splitlines()
+    assert [cu.demangle(m) for m in MANGLED] == expected
+    assert expected[0].startswith("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>")
+    t = cu.tables_from_activities([kernel(11, 0, 10, name=MANGLED[0]), kernel(12, 20, 30, name=GEMM),
+                                   kernel(13, 40, 50, name=MANGLED[0])], OFFSET, api_name)
+    assert t["kernels"].column("name").to_pylist() == [expected[0], GEMM, expected[0]]
+
+
+def test_names_that_are_not_valid_mangled_symbols_stay_as_they_are():
+    for name in (GEMM, "_Z_not_a_symbol", "_Z", "", "Memcpy HtoD"):
+        assert cu.demangle(name) == name
+
+
 def test_nccl_kernels_are_collectives():
     t = cu.tables_from_activities([kernel(1, 0, 10, name="ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)")])
     assert t["kernels"].column("kind").to_pylist() == ["collective"]

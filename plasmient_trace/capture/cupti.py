@@ -10,7 +10,9 @@ another CUPTI subscriber (torch.profiler) already holds it.
 
 cupti-python hands records over as one Python object each, so reading them is one attribute read
 per record, done inside the buffer-completed callback (the objects view CUPTI's buffer, which is
-released when the callback returns); the rest is columnar.
+released when the callback returns); the rest is columnar. CUPTI names kernels by their mangled
+symbols; :func:`demangle` gives them the names Kineto writes (``abi::__cxa_demangle``), so live and
+ingested traces name a kernel alike and the kernel classifiers see the same text.
 """
 
 from __future__ import annotations
@@ -109,6 +111,56 @@ class ActivityBuffer:
             return out
 
 
+_demangled: dict[str, str] = {}
+_cxa_demangle: Any = None
+
+
+def _demangler() -> Any:
+    """libstdc++'s ``__cxa_demangle`` (what Kineto calls), or False where it cannot be loaded."""
+    global _cxa_demangle
+    if _cxa_demangle is None:
+        try:
+            fn = ctypes.CDLL("libstdc++.so.6").__cxa_demangle
+            fn.restype = ctypes.c_void_p  # a malloc'd buffer this module frees
+            fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+            free = ctypes.CDLL(None).free
+            free.argtypes = [ctypes.c_void_p]
+            _cxa_demangle = (fn, free)
+        except (OSError, AttributeError):
+            _cxa_demangle = False
+    return _cxa_demangle
+
+
+def demangle(name: str) -> str:
+    """A kernel's name as Kineto writes it: the demangled C++ signature, or the name unchanged when it
+    is not a mangled symbol (cuBLAS's ``sm90_xmma_gemm_...``) or no demangler is available."""
+    if not name.startswith("_Z"):
+        return name
+    out = _demangled.get(name)
+    if out is None:
+        out = name
+        lib = _demangler()
+        if lib:
+            fn, free = lib
+            status = ctypes.c_int(0)
+            ptr = fn(name.encode(), None, None, ctypes.byref(status))
+            if ptr:
+                try:
+                    if status.value == 0:
+                        out = ctypes.string_at(ptr).decode("utf-8", "replace")
+                finally:
+                    free(ptr)
+        if len(_demangled) < 100_000:  # a job has a few thousand distinct kernels; bound it anyway
+            _demangled[name] = out
+    return out
+
+
+def _demangled_names(names: list[str]) -> pa.Array:
+    """Each distinct name demangled once."""
+    coded = pa.array(names, pa.string()).dictionary_encode()
+    return pa.array([demangle(n) for n in coded.dictionary.to_pylist()], pa.string()).take(coded.indices)
+
+
 def default_api_name(domain_kind: int, cbid: int) -> str:
     """cudaLaunchKernel, cuLaunchKernel, ...: CUPTI's own name for the callback id, where available."""
     try:
@@ -153,7 +205,7 @@ def tables(buf: ActivityBuffer, epoch_offset_ns: int,
         "device": g["device"], "stream": g["stream"],
         "start_ns": (np.asarray(g["start"], np.int64) + epoch_offset_ns) if g["start"] else [],
         "end_ns": (np.asarray(g["end"], np.int64) + epoch_offset_ns) if g["end"] else [],
-        "name": g["name"], "kind": g["kind"], "correlation_id": g["correlation_id"],
+        "name": _demangled_names(g["name"]), "kind": g["kind"], "correlation_id": g["correlation_id"],
         "grid": [list(x) if x is not None else None for x in g["grid"]],
         "block": [list(x) if x is not None else None for x in g["block"]],
         "registers_per_thread": g["registers_per_thread"], "shared_memory": g["shared_memory"],
