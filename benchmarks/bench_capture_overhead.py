@@ -39,7 +39,10 @@ Models: ``--model tiny`` (default: the example's 2-layer, 128-wide transformer, 
 fixed per-step cost shows most) and ``--model gpt2`` (GPT-2 small's shape: 12 layers, 768 wide, 12 heads,
 50,257-token vocabulary; sequence 64, batch 1 to keep a CPU step near a second).
 
-    python benchmarks/bench_capture_overhead.py [--model tiny|gpt2] [--rounds 6] [--steps 100] [--json out.json]
+``--device cuda`` trains on the GPU: the capture adds CUPTI activity and NVML, the profiler its CUDA
+activity; each step still ends in a host sync (the loss is read), so wall time stays per step.
+
+    python benchmarks/bench_capture_overhead.py [--model tiny|gpt2] [--device cpu|cuda] [--rounds 6] [--steps 100] [--json out.json]
 """
 
 from __future__ import annotations
@@ -113,7 +116,10 @@ def run_capture(model, opt, data, n: int, every: int, out_dir: str, tally: Count
 
 
 def run_profiler(model, opt, data, n: int) -> tuple[dict[str, float], float]:
-    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if data.is_cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    prof = torch.profiler.profile(activities=activities, record_shapes=True)
     prof.__enter__()
     try:
         steps(model, opt, data, 1)
@@ -135,10 +141,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--model", choices=sorted(MODELS), default="tiny")
     p.add_argument("--configs", default=",".join(CONFIGS[1:]),
                    help="comma-separated configurations besides base (default: all)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     model, opt, data = tiny.build(**MODELS[args.model])
+    model, data = model.to(args.device), data.to(args.device)  # in place: the optimizer keeps its parameters
     steps(model, opt, data, 3)
     chosen = {"base", *args.configs.split(",")}
     if "profiler+" in chosen:
@@ -149,7 +157,8 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as out_dir:
         from plasmient_trace.metrics import hardware
 
-        hardware.cpu_spec()  # calibrate once, outside the timed runs (cached per machine)
+        if args.device == "cpu":
+            hardware.cpu_spec()  # calibrate once, outside the timed runs (cached per machine)
         from plasmient_trace.capture import native
 
         if native.load() is None:  # build outside the timed runs; without it "full" would be dispatch
@@ -191,7 +200,8 @@ def main(argv: list[str] | None = None) -> dict:
            "ratio_vs_base": ratio, "loop_ratio_vs_base": loop, "step_counts": counts,
            "overhead_vs_profiler": vs_prof,
            "profiler_processing_s": round(statistics.median(post), 3) if post else None,
-           "rounds": args.rounds, "steps_per_round": args.steps, "threads": args.threads, "model": args.model}
+           "rounds": args.rounds, "steps_per_round": args.steps, "threads": args.threads, "model": args.model,
+           "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"}
     print(f"{'config':<14}" + "".join(f"{c + ' ms':>12}{'ratio':>8}" for c in CLOCKS))
     for cfg in per_step:
         print(f"{cfg:<14}" + "".join(f"{per_step[cfg][c] * 1e3:>12.1f}{ratio[cfg][c]:>8.3f}" for c in CLOCKS))

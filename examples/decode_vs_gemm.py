@@ -37,9 +37,9 @@ class Decoder(nn.Module):
         return x
 
 
-def decode(model: Decoder, batch: int, tokens: int, dim: int) -> torch.Tensor:
+def decode(model: Decoder, batch: int, tokens: int, dim: int, device: str = "cpu") -> torch.Tensor:
     # A fresh input per token (its embedding), so activations never decay into slow denormals.
-    inputs = torch.randn(tokens, batch, dim)
+    inputs = torch.randn(tokens, batch, dim, device=device)
     for t in range(tokens):
         out = model(inputs[t])
     return out
@@ -53,23 +53,30 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--gemm", type=int, default=1024, help="size n of the n x n x n GEMM phase")
     p.add_argument("--steps", type=int, default=3, help="steps per phase")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="where it runs (default: cuda when available, else cpu)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = Decoder(args.dim, args.layers).eval()
-    a, b = torch.randn(args.gemm, args.gemm), torch.randn(args.gemm, args.gemm)
+    dev = args.device
+    model = Decoder(args.dim, args.layers).eval().to(dev)
+    a, b = torch.randn(args.gemm, args.gemm, device=dev), torch.randn(args.gemm, args.gemm, device=dev)
+    sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
     with torch.no_grad():
-        decode(model, args.batch, 2, args.dim)  # warm-up outside any step
+        decode(model, args.batch, 2, args.dim, dev)  # warm-up outside any step
+        sync()
         for i in range(args.steps):
             t = time.perf_counter()
             with plasmient_trace.step():
-                decode(model, args.batch, args.tokens, args.dim)
+                decode(model, args.batch, args.tokens, args.dim, dev)
+                sync()  # the step's kernels end inside the step
             print(f"decode step {i}: batch {args.batch}, {time.perf_counter() - t:.3f}s", flush=True)
         for i in range(args.steps):
             t = time.perf_counter()
             with plasmient_trace.step():
                 for _ in range(2):
                     torch.mm(a, b)
+                sync()
             print(f"gemm step {i}: {args.gemm}^3, {time.perf_counter() - t:.3f}s", flush=True)
 
 

@@ -69,9 +69,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="where the model trains (default: cuda when available, else cpu)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     model, opt, data = build(dim=args.dim, layers=args.layers, batch=args.batch)
+    model, data = model.to(args.device), data.to(args.device)  # in place: the optimizer keeps its parameters
     for step in range(args.steps):
         loss = train_step(model, opt, data)
         print(f"step {step} loss {loss:.4f}", flush=True)

@@ -1,16 +1,20 @@
 """First-run check of live capture on a CUDA machine (``scripts/gpu-check.sh`` runs it; < 8 minutes).
 
 For each workload (the tiny transformer training on the GPU; a decode loop and a large GEMM as
-explicit inference steps) it:
+explicit inference steps), each in its own child process so CUPTI state never leaks between runs
+and one crash cannot hide the other results:
 
-1. runs ``--steps`` steps under live capture at full depth (CUPTI + NVML), recording every raw CUPTI
-   activity buffer the session flushes;
-2. runs the same steps again (same seed, same inputs) under torch.profiler and ingests its trace;
-3. compares, step by step, which op each kernel joined to: the live path joins by CUPTI external
-   correlation ids, torch.profiler's trace by its External ids, both through the same stitcher, so
-   the multisets of (parent op, kernel) pairs must be equal;
-4. writes the raw buffers as fixtures (``tests/fixtures/gpu/<workload>/step<k>.json``) for tests
-   that need no GPU, and prints a one-screen report. Exit 0 when every join agreed.
+1. ``profiler``: the steps under torch.profiler, its trace exported and ingested (the oracle);
+2. ``native``, ``dispatch``, ``kineto``: the same steps (same seed, same inputs) under live capture at
+   full depth with each op recorder (the C++ observer, the Python dispatch hook) and with the
+   torch.profiler fallback instead of cupti-python;
+3. compares, step by step, which op each kernel joined to: the multisets of (parent op, kernel)
+   pairs must equal the profiler's;
+4. runs the examples under ``plasmient run`` on the GPU, as a user would: exit status, every step
+   in the file, MFU and util on every step span;
+5. records fixtures for tests that need no GPU (``tests/fixtures/gpu/<workload>/``): the raw CUPTI
+   activity buffers and the record tables of the ``native`` run, the profiler's trace, every run's
+   joins; and prints a one-screen report. Exit 0 when every join agreed and the examples passed.
 
 Without CUDA it says SKIPPED and exits 0. ``--device cpu`` runs the same plumbing on the CPU (no
 kernels, so no join is checked) to catch mistakes before a GPU is at hand.
@@ -19,7 +23,11 @@ kernels, so no join is checked) to catch mistakes before a GPU is at hand.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,180 +39,335 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples"))
 
+VARIANTS = ("profiler", "native", "dispatch", "kineto")
+WORKLOADS = ("tiny_transformer", "decode_gemm")
 
-def _workloads(device: str) -> dict[str, Callable[[], Callable[[], None]]]:
-    """name -> setup returning one step's function (optimizer steps, or an explicit capture.step())."""
+
+def _workload(name: str, device: str) -> Callable[[], None]:
+    """One step's function (an optimizer step, or an explicit capture.step()), built from seed 0."""
     import torch
 
-    def tiny() -> Callable[[], None]:
+    if name == "tiny_transformer":
         import train_tiny_transformer as tt
 
         model, opt, data = tt.build(dim=256, layers=2, batch=16, seed=0)
         model, data = model.to(device), data.to(device)
-        return lambda: tt.train_step(model, opt, data)
 
-    def decode_gemm() -> Callable[[], None]:
-        torch.manual_seed(0)
-        layers = torch.nn.ModuleList(torch.nn.Linear(2048, 2048, bias=False) for _ in range(4)).to(device).eval()
-        a = torch.randn(4096, 4096, device=device)
-        b = torch.randn(4096, 4096, device=device)
-        tokens = torch.randn(8, 1, 2048, device=device)
+        def train() -> None:
+            tt.train_step(model, opt, data)
+            if device == "cuda":
+                torch.cuda.synchronize()
 
-        def step() -> None:
-            from plasmient_trace import capture
+        return train
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList(torch.nn.Linear(2048, 2048, bias=False) for _ in range(4)).to(device).eval()
+    a = torch.randn(4096, 4096, device=device)
+    b = torch.randn(4096, 4096, device=device)
+    tokens = torch.randn(8, 1, 2048, device=device)
 
-            with torch.no_grad(), capture.step():
-                for t in range(tokens.shape[0]):
-                    x = tokens[t]
-                    for layer in layers:
-                        x = layer(x)
-                torch.mm(a, b)
-                if device == "cuda":
-                    torch.cuda.synchronize()
+    def decode_gemm() -> None:
+        from plasmient_trace import capture
 
-        return step
+        with torch.no_grad(), capture.step():
+            for t in range(tokens.shape[0]):
+                x = tokens[t]
+                for layer in layers:
+                    x = layer(x)
+            torch.mm(a, b)
+            if device == "cuda":
+                torch.cuda.synchronize()
 
-    return {"tiny_transformer": tiny, "decode_gemm": decode_gemm}
+    return decode_gemm
 
 
-def _joins(table: Any) -> dict[int, Counter]:
-    """step -> Counter of (parent span name, kernel name) over the kernel spans."""
+def _joins(table: Any) -> list[list[Any]]:
+    """[step, parent span name, kernel name, count] over the kernel-level spans, sorted."""
     rows = table.select(["span_id", "parent_span_id", "name", "plasmient.level", "plasmient.step"]).to_pylist()
     name_of = {r["span_id"]: r["name"] for r in rows}
-    out: dict[int, Counter] = {}
-    for r in rows:
-        if r["plasmient.level"] == "kernel":
-            out.setdefault(r["plasmient.step"], Counter())[(name_of.get(r["parent_span_id"], "?"), r["name"])] += 1
-    return out
+    counts = Counter((r["plasmient.step"], name_of.get(r["parent_span_id"], "?"), r["name"])
+                     for r in rows if r["plasmient.level"] == "kernel")
+    return sorted([s, p, k, n] for (s, p, k), n in counts.items())
 
 
 def _step_rows(table: Any) -> list[dict[str, Any]]:
     cols = [c for c in ("plasmient.step", "plasmient.mfu", "plasmient.util.resident", "plasmient.util.nvml",
-                        "plasmient.flops", "plasmient.wall_s") if c in table.column_names]
+                        "plasmient.flops", "plasmient.flops.source", "plasmient.wall_s") if c in table.column_names]
     return [r for r in table.select(cols + ["plasmient.level"]).to_pylist() if r["plasmient.level"] == "step"]
 
 
-def _capture(name: str, setup: Callable[[], Callable[[], None]], steps: int) -> tuple[Any, list[dict], bool]:
+def _save_records(records: Any, directory: Path) -> None:
+    """A RecordSet as one Arrow IPC file per table plus its metadata (tests rebuild it from these)."""
+    import dataclasses
+
     import pyarrow as pa
 
-    from plasmient_trace import capture
-    from plasmient_trace.capture import cupti
-    from plasmient_trace.capture.session import CaptureConfig
-
-    recorded: list[dict] = []
-    original = cupti.CuptiCollector.flush
-
-    def flush(self: Any) -> Any:
-        buf, dropped = original(self)
-        recorded.append({"gpu": dict(buf.gpu), "api": dict(buf.api), "ext": dict(buf.ext), "dropped": dropped,
-                         "epoch_offset_ns": getattr(self, "epoch_offset_ns", 0)})
-        return buf, dropped
-
-    cupti.CuptiCollector.flush = flush
-    batches: list[Any] = []
-    try:
-        step = setup()
-        step()  # warm-up (cuBLAS handles, allocator) before the capture starts
-        session = capture.start(CaptureConfig.from_env(every=1, job_id=f"gpu-check-{name}", flush_timeout_s=120.0),
-                                exporters=[("memory", batches.append)])
-        if session is None:
-            raise RuntimeError("live capture did not start")
-        for _ in range(steps):
-            step()
-        on_gpu = bool(session.on_gpu)
-        capture.stop(timeout=120)
-    finally:
-        cupti.CuptiCollector.flush = original
-    tables = [b.table for b in batches if len(b)]
-    return (pa.concat_tables(tables, promote_options="default") if tables else None), recorded, on_gpu
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, table in records.tables().items():
+        with pa.OSFile(str(directory / f"{name}.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+            w.write_table(table)
+    meta = {"devices": [dataclasses.asdict(d) for d in records.devices], "resource": records.resource,
+            "source": records.source, "clock": records.clock, "counters": records.counters}
+    (directory / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
 
 
-def _profile(setup: Callable[[], Callable[[], None]], steps: int, device: str, workdir: Path) -> Any:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+def _child_profiler(name: str, device: str, steps: int, work: Path) -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     from plasmient_trace.pipeline import IngestOptions, ingest_paths
 
-    step = setup()
-    step()
+    step = _workload(name, device)
+    step()  # warm-up (cuBLAS handles, allocator) outside the profiled steps
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=activities, record_shapes=True) as prof:
-        for _ in range(steps):
-            step()
-            prof.step()
-    path = workdir / "profiler.json"
+        for k in range(steps):
+            # The annotation prof.step() writes only under a schedule: the step boundaries ingest reads.
+            with record_function(f"ProfilerStep#{k}"):
+                step()
+    path = work / "profiler.json"
     prof.export_chrome_trace(str(path))
-    del torch
-    return ingest_paths([path], IngestOptions(job_id="gpu-check-profiler")).batch.table
+    with open(path, "rb") as src, gzip.open(work / "profiler.json.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    table = ingest_paths([path], IngestOptions(job_id="gpu-check-profiler")).batch.table
+    return {"joins": _joins(table), "steps": _step_rows(table)}
 
 
-def _save_fixtures(directory: Path, name: str, recorded: list[dict], device_name: str) -> list[Path]:
-    import torch
+def _child_capture(name: str, device: str, steps: int, work: Path, variant: str) -> dict[str, Any]:
+    import pyarrow as pa
 
-    out = directory / name
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for k, buf in enumerate(recorded):
-        path = out / f"step{k}.json"
-        doc = {"workload": name, "step": k, "device": device_name, "torch": torch.__version__, **buf}
-        path.write_text(json.dumps(doc, default=lambda v: list(v) if isinstance(v, tuple) else str(v)))
-        paths.append(path)
-    return paths
+    from plasmient_trace import capture
+    from plasmient_trace.capture import batches, cupti
+    from plasmient_trace.capture.session import CaptureConfig
+
+    buffers: list[dict] = []
+    record_sets: list[Any] = []
+    flush, record_set = cupti.CuptiCollector.flush, batches.record_set
+
+    def recording_flush(self: Any) -> Any:
+        buf, dropped = flush(self)
+        buffers.append({"gpu": buf.gpu, "api": buf.api, "ext": buf.ext, "dropped": dropped,
+                        "epoch_offset_ns": self.epoch_offset_ns})
+        return buf, dropped
+
+    def recording_record_set(session: Any, items: Any) -> Any:
+        rs = record_set(session, items)
+        record_sets.append(rs)
+        return rs
+
+    cupti.CuptiCollector.flush = recording_flush
+    batches.record_set = recording_record_set
+    spans: list[Any] = []
+    step = _workload(name, device)
+    step()
+    config = CaptureConfig.from_env(every=1, job_id=f"gpu-check-{name}", flush_timeout_s=120.0,
+                                    op_hook="dispatch" if variant == "dispatch" else "native",
+                                    kineto=variant == "kineto")
+    config.overhead = None  # every step at full depth, whatever its cost
+    session = capture.start(config, exporters=[("memory", spans.append)])
+    if session is None:
+        raise RuntimeError("live capture did not start")
+    for _ in range(steps):
+        step()
+    info = {"on_gpu": bool(session.on_gpu), "source": session._source(), "op_recorder": type(session.ops).__name__,
+            "cupti": None if session.cupti is None else (session.cupti.available or session.cupti.reason or False),
+            "stats": dict(session.stats)}
+    capture.stop(timeout=120)
+    tables = [b.table for b in spans if len(b)]
+    if not tables:
+        raise RuntimeError("the capture produced no spans")
+    table = pa.concat_tables(tables, promote_options="default")
+    if variant == "native":
+        raw = work / "cupti"
+        raw.mkdir(parents=True, exist_ok=True)
+        for k, buf in enumerate(buffers):
+            (raw / f"step{k}.json").write_text(json.dumps(buf, default=list))
+        merged = record_sets[0]
+        if len(record_sets) > 1:  # several export batches: one RecordSet of every step
+            for tname in merged.tables():
+                setattr(merged, tname, pa.concat_tables([getattr(r, tname) for r in record_sets], promote_options="default"))
+        _save_records(merged, work / "records")
+    return {"joins": _joins(table), "steps": _step_rows(table), **info}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--fixtures", type=Path, default=REPO / "tests" / "fixtures" / "gpu",
-                   help="where the raw activity buffers go (default tests/fixtures/gpu)")
-    args = p.parse_args(argv)
+def child(args: argparse.Namespace) -> int:
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    if args.variant == "profiler":
+        result = _child_profiler(args.workload, args.device, args.steps, work)
+    else:
+        result = _child_capture(args.workload, args.device, args.steps, work, args.variant)
+    (work / "result.json").write_text(json.dumps(result, default=str))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- parent
+
+
+def _child_env(**extra: str) -> dict[str, str]:
+    """This environment with the repository first on PYTHONPATH (what was there stays: carried wheels)."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, PYTHONPATH=path, **extra)
+
+
+class Budget:
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+
+    def left(self, most: float) -> float:
+        return max(1.0, min(most, self.deadline - time.monotonic()))
+
+
+def _run(cmd: list[str], timeout: float, env: dict[str, str] | None = None, log: Path | None = None) -> tuple[int, str]:
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+    except subprocess.TimeoutExpired:
+        return 124, f"timed out after {timeout:.0f}s"
+    if log is not None:
+        log.write_text(p.stdout + p.stderr)
+    tail = (p.stderr or p.stdout).strip().splitlines()
+    return p.returncode, tail[-1] if tail else ""
+
+
+def _compare(mine: list[list[Any]], prof: list[list[Any]]) -> tuple[int, int, list[tuple[str, str]]]:
+    """(kernels, kernels joined as the profiler joined them, differing pairs); steps paired in order."""
+    def by_step(rows: list[list[Any]]) -> list[Counter]:
+        out: dict[Any, Counter] = {}
+        for s, p, k, n in rows:
+            out.setdefault(s, Counter())[(p, k)] += n
+        return [out[s] for s in sorted(out)]
+
+    a, b = by_step(mine), by_step(prof)
+    kernels = sum(sum(c.values()) for c in a)
+    agree = sum(sum((x & y).values()) for x, y in zip(a, b))
+    differ = [pk for x, y in zip(a, b) for pk in ((x - y) + (y - x))]
+    if len(a) != len(b):
+        differ.append(("<steps>", f"{len(a)} live steps vs {len(b)} profiled"))
+    return kernels, agree, differ
+
+
+def _fmt(values: list[Any], spec: str) -> str:
+    return "[" + ", ".join("-" if v is None else format(v, spec) for v in values) + "]"
+
+
+def _example(py: str, work: Path, budget: Budget, label: str, script: list[str], device: str) -> tuple[bool, list[str]]:
+    """An example under ``plasmient run`` as a user runs it: exit 0, its steps in the file, MFU on each."""
+    import pyarrow.compute as pc
+
+    from plasmient_trace.export.otlp_json import read_jsonl
+
+    out = work / f"{label}.jsonl"
+    env = _child_env()
+    cmd = [py, "-m", "plasmient_trace.cli", "run", "--out", str(out), "--", py, *script, "--device", device]
+    rc, last = _run(cmd, budget.left(150), env, log=work / f"{label}.log")
+    if rc != 0 or not out.exists():
+        return False, [f"  {label}: FAILED: exit {rc}: {last}"]
+    table = read_jsonl(str(out)).table
+    steps = table.filter(pc.equal(table.column("plasmient.level"), "step"))
+    kernels = int(pc.sum(pc.equal(table.column("plasmient.level"), "kernel")).as_py() or 0)
+    mfu = steps.column("plasmient.mfu").to_pylist()
+    source = Counter(steps.column("plasmient.flops.source").to_pylist()) if "plasmient.flops.source" in steps.column_names else {}
+    util = steps.column("plasmient.util.resident").to_pylist() if "plasmient.util.resident" in steps.column_names else []
+    sources = steps.column("plasmient.flops.source").to_pylist() if source else [None] * steps.num_rows
+    # Unknown is an honest answer (a step with no module forward has no shape signature to carry FLOPs
+    # by); an MFU without FLOPs, or FLOPs without an MFU, is not.
+    ok = (steps.num_rows > 0 and source.get("measured", 0) > 0 and (kernels > 0 or device != "cuda")
+          and all(s in ("measured", "carried", "unknown") and (m is None) == (s == "unknown") for s, m in zip(sources, mfu)))
+    lines = [f"  {label}: {steps.num_rows} steps, {kernels} kernel spans, flops.source {dict(source)} "
+             f"({'OK' if ok else 'FAILED: MFU, FLOPs source or kernels missing'})",
+             f"    MFU {_fmt(mfu, '.3f')}", f"    resident util {_fmt(util, '.2f')}"]
+    return ok, lines
+
+
+def parent(args: argparse.Namespace) -> int:
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu-check: SKIPPED: torch sees no CUDA device (torch.cuda.is_available() is False); nothing was checked")
         return 0
     device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
+    budget = Budget(args.budget_s)
     t0 = time.monotonic()
-    lines = [f"gpu-check on {device_name}, torch {torch.__version__}, {args.steps} steps per workload"]
+    py = sys.executable
+    lines = [f"gpu-check on {device_name}, torch {torch.__version__}, {args.steps} steps per run"]
     ok = True
-    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        for name, setup in _workloads(args.device).items():
-            try:
-                ours, recorded, on_gpu = _capture(name, setup, args.steps)
-                theirs = _profile(setup, args.steps, args.device, Path(tmp))
-            except Exception as err:  # one workload failing must not hide the others' results
+    work_root = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    logs = Path(args.logs) if args.logs else work_root / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    env = _child_env(PLASMIENT_EVERY="1", PLASMIENT_OVERHEAD="0")
+
+    rc, last = _run([py, "-m", "plasmient_trace.capture.native"], budget.left(240), env, log=logs / "native-build.log")
+    lines.append(f"  native op observer build: {'OK' if rc == 0 else f'FAILED (exit {rc}): {last}'}")
+
+    for name in WORKLOADS:
+        results: dict[str, dict] = {}
+        for variant in VARIANTS:
+            work = work_root / name / variant
+            cmd = [py, str(Path(__file__).resolve()), "--child", name, variant, "--work", str(work),
+                   "--steps", str(args.steps), "--device", args.device]
+            rc, last = _run(cmd, budget.left(150), env, log=logs / f"{name}-{variant}.log")
+            if rc == 0:
+                results[variant] = json.loads((work / "result.json").read_text())
+            else:
                 ok = False
-                lines.append(f"  {name}: FAILED: {type(err).__name__}: {err}")
+                lines.append(f"  {name}/{variant}: FAILED (exit {rc}): {last[:150]}")
+        prof = results.get("profiler")
+        for variant, res in results.items():
+            if variant == "profiler":
                 continue
-            if ours is None:
-                ok = False
-                lines.append(f"  {name}: FAILED: the capture produced no spans")
-                continue
-            mine, prof = _joins(ours), _joins(theirs)
-            pairs = [(mine[a], prof[b]) for a, b in zip(sorted(mine), sorted(prof))]
-            kernels = sum(sum(m.values()) for m, _ in pairs)
-            agree = sum(sum((m & t).values()) for m, t in pairs)
-            differ = [k for m, t in pairs for k in ((m - t) + (t - m))]
-            same = bool(pairs) and not differ and len(mine) == len(prof)
+            kernels, agree, differ = _compare(res["joins"], prof["joins"]) if prof else (0, 0, [("?", "no profiler run")])
+            same = not differ and (kernels > 0 or args.device != "cuda")
             if args.device == "cuda":
-                ok &= same and on_gpu
-            fixtures = _save_fixtures(args.fixtures, name, recorded, device_name) if recorded else []
-            steps = _step_rows(ours)
-            mfu = [r.get("plasmient.mfu") for r in steps]
-            nvml = [r.get("plasmient.util.nvml") for r in steps]
+                ok &= same and res["on_gpu"]
             verdict = ("OK" if same else "DIFFER") if args.device == "cuda" else "n/a: no kernels on a CPU"
-            lines.append(f"  {name}: {len(steps)} steps, CUPTI {'on' if on_gpu else 'OFF'}, {kernels} kernels joined, "
+            lines.append(f"  {name}/{variant}: {res['source']} via {res['op_recorder']}, CUPTI {res['cupti']}, "
                          f"{agree}/{kernels} joins as torch.profiler ({verdict})")
-            lines.append(f"    MFU per step {['-' if v is None else f'{v:.3f}' for v in mfu]}, "
-                         f"NVML util {['-' if v is None else f'{v:.0f}' for v in nvml]}")
-            for parent, kernel in differ[:3]:
-                lines.append(f"    differs: {parent} -> {kernel[:90]}")
-            if fixtures:
-                lines.append(f"    {len(fixtures)} raw activity buffers -> {fixtures[0].parent}")
-    lines.append(f"{'PASS' if ok else 'FAIL'} in {time.monotonic() - t0:.0f}s")
+            lines.append(f"    MFU {_fmt([r.get('plasmient.mfu') for r in res['steps']], '.3f')}, "
+                         f"NVML util {_fmt([r.get('plasmient.util.nvml') for r in res['steps']], '.0f')}, "
+                         f"steps dropped {res['stats'].get('steps_dropped')}")
+            for p, k in differ[:3]:
+                lines.append(f"    differs: {p} -> {str(k)[:90]}")
+        if prof:
+            flops = [r.get("plasmient.flops") for r in prof["steps"]]
+            lines.append(f"  {name}/profiler: {sum(r[3] for r in prof['joins'])} kernels, FLOPs per step {_fmt(flops, '.3e')}")
+        native = work_root / name / "native"
+        if args.fixtures and "native" in results and "profiler" in results:
+            dest = Path(args.fixtures) / name
+            shutil.rmtree(dest, ignore_errors=True)
+            dest.mkdir(parents=True)
+            shutil.copytree(native / "cupti", dest / "cupti")
+            shutil.copytree(native / "records", dest / "records")
+            shutil.copy(work_root / name / "profiler" / "profiler.json.gz", dest / "profiler.json.gz")
+            joins = {v: r["joins"] for v, r in results.items()}
+            meta = {"workload": name, "steps": args.steps, "device": device_name, "torch": torch.__version__,
+                    "cuda": torch.version.cuda, "joins": joins,
+                    "step_spans": {v: r["steps"] for v, r in results.items()}}
+            (dest / "check.json").write_text(json.dumps(meta, indent=1, default=str))
+            lines.append(f"    fixtures -> {dest}")
+
+    for label, script in (("example-tiny", ["examples/train_tiny_transformer.py", "--steps", "12"]),
+                          ("example-decode", ["examples/decode_vs_gemm.py", "--steps", "3"])):
+        good, out = _example(py, work_root, budget, label, script, args.device)
+        ok &= good
+        lines += out
+    lines.append(f"{'PASS' if ok else 'FAIL'} in {time.monotonic() - t0:.0f}s (logs in {logs})")
     print("\n".join(lines))
     return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--fixtures", default=str(REPO / "tests" / "fixtures" / "gpu"),
+                   help="where the recorded fixtures go (default tests/fixtures/gpu; '' = nowhere)")
+    p.add_argument("--logs", default="", help="keep every child's output here (default: a temporary directory)")
+    p.add_argument("--budget-s", type=float, default=440.0, help="the whole check's time budget")
+    p.add_argument("--child", nargs=2, metavar=("WORKLOAD", "VARIANT"), help=argparse.SUPPRESS)
+    p.add_argument("--work", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        args.workload, args.variant = args.child
+        return child(args)
+    return parent(args)
 
 
 if __name__ == "__main__":
