@@ -39,11 +39,11 @@ def records() -> list[Rec]:
         runtime(11, 1_000, 4_000),                    # cudaLaunchKernel inside op 1 (aten::mm)
         kernel(11, 5_000, 105_000),
         runtime(12, 201_000, 203_000, cbid=51),       # cudaMemcpyAsync inside op 2 (aten::copy_)
-        Rec(kind=cu.KIND_MEMCPY, copy_kind=1, bytes=4 << 20, device_id=0, stream_id=7, start=T0 + 205_000,
-            end=T0 + 305_000, correlation_id=12, graph_id=0, runtime_correlation_id=0, context_id=1),
+        Rec(kind=cu.KIND_MEMCPY, copy_kind=1, src_kind=1, dst_kind=3, bytes=4 << 20, device_id=0, stream_id=7,
+            start=T0 + 205_000, end=T0 + 305_000, correlation_id=12, graph_id=0, runtime_correlation_id=0, context_id=1),
         runtime(13, 401_000, 402_000, cbid=45),       # cudaMemsetAsync inside op 3 (aten::fill_)
         Rec(kind=cu.KIND_MEMSET, bytes=1 << 20, value=0, device_id=0, stream_id=7, start=T0 + 403_000,
-            end=T0 + 410_000, correlation_id=13, graph_id=0, context_id=1, memory_kind=1),
+            end=T0 + 410_000, correlation_id=13, graph_id=0, context_id=1, memory_kind=3),
         Rec(kind=cu.KIND_SYNCHRONIZATION, type=3, start=T0 + 500_000, end=T0 + 520_000, correlation_id=14,
             stream_id=7, context_id=1, cuda_event_id=0),
         Rec(kind=cu.KIND_EXTERNAL_CORRELATION, external_kind=cu.EXTERNAL_KIND_CUSTOM0, external_id=1, correlation_id=11),
@@ -66,7 +66,8 @@ def test_activity_records_become_kernel_launch_and_correlation_tables():
     t = cu.tables_from_activities(records(), OFFSET, api_name)
     k = t["kernels"]
     assert k.column("kind").to_pylist() == ["kernel", "memcpy", "memset"]
-    assert k.column("name").to_pylist() == [GEMM, "Memcpy HtoD", "Memset (Device)"]
+    # named as Kineto names them (the shared H100 traces: "Memcpy HtoD (Pageable -> Device)")
+    assert k.column("name").to_pylist() == [GEMM, "Memcpy HtoD (Pageable -> Device)", "Memset (Device)"]
     assert k.column("start_ns").to_pylist()[0] == T0 + 5_000 + OFFSET
     assert k.column("grid").to_pylist()[0] == [132, 1, 1] and k.column("block").to_pylist()[0] == [384, 1, 1]
     assert k.column("shared_memory").to_pylist()[0] == 213_000
@@ -163,9 +164,9 @@ def test_stitched_kernels_join_their_ops_exactly_through_external_correlation():
     rows = batch.table.to_pylist()
     by_id = {r["span_id"]: r for r in rows}
     kernels = [r for r in rows if r["plasmient.level"] == "kernel"]
-    assert sorted(k["name"] for k in kernels) == sorted([GEMM, "Memcpy HtoD", "Memset (Device)"])
+    assert sorted(k["name"] for k in kernels) == sorted([GEMM, "Memcpy HtoD (Pageable -> Device)", "Memset (Device)"])
     parent_op = {k["name"]: by_id[k["parent_span_id"]]["name"] for k in kernels}
-    assert parent_op == {GEMM: "aten::mm", "Memcpy HtoD": "aten::copy_", "Memset (Device)": "aten::fill_"}
+    assert parent_op == {GEMM: "aten::mm", "Memcpy HtoD (Pageable -> Device)": "aten::copy_", "Memset (Device)": "aten::fill_"}
     step = next(r for r in rows if r["plasmient.level"] == "step")
     assert step["plasmient.cupti.dropped_records"] == 5
     assert step["plasmient.device.type"] == "gpu" and step["plasmient.unjoined_kernels"] == 0

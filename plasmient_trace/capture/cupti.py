@@ -40,6 +40,13 @@ EXTERNAL_KIND_CUSTOM0 = 3
 
 _MEMCPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD",
                  9: "HtoH", 10: "PtoP"}
+# CUpti_ActivityMemoryKind, spelled as Kineto spells it in "Memcpy DtoH (Device -> Pinned)".
+_MEMORY_KINDS = {0: "Unknown", 1: "Pageable", 2: "Pinned", 3: "Device", 4: "Array", 5: "Managed",
+                 6: "Device Static", 7: "Managed Static"}
+
+
+def _memory(record: Any, attribute: str) -> str:
+    return _MEMORY_KINDS.get(int(getattr(record, attribute, 0) or 0), "Unknown")
 _COLLECTIVE_MARKERS = ("nccl", "rccl")
 
 # One row of raw columns per record kind; filled in the callback, turned into tables by `tables`.
@@ -78,10 +85,11 @@ class ActivityBuffer:
                            a.registers_per_thread, shared, getattr(a, "graph_id", None) or None, None)
                 elif k == KIND_MEMCPY:
                     label = _MEMCPY_KINDS.get(int(a.copy_kind), "Unknown")
-                    row = (a.device_id, a.stream_id, a.start, a.end, f"Memcpy {label}", "memcpy",
+                    name = f"Memcpy {label} ({_memory(a, 'src_kind')} -> {_memory(a, 'dst_kind')})"
+                    row = (a.device_id, a.stream_id, a.start, a.end, name, "memcpy",
                            a.correlation_id, None, None, None, None, getattr(a, "graph_id", None) or None, a.bytes)
                 elif k == KIND_MEMSET:
-                    row = (a.device_id, a.stream_id, a.start, a.end, "Memset (Device)", "memset",
+                    row = (a.device_id, a.stream_id, a.start, a.end, f"Memset ({_memory(a, 'memory_kind')})", "memset",
                            a.correlation_id, None, None, None, None, getattr(a, "graph_id", None) or None, a.bytes)
                 elif k in (KIND_RUNTIME, KIND_DRIVER):
                     for col, v in zip(_API_COLS, (a.process_id, a.thread_id, a.start, a.end, k, a.cbid, a.correlation_id)):
