@@ -202,9 +202,9 @@ def test_input_signature_is_shapes_and_dtypes_of_nested_tensors_only():
 def test_a_gpu_step_at_step_depth_keeps_its_own_kernel_time_and_carries_the_flops():
     """Under CUPTI the kernels of a step-depth step still arrive (only the op hooks are off): its util is
     its own kernels' resident time over its own window, and its MFU the carried ideal time over that window."""
+    from cupti_buffers import tables_of
     from test_capture_cupti import OFFSET, T0, _ops, api_name, kernel, records, runtime
 
-    from plasmient_trace.capture import cupti as cu
     from plasmient_trace.pipeline import IngestOptions, stitch_records
     from plasmient_trace.records import DeviceInfo, RecordSet, table_from_columns
     from plasmient_trace.stitch.step_facts import StepFacts
@@ -212,7 +212,7 @@ def test_a_gpu_step_at_step_depth_keeps_its_own_kernel_time_and_carries_the_flop
     # step 0: the fixture's mm + copy + fill, joined to their ops; step 1: two GEMMs, no ops, no external ids
     step1 = [runtime(21, 601_000, 602_000), kernel(21, 610_000, 710_000),
              runtime(22, 603_000, 604_000), kernel(22, 800_000, 850_000)]
-    t = cu.tables_from_activities(records() + step1, OFFSET, api_name)
+    t = tables_of(records() + step1, OFFSET, api_name)
     e = OFFSET + T0
     rs = RecordSet(kernels=t["kernels"], launches=t["launches"], external_correlation=t["external_correlation"],
                    ops=_ops(), source="live:cupti",

@@ -1,9 +1,9 @@
-"""CUPTI adapter on recorded activity records.
+"""CUPTI adapter on activity buffers laid out as libcupti lays them out.
 
-There is no GPU here, so the records are fixtures built from the cupti-python documentation: one
-object per record with the attribute names of its Python classes (ActivityKernel9, ActivityAPI,
-ActivityMemcpy6, ActivityMemset4, ActivitySynchronization, ActivityExternalCorrelation) and the
-CUpti_ActivityKind numbers of cupti_activity.h. The values follow what a PyTorch step launches:
+There is no GPU here, so each record is written into a buffer with cupti-python's numpy dtype for
+its struct (ActivityKernel10, ActivityAPI, ActivityMemcpy6, ActivityMemset4, ActivitySynchronization2,
+ActivityExternalCorrelation; ``cupti_buffers.pack``), with the CUpti_ActivityKind numbers of
+cupti_activity.h; the H200 recordings in tests/fixtures/gpu are checked in test_gpu_fixtures. The values follow what a PyTorch step launches:
 a GEMM op launching one cuBLAS kernel, a copy op launching a memcpy, a fill op launching a memset.
 """
 
@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from types import SimpleNamespace as Rec
 
+import numpy as np
 import pytest
 
+from cupti_buffers import pack, tables_of
+
 from plasmient_trace.capture import cupti as cu
+from plasmient_trace.capture import cupti_records as cr
 from plasmient_trace.pipeline import IngestOptions, stitch_records
 from plasmient_trace.records import RecordSet, table_from_columns
 
@@ -63,7 +67,7 @@ def api_name(kind: int, cbid: int) -> str:
 
 
 def test_activity_records_become_kernel_launch_and_correlation_tables():
-    t = cu.tables_from_activities(records(), OFFSET, api_name)
+    t = tables_of(records(), OFFSET, api_name)
     k = t["kernels"]
     assert k.column("kind").to_pylist() == ["kernel", "memcpy", "memset"]
     # named as Kineto names them (the shared H100 traces: "Memcpy HtoD (Pageable -> Device)")
@@ -103,7 +107,7 @@ def test_kernel_names_are_demangled_as_kineto_writes_them():
                               check=True).stdout.splitlines()
     assert [cu.demangle(m) for m in MANGLED] == expected
     assert expected[0].startswith("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>")
-    t = cu.tables_from_activities([kernel(11, 0, 10, name=MANGLED[0]), kernel(12, 20, 30, name=GEMM),
+    t = tables_of([kernel(11, 0, 10, name=MANGLED[0]), kernel(12, 20, 30, name=GEMM),
                                    kernel(13, 40, 50, name=MANGLED[0])], OFFSET, api_name)
     assert t["kernels"].column("name").to_pylist() == [expected[0], GEMM, expected[0]]
 
@@ -114,21 +118,110 @@ def test_names_that_are_not_valid_mangled_symbols_stay_as_they_are():
 
 
 def test_nccl_kernels_are_collectives():
-    t = cu.tables_from_activities([kernel(1, 0, 10, name="ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)")])
+    t = tables_of([kernel(1, 0, 10, name="ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)")])
     assert t["kernels"].column("kind").to_pylist() == ["collective"]
 
 
-def test_unknown_kinds_are_ignored_and_empty_input_gives_empty_tables():
-    t = cu.tables_from_activities([Rec(kind=17, overhead_kind=1)])
-    assert all(table.num_rows == 0 for table in t.values())
+def test_a_buffer_that_does_not_fit_the_record_sizes_is_skipped_and_counted_never_misread():
+    raw = pack(records())
+    data = raw.buffers[0]
+    sizes = {**raw.sizes, cu.KIND_CONCURRENT_KERNEL: 208}  # CUDA 12's Kernel9, 8 bytes shorter
+    at = [o for o in _walk_one_by_one(data, raw.sizes) if data[o] == cu.KIND_CONCURRENT_KERNEL][0]
+    kernel9 = np.concatenate([data[:at + 208], data[at + 216:]])  # the same records, the kernel as a Kernel9
+    assert cr.parse(cr.RawActivity(buffers=[kernel9], sizes=sizes, names=raw.names)).gpu["name"].tolist() == \
+        cr.parse(raw).gpu["name"].tolist()
+    cols = cr.parse(cr.RawActivity(buffers=[kernel9], sizes=raw.sizes, names=raw.names))  # read as Kernel10s: it does not fit
+    assert cols.skipped_buffers == 1 and not cols.gpu and len(cols.api["start"]) == 0
+    unknown = np.zeros(8, np.int32)
+    unknown[0] = 17  # CUPTI_ACTIVITY_KIND_OVERHEAD: never enabled, so no size is known for it
+    assert cr.parse(cr.RawActivity(buffers=[unknown.view(np.uint8)])).skipped_buffers == 1
+    assert all(t.num_rows == 0 for t in cu.tables(cr.RawActivity(), OFFSET, api_name).values())
 
 
-def test_buffer_take_resets_and_counts_synchronization():
-    buf = cu.ActivityBuffer()
-    buf.add(records())
-    taken = buf.take()
-    assert taken.sync_count == 1 and taken.sync_ns == 20_000
-    assert len(taken.gpu["start"]) == 3 and not buf.gpu["start"]
+def test_a_lent_buffer_comes_back_as_exactly_its_valid_bytes_and_is_lent_again():
+    """The collector's side of CUPTI's buffer protocol, called as libcupti calls it."""
+    import ctypes
+
+    collector = cu.CuptiCollector()
+    collector.BUFFER_BYTES = 1 << 16
+    address, size, most = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_size_t(7)
+    collector._buffer_requested(ctypes.pointer(address), ctypes.pointer(size), ctypes.pointer(most))
+    assert size.value == 1 << 16 and most.value == 0 and address.value % 8 == 0
+    packed = pack(records())
+    valid = len(packed.buffers[0])
+    ctypes.memmove(address.value, packed.buffers[0].ctypes.data, valid)
+    collector._buffer_completed(None, 0, address.value, size.value, valid)
+    collector._buffer_completed(None, 0, 12345, 64, 64)  # a buffer it never lent: ignored, no exception
+
+    class Lib:  # libcupti's flush and dropped-record count, as ctypes would call them
+        def cuptiActivityFlushAll(self, flag):
+            return 0
+
+        def cuptiActivityGetNumDroppedRecords(self, context, stream, out):
+            ctypes.cast(out, ctypes.POINTER(ctypes.c_size_t))[0] = 3
+            return 0
+
+    collector._lib = Lib()
+    raw, dropped = collector.flush()
+    assert dropped == 3 and [len(b) for b in raw.buffers] == [valid]
+    assert raw.buffers[0].tobytes() == packed.buffers[0].tobytes()
+    again = ctypes.c_void_p()
+    collector._buffer_requested(ctypes.pointer(again), ctypes.pointer(size), ctypes.pointer(most))
+    assert again.value == address.value  # the spare buffer, not a new allocation
+    assert collector.flush()[0].buffers == []
+
+
+def test_a_kernel_name_pointer_outside_readable_memory_gives_an_unnamed_kernel_not_a_crash():
+    import ctypes
+
+    text = ctypes.create_string_buffer(MANGLED[0].encode())
+    live = cr.RawActivity()
+    assert live.name_of(ctypes.addressof(text)) == MANGLED[0]
+    assert live.name_of(8) == live.name_of(0) == "<unnamed kernel>"
+
+
+def test_synchronization_records_are_counted_with_their_time():
+    cols = cr.parse(pack(records()))
+    assert cols.sync_count == 1 and cols.sync_ns == 20_000 and len(cols.gpu["start"]) == 3
+
+
+def _walk_one_by_one(data: np.ndarray, sizes: dict) -> list[int]:
+    """Reference: what cuptiActivityGetNextRecord does, a record at a time."""
+    out, off = [], 0
+    while off < len(data):
+        out.append(off)
+        off += sizes[int(data[off:off + 4].view(np.int32)[0])]
+    return out
+
+
+def test_the_vectorised_walk_finds_exactly_the_records_a_record_at_a_time_walk_finds():
+    rng = np.random.default_rng(7)
+    pool = records() + [kernel(30 + i, 0, 10) for i in range(5)]
+    for n in (1, 2, 3, 17, 400):
+        raw = pack([pool[i] for i in rng.integers(0, len(pool), n)])
+        offsets, kinds = cr.walk(raw.buffers[0], raw.sizes)
+        assert offsets.tolist() == _walk_one_by_one(raw.buffers[0], raw.sizes)
+        assert len(kinds) == n
+    torn = pack(records()).buffers[0][:-8]  # the last record cut short
+    with pytest.raises(cr.LayoutError):
+        cr.walk(torn, pack(records()).sizes)
+
+
+def test_field_offsets_read_are_those_of_the_cupti_structs():
+    """Oracle: cupti-python's numpy dtypes, generated by NVIDIA from cupti_activity.h."""
+    from cupti_buffers import dtypes
+
+    renamed = {"device": "device_id", "stream": "stream_id", "pid": "process_id", "tid": "thread_id",
+               "static_shared": "static_shared_memory", "dynamic_shared": "dynamic_shared_memory",
+               "grid": "grid_x", "block": "block_x"}
+    types = dtypes()
+    for kind, layout in ((cu.KIND_CONCURRENT_KERNEL, cr._KERNEL), (cu.KIND_MEMCPY, cr._MEMCPY), (cu.KIND_MEMSET, cr._MEMSET),
+                         (cu.KIND_RUNTIME, cr._API), (cu.KIND_EXTERNAL_CORRELATION, cr._EXTERNAL),
+                         (cu.KIND_SYNCHRONIZATION, cr._SYNC)):
+        fields = types[kind].fields
+        for name, _fmt, offset in layout:
+            assert fields[renamed.get(name, name)][1] == offset, (kind, name)
+    assert {k: t.itemsize for k, t in types.items()} == cr.CUDA13_SIZES
 
 
 def test_api_name_falls_back_to_the_callback_id_without_libcupti():
@@ -151,7 +244,7 @@ def _ops() -> RecordSet:
 
 
 def test_stitched_kernels_join_their_ops_exactly_through_external_correlation():
-    t = cu.tables_from_activities(records(), OFFSET, api_name)
+    t = tables_of(records(), OFFSET, api_name)
     e = OFFSET + T0
     rs = RecordSet(kernels=t["kernels"], launches=t["launches"], external_correlation=t["external_correlation"],
                    ops=_ops(), source="live:cupti", resource={"plasmient.rank": 0, "host.name": "h"},
@@ -176,7 +269,7 @@ def test_stitched_kernels_join_their_ops_exactly_through_external_correlation():
 
 
 def test_step_level_gpu_step_keeps_measured_busy_time_but_drops_flops():
-    t = cu.tables_from_activities(records(), OFFSET, api_name)
+    t = tables_of(records(), OFFSET, api_name)
     e = OFFSET + T0
     rs = RecordSet(kernels=t["kernels"], launches=t["launches"], source="live:cupti",
                    steps=table_from_columns("steps", {"step": [0], "start_ns": [e - 1_000], "end_ns": [e + 600_000], "name": ["s"]}))

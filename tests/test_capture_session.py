@@ -446,7 +446,7 @@ class FakeCupti:
         self.cu = cu
         self.available = True
         self.epoch_offset_ns = epoch
-        self.buffer = cu.ActivityBuffer()
+        self.records: list = []
         self.stack: list[tuple[int, int]] = []
         self.corr = 0
         self.flushes = 0
@@ -463,7 +463,7 @@ class FakeCupti:
         mid = (t_push + t_pop) // 2
         k_start, k_end = self.kernel_interval(t_pop)
         cu = self.cu
-        self.buffer.add([
+        self.records.extend([
             Rec(kind=cu.KIND_RUNTIME, cbid=211, process_id=1, thread_id=threading.get_native_id(), start=mid, end=mid + 1,
                 correlation_id=self.corr),
             Rec(kind=cu.KIND_CONCURRENT_KERNEL, name=f"kernel_{eid}", device_id=0, stream_id=7, start=k_start,
@@ -497,8 +497,11 @@ class FakeCupti:
         return tuple(ctypes.cast(f, ctypes.c_void_p).value for f in self._c_callbacks)
 
     def flush(self):
+        from cupti_buffers import pack
+
         self.flushes += 1
-        return self.buffer.take(), 10 * self.flushes  # dropped records: 10, 20, ... per step
+        records, self.records = self.records, []
+        return pack(records), 10 * self.flushes  # dropped records: 10, 20, ... per step
 
     def stop(self) -> None:
         self.available = False

@@ -44,13 +44,19 @@ def record_set(session: CaptureSession, items: list[StepCapture]) -> RecordSet:
         if tabs:
             setattr(rs, name, pa.concat_tables(tabs, promote_options="default") if len(tabs) > 1 else tabs[0])
     rs.modules = modules_table([m for c in items for m in c.modules], session._pid, session._epoch)
-    if session.on_gpu:
-        parts = [cupti_mod.tables(c.cupti, session.cupti.epoch_offset_ns) for c in items if c.cupti is not None]
-        for name in ("kernels", "launches", "external_correlation"):
-            tabs = [p[name] for p in parts if p[name].num_rows]
-            if tabs:
-                setattr(rs, name, pa.concat_tables(tabs))
-        if session.cupti is not None:  # the Kineto fallback does not report its dropped records
+    raws = [c.cupti for c in items if c.cupti is not None]
+    if session.on_gpu and raws:
+        # every step's buffers parsed at once: one pass of numpy work per batch, not per step
+        raw = cupti_mod.RawActivity.concat(raws)
+        cols = cupti_mod.parse(raw)
+        if cols.skipped_buffers:
+            say_once("cupti-layout", f"{cols.skipped_buffers} CUPTI buffer(s) did not match the record sizes "
+                                     f"{dict(raw.sizes)} and were skipped: their steps miss kernels")
+        for name, table in cupti_mod.tables_of_columns(cols, session.cupti.epoch_offset_ns).items():
+            if table.num_rows:
+                setattr(rs, name, table)
+        # the Kineto fallback does not report its dropped records; a count CUPTI would not give is unknown
+        if session.cupti is not None and all(c.dropped is not None for c in items):
             rs.counters["cupti.dropped_records"] = int(sum(c.dropped for c in items))
     samples = [c.samples for c in items if c.samples is not None and c.samples.num_rows]
     if samples:
@@ -84,7 +90,8 @@ def process(session: CaptureSession, items: list[StepCapture]) -> SpanBatch:
     full = {c.step for c in items if c.full}
     facts = StepFacts(signatures={c.step: c.signature for c in items if c.signature is not None},
                       measured=session._measured, not_carried={c.step for c in items if c.compiled},
-                      dropped_records={c.step: c.dropped for c in items} if session.cupti is not None else None,
+                      dropped_records={c.step: c.dropped for c in items if c.dropped is not None}
+                      if session.cupti is not None else None,
                       preceding=session._preceding)
     options = IngestOptions(job_id=session.job_id, peak_tflops=session.config.peak_tflops, gpu_price=session.config.gpu_price,
                             service_name=session.config.service_name, full_depth_steps=full, step_facts=facts,

@@ -65,9 +65,9 @@ class StepCapture:
     ops: Any = None            # the op recorder's chunk for this step (see torch_hooks)
     op_recorder: Any = None    # the recorder that made it, whose .table() reads it
     modules: list[tuple] = field(default_factory=list)
-    cupti: Any = None          # cupti.ActivityBuffer
+    cupti: Any = None          # cupti_records.RawActivity: the step's CUPTI buffers, parsed in the worker
     kineto: str | None = None  # this step's exported torch.profiler trace (Kineto fallback)
-    dropped: int = 0
+    dropped: int | None = 0    # CUPTI records dropped during the step (None: CUPTI would not say)
     samples: pa.Table | None = None
     signature: str | None = None  # input-shape signature of the step's first module call with tensors
     compiled: bool = False        # torch.compile traced a frame during the step: its ops include the compiler's
