@@ -470,6 +470,7 @@ class CaptureSession:
                 now = perf_counter_ns()
                 if self._open:
                     self._end(now)
+                    now = perf_counter_ns()  # the step end's own work (the CUPTI flush) is ours, not the next step's
                 self._begin(now)
         except Exception as err:
             self._fail("step", err)
@@ -513,10 +514,12 @@ class CaptureSession:
             self._open = False
 
     def _begin(self, now: int) -> None:
-        if self._devices_pending:
-            self._detect_devices()
-        if self._native_pending:
-            self._poll_native()
+        if self._devices_pending or self._native_pending:
+            if self._devices_pending:
+                self._detect_devices()  # CUPTI and NVML start here, the first time: up to seconds
+            if self._native_pending:
+                self._poll_native()
+            now = perf_counter_ns()  # the step starts when our setup is done: that time is not the job's
         every = max(self.config.every, 1)
         self._full = False
         periodic = self.step_index % every == 0
@@ -542,6 +545,8 @@ class CaptureSession:
         self.modules.want_signature = True
         if full:
             self._go_full()
+            if self.kineto is not None and self.kineto.running:
+                self._step_start = perf_counter_ns()  # starting torch.profiler (the fallback) is ours too
 
     def _go_full(self) -> None:
         """Capture the open step at full depth from now on (its start, or its first module call)."""
