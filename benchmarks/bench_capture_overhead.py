@@ -58,6 +58,7 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a checkout, installed or not
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import train_tiny_transformer as tiny  # noqa: E402
 

@@ -9,12 +9,13 @@ and one crash cannot hide the other results:
    full depth with each op recorder (the C++ observer, the Python dispatch hook) and with the
    torch.profiler fallback instead of cupti-python;
 3. compares, step by step, which op each kernel joined to: the multisets of (parent op, kernel)
-   pairs must equal the profiler's;
+   pairs must equal the profiler's (the dispatch hook, a fallback that sees composite ops only from
+   outside and makes autograd accumulate out of place, is reported but does not fail the check);
 4. runs the examples under ``plasmient run`` on the GPU, as a user would: exit status, every step
    in the file, MFU and util on every step span;
-5. records fixtures for tests that need no GPU (``tests/fixtures/gpu/<workload>/``): the raw CUPTI
-   activity buffers and the record tables of the ``native`` run, the profiler's trace, every run's
-   joins; and prints a one-screen report. Exit 0 when every join agreed and the examples passed.
+5. records fixtures for tests that need no GPU (``tests/fixtures/gpu/<workload>/``, read by
+   tests/test_gpu_fixtures.py): the raw CUPTI activity buffers and the op, module and step tables of
+   the ``native`` run, the profiler's trace, every run's joins; and prints a one-screen report. Exit 0 when every join agreed and the examples passed.
 
 Without CUDA it says SKIPPED and exits 0. ``--device cpu`` runs the same plumbing on the CPU (no
 kernels, so no join is checked) to catch mistakes before a GPU is at hand.
@@ -142,6 +143,8 @@ def _save_records(records: Any, directory: Path) -> None:
 
     directory.mkdir(parents=True, exist_ok=True)
     for name, table in records.tables().items():
+        if name in ("kernels", "launches", "external_correlation"):
+            continue  # parsed from the raw CUPTI buffers, which are saved beside these
         with pa.OSFile(str(directory / f"{name}.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
             w.write_table(table)
     meta = {"devices": [dataclasses.asdict(d) for d in records.devices], "resource": records.resource,
@@ -384,9 +387,13 @@ def parent(args: argparse.Namespace) -> int:
                 inside = _within_chain(res["joins"], prof["chains"])
                 same = inside == kernels == sum(r[3] for r in prof["joins"]) and (kernels > 0 or args.device != "cuda")
                 within = f", {inside}/{kernels} under the same op or one enclosing it"
-            if args.device == "cuda":
+            if args.device == "cuda" and variant != "dispatch":
                 ok &= same and res["on_gpu"]
             verdict = ("OK" if same else "DIFFER") if args.device == "cuda" else "n/a: no kernels on a CPU"
+            if variant == "dispatch" and not same:
+                # The fallback runs some ops differently (a mode active: autograd accumulates out of place)
+                # and sees composites only from outside: reported, not a failure of the default path.
+                verdict += ", informational: the dispatch hook is the fallback"
             lines.append(f"  {name}/{variant}: {res['source']} via {res['op_recorder']}, CUPTI {res['cupti']}, "
                          f"{agree}/{kernels} joins as torch.profiler{within} ({verdict})")
             lines.append(f"    MFU {_fmt([r.get('plasmient.mfu') for r in res['steps']], '.3f')}, "
