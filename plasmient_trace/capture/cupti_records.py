@@ -265,12 +265,19 @@ def parse(raw: RawActivity) -> Columns:
         return (np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got]), np.concatenate([g[2] for g in got]))
 
     gpu = _device_columns(raw, joined("kernel"), joined("memcpy"), joined("memset"))
+    # Only the API calls that put work on the device matter to the joins (cudaLaunchKernel, cuLaunchKernel,
+    # cudaMemcpyAsync, ...): ~95% of a training step's runtime/driver records (cudaGetDevice,
+    # cudaStreamIsCapturing, ...) and their external correlations are left here. A kernel whose launch
+    # is in another batch could not join it anyway: the joins look within one batch.
+    device_work = np.unique(gpu["correlation_id"].astype(np.int64)) if gpu else np.empty(0, np.int64)
     api_parts = joined("api")
     api = {c: np.empty(0, np.int64) for c in ("pid", "tid", "start", "end", "domain", "cbid", "correlation_id")}
     if api_parts is not None:
         order, rec, kinds = api_parts
         o = np.argsort(order, kind="stable")
         rec, kinds = rec[o], kinds[o]
+        launched = np.isin(rec["correlation_id"].astype(np.int64), device_work)
+        rec, kinds = rec[launched], kinds[launched]
         api = {"pid": rec["pid"].astype(np.int64), "tid": rec["tid"].astype(np.int64), "start": rec["start"].astype(np.int64),
                "end": rec["end"].astype(np.int64), "domain": kinds.astype(np.int64), "cbid": rec["cbid"].astype(np.int64),
                "correlation_id": rec["correlation_id"].astype(np.int64)}
@@ -279,7 +286,8 @@ def parse(raw: RawActivity) -> Columns:
     if ext_parts is not None:
         order, rec, _ = ext_parts
         rec = rec[np.argsort(order, kind="stable")]
-        ours = rec["external_kind"] == EXTERNAL_KIND_CUSTOM0  # another tool's ids (Kineto's CUSTOM1) are not ours
+        # another tool's ids (Kineto's CUSTOM1) are not ours
+        ours = (rec["external_kind"] == EXTERNAL_KIND_CUSTOM0) & np.isin(rec["correlation_id"].astype(np.int64), device_work)
         ext = {"correlation_id": rec["correlation_id"][ours].astype(np.int64),
                "external_id": rec["external_id"][ours].astype(np.int64)}
     return Columns(gpu=gpu, api=api, ext=ext, sync_count=sync_count, sync_ns=sync_ns, skipped_buffers=skipped)
