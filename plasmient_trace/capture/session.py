@@ -664,9 +664,16 @@ class CaptureSession:
 
     # ---- worker thread
     def _work(self) -> None:
-        try:  # import the pipeline now, while the job warms up, not at the first step end
+        # Import what processing a batch needs now, while the job warms up, not at the first step end, and
+        # never during interpreter exit: defining a dataclass there (an exec of its source) resets CPython's
+        # note of an unhandled KeyboardInterrupt, and a job stopped by Ctrl-C before its first export would
+        # exit with status 1 instead of dying of SIGINT.
+        try:
             from .. import pipeline  # noqa: F401
             from ..export import otlp_json  # noqa: F401
+            from ..sources import kineto  # noqa: F401
+            from ..stitch import step_facts  # noqa: F401
+            from . import batches, cupti, kineto_fallback, torch_hooks  # noqa: F401
         except Exception:
             pass
         stop = False
