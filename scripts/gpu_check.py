@@ -314,7 +314,8 @@ def _fmt(values: list[Any], spec: str) -> str:
     return "[" + ", ".join("-" if v is None else format(v, spec) for v in values) + "]"
 
 
-def _example(py: str, work: Path, budget: Budget, label: str, script: list[str], device: str) -> tuple[bool, list[str]]:
+def _example(py: str, work: Path, logs: Path, budget: Budget, label: str, script: list[str],
+             device: str) -> tuple[bool, list[str]]:
     """An example under ``plasmient run`` as a user runs it: exit 0, its steps in the file, MFU on each."""
     import pyarrow.compute as pc
 
@@ -323,7 +324,7 @@ def _example(py: str, work: Path, budget: Budget, label: str, script: list[str],
     out = work / f"{label}.jsonl"
     env = _child_env()
     cmd = [py, "-m", "plasmient_trace.cli", "run", "--out", str(out), "--", py, *script, "--device", device]
-    rc, last = _run(cmd, budget.left(150), env, log=work / f"{label}.log")
+    rc, last = _run(cmd, budget.left(150), env, log=logs / f"{label}.log")
     if rc != 0 or not out.exists():
         return False, [f"  {label}: FAILED: exit {rc}: {last}"]
     table = read_jsonl(str(out)).table
@@ -421,7 +422,7 @@ def parent(args: argparse.Namespace) -> int:
 
     for label, script in (("example-tiny", ["examples/train_tiny_transformer.py", "--steps", "12"]),
                           ("example-decode", ["examples/decode_vs_gemm.py", "--steps", "3"])):
-        good, out = _example(py, work_root, budget, label, script, args.device)
+        good, out = _example(py, work_root, logs, budget, label, script, args.device)
         ok &= good
         lines += out
     lines.append(f"{'PASS' if ok else 'FAIL'} in {time.monotonic() - t0:.0f}s (logs in {logs})")
