@@ -145,18 +145,21 @@ def walk(data: np.ndarray, sizes: Mapping[int, int]) -> tuple[np.ndarray, np.nda
     nxt = np.arange(slots, dtype=np.int64) + step
     nxt = np.where(step == 0, sink, np.where(nxt > slots, sink, nxt))
     jump = np.concatenate([nxt, [end, sink]])
+    on_chain = np.zeros(slots + 2, bool)
+    on_chain[0] = True
     chain = np.zeros(1, np.int64)
-    while True:
-        chain = np.union1d(chain, jump[chain])
+    while True:  # after round r the chain holds every record within 2^r hops of the first
+        on_chain[jump[chain]] = True
+        chain = np.flatnonzero(on_chain)
         if chain[-1] >= end:
             break
         jump = jump[jump]
-    if chain[-1] == sink:
+    if on_chain[sink]:
         bad = chain[chain < end]
-        last = bad[np.argmax(jump[bad] >= sink)] if len(bad) else 0
+        last = bad[np.argmax(nxt[bad] >= sink)] if len(bad) else 0
         raise LayoutError(f"record at byte {int(last) * 8} has kind {int(kind_at[last])} and does not fit the "
                           f"record sizes {dict(sizes)}")
-    offsets = chain[:-1]
+    offsets = chain[chain < end]
     return offsets * 8, kind_at[offsets].astype(np.int32)
 
 
@@ -229,11 +232,26 @@ def _memory(codes: np.ndarray) -> list[str]:
     return [_MEMORY_KINDS.get(int(c), "Unknown") for c in codes]
 
 
+_GROUPS = {KIND_CONCURRENT_KERNEL: 0, KIND_KERNEL: 0, KIND_MEMCPY: 1, KIND_MEMSET: 2, KIND_RUNTIME: 3, KIND_DRIVER: 3,
+           KIND_EXTERNAL_CORRELATION: 4, KIND_SYNCHRONIZATION: 5}
+_GROUP_OF = np.full(64, -1, np.int8)
+for _kind, _group in _GROUPS.items():
+    _GROUP_OF[_kind] = _group
+_CORRELATION = {3: (("correlation_id", "<u4", 32),), 4: (("correlation_id", "<u4", 16),)}
+
+
 def parse(raw: RawActivity) -> Columns:
     """Every buffer of ``raw`` -> columns, records of one kind read together. A buffer whose layout
-    does not match the sizes is skipped and counted (``skipped_buffers``), never misread."""
-    parts: dict[str, list] = {"kernel": [], "memcpy": [], "memset": [], "api": [], "ext": []}
-    sync_count = sync_ns = skipped = 0
+    does not match the sizes is skipped and counted (``skipped_buffers``), never misread.
+
+    Only the API calls that put work on the device matter to the joins (cudaLaunchKernel,
+    cuLaunchKernel, cudaMemcpyAsync, ...): ~95% of a training step's runtime/driver records
+    (cudaGetDevice, cudaStreamIsCapturing, ...) and their external correlations are left out, read no
+    further than their correlation id. A kernel whose launch is in another batch could not join it
+    anyway: the joins look within one batch.
+    """
+    walked = []
+    skipped = 0
     for index, data in enumerate(raw.buffers):
         data = np.asarray(data, np.uint8)
         try:
@@ -244,52 +262,51 @@ def parse(raw: RawActivity) -> Columns:
             except LayoutError:
                 skipped += 1
                 continue
-        for name, kind_set, layout in (("kernel", (KIND_CONCURRENT_KERNEL, KIND_KERNEL), _KERNEL),
-                                       ("memcpy", (KIND_MEMCPY,), _MEMCPY), ("memset", (KIND_MEMSET,), _MEMSET),
-                                       ("api", (KIND_RUNTIME, KIND_DRIVER), _API), ("ext", (KIND_EXTERNAL_CORRELATION,), _EXTERNAL)):
-            sel = np.isin(kinds, kind_set)
-            if sel.any():
-                rec = _read(data, offsets[sel], layout)
-                order = offsets[sel] + (index << 40)  # buffer order, then record order
-                parts[name].append((order, rec, kinds[sel]))
-        sel = kinds == KIND_SYNCHRONIZATION
-        if sel.any():
-            rec = _read(data, offsets[sel], _SYNC)
-            sync_count += int(sel.sum())
-            sync_ns += int(np.maximum(rec["end"].astype(np.int64) - rec["start"].astype(np.int64), 0).sum())
+        group = np.where((kinds >= 0) & (kinds < len(_GROUP_OF)), _GROUP_OF[np.clip(kinds, 0, len(_GROUP_OF) - 1)], -1)
+        walked.append((index, data, offsets, kinds, group))
 
-    def joined(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        got = parts[name]
+    def read(g: int, layout: tuple, keep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(delivery order, fields, kinds) of every record of group ``g``, those whose correlation id is
+        in ``keep`` when given."""
+        got = []
+        for index, data, offsets, kinds, group in walked:
+            sel = group == g
+            if not sel.any():
+                continue
+            offs, ks = offsets[sel], kinds[sel]
+            if keep is not None:
+                wanted = np.isin(_read(data, offs, _CORRELATION[g])["correlation_id"].astype(np.int64), keep)
+                offs, ks = offs[wanted], ks[wanted]
+            if len(offs):
+                got.append((offs + (index << 40), _read(data, offs, layout), ks))  # buffer order, then record order
         if not got:
             return None
-        return (np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got]), np.concatenate([g[2] for g in got]))
+        return (np.concatenate([x[0] for x in got]), np.concatenate([x[1] for x in got]), np.concatenate([x[2] for x in got]))
 
-    gpu = _device_columns(raw, joined("kernel"), joined("memcpy"), joined("memset"))
-    # Only the API calls that put work on the device matter to the joins (cudaLaunchKernel, cuLaunchKernel,
-    # cudaMemcpyAsync, ...): ~95% of a training step's runtime/driver records (cudaGetDevice,
-    # cudaStreamIsCapturing, ...) and their external correlations are left here. A kernel whose launch
-    # is in another batch could not join it anyway: the joins look within one batch.
+    gpu = _device_columns(raw, read(0, _KERNEL), read(1, _MEMCPY), read(2, _MEMSET))
     device_work = np.unique(gpu["correlation_id"].astype(np.int64)) if gpu else np.empty(0, np.int64)
-    api_parts = joined("api")
     api = {c: np.empty(0, np.int64) for c in ("pid", "tid", "start", "end", "domain", "cbid", "correlation_id")}
+    api_parts = read(3, _API, device_work)
     if api_parts is not None:
         order, rec, kinds = api_parts
         o = np.argsort(order, kind="stable")
         rec, kinds = rec[o], kinds[o]
-        launched = np.isin(rec["correlation_id"].astype(np.int64), device_work)
-        rec, kinds = rec[launched], kinds[launched]
         api = {"pid": rec["pid"].astype(np.int64), "tid": rec["tid"].astype(np.int64), "start": rec["start"].astype(np.int64),
                "end": rec["end"].astype(np.int64), "domain": kinds.astype(np.int64), "cbid": rec["cbid"].astype(np.int64),
                "correlation_id": rec["correlation_id"].astype(np.int64)}
     ext = {"correlation_id": np.empty(0, np.int64), "external_id": np.empty(0, np.int64)}
-    ext_parts = joined("ext")
+    ext_parts = read(4, _EXTERNAL, device_work)
     if ext_parts is not None:
         order, rec, _ = ext_parts
         rec = rec[np.argsort(order, kind="stable")]
-        # another tool's ids (Kineto's CUSTOM1) are not ours
-        ours = (rec["external_kind"] == EXTERNAL_KIND_CUSTOM0) & np.isin(rec["correlation_id"].astype(np.int64), device_work)
+        ours = rec["external_kind"] == EXTERNAL_KIND_CUSTOM0  # another tool's ids (Kineto's CUSTOM1) are not ours
         ext = {"correlation_id": rec["correlation_id"][ours].astype(np.int64),
                "external_id": rec["external_id"][ours].astype(np.int64)}
+    sync = read(5, _SYNC)
+    sync_count = sync_ns = 0
+    if sync is not None:
+        sync_count = len(sync[1])
+        sync_ns = int(np.maximum(sync[1]["end"].astype(np.int64) - sync[1]["start"].astype(np.int64), 0).sum())
     return Columns(gpu=gpu, api=api, ext=ext, sync_count=sync_count, sync_ns=sync_ns, skipped_buffers=skipped)
 
 
