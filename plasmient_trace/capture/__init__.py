@@ -35,7 +35,7 @@ def start(config: Any = None, exporters: list | None = None, **overrides: Any) -
             if _session.failed:
                 _session = None
             else:
-                atexit.register(stop)
+                atexit.register(_stop_at_exit)
                 _flush_on_sigterm()
         except Exception as err:  # e.g. torch not importable
             try:
@@ -91,6 +91,27 @@ def stop(timeout: float | None = None) -> None:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
     except (ValueError, OSError):
         pass
+
+
+def _stop_at_exit() -> None:
+    """:func:`stop` at interpreter exit, keeping CPython's note that Ctrl-C ended the program.
+
+    After an unhandled KeyboardInterrupt CPython dies of SIGINT, so a shell sees 130. But an exec() of
+    source text anywhere in the process meanwhile (a dataclass or namedtuple defined by a late import,
+    in our background threads too) clears that note, and the job would exit with status 1. The note is
+    set again when the program's uncaught exception, as CPython printed it, was a KeyboardInterrupt."""
+    ended_by_ctrl_c = isinstance(getattr(sys, "last_exc", None) or getattr(sys, "last_value", None),
+                                 KeyboardInterrupt)
+    try:
+        stop()
+    finally:
+        if ended_by_ctrl_c:
+            try:
+                import ctypes
+
+                ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt").value = 1
+            except (AttributeError, ValueError, OSError):  # another interpreter: nothing to restore
+                pass
 
 
 def current() -> Any:

@@ -673,7 +673,7 @@ class CaptureSession:
             from ..export import otlp_json  # noqa: F401
             from ..sources import kineto  # noqa: F401
             from ..stitch import step_facts  # noqa: F401
-            from . import batches, cupti, kineto_fallback, torch_hooks  # noqa: F401
+            from . import cupti, kineto_fallback, torch_hooks  # noqa: F401
         except Exception:
             pass
         stop = False
