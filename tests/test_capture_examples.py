@@ -143,6 +143,20 @@ def test_opentelemetry_instrument_finds_our_instrumentor(env, tmp_path):
     assert ratio > 2, ratio
 
 
+def test_the_readme_decode_command_gives_every_step_an_mfu_at_default_sampling(env, tmp_path):
+    """``plasmient run --out decode.jsonl -- python examples/decode_vs_gemm.py --batch 1`` as the README has it:
+    each phase's first step is measured (a new input signature), the others carry its FLOPs."""
+    out = tmp_path / "decode.jsonl"
+    run([sys.executable, "-m", "plasmient_trace.cli", "run", "--out", str(out), "--", sys.executable,
+         str(EXAMPLES / "decode_vs_gemm.py"), "--batch", "1"], env, tmp_path)
+    steps = sorted((step_span(t)["attrs"] for t in spans_by_trace(out)), key=lambda a: a["plasmient.step"])
+    assert len(steps) == 6
+    assert [a["plasmient.flops.source"] for a in steps] == ["measured", "carried", "carried"] * 2
+    assert all(0 < a["plasmient.mfu"] <= 1 for a in steps)
+    decode, gemm = steps[:3], steps[3:]
+    assert min(a["plasmient.mfu"] for a in gemm) > 2 * max(a["plasmient.mfu"] for a in decode)
+
+
 def test_plasmient_run_with_a_dead_collector_never_hurts_the_job(env, tmp_path):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
