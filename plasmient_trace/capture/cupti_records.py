@@ -228,15 +228,10 @@ class Columns:
     skipped_buffers: int = 0
 
 
-def _memory(codes: np.ndarray) -> list[str]:
-    return [_MEMORY_KINDS.get(int(c), "Unknown") for c in codes]
-
-
 _GROUPS = {KIND_CONCURRENT_KERNEL: 0, KIND_KERNEL: 0, KIND_MEMCPY: 1, KIND_MEMSET: 2, KIND_RUNTIME: 3, KIND_DRIVER: 3,
            KIND_EXTERNAL_CORRELATION: 4, KIND_SYNCHRONIZATION: 5}
-_GROUP_OF = np.full(64, -1, np.int8)
-for _kind, _group in _GROUPS.items():
-    _GROUP_OF[_kind] = _group
+_GROUP_OF = np.full(64, -1, np.int8)  # CUpti_ActivityKind -> index into the groups above (-1: not read)
+_GROUP_OF[list(_GROUPS)] = list(_GROUPS.values())
 _CORRELATION = {3: (("correlation_id", "<u4", 32),), 4: (("correlation_id", "<u4", 16),)}
 
 
@@ -332,11 +327,16 @@ def _device_columns(raw: RawActivity, kernels: Any, memcpy: Any, memset: Any) ->
         if parts is None:
             continue
         order, rec, _ = parts
+        # a name per distinct (copy kind, source, destination) or memory kind, not per record
         if label == "memcpy":
-            names = [f"Memcpy {_MEMCPY_KINDS.get(int(c), 'Unknown')} ({s} -> {d})"
-                     for c, s, d in zip(rec["copy_kind"].tolist(), _memory(rec["src_kind"]), _memory(rec["dst_kind"]))]
+            key = rec["copy_kind"].astype(np.int64) * 65536 + rec["src_kind"].astype(np.int64) * 256 + rec["dst_kind"]
+            unique, inverse = np.unique(key, return_inverse=True)
+            distinct = [f"Memcpy {_MEMCPY_KINDS.get(k >> 16, 'Unknown')} ({_MEMORY_KINDS.get((k >> 8) & 255, 'Unknown')} -> "
+                        f"{_MEMORY_KINDS.get(k & 255, 'Unknown')})" for k in unique.tolist()]
         else:
-            names = [f"Memset ({m})" for m in _memory(rec["memory_kind"])]
+            unique, inverse = np.unique(rec["memory_kind"].astype(np.int64), return_inverse=True)
+            distinct = [f"Memset ({_MEMORY_KINDS.get(k, 'Unknown')})" for k in unique.tolist()]
+        names = np.array(distinct, dtype=object)[inverse]
         n = len(rec)
         pieces.append({"order": order, "device": rec["device"], "stream": rec["stream"], "start": rec["start"],
                        "end": rec["end"], "name": np.array(names, dtype=object), "kind": np.full(n, label, dtype=object),
