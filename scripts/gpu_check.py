@@ -344,6 +344,23 @@ def _example(py: str, work: Path, logs: Path, budget: Budget, label: str, script
     return ok, lines
 
 
+def _overhead(py: str, logs: Path, budget: Budget, device: str) -> list[str]:
+    """benchmarks/bench_capture_overhead.py on this device, GPT-2 small's shape, in what the budget leaves:
+    wall time of the training loop under each capture configuration over the plain loop."""
+    left = budget.left(600)
+    if left < 60:
+        return [f"  overhead: not run ({left:.0f}s of the budget left)"]
+    out = logs / "overhead-gpt2.json"
+    cmd = [py, str(REPO / "benchmarks" / "bench_capture_overhead.py"), "--device", device, "--model", "gpt2",
+           "--rounds", "2", "--steps", "20", "--json", str(out)]
+    rc, last = _run(cmd, left, _child_env(), log=logs / "overhead-gpt2.log")
+    if rc != 0 or not out.exists():
+        return [f"  overhead: FAILED (exit {rc}): {last[:150]}"]
+    res = json.loads(out.read_text())
+    ratios = ", ".join(f"{cfg} {r['wall']:.3f}" for cfg, r in res["ratio_vs_base"].items() if cfg != "base")
+    return [f"  overhead, GPT-2 small shape on {res.get('device')}: wall of the loop vs plain: {ratios}"]
+
+
 def parent(args: argparse.Namespace) -> int:
     import torch
 
@@ -425,6 +442,8 @@ def parent(args: argparse.Namespace) -> int:
         good, out = _example(py, work_root, logs, budget, label, script, args.device)
         ok &= good
         lines += out
+    if args.overhead:
+        lines += _overhead(py, logs, budget, args.device)
     lines.append(f"{'PASS' if ok else 'FAIL'} in {time.monotonic() - t0:.0f}s (logs in {logs})")
     print("\n".join(lines))
     return 0 if ok else 1
@@ -438,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="where the recorded fixtures go (default tests/fixtures/gpu; '' = nowhere)")
     p.add_argument("--logs", default="", help="keep every child's output here (default: a temporary directory)")
     p.add_argument("--budget-s", type=float, default=440.0, help="the whole check's time budget")
+    p.add_argument("--overhead", action="store_true",
+                   help="then run the capture-overhead benchmark (GPT-2 shape) in the time the budget leaves")
     p.add_argument("--child", nargs=2, metavar=("WORKLOAD", "VARIANT"), help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
