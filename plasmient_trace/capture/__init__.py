@@ -110,7 +110,9 @@ def _stop_at_exit() -> None:
                 import ctypes
 
                 ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt").value = 1
-            except (AttributeError, ValueError, OSError):  # another interpreter: nothing to restore
+            except (AttributeError, ValueError, OSError):
+                # Python 3.12+ keeps the note inside _PyRuntime, out of reach: there the session's worker
+                # importing what it needs at its start is what keeps exit free of such exec() calls.
                 pass
 
 
