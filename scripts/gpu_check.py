@@ -328,7 +328,7 @@ def _example(py: str, work: Path, logs: Path, budget: Budget, label: str, script
     if rc != 0 or not out.exists():
         return False, [f"  {label}: FAILED: exit {rc}: {last}"]
     table = read_jsonl(str(out)).table
-    steps = table.filter(pc.equal(table.column("plasmient.level"), "step"))
+    steps = table.filter(pc.equal(table.column("plasmient.level"), "step")).sort_by("plasmient.step")
     kernels = int(pc.sum(pc.equal(table.column("plasmient.level"), "kernel")).as_py() or 0)
     mfu = steps.column("plasmient.mfu").to_pylist()
     source = Counter(steps.column("plasmient.flops.source").to_pylist()) if "plasmient.flops.source" in steps.column_names else {}
