@@ -514,12 +514,11 @@ class CaptureSession:
             self._open = False
 
     def _begin(self, now: int) -> None:
-        if self._devices_pending or self._native_pending:
-            if self._devices_pending:
-                self._detect_devices()  # CUPTI and NVML start here, the first time: up to seconds
-            if self._native_pending:
-                self._poll_native()
+        if self._devices_pending:
+            self._detect_devices()  # CUPTI and NVML start here, the first time: up to seconds
             now = perf_counter_ns()  # the step starts when our setup is done: that time is not the job's
+        if self._native_pending:
+            self._poll_native()
         every = max(self.config.every, 1)
         self._full = False
         periodic = self.step_index % every == 0
