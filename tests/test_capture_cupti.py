@@ -175,9 +175,12 @@ def test_a_kernel_name_pointer_outside_readable_memory_gives_an_unnamed_kernel_n
     import ctypes
 
     text = ctypes.create_string_buffer(MANGLED[0].encode())
+    templated = "void at::native::elementwise_kernel<" + "at::detail::Array<char*, 3>, " * 200 + ">(int)"  # ~6 KB
+    long_text = ctypes.create_string_buffer(templated.encode())
     live = cr.RawActivity()
     assert live.name_of(ctypes.addressof(text)) == MANGLED[0]
-    assert live.name_of(8) == live.name_of(0) == "<unnamed kernel>"
+    assert live.name_of(ctypes.addressof(long_text)) == templated
+    assert live.name_of(8) == live.name_of(0) == live.name_of(2**63) == "<unnamed kernel>"
 
 
 def test_synchronization_records_are_counted_with_their_time():

@@ -15,6 +15,7 @@ the capture's background thread, at numpy speed.
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -100,15 +101,22 @@ class RawActivity:
         if not pointer:
             return "<unnamed kernel>"
         ranges = readable if readable is not None else readable_ranges()
-        end = next((hi for lo, hi in ranges if lo <= pointer < hi), None)
-        if end is None:
+        i = bisect.bisect_right(ranges, (pointer, float("inf"))) - 1
+        if i < 0 or not ranges[i][0] <= pointer < ranges[i][1]:
             return "<unnamed kernel>"
-        text = ctypes.string_at(pointer, min(end - pointer, 64 << 10)).split(b"\0", 1)[0]
-        return text.decode("utf-8", "replace") or "<unnamed kernel>"
+        room, want = ranges[i][1] - pointer, 1024
+        while True:  # templated kernel names run to a few KiB; read more only while no NUL is seen
+            text = ctypes.string_at(pointer, min(want, room))
+            end = text.find(b"\0")
+            if end >= 0 or want >= min(room, 64 << 10):
+                break
+            want *= 4
+        return (text[:end] if end >= 0 else text).decode("utf-8", "replace") or "<unnamed kernel>"
 
 
 def readable_ranges() -> list[tuple[int, int]]:
-    """[start, end) of this process's readable memory mappings (empty where /proc is not there)."""
+    """[start, end) of this process's readable memory mappings, in address order (empty where /proc is
+    not there)."""
     out = []
     try:
         with open("/proc/self/maps") as maps:
@@ -119,7 +127,7 @@ def readable_ranges() -> list[tuple[int, int]]:
                     out.append((int(lo, 16), int(hi, 16)))
     except (OSError, ValueError):
         return []
-    return out
+    return sorted(out)
 
 
 def walk(data: np.ndarray, sizes: Mapping[int, int]) -> tuple[np.ndarray, np.ndarray]:
