@@ -1,7 +1,7 @@
 """First-run check of live capture on a CUDA machine (``scripts/gpu-check.sh`` runs it; < 8 minutes).
 
-For each workload (the tiny transformer training on the GPU; a decode loop and a large GEMM as
-explicit inference steps), each in its own child process so CUPTI state never leaks between runs
+For each workload (the tiny transformer training on the GPU, in fp32 and under bf16 autocast; a
+decode loop and a large GEMM as explicit inference steps), each in its own child process so CUPTI state never leaks between runs
 and one crash cannot hide the other results:
 
 1. ``profiler``: the steps under torch.profiler, its trace exported and ingested (the oracle);
@@ -41,24 +41,27 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples"))
 
 VARIANTS = ("profiler", "native", "dispatch", "kineto")
-WORKLOADS = ("tiny_transformer", "decode_gemm")
+WORKLOADS = ("tiny_transformer", "decode_gemm", "bf16_autocast")
 
 
 def _workload(name: str, device: str) -> Callable[[], None]:
     """One step's function (an optimizer step, or an explicit capture.step()), built from seed 0."""
     import torch
 
-    if name == "tiny_transformer":
+    if name in ("tiny_transformer", "bf16_autocast"):
         import train_tiny_transformer as tt
 
         model, opt, data = tt.build(dim=256, layers=2, batch=16, seed=0)
         model, data = model.to(device), data.to(device)
+        # bf16_autocast: the same training step with its matmuls in bf16 (the dtype the peak comes from)
+        autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=name == "bf16_autocast")
 
         def train() -> None:
             # the example's train_step without its loss.item(): that copy would fall after optimizer.step(),
             # the live step boundary, but inside the profiler's step, and the two would differ by it
-            logits = model(data[:, :-1])
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), data[:, 1:].reshape(-1))
+            with autocast:
+                logits = model(data[:, :-1])
+                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), data[:, 1:].reshape(-1))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
