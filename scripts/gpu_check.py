@@ -115,23 +115,6 @@ def _op_chains(table: Any) -> list[list[Any]]:
     return out
 
 
-def _kernel_names(raw: Any) -> dict[int, str]:
-    """pointer -> name of every kernel record in the buffers (the pointers are CUPTI's, valid now)."""
-    import numpy as np
-
-    from plasmient_trace.capture import cupti_records as cr
-
-    names: dict[int, str] = {}
-    readable = cr.readable_ranges()
-    for data in raw.buffers:
-        offsets, kinds = cr.walk(data, raw.sizes)
-        sel = np.isin(kinds, (cr.KIND_CONCURRENT_KERNEL, cr.KIND_KERNEL))
-        if sel.any():
-            for p in np.unique(cr._read(data, offsets[sel], cr._KERNEL)["name"]).tolist():
-                names[int(p)] = raw.name_of(int(p), readable)
-    return names
-
-
 def _step_rows(table: Any) -> list[dict[str, Any]]:
     cols = [c for c in ("plasmient.step", "plasmient.mfu", "plasmient.util.resident", "plasmient.util.nvml",
                         "plasmient.flops", "plasmient.flops.source", "plasmient.wall_s") if c in table.column_names]
@@ -180,7 +163,7 @@ def _child_capture(name: str, device: str, steps: int, work: Path, variant: str)
     import pyarrow as pa
 
     from plasmient_trace import capture
-    from plasmient_trace.capture import batches, cupti
+    from plasmient_trace.capture import batches, cupti, cupti_records
     from plasmient_trace.capture.session import CaptureConfig
 
     buffers: list[dict] = []
@@ -189,7 +172,7 @@ def _child_capture(name: str, device: str, steps: int, work: Path, variant: str)
 
     def recording_flush(self: Any) -> Any:
         raw, dropped = flush(self)
-        buffers.append((raw, dropped, self.epoch_offset_ns, _kernel_names(raw)))  # names while CUPTI holds them
+        buffers.append((raw, dropped, self.epoch_offset_ns, cupti_records.name_table(raw)))  # while CUPTI holds them
         return raw, dropped
 
     def recording_record_set(session: Any, items: Any) -> Any:

@@ -194,6 +194,7 @@ def _walk_one_by_one(data: np.ndarray, sizes: dict) -> list[int]:
     while off < len(data):
         out.append(off)
         off += sizes[int(data[off:off + 4].view(np.int32)[0])]
+    assert off == len(data)  # the last record ends exactly where the valid bytes do
     return out
 
 

@@ -108,16 +108,15 @@ def test_the_raw_buffers_hold_only_whole_records_of_the_measured_sizes(replay):
     workload, _, _ = replay
     raw, _ = raw_activity(workload)
     assert raw.sizes[cr.KIND_CONCURRENT_KERNEL] == 216  # CUpti_ActivityKernel10, as CUDA 13's header has it
+    from test_capture_cupti import _walk_one_by_one  # a record at a time, as cuptiActivityGetNextRecord walks
+
     total = 0
     for data in raw.buffers:
         offsets, kinds = cr.walk(data, raw.sizes)
-        reference, off = [], 0  # a record at a time, as cuptiActivityGetNextRecord walks
-        while off < len(data):
-            reference.append(off)
-            off += raw.sizes[int(data[off:off + 4].view(np.int32)[0])]
-        assert offsets.tolist() == reference and off == len(data)
+        assert offsets.tolist() == _walk_one_by_one(data, raw.sizes)
         total += len(offsets)
     assert cr.parse(raw).skipped_buffers == 0 and total > 0
+    assert cr.name_table(raw) == dict(raw.names)  # the recording kept exactly the names its kernels point at
 
 
 def test_each_kernel_starts_after_its_launch_on_one_clock(replay):

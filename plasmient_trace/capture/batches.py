@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 def record_set(session: CaptureSession, items: list[StepCapture]) -> RecordSet:
     """What the steps captured, as the record tables offline ingest fills from a trace file."""
     from . import cupti as cupti_mod
+    from . import cupti_records
     from .torch_hooks import modules_table
 
     rs = RecordSet(devices=list(session.devices), resource=dict(session.resource), source=session._source())
@@ -52,7 +53,7 @@ def record_set(session: CaptureSession, items: list[StepCapture]) -> RecordSet:
         if cols.skipped_buffers:
             say_once("cupti-layout", f"{cols.skipped_buffers} CUPTI buffer(s) did not match the record sizes "
                                      f"{dict(raw.sizes)} and were skipped: their steps miss kernels")
-        for name, table in cupti_mod.tables_of_columns(cols, session.cupti.epoch_offset_ns).items():
+        for name, table in cupti_records.tables(cols, session.cupti.epoch_offset_ns, cupti_mod.default_api_name).items():
             if table.num_rows:
                 setattr(rs, name, table)
         # the Kineto fallback does not report its dropped records; a count CUPTI would not give is unknown

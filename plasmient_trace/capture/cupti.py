@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from .cupti_records import (CUDA13_SIZES, EXTERNAL_KIND_CUSTOM0, KIND_CONCURRENT_KERNEL, KIND_DRIVER,  # noqa: F401
                             KIND_EXTERNAL_CORRELATION, KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, KIND_RUNTIME,
-                            KIND_SYNCHRONIZATION, Columns, LayoutError, RawActivity, demangle, parse)
+                            KIND_SYNCHRONIZATION, LayoutError, RawActivity, demangle, parse)
 from .cupti_records import tables as _tables
 
 _ENABLED_KINDS = (KIND_CONCURRENT_KERNEL, KIND_RUNTIME, KIND_DRIVER, KIND_MEMCPY, KIND_MEMSET, KIND_SYNCHRONIZATION,
@@ -55,10 +55,6 @@ def default_api_name(domain_kind: int, cbid: int) -> str:
 def tables(raw: RawActivity, epoch_offset_ns: int, api_name: Any = default_api_name) -> dict[str, pa.Table]:
     """One or more steps' CUPTI buffers -> kernels, launches and external_correlation record tables."""
     return _tables(parse(raw), epoch_offset_ns, api_name)
-
-
-def tables_of_columns(cols: Columns, epoch_offset_ns: int, api_name: Any = default_api_name) -> dict[str, pa.Table]:
-    return _tables(cols, epoch_offset_ns, api_name)
 
 
 def _libcupti_path() -> str | None:

@@ -114,6 +114,19 @@ class RawActivity:
         return (text[:end] if end >= 0 else text).decode("utf-8", "replace") or "<unnamed kernel>"
 
 
+def name_table(raw: RawActivity) -> dict[int, str]:
+    """pointer -> name of every kernel record in ``raw``'s buffers: what a recording stores as
+    ``RawActivity.names``, read while CUPTI still holds the names."""
+    readable = readable_ranges() if raw.names is None else None
+    names: dict[int, str] = {}
+    for data in raw.buffers:
+        offsets, kinds = walk(np.asarray(data, np.uint8), raw.sizes)
+        sel = np.isin(kinds, (KIND_CONCURRENT_KERNEL, KIND_KERNEL))
+        for pointer in np.unique(_read(data, offsets[sel], _KERNEL)["name"]).tolist() if sel.any() else []:
+            names[int(pointer)] = raw.name_of(int(pointer), readable)
+    return names
+
+
 def readable_ranges() -> list[tuple[int, int]]:
     """[start, end) of this process's readable memory mappings, in address order (empty where /proc is
     not there)."""
@@ -128,6 +141,12 @@ def readable_ranges() -> list[tuple[int, int]]:
     except (OSError, ValueError):
         return []
     return sorted(out)
+
+
+def _per_kind(table: np.ndarray, kinds: np.ndarray, missing: int) -> np.ndarray:
+    """``table[kind]`` for each kind, ``missing`` where a kind (read from untrusted bytes) is off the table."""
+    inside = (kinds >= 0) & (kinds < len(table))
+    return np.where(inside, table[np.where(inside, kinds, 0)], missing)
 
 
 def walk(data: np.ndarray, sizes: Mapping[int, int]) -> tuple[np.ndarray, np.ndarray]:
@@ -148,7 +167,7 @@ def walk(data: np.ndarray, sizes: Mapping[int, int]) -> tuple[np.ndarray, np.nda
     table = np.zeros(max(max(sizes), 0) + 2, np.int64)
     for kind, size in sizes.items():
         table[kind] = size // 8
-    step = np.where((kind_at >= 0) & (kind_at < len(table)), table[np.clip(kind_at, 0, len(table) - 1)], 0)
+    step = _per_kind(table, kind_at, 0)
     end, sink = slots, slots + 1
     nxt = np.arange(slots, dtype=np.int64) + step
     nxt = np.where(step == 0, sink, np.where(nxt > slots, sink, nxt))
@@ -265,7 +284,7 @@ def parse(raw: RawActivity) -> Columns:
             except LayoutError:
                 skipped += 1
                 continue
-        group = np.where((kinds >= 0) & (kinds < len(_GROUP_OF)), _GROUP_OF[np.clip(kinds, 0, len(_GROUP_OF) - 1)], -1)
+        group = _per_kind(_GROUP_OF, kinds, -1)
         walked.append((index, data, offsets, kinds, group))
 
     def read(g: int, layout: tuple, keep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -347,7 +366,7 @@ def _device_columns(raw: RawActivity, kernels: Any, memcpy: Any, memset: Any) ->
         names = np.array(distinct, dtype=object)[inverse]
         n = len(rec)
         pieces.append({"order": order, "device": rec["device"], "stream": rec["stream"], "start": rec["start"],
-                       "end": rec["end"], "name": np.array(names, dtype=object), "kind": np.full(n, label, dtype=object),
+                       "end": rec["end"], "name": names, "kind": np.full(n, label, dtype=object),
                        "correlation_id": rec["correlation_id"], "grid": np.zeros((n, 3), np.int32),
                        "block": np.zeros((n, 3), np.int32), "has_dims": np.zeros(n, bool),
                        "registers_per_thread": np.full(n, -1, np.int64), "shared_memory": np.full(n, -1, np.int64),
