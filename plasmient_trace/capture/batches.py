@@ -48,8 +48,8 @@ def record_set(session: CaptureSession, items: list[StepCapture]) -> RecordSet:
     raws = [c.cupti for c in items if c.cupti is not None]
     if session.on_gpu and raws:
         # every step's buffers parsed at once: one pass of numpy work per batch, not per step
-        raw = cupti_mod.RawActivity.concat(raws)
-        cols = cupti_mod.parse(raw)
+        raw = cupti_records.RawActivity.concat(raws)
+        cols = cupti_records.parse(raw)
         if cols.skipped_buffers:
             say_once("cupti-layout", f"{cols.skipped_buffers} CUPTI buffer(s) did not match the record sizes "
                                      f"{dict(raw.sizes)} and were skipped: their steps miss kernels")

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from .cupti_records import (CUDA13_SIZES, EXTERNAL_KIND_CUSTOM0, KIND_CONCURRENT_KERNEL, KIND_DRIVER,  # noqa: F401
                             KIND_EXTERNAL_CORRELATION, KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, KIND_RUNTIME,
-                            KIND_SYNCHRONIZATION, LayoutError, RawActivity, demangle, parse)
+                            KIND_SYNCHRONIZATION, RawActivity, demangle, parse)
 from .cupti_records import tables as _tables
 
 _ENABLED_KINDS = (KIND_CONCURRENT_KERNEL, KIND_RUNTIME, KIND_DRIVER, KIND_MEMCPY, KIND_MEMSET, KIND_SYNCHRONIZATION,
@@ -88,7 +88,6 @@ class CuptiCollector:
         self._lent: dict[int, np.ndarray] = {}
         self._spare: list[np.ndarray] = []
         self._completed: list[np.ndarray] = []
-        self._callbacks_registered = False
 
     def start(self) -> None:
         """Enable activity collection; raises CuptiUnavailable with a one-line reason."""
@@ -135,7 +134,6 @@ class CuptiCollector:
         status = register(request, complete)
         if status != 0:
             raise CuptiUnavailable(f"cuptiActivityRegisterCallbacks returned CUPTI error {status}")
-        self._callbacks_registered = True
 
     def _measure_sizes(self) -> None:
         """The record size of each enabled kind in this libcupti, asked of cuptiActivityGetNextRecord on a
