@@ -6,7 +6,7 @@ torch hooks, flushes at each step end, and fails soft (one clear message, ``avai
 when there is no driver, no GPU, or another CUPTI subscriber (torch.profiler) already holds it.
 
 The training thread's share per step is the flush and one copy of each completed buffer's valid
-bytes; cupti-python's own buffer callback, which builds a Python object per record, cost ~15 µs a
+bytes; cupti-python's own buffer callback, which builds a Python object per record, cost 18-22 µs a
 record on an H200 and is not used. cupti-python still loads libcupti and provides the enums,
 ``activity_enable`` and the timestamps.
 """

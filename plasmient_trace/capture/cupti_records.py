@@ -7,9 +7,9 @@ reads the fields the record tables need at the offsets ``cupti_activity.h`` give
 records of a kind at once, and :func:`tables` builds the Arrow tables. Nothing here touches a GPU,
 so recorded buffers (``tests/fixtures/gpu``) are parsed by the same code on any machine.
 
-Reading each record through cupti-python's per-record objects cost about 15 µs a record on an
-H200 (numpy record views); a training step of a small transformer delivers ~6,000 records, which
-made a 5 ms step take 150 ms. Here the training thread only hands buffers over; the parse runs in
+Reading each record through cupti-python's per-record objects cost 18-22 µs a record on an H200
+(numpy record views); a training step of a small transformer delivers 3,100-5,900 records, which
+made a 5 ms step take 100-150 ms. Here the training thread only hands buffers over; the parse runs in
 the capture's background thread, at numpy speed.
 """
 
