@@ -105,6 +105,34 @@ def test_idle_splits_into_host_and_device_waits(name):
         assert step["plasmient.launch_queue.max"] == deepest, step["name"]
 
 
+def test_a_step_whose_kernels_have_no_launch_record_has_an_unknown_idle_split(tmp_path):
+    """Live step-depth steps record kernels without their launches (as do traces with no runtime events): the
+    idle time is still known from the kernels alone, but who made the device wait is not, so the split and
+    the launch queue are absent rather than "all host"."""
+    import gzip
+
+    from plasmient_trace.pipeline import IngestOptions, ingest_paths
+
+    name = "h100/vit_image_classification.json.gz"
+    doc = raw_trace(name)
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") not in ("cuda_runtime", "cuda_driver")]
+    path = tmp_path / "no-launches.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(doc, f)
+    rows = ingest_paths([path], IngestOptions(job_id="test-job")).batch.table.to_pylist()
+    steps = {r["plasmient.step"]: r for r in rows if r["plasmient.level"] == "step"}
+    with_launches = {r["plasmient.step"]: r for r in _steps(name)}
+    assert steps.keys() == with_launches.keys()
+    for n, step in steps.items():
+        assert step["plasmient.kernels"] > 0 and step["plasmient.idle_s"] > 0
+        assert step["plasmient.idle.device_s"] is None and step["plasmient.idle.host_s"] is None, step["name"]
+        assert step["plasmient.launch_queue.mean"] is None and step["plasmient.launch_queue.max"] is None
+        assert with_launches[n]["plasmient.idle.host_s"] > 0  # the original trace's split, for contrast
+    for row in rows:
+        if row["plasmient.level"] in ("rank", "node", "fleet"):
+            assert row["plasmient.idle.device_s"] is None and row["plasmient.idle.host_s"] is None, row["plasmient.level"]
+
+
 def test_idle_advice_follows_the_split():
     # a100/cuda_graphs rank 0 of 16 waits with kernels queued (collectives behind slower ranks): no CUDA-graph advice
     for step in _steps("a100/cuda_graphs_rank0_of16.json.gz"):

@@ -279,8 +279,9 @@ def _overlap_columns(g: SummaryGroups) -> dict[str, Any]:
             "plasmient.comm.overlap": cv.nan_to_null(np.where(comm > 0, 1 - total("comm_exposed_s") / comm, np.nan)),
             "plasmient.memcpy.total_s": copy, "plasmient.memcpy.exposed_s": total("copy_exposed_s"),
             "plasmient.memcpy.overlap": cv.nan_to_null(np.where(copy > 0, 1 - total("copy_exposed_s") / copy, np.nan)),
-            "plasmient.idle.device_s": total("idle_device_s"),
-            "plasmient.idle.host_s": total("idle_s") - total("idle_device_s"),
+            # a member whose split is unknown (NaN) leaves the group's unknown: null, not a partial sum
+            "plasmient.idle.device_s": cv.nan_to_null(total("idle_device_s")),
+            "plasmient.idle.host_s": cv.nan_to_null(total("idle_s") - total("idle_device_s")),
         }
     # the queue: the deepest any rank's got, and the ranks' means weighted by their device-seconds
     qmax = np.fmax.reduceat(g.values("queue_max"), g.first)

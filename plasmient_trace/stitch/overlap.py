@@ -12,7 +12,8 @@ step's tile).
 * idle split, over the step's tile (its device window): ``device`` idle where a kernel was already
   launched but not yet started (queued behind a dependency, an event, another stream: the device waited on
   itself) and ``host`` idle where nothing was queued (the host did not feed it).
-  ``device = |U(queued + kernels) in tile| - |U(kernels) in tile|``, over all the rank's kernels.
+  ``device = |U(queued + kernels) in tile| - |U(kernels) in tile|``, over all the rank's kernels; unknown (NaN)
+  for a step none of whose kernels has a launch record.
 * launch queue: the rank's kernels launched and not yet finished, over the step's tile: time-weighted mean
   and maximum (NaN where none of the step's kernels has a launch record).
 
@@ -37,7 +38,7 @@ class StepOverlap:
     comm_exposed_s: np.ndarray
     copy_total_s: np.ndarray
     copy_exposed_s: np.ndarray
-    idle_device_s: np.ndarray
+    idle_device_s: np.ndarray   # NaN where none of the step's kernels had a launch record
     resident_s: np.ndarray      # time any kernel of the rank ran in the step's tile (idle is the rest)
     queue_mean: np.ndarray      # NaN where no kernel had a launch record
     queue_max: np.ndarray
@@ -79,10 +80,13 @@ def step_overlap(n_steps: int, step: np.ndarray, device: np.ndarray, start: np.n
     idle_device = np.maximum(with_queue.covered(dev_ids, a, b) - resident, 0.0)
 
     queue_mean, queue_max = _launch_queue(n_steps, step, launch_start, end, tile_start, tile_end)
+    # Without a launch record nothing is known to have been queued: the split is unknown, not "all host"
+    # (live step-depth steps record kernels only; some traces have no runtime events).
+    unlaunched = (np.bincount(step, minlength=n_steps) > 0) & (np.bincount(step[launch_start >= 0], minlength=n_steps) == 0)
     return StepOverlap(
         comm_total_s=per_step(comm_total), comm_exposed_s=per_step(comm_total - comm_hidden),
         copy_total_s=per_step(copy_total), copy_exposed_s=per_step(copy_total - copy_hidden),
-        idle_device_s=per_step(idle_device), resident_s=per_step(resident), queue_mean=queue_mean,
+        idle_device_s=np.where(unlaunched[:n_steps], np.nan, per_step(idle_device)), resident_s=per_step(resident), queue_mean=queue_mean,
         queue_max=queue_max,
     )
 
