@@ -5,6 +5,9 @@ interleaved so machine load drifts hit them alike, each round starting one confi
 the one before):
   base        uninstrumented
   step-level  capture running, every step step-level only (PLASMIENT_EVERY huge)
+  step-level+api  the same with PLASMIENT_CUPTI_API=always: CUPTI records every host API call on
+              step-depth steps too, as before they recorded kernels only (``--device cuda``; on a CPU
+              it is step-level again)
   sampled     capture with the default sampling (full depth every 10th step, no more often than keeps
               the background work under PLASMIENT_OVERHEAD = 2% of wall time)
   full        capture with every step at full depth (modules + ops), ops through the native
@@ -67,7 +70,7 @@ from plasmient_trace.capture.session import CaptureConfig, CaptureSession  # noq
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time, "process": time.process_time}
 # session.stats counted per configuration, in the order printed
 STEP_COUNTS = ("steps_full", "samples_held", "steps_deferred", "steps_dropped")
-CONFIGS = ("base", "step-level", "sampled", "full", "full-dispatch", "profiler", "profiler+")
+CONFIGS = ("base", "step-level", "step-level+api", "sampled", "full", "full-dispatch", "profiler", "profiler+")
 MODELS = {
     "tiny": {},
     "gpt2": {"dim": 768, "layers": 12, "heads": 12, "vocab": 50257, "seq": 64, "batch": 1},
@@ -95,11 +98,11 @@ def run_base(model, opt, data, n: int) -> dict[str, float]:
 
 
 def run_capture(model, opt, data, n: int, every: int, out_dir: str, tally: Counter,
-                op_hook: str = "native") -> dict[str, float]:
-    path = str(Path(out_dir) / f"bench-{every}-{op_hook}.jsonl")
+                op_hook: str = "native", extra_env: dict[str, str] | None = None) -> dict[str, float]:
+    path = str(Path(out_dir) / f"bench-{every}-{op_hook}-{len(extra_env or {})}.jsonl")
     # the live delivery path as users get it: an OTLP/JSON lines file, written by the export thread;
     # sampling as the environment sets it (the default: every 10th step within PLASMIENT_OVERHEAD's budget)
-    env = {} if every == 10 else {"PLASMIENT_EVERY": str(every)}
+    env = {**({} if every == 10 else {"PLASMIENT_EVERY": str(every)}), **(extra_env or {})}
     config = CaptureConfig.from_env(env, job_id="bench", op_hook=op_hook, out=path)
     session = CaptureSession(config).start()
     try:
@@ -140,8 +143,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=100, help="steps per round (default: ten sampling periods)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--model", choices=sorted(MODELS), default="tiny")
-    p.add_argument("--configs", default=",".join(CONFIGS[1:]),
-                   help="comma-separated configurations besides base (default: all)")
+    p.add_argument("--configs", help="comma-separated configurations besides base (default: all; "
+                                     "step-level+api only with --device cuda)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
@@ -149,7 +152,8 @@ def main(argv: list[str] | None = None) -> dict:
     model, opt, data = tiny.build(**MODELS[args.model])
     model, data = model.to(args.device), data.to(args.device)  # in place: the optimizer keeps its parameters
     steps(model, opt, data, 3)
-    chosen = {"base", *args.configs.split(",")}
+    default = [c for c in CONFIGS[1:] if args.device == "cuda" or c != "step-level+api"]
+    chosen = {"base", *(args.configs.split(",") if args.configs else default)}
     if "profiler+" in chosen:
         chosen.add("profiler")
     spent: dict[str, list[dict[str, float]]] = {k: [] for k in CONFIGS}
@@ -164,13 +168,15 @@ def main(argv: list[str] | None = None) -> dict:
 
         if native.load() is None:  # build outside the timed runs; without it "full" would be dispatch
             sys.exit(f"native op observer unavailable: {native.failure()}")
-        runs = [("base", None, None), ("step-level", 10**9, "native"), ("sampled", 10, "native"),
-                ("full", 1, "native"), ("full-dispatch", 1, "dispatch"), ("profiler", None, None)]
+        always = {"PLASMIENT_CUPTI_API": "always"}
+        runs = [("base", None, None, None), ("step-level", 10**9, "native", None),
+                ("step-level+api", 10**9, "native", always), ("sampled", 10, "native", None),
+                ("full", 1, "native", None), ("full-dispatch", 1, "dispatch", None), ("profiler", None, None, None)]
         runs = [r for r in runs if r[0] in chosen]
         for r in range(args.rounds):
             # Each round starts at the next configuration: whatever the one before leaves behind (a profiler's
             # exit processing, a session's last export, allocator state) falls on each configuration in turn.
-            for cfg, every, hook in runs[r % len(runs):] + runs[:r % len(runs)]:
+            for cfg, every, hook, extra_env in runs[r % len(runs):] + runs[:r % len(runs)]:
                 if cfg == "base":
                     spent["base"].append(run_base(model, opt, data, args.steps))
                 elif cfg == "profiler":
@@ -181,7 +187,8 @@ def main(argv: list[str] | None = None) -> dict:
                     spent["profiler+"].append({k: v + share for k, v in s.items()})
                     post.append(x)
                 else:
-                    spent[cfg].append(run_capture(model, opt, data, args.steps, every, out_dir, tallies[cfg], hook))
+                    spent[cfg].append(run_capture(model, opt, data, args.steps, every, out_dir, tallies[cfg], hook,
+                                                  extra_env))
     spent = {cfg: rounds for cfg, rounds in spent.items() if rounds}
     per_step = {cfg: {clk: statistics.median(r[clk] for r in rounds) / args.steps for clk in CLOCKS}
                 for cfg, rounds in spent.items()}
@@ -194,7 +201,7 @@ def main(argv: list[str] | None = None) -> dict:
         return round((per_step[cfg][clk] - per_step["base"][clk]) / extra, 2) if extra > 0 else None
 
     vs_prof = {ref: {cfg: {clk: vs(cfg, ref, clk) for clk in CLOCKS}
-                     for cfg in ("step-level", "sampled", "full", "full-dispatch") if cfg in per_step}
+                     for cfg in ("step-level", "step-level+api", "sampled", "full", "full-dispatch") if cfg in per_step}
                for ref in ("profiler", "profiler+") if ref in per_step}
     counts = {cfg: {k: tallies[cfg][k] for k in STEP_COUNTS} for cfg in loop}
     res = {"step_ms": {c: {k: round(v * 1e3, 2) for k, v in d.items()} for c, d in per_step.items()},
@@ -203,9 +210,9 @@ def main(argv: list[str] | None = None) -> dict:
            "profiler_processing_s": round(statistics.median(post), 3) if post else None,
            "rounds": args.rounds, "steps_per_round": args.steps, "threads": args.threads, "model": args.model,
            "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"}
-    print(f"{'config':<14}" + "".join(f"{c + ' ms':>12}{'ratio':>8}" for c in CLOCKS))
+    print(f"{'config':<16}" + "".join(f"{c + ' ms':>12}{'ratio':>8}" for c in CLOCKS))
     for cfg in per_step:
-        print(f"{cfg:<14}" + "".join(f"{per_step[cfg][c] * 1e3:>12.1f}{ratio[cfg][c]:>8.3f}" for c in CLOCKS))
+        print(f"{cfg:<16}" + "".join(f"{per_step[cfg][c] * 1e3:>12.1f}{ratio[cfg][c]:>8.3f}" for c in CLOCKS))
     print("headline, wall time of the training loop vs uninstrumented (median of interleaved rounds): "
           + ", ".join(f"{cfg} {ratio[cfg]['wall']:.3f}" for cfg in per_step if cfg != "base"))
     print("the loop alone, without draining the export queue after it: "

@@ -482,28 +482,45 @@ class FakeCupti:
         self.stack: list[tuple[int, int]] = []
         self.corr = 0
         self.flushes = 0
+        self.api_recorded = True
+        self.api_changes: list[bool] = []
+
+    def record_api(self, on: bool) -> bool:
+        """As CUPTI with its runtime/driver/external-correlation kinds disabled: kernels only."""
+        if on != self.api_recorded:
+            self.api_changes.append(on)
+        self.api_recorded = on
+        return True
 
     def push(self, eid: int) -> None:
         self.stack.append((eid, torch_hooks.perf_counter_ns()))
 
     def pop(self) -> None:
-        from types import SimpleNamespace as Rec
-
         eid, t_push = self.stack.pop()
         t_pop = torch_hooks.perf_counter_ns()
-        self.corr += 1
         mid = (t_push + t_pop) // 2
         k_start, k_end = self.kernel_interval(t_pop)
+        self.launch(mid, k_start, k_end, f"kernel_{eid}", eid)
+
+    def launch(self, t_launch: int, k_start: int, k_end: int, name: str, eid: int | None = None) -> None:
+        from types import SimpleNamespace as Rec
+
         cu = self.cu
+        self.corr += 1
+        kernel = Rec(kind=cu.KIND_CONCURRENT_KERNEL, name=name, device_id=0, stream_id=7, start=k_start,
+                     end=k_end, correlation_id=self.corr, grid_x=1, grid_y=1, grid_z=1, block_x=128, block_y=1,
+                     block_z=1, registers_per_thread=32, static_shared_memory=0, dynamic_shared_memory=0, graph_id=0)
+        if not self.api_recorded:
+            self.records.append(kernel)
+            return
         self.records.extend([
-            Rec(kind=cu.KIND_RUNTIME, cbid=211, process_id=1, thread_id=threading.get_native_id(), start=mid, end=mid + 1,
-                correlation_id=self.corr),
-            Rec(kind=cu.KIND_CONCURRENT_KERNEL, name=f"kernel_{eid}", device_id=0, stream_id=7, start=k_start,
-                end=k_end, correlation_id=self.corr, grid_x=1, grid_y=1, grid_z=1, block_x=128, block_y=1,
-                block_z=1, registers_per_thread=32, static_shared_memory=0, dynamic_shared_memory=0, graph_id=0),
-            Rec(kind=cu.KIND_EXTERNAL_CORRELATION, external_kind=cu.EXTERNAL_KIND_CUSTOM0, external_id=eid,
-                correlation_id=self.corr),
+            Rec(kind=cu.KIND_RUNTIME, cbid=211, process_id=1, thread_id=threading.get_native_id(), start=t_launch,
+                end=t_launch + 1, correlation_id=self.corr),
+            kernel,
         ])
+        if eid is not None:
+            self.records.append(Rec(kind=cu.KIND_EXTERNAL_CORRELATION, external_kind=cu.EXTERNAL_KIND_CUSTOM0,
+                                    external_id=eid, correlation_id=self.corr))
 
     def kernel_interval(self, t_pop: int) -> tuple[int, int]:
         """When the op's kernel runs: right after the op, for 2 µs (a device that keeps up)."""
@@ -573,6 +590,41 @@ def _train_a_small_mlp(session: CaptureSession, steps: int, after_step=lambda: N
             after_step()
     finally:
         session.close(timeout=30)
+
+
+@pytest.mark.parametrize("api", ["full", "always"])
+def test_host_api_calls_are_recorded_on_full_depth_steps_only(monkeypatch, api):
+    """CUPTI's runtime/driver/external-correlation records (thousands per step, nearly all launching
+    nothing) serve the kernel -> op join of full-depth steps. Step-depth steps record kernels only: their
+    busy and idle time stay measured, their idle split and launch queue are unknown (absent), and full
+    steps after them still join every kernel. PLASMIENT_CUPTI_API=always records launches on every step."""
+    sink = Collect()
+    env = {"PLASMIENT_EVERY": "3", **({"PLASMIENT_CUPTI_API": "always"} if api == "always" else {})}
+    session = CaptureSession(CaptureConfig.from_env(env, job_id="gpu", op_hook="dispatch"), exporters=[("memory", sink)])
+    _on_a_stand_in_gpu(monkeypatch, session, FakeCupti)
+    session.start()
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(7):
+            model(torch.randn(8, 16)).sum().backward()
+            now = torch_hooks.perf_counter_ns()
+            session.cupti.launch(now, now + 1_000, now + 50_000, "step_kernel")  # work no op bracketed
+            opt.step()
+    finally:
+        session.close(timeout=30)
+    steps = {r["plasmient.step"]: r for r in sink.rows() if r["plasmient.level"] == "step"}
+    assert sorted(steps) == list(range(7))
+    full = {n for n, r in steps.items() if r["plasmient.sampled_depth"] == "full"}
+    assert full == {0, 3, 6}
+    for n, step in steps.items():
+        assert step["plasmient.kernels"] >= 1 and step["plasmient.busy_s"] > 0 and step["plasmient.idle_s"] >= 0
+        split_known = n in full or api == "always"
+        assert (step["plasmient.idle.device_s"] is not None) == split_known, n
+        assert (step["plasmient.launch_queue.max"] is not None) == split_known, n
+        if n in full:
+            assert step["plasmient.unjoined_kernels"] == 1  # the step_kernel, no op around it
+    assert session.cupti.api_changes == ([] if api == "always" else [False, True, False, True, False])  # steps 1, 3, 4, 6 and 7 (opened, never ended)
 
 
 class LaggingCupti(FakeCupti):

@@ -70,6 +70,17 @@ def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
     return default
 
 
+def _env_choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices`` (the first is the default); anything else is said once and ignored."""
+    value = env.get(name, "").strip().lower()
+    if not value:
+        return choices[0]
+    if value in choices:
+        return value
+    say_once(f"bad-{name}", f"ignoring {name}={value!r}: not one of {', '.join(choices)}")
+    return choices[0]
+
+
 def _overhead(env: Mapping[str, str]) -> float | None:
     """PLASMIENT_OVERHEAD; unset: the default budget, unless PLASMIENT_EVERY asks for a rate itself."""
     from .budget import DEFAULT_FRACTION
@@ -109,6 +120,9 @@ class CaptureConfig:
     PLASMIENT_CUPTI=0 / PLASMIENT_NVML=0   disable those sources
     PLASMIENT_CUPTI=kineto  kernels through torch.profiler (Kineto) instead of cupti-python, which is
                             also the fallback when cupti-python is missing or CUPTI is taken
+    PLASMIENT_CUPTI_API     full (default): CUPTI records host API calls (launches, the kernel -> op
+                            join, the launch queue and idle split) on full-depth steps only; always:
+                            on every step too, at a launch-bound step's cost
     PLASMIENT_OP_HOOK       how full-depth steps see ops: auto (default: the native RecordFunction
                             observer, built once in the background, the dispatch hook until it is
                             ready), native (build it now, before the first step), dispatch (the
@@ -137,6 +151,7 @@ class CaptureConfig:
     traces_exporter: str = ""
     cupti: bool = True
     kineto: bool = False   # force the Kineto fallback (PLASMIENT_CUPTI=kineto)
+    cupti_api_always: bool = False  # PLASMIENT_CUPTI_API=always: launches recorded on step-depth steps too
     nvml: bool = True
     op_hook: str = "auto"  # auto | native | dispatch (PLASMIENT_OP_HOOK)
     queue_steps: int = 64
@@ -162,6 +177,7 @@ class CaptureConfig:
             traces_exporter=env.get("OTEL_TRACES_EXPORTER", "").strip().lower(),
             cupti=env.get("PLASMIENT_CUPTI", "1") not in ("0", "false", "no"),
             kineto=env.get("PLASMIENT_CUPTI", "").strip().lower() == "kineto",
+            cupti_api_always=_env_choice(env, "PLASMIENT_CUPTI_API", ("full", "always")) == "always",
             nvml=env.get("PLASMIENT_NVML", "1") not in ("0", "false", "no"),
             op_hook=(env.get("PLASMIENT_OP_HOOK") or "auto").strip().lower(),
             flush_timeout_s=_env_float(env, "PLASMIENT_FLUSH_TIMEOUT_S") or 5.0,

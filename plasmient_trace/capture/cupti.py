@@ -25,8 +25,13 @@ from .cupti_records import (CUDA13_SIZES, EXTERNAL_KIND_CUSTOM0, KIND_CONCURRENT
                             KIND_SYNCHRONIZATION, RawActivity, demangle, parse)
 from .cupti_records import tables as _tables
 
-_ENABLED_KINDS = (KIND_CONCURRENT_KERNEL, KIND_RUNTIME, KIND_DRIVER, KIND_MEMCPY, KIND_MEMSET, KIND_SYNCHRONIZATION,
-                  KIND_EXTERNAL_CORRELATION)
+# Device work: recorded on every step (util, idle, the step's device window).
+_DEVICE_KINDS = (KIND_CONCURRENT_KERNEL, KIND_MEMCPY, KIND_MEMSET)
+# Host API calls and the op ids pushed around them: what joins a kernel to its launch and op. A
+# training step makes thousands of runtime/driver calls, nearly all of which launch nothing
+# (cudaGetDevice, ...), and CUPTI records each on the launching thread: recorded on full-depth steps only.
+_API_KINDS = (KIND_RUNTIME, KIND_DRIVER, KIND_SYNCHRONIZATION, KIND_EXTERNAL_CORRELATION)
+_ENABLED_KINDS = _DEVICE_KINDS + _API_KINDS
 
 # CUpti_BuffersCallbackRequestFunc / CUpti_BuffersCallbackCompleteFunc (cupti_activity.h).
 _REQUEST = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t),
@@ -88,6 +93,7 @@ class CuptiCollector:
         self._lent: dict[int, np.ndarray] = {}
         self._spare: list[np.ndarray] = []
         self._completed: list[np.ndarray] = []
+        self.api_recorded = True  # _API_KINDS are enabled
 
     def start(self) -> None:
         """Enable activity collection; raises CuptiUnavailable with a one-line reason."""
@@ -185,6 +191,20 @@ class CuptiCollector:
                     self._spare.append(data)
         except Exception:
             pass
+
+    def record_api(self, on: bool) -> bool:
+        """Record host API calls and external correlations (``_API_KINDS``) from now on, or stop; False
+        when CUPTI refused (the caller says so once). Called at step boundaries, on changes only."""
+        if not self.available or on == self.api_recorded:
+            return True
+        toggle = self._cupti.activity_enable if on else self._cupti.activity_disable
+        try:
+            for kind in _API_KINDS:
+                toggle(kind)
+        except Exception:
+            return False
+        self.api_recorded = on
+        return True
 
     # push/pop run around every op on the training thread: they must never raise into it.
     def push(self, external_id: int) -> None:

@@ -544,16 +544,26 @@ class CaptureSession:
         self.modules.want_signature = True
         if full:
             self._go_full()
+        else:
+            self._record_api(self.config.cupti_api_always)
             if self.kineto is not None and self.kineto.running:
                 self._step_start = perf_counter_ns()  # starting torch.profiler (the fallback) is ours too
 
     def _go_full(self) -> None:
         """Capture the open step at full depth from now on (its start, or its first module call)."""
         self._full = True
+        self._record_api(True)
         self.modules.reset_stack()
         self.modules.enabled = True
         if not self._start_kineto():
             self._enter_mode()
+
+    def _record_api(self, on: bool) -> None:
+        """CUPTI's host API records on (full depth: launches join kernels to ops) or off (step depth)."""
+        if self.cupti is not None and not self.cupti.record_api(on):
+            say_once("cupti-api", f"CUPTI would not {'enable' if on else 'disable'} its API activity kinds: "
+                                  + ("full-depth steps may miss kernel -> op joins" if on else
+                                     "step-depth steps keep recording launches (more overhead)"))
 
     def _on_signature(self, module: Any, args: Any) -> None:
         """The step's first module call with a tensor argument: its signature. A signature never
