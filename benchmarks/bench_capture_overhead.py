@@ -45,7 +45,8 @@ fixed per-step cost shows most) and ``--model gpt2`` (GPT-2 small's shape: 12 la
 ``--device cuda`` trains on the GPU: the capture adds CUPTI activity and NVML, the profiler its CUDA
 activity; each step still ends in a host sync (the loss is read), so wall time stays per step.
 
-    python benchmarks/bench_capture_overhead.py [--model tiny|gpt2] [--device cpu|cuda] [--rounds 6] [--steps 100] [--json out.json]
+    python benchmarks/bench_capture_overhead.py [--model tiny|gpt2] [--device cpu|cuda] [--batch N] [--seq N]
+        [--rounds 6] [--steps 100] [--json out.json]
 """
 
 from __future__ import annotations
@@ -146,10 +147,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--configs", help="comma-separated configurations besides base (default: all; "
                                      "step-level+api only with --device cuda)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--batch", type=int, help="override the model's batch size (a GPU takes larger ones)")
+    p.add_argument("--seq", type=int, help="override the model's sequence length")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    model, opt, data = tiny.build(**MODELS[args.model])
+    shape = {**MODELS[args.model], **{k: v for k, v in (("batch", args.batch), ("seq", args.seq)) if v}}
+    model, opt, data = tiny.build(**shape)
     model, data = model.to(args.device), data.to(args.device)  # in place: the optimizer keeps its parameters
     steps(model, opt, data, 3)
     default = [c for c in CONFIGS[1:] if args.device == "cuda" or c != "step-level+api"]
@@ -208,7 +212,7 @@ def main(argv: list[str] | None = None) -> dict:
            "ratio_vs_base": ratio, "loop_ratio_vs_base": loop, "step_counts": counts,
            "overhead_vs_profiler": vs_prof,
            "profiler_processing_s": round(statistics.median(post), 3) if post else None,
-           "rounds": args.rounds, "steps_per_round": args.steps, "threads": args.threads, "model": args.model,
+           "rounds": args.rounds, "steps_per_round": args.steps, "threads": args.threads, "model": args.model, "shape": shape,
            "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"}
     print(f"{'config':<16}" + "".join(f"{c + ' ms':>12}{'ratio':>8}" for c in CLOCKS))
     for cfg in per_step:

@@ -251,7 +251,10 @@ class Budget:
 def _run(cmd: list[str], timeout: float, env: dict[str, str] | None = None, log: Path | None = None) -> tuple[int, str]:
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as err:
+        if log is not None:  # what it printed before the cut is the only clue to where the time went
+            log.write_text("".join(x.decode(errors="replace") if isinstance(x, bytes) else x
+                                   for x in (err.stdout or "", err.stderr or "")))
         return 124, f"timed out after {timeout:.0f}s"
     if log is not None:
         log.write_text(p.stdout + p.stderr)
@@ -322,29 +325,50 @@ def _example(py: str, work: Path, logs: Path, budget: Budget, label: str, script
     sources = steps.column("plasmient.flops.source").to_pylist() if source else [None] * steps.num_rows
     # Unknown is an honest answer (a step with no module forward has no shape signature to carry FLOPs
     # by); an MFU without FLOPs, or FLOPs without an MFU, is not.
-    ok = (steps.num_rows > 0 and source.get("measured", 0) > 0 and (kernels > 0 or device != "cuda")
+    # Step-depth steps record kernels without their launches (PLASMIENT_CUPTI_API): device work on every
+    # step, and the full steps after them still join their kernels to ops.
+    depth = steps.column("plasmient.sampled_depth").to_pylist()
+    per_step = steps.column("plasmient.kernels").to_pylist()
+    unjoined = steps.column("plasmient.unjoined_kernels").to_pylist()
+    kernels_each = device != "cuda" or all((k or 0) > 0 for k in per_step)
+    ok = (steps.num_rows > 0 and source.get("measured", 0) > 0 and (kernels > 0 or device != "cuda") and kernels_each
           and all(s in ("measured", "carried", "unknown") and (m is None) == (s == "unknown") for s, m in zip(sources, mfu)))
     lines = [f"  {label}: {steps.num_rows} steps, {kernels} kernel spans, flops.source {dict(source)} "
              f"({'OK' if ok else 'FAILED: MFU, FLOPs source or kernels missing'})",
-             f"    MFU {_fmt(mfu, '.3f')}", f"    resident util {_fmt(util, '.2f')}"]
+             f"    MFU {_fmt(mfu, '.3f')}", f"    resident util {_fmt(util, '.2f')}",
+             "    kernels (unjoined) per step: " + " ".join(f"{d[0]}:{k}({u})" for d, k, u in zip(depth, per_step, unjoined))]
     return ok, lines
 
 
+# (label, bench arguments): the example's tiny model, where a fixed per-step cost shows most, and GPT-2
+# small's shape at a batch a GPU trains with
+OVERHEAD_RUNS = (("tiny", ["--model", "tiny"]), ("gpt2", ["--model", "gpt2", "--batch", "8", "--seq", "256"]))
+OVERHEAD_CONFIGS = "step-level,step-level+api,sampled,full,profiler"
+
+
 def _overhead(py: str, logs: Path, budget: Budget, device: str) -> list[str]:
-    """benchmarks/bench_capture_overhead.py on this device, GPT-2 small's shape, in what the budget leaves:
-    wall time of the training loop under each capture configuration over the plain loop."""
-    left = budget.left(600)
-    if left < 60:
-        return [f"  overhead: not run ({left:.0f}s of the budget left)"]
-    out = logs / "overhead-gpt2.json"
-    cmd = [py, str(REPO / "benchmarks" / "bench_capture_overhead.py"), "--device", device, "--model", "gpt2",
-           "--rounds", "2", "--steps", "20", "--json", str(out)]
-    rc, last = _run(cmd, left, _child_env(), log=logs / "overhead-gpt2.log")
-    if rc != 0 or not out.exists():
-        return [f"  overhead: FAILED (exit {rc}): {last[:150]}"]
-    res = json.loads(out.read_text())
-    ratios = ", ".join(f"{cfg} {r['wall']:.3f}" for cfg, r in res["ratio_vs_base"].items() if cfg != "base")
-    return [f"  overhead, GPT-2 small shape on {res.get('device')}: wall of the loop vs plain: {ratios}"]
+    """benchmarks/bench_capture_overhead.py on this device, in what the budget leaves: wall time of the
+    training loop under each capture configuration over the plain loop, thread and process CPU beside it."""
+    lines = []
+    for i, (label, model_args) in enumerate(OVERHEAD_RUNS):
+        left = budget.left(600) / (len(OVERHEAD_RUNS) - i)  # a share for each run still to come
+        if left < 45:
+            lines.append(f"  overhead {label}: not run ({left:.0f}s of the budget left)")
+            continue
+        out = logs / f"overhead-{label}.json"
+        cmd = [py, str(REPO / "benchmarks" / "bench_capture_overhead.py"), "--device", device, *model_args,
+               "--configs", OVERHEAD_CONFIGS, "--rounds", "3", "--steps", "30", "--json", str(out)]
+        rc, last = _run(cmd, left, _child_env(), log=logs / f"overhead-{label}.log")
+        if rc != 0 or not out.exists():
+            lines.append(f"  overhead {label}: FAILED (exit {rc}): {last[:150]}")
+            continue
+        res = json.loads(out.read_text())
+        lines.append(f"  overhead {label} {res.get('shape')} on {res.get('device')}, ms per step (wall/thread/process):")
+        for cfg, ms in res["step_ms"].items():
+            r = res["ratio_vs_base"][cfg]
+            lines.append(f"    {cfg:<15} {ms['wall']:8.2f} {ms['thread']:8.2f} {ms['process']:8.2f}   "
+                         f"x{r['wall']:.3f} x{r['thread']:.3f} x{r['process']:.3f}")
+    return lines
 
 
 def parent(args: argparse.Namespace) -> int:
@@ -444,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--logs", default="", help="keep every child's output here (default: a temporary directory)")
     p.add_argument("--budget-s", type=float, default=440.0, help="the whole check's time budget")
     p.add_argument("--overhead", action="store_true",
-                   help="then run the capture-overhead benchmark (GPT-2 shape) in the time the budget leaves")
+                   help="then run the capture-overhead benchmark (tiny model, GPT-2 shape) in the time the budget leaves")
     p.add_argument("--child", nargs=2, metavar=("WORKLOAD", "VARIANT"), help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
