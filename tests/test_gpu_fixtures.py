@@ -1,7 +1,7 @@
 """Live capture on an NVIDIA H200, replayed here without a GPU.
 
-``scripts/gpu-check.sh`` recorded, for two workloads (the tiny transformer training, dim 256, batch 16;
-a decode loop plus a 4096^3 GEMM as explicit steps), three full-depth steps under live capture: the
+``scripts/gpu-check.sh`` recorded, for three workloads (the tiny transformer training, dim 256, batch 16,
+in fp32 and under bf16 autocast; a decode loop plus a 4096^3 GEMM as explicit steps), three full-depth steps under live capture: the
 raw CUPTI activity buffers exactly as libcupti filled them (``cupti/step<k>.npz``, with the record
 sizes the collector measured and the kernel names their pointers held), the op, module and step
 tables of the native op observer (``records/``), and torch.profiler's trace of the same three steps
@@ -29,7 +29,7 @@ from plasmient_trace.pipeline import IngestOptions, stitch_records
 from plasmient_trace.records import DeviceInfo, RecordSet
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "gpu"
-WORKLOADS = ("tiny_transformer", "decode_gemm")
+WORKLOADS = ("tiny_transformer", "decode_gemm", "bf16_autocast")
 
 
 def raw_activity(workload: str) -> tuple[cr.RawActivity, int]:
@@ -145,10 +145,13 @@ def test_gemm_and_attention_flops_match_torch_flop_counter_formulas(replay):
         # 8 tokens x 4 layers of (1, 2048) @ (2048, 2048), then one 4096^3 GEMM
         assert flops["aten::mm"] == 8 * 4 * mm_flop((1, 2048), (2048, 2048)) + mm_flop((4096, 4096), (4096, 4096))
         return
-    # the tiny transformer: 2 layers, batch 16, 4 heads of 64, sequence 64 (query, key, value alike)
+    # the tiny transformer: 2 layers, batch 16, 4 heads of 64, sequence 64 (query, key, value alike); in fp32
+    # the efficient-attention kernels run it, under bf16 autocast cuDNN's
     q = (16, 4, 64, 64)
-    assert flops["aten::_efficient_attention_forward"] == 2 * sdpa_flop_count(q, q, q)
-    assert flops["aten::_efficient_attention_backward"] == 2 * sdpa_backward_flop_count(q, q, q, q)
+    attention = "_cudnn_attention" if workload == "bf16_autocast" else "_efficient_attention"
+    assert flops[f"aten::{attention}_forward"] == 2 * sdpa_flop_count(q, q, q)
+    assert flops[f"aten::{attention}_backward"] == 2 * sdpa_backward_flop_count(q, q, q, q)
+    assert flops["aten::mm"] == 7_784_628_224  # as in fp32: FlopCounterMode's count, checked below
     step = table.filter(pc.and_(pc.equal(table.column("plasmient.level"), "step"), pc.equal(table.column("plasmient.step"), 1)))
     assert step.column("plasmient.flops").to_pylist()[0] == pytest.approx(sum(flops.values()))
 
