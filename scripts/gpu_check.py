@@ -171,9 +171,9 @@ def _child_capture(name: str, device: str, steps: int, work: Path, variant: str)
     flush, record_set = cupti.CuptiCollector.flush, batches.record_set
 
     def recording_flush(self: Any) -> Any:
-        raw, dropped = flush(self)
-        buffers.append((raw, dropped, self.epoch_offset_ns, cupti_records.name_table(raw)))  # while CUPTI holds them
-        return raw, dropped
+        raw = flush(self)
+        buffers.append((raw, self.epoch_offset_ns, cupti_records.name_table(raw)))  # while CUPTI holds them
+        return raw
 
     def recording_record_set(session: Any, items: Any) -> Any:
         rs = record_set(session, items)
@@ -205,12 +205,13 @@ def _child_capture(name: str, device: str, steps: int, work: Path, variant: str)
     if variant == "native":
         raw = work / "cupti"
         raw.mkdir(parents=True, exist_ok=True)
-        for k, (buf, dropped, offset, names) in enumerate(buffers):
+        for k, (buf, offset, names) in enumerate(buffers):
             import numpy as np
 
-            np.savez_compressed(raw / f"step{k}.npz", *buf.buffers)
-            (raw / f"step{k}.json").write_text(json.dumps({
-                "sizes": {str(kind): size for kind, size in buf.sizes.items()}, "dropped": dropped,
+            # one file per worker flush (once per export batch; the first fixtures had one per step)
+            np.savez_compressed(raw / f"flush{k}.npz", *buf.buffers)
+            (raw / f"flush{k}.json").write_text(json.dumps({
+                "sizes": {str(kind): size for kind, size in buf.sizes.items()},
                 "epoch_offset_ns": offset, "names": {str(p): n for p, n in names.items()}}, indent=1))
         merged = record_sets[0]
         if len(record_sets) > 1:  # several export batches: one RecordSet of every step
@@ -391,9 +392,9 @@ def parent(args: argparse.Namespace) -> int:
     rc, last = _run([py, "-m", "plasmient_trace.capture.native"], budget.left(240), env, log=logs / "native-build.log")
     lines.append(f"  native op observer build: {'OK' if rc == 0 else f'FAILED (exit {rc}): {last}'}")
 
-    for name in WORKLOADS:
+    for name in args.workloads.split(","):
         results: dict[str, dict] = {}
-        for variant in VARIANTS:
+        for variant in args.variants.split(","):
             work = work_root / name / variant
             cmd = [py, str(Path(__file__).resolve()), "--child", name, variant, "--work", str(work),
                    "--steps", str(args.steps), "--device", args.device]
@@ -467,6 +468,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="where the recorded fixtures go (default tests/fixtures/gpu; '' = nowhere)")
     p.add_argument("--logs", default="", help="keep every child's output here (default: a temporary directory)")
     p.add_argument("--budget-s", type=float, default=440.0, help="the whole check's time budget")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"a subset of {','.join(WORKLOADS)}")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help=f"a subset of {','.join(VARIANTS)} (the joins compare against profiler)")
     p.add_argument("--overhead", action="store_true",
                    help="then run the capture-overhead benchmark (tiny model, GPT-2 shape) in the time the budget leaves")
     p.add_argument("--child", nargs=2, metavar=("WORKLOAD", "VARIANT"), help=argparse.SUPPRESS)

@@ -482,6 +482,7 @@ class FakeCupti:
         self.stack: list[tuple[int, int]] = []
         self.corr = 0
         self.flushes = 0
+        self.drop_reads = 0
         self.api_recorded = True
         self.api_changes: list[bool] = []
 
@@ -550,7 +551,11 @@ class FakeCupti:
 
         self.flushes += 1
         records, self.records = self.records, []
-        return pack(records), 10 * self.flushes  # dropped records: 10, 20, ... per step
+        return pack(records)
+
+    def dropped(self) -> int:
+        self.drop_reads += 1
+        return 10 * self.drop_reads  # dropped records: 10, 20, ... per step
 
     def stop(self) -> None:
         self.available = False
@@ -625,6 +630,34 @@ def test_host_api_calls_are_recorded_on_full_depth_steps_only(monkeypatch, api):
         if n in full:
             assert step["plasmient.unjoined_kernels"] == 1  # the step_kernel, no op around it
     assert session.cupti.api_changes == ([] if api == "always" else [False, True, False, True, False])  # steps 1, 3, 4, 6 and 7 (opened, never ended)
+
+
+@pytest.mark.parametrize("api", ["full", "always"])
+def test_records_of_the_step_open_at_a_flush_reach_that_step_in_the_next_batch(monkeypatch, api):
+    """The worker flushes CUPTI once per batch, while the job has already begun the next step: what that
+    step recorded so far (kernels, and their launches where recorded) waits for the next batch instead of
+    falling outside every step of this one."""
+    sink = Collect()
+    env = {"PLASMIENT_EVERY": "1000", **({"PLASMIENT_CUPTI_API": "always"} if api == "always" else {})}
+    session = CaptureSession(CaptureConfig.from_env(env, job_id="gpu", op_hook="dispatch"), exporters=[("memory", sink)])
+    _on_a_stand_in_gpu(monkeypatch, session, FakeCupti)
+    session.start()
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(5):
+            model(torch.randn(8, 16)).sum().backward()
+            opt.step()  # ends a step and opens the next
+            now = torch_hooks.perf_counter_ns()
+            session.cupti.launch(now, now + 1_000, now + 200_000, "early_kernel")  # the new step's first work
+            session.flush(30)  # one batch per step, each flushed with the next step's kernel in CUPTI
+    finally:
+        session.close(timeout=30)
+    steps = sorted((r for r in sink.rows() if r["plasmient.level"] == "step"), key=lambda r: r["plasmient.step"])
+    # step 0 opened at the first forward (no early kernel); the step open at close is not a finished step
+    assert [s["plasmient.step"] for s in steps] == list(range(5))
+    assert [s["plasmient.kernels"] for s in steps[1:]] == [1] * 4
+    assert all(s["plasmient.busy_s"] == pytest.approx(199e-6, abs=1e-9) for s in steps[1:])
 
 
 class LaggingCupti(FakeCupti):

@@ -2,7 +2,7 @@
 
 ``scripts/gpu-check.sh`` recorded, for three workloads (the tiny transformer training, dim 256, batch 16,
 in fp32 and under bf16 autocast; a decode loop plus a 4096^3 GEMM as explicit steps), three full-depth steps under live capture: the
-raw CUPTI activity buffers exactly as libcupti filled them (``cupti/step<k>.npz``, with the record
+raw CUPTI activity buffers exactly as libcupti filled them (``cupti/*.npz``, one per flush, with the record
 sizes the collector measured and the kernel names their pointers held), the op, module and step
 tables of the native op observer (``records/``), and torch.profiler's trace of the same three steps
 of the same program on the same machine (``profiler.json.gz``). torch 2.11.0+cu130, CUPTI 13.0.
@@ -35,7 +35,7 @@ WORKLOADS = ("tiny_transformer", "decode_gemm", "bf16_autocast")
 def raw_activity(workload: str) -> tuple[cr.RawActivity, int]:
     """Every recorded flush of the workload as one batch, and the CUPTI -> epoch clock offset."""
     raws, offset = [], 0
-    for meta_path in sorted((FIXTURES / workload / "cupti").glob("step*.json")):
+    for meta_path in sorted((FIXTURES / workload / "cupti").glob("*.json")):
         meta = json.loads(meta_path.read_text())
         with np.load(meta_path.with_suffix(".npz")) as npz:
             buffers = [npz[f"arr_{i}"] for i in range(len(npz.files))]

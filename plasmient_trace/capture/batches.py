@@ -45,15 +45,17 @@ def record_set(session: CaptureSession, items: list[StepCapture]) -> RecordSet:
         if tabs:
             setattr(rs, name, pa.concat_tables(tabs, promote_options="default") if len(tabs) > 1 else tabs[0])
     rs.modules = modules_table([m for c in items for m in c.modules], session._pid, session._epoch)
-    raws = [c.cupti for c in items if c.cupti is not None]
-    if session.on_gpu and raws:
-        # every step's buffers parsed at once: one pass of numpy work per batch, not per step
-        raw = cupti_records.RawActivity.concat(raws)
+    collector = session.cupti
+    if session.on_gpu and collector is not None and (collector.available or session._cupti_later):
+        # everything CUPTI recorded up to now, parsed at once: one pass of numpy work per batch
+        raw = collector.flush() if collector.available else cupti_records.RawActivity()
         cols = cupti_records.parse(raw)
         if cols.skipped_buffers:
             say_once("cupti-layout", f"{cols.skipped_buffers} CUPTI buffer(s) did not match the record sizes "
                                      f"{dict(raw.sizes)} and were skipped: their steps miss kernels")
-        for name, table in cupti_records.tables(cols, session.cupti.epoch_offset_ns, cupti_mod.default_api_name).items():
+        parsed = cupti_records.tables(cols, collector.epoch_offset_ns, cupti_mod.default_api_name)
+        now, session._cupti_later = split_at(concat_records(session._cupti_later, parsed), max(c.end_ns for c in items))
+        for name, table in now.items():
             if table.num_rows:
                 setattr(rs, name, table)
         # the Kineto fallback does not report its dropped records; a count CUPTI would not give is unknown
@@ -63,6 +65,32 @@ def record_set(session: CaptureSession, items: list[StepCapture]) -> RecordSet:
     if samples:
         rs.samples = pa.concat_tables(samples)
     return rs
+
+
+def concat_records(earlier: dict[str, pa.Table], parsed: dict[str, pa.Table]) -> dict[str, pa.Table]:
+    return {name: pa.concat_tables([earlier[name], table]) if name in earlier and earlier[name].num_rows else table
+            for name, table in parsed.items()}
+
+
+def split_at(tables: dict[str, pa.Table], cutoff_ns: int) -> tuple[dict[str, pa.Table], dict[str, pa.Table]]:
+    """CUPTI records of this batch's steps, and those of the step still open when the worker flushed
+    (launched at or after ``cutoff_ns``, the batch's last step end), kept for the next batch. A kernel
+    goes with its launch when that is among the records (a step's kernels may run after it ends),
+    else by its own start; external correlations go with their launches."""
+    kernels, launches, ext = tables["kernels"], tables["launches"], tables["external_correlation"]
+    launched_later = pc.greater_equal(launches.column("start_ns"), cutoff_ns)
+    later_ids = launches.column("correlation_id").filter(launched_later).combine_chunks()
+    corr = kernels.column("correlation_id")
+    kernel_later = pc.if_else(pc.is_in(corr, value_set=launches.column("correlation_id").combine_chunks()),
+                              pc.is_in(corr, value_set=later_ids),
+                              pc.greater_equal(kernels.column("start_ns"), cutoff_ns))
+    ext_later = pc.is_in(ext.column("correlation_id"), value_set=later_ids)
+    now, later = {}, {}
+    for name, table, mask in (("kernels", kernels, kernel_later), ("launches", launches, launched_later),
+                              ("external_correlation", ext, ext_later)):
+        later[name] = table.filter(mask)
+        now[name] = table.filter(pc.invert(mask))
+    return now, later
 
 
 def kineto_records(items: list[StepCapture]) -> list[RecordSet]:

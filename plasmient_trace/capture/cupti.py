@@ -2,13 +2,14 @@
 
 :class:`CuptiCollector` enables the activity kinds, lends CUPTI buffers and takes them back through
 C callbacks registered with libcupti itself (ctypes), pushes/pops external correlation ids for the
-torch hooks, flushes at each step end, and fails soft (one clear message, ``available = False``)
-when there is no driver, no GPU, or another CUPTI subscriber (torch.profiler) already holds it.
+torch hooks, hands the worker every record so far once per batch, and fails soft (one clear message,
+``available = False``) when there is no driver, no GPU, or another CUPTI subscriber (torch.profiler)
+already holds it.
 
-The training thread's share per step is the flush and one copy of each completed buffer's valid
-bytes; cupti-python's own buffer callback, which builds a Python object per record, cost 18-22 µs a
-record on an H200 and is not used. cupti-python still loads libcupti and provides the enums,
-``activity_enable`` and the timestamps.
+The training thread's share per step is reading the dropped-record count. The worker flushes and
+copies each completed buffer's valid bytes. cupti-python's own buffer callback, which builds a Python
+object per record, cost 18-22 µs a record on an H200 and is not used; cupti-python still loads
+libcupti and provides the enums, ``activity_enable`` and the timestamps.
 """
 
 from __future__ import annotations
@@ -234,22 +235,26 @@ class CuptiCollector:
         except (OSError, AttributeError, ValueError):
             return None
 
-    def flush(self) -> tuple[RawActivity, int | None]:
-        """Every completed and pending buffer, unparsed, and the records CUPTI dropped since the last
-        flush (None when CUPTI would not say)."""
+    def flush(self) -> RawActivity:
+        """Every completed and pending buffer, unparsed: all CUPTI recorded up to now. The worker calls it
+        once per batch; on the H200 a flush at every step end cost a launch-bound step 3-4 ms (most of it
+        in the next step's launches, not in the call)."""
         # Through ctypes, which lets go of the GIL for the call: CUPTI may hand buffers back on its own
         # thread meanwhile, and our callbacks there need the GIL.
         self._lib.cuptiActivityFlushAll(1)  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED: include the open buffer
-        dropped: int | None = None
+        with self._lock:
+            buffers, self._completed = self._completed, []
+        return RawActivity(buffers=buffers, sizes=dict(self.sizes))
+
+    def dropped(self) -> int | None:
+        """Records CUPTI dropped (no buffer space) since the last call; None when it would not say."""
         try:
             value = ctypes.c_size_t(0)
             if self._lib.cuptiActivityGetNumDroppedRecords(None, 0, ctypes.byref(value)) == 0:
-                dropped = int(value.value)
+                return int(value.value)
         except Exception:
-            dropped = None
-        with self._lock:
-            buffers, self._completed = self._completed, []
-        return RawActivity(buffers=buffers, sizes=dict(self.sizes)), dropped
+            pass
+        return None
 
     def stop(self) -> None:
         if not self.available:

@@ -65,7 +65,6 @@ class StepCapture:
     ops: Any = None            # the op recorder's chunk for this step (see torch_hooks)
     op_recorder: Any = None    # the recorder that made it, whose .table() reads it
     modules: list[tuple] = field(default_factory=list)
-    cupti: Any = None          # cupti_records.RawActivity: the step's CUPTI buffers, parsed in the worker
     kineto: str | None = None  # this step's exported torch.profiler trace (Kineto fallback)
     dropped: int | None = 0    # CUPTI records dropped during the step (None: CUPTI would not say)
     samples: pa.Table | None = None
@@ -129,6 +128,7 @@ class CaptureSession:
         self._signatures_first_seen: set[str] = set()  # compiled models: seen once, at step depth
         self._measured: dict[str, Any] = {}       # signature -> step_facts.CarriedWork (worker thread)
         self._preceding: tuple[int, int] | None = None  # (step, device window end) of the last stitched step
+        self._cupti_later: dict[str, Any] = {}  # CUPTI records of a step not yet queued at the last flush
         self._patched: list[tuple[Any, str, Any]] = []
         self._opt_hook: Any = None
         self._opt_clock: Any = None
@@ -470,7 +470,7 @@ class CaptureSession:
                 now = perf_counter_ns()
                 if self._open:
                     self._end(now)
-                    now = perf_counter_ns()  # the step end's own work (the CUPTI flush) is ours, not the next step's
+                    now = perf_counter_ns()  # the step end's own work is ours, not the next step's
                 self._begin(now)
         except Exception as err:
             self._fail("step", err)
@@ -648,7 +648,7 @@ class CaptureSession:
         if self.ops.notice:
             say_once("op-notice", self.ops.notice)
         if self.cupti is not None and self.cupti.available:
-            cap.cupti, cap.dropped = self.cupti.flush()  # buffers flushed at every step end
+            cap.dropped = self.cupti.dropped()  # the records themselves: flushed by the worker, per batch
         if self.nvml is not None:
             cap.samples = self.nvml.take(cap.start_ns, cap.end_ns)
         distributed.remember()  # the store handle, while the process group surely exists
