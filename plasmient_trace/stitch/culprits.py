@@ -113,13 +113,13 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
         rep = np.empty(len(groups), np.int64)
         rep[g[first]] = first
         by = np.lexsort((-g_waste, groups[:, 0]))
+        # each step's `rows` most wasteful groups: rank within the step, in one pass
+        group_step = groups[by, 0]
+        starts = np.r_[0, np.nonzero(group_step[1:] != group_step[:-1])[0] + 1] if len(by) else np.zeros(0, np.int64)
+        rank = np.arange(len(by)) - np.repeat(starts, np.diff(np.r_[starts, len(by)]))
         candidates: list[tuple[int, float, dict[str, Any]]] = []
-        taken = np.zeros(tree.n_steps, np.int64)
-        for gi in by.tolist():
+        for gi in by[rank < rows].tolist():
             s = int(groups[gi, 0])
-            if taken[s] >= rows:
-                continue
-            taken[s] += 1
             r = rep[gi]
             bound_code = int(kernel_bound[r])
             row = {
@@ -141,17 +141,18 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
     with np.errstate(divide="ignore", invalid="ignore"):
         host_share = (np.where(idle > 0, 1.0 - np.minimum(tree.overlap.idle_device_s, idle) / idle, np.nan)
                       if tree.overlap is not None else np.full(tree.n_steps, np.nan))
-    for s in range(tree.n_steps):
-        if idle[s] > 0:
+    idle_fraction = (1.0 - np.nan_to_num(np.asarray(util, np.float64), nan=1.0)).tolist()  # unknown util: no idle claimed
+    host_shares = [None if h != h else h for h in np.asarray(host_share, np.float64).tolist()]
+    for s, idle_s in enumerate(idle.tolist()):
+        if idle_s > 0:
             out[s].append({"kernel": IDLE_LABEL, "op": None, "module": None, "calls": 0, "layers": 0,
-                           "wasted_s": float(idle[s]), "bound": "idle", "kind": None})
+                           "wasted_s": idle_s, "bound": "idle", "kind": None})
         out[s].sort(key=lambda r: -r["wasted_s"])
         del out[s][rows:]
         for r in out[s]:
             r["suggestion"] = suggestion(r["kernel"] if r["kernel"] != IDLE_LABEL else None, r["op"], r["module"],
-                                         r["bound"], r["kind"], 1.0 - float(np.nan_to_num(util[s], nan=1.0)),
-                                         device_type=device_type, idle_row=r["kernel"] == IDLE_LABEL,
-                                         idle_host_share=None if np.isnan(host_share[s]) else float(host_share[s]))
+                                         r["bound"], r["kind"], idle_fraction[s], device_type=device_type,
+                                         idle_row=r["kernel"] == IDLE_LABEL, idle_host_share=host_shares[s])
     return out
 
 
