@@ -89,6 +89,27 @@ def test_full_depth_steps_carry_the_profilers_ops_under_the_module_spans(capsys,
     assert full["plasmient.flops"] > 0 and full["plasmient.mfu"] is not None
 
 
+def test_starting_torch_profiler_is_not_charged_to_the_step_it_profiles(monkeypatch):
+    """The fallback starts torch.profiler at each full step's beginning (10-100 ms on a GPU machine): the
+    step's span starts once it runs, so its wall time and MFU are the job's, not ours."""
+    import time
+
+    from plasmient_trace.capture import kineto_fallback
+
+    start_step = kineto_fallback.KinetoCollector.start_step
+
+    def slow_start(self):
+        time.sleep(0.5)
+        start_step(self)
+
+    monkeypatch.setattr(kineto_fallback.KinetoCollector, "start_step", slow_start)
+    config = CaptureConfig.from_env({"PLASMIENT_CUPTI": "kineto"}, every=1, peak_tflops=0.05, job_id="k4")
+    session, rows, _ = _train(config, steps=3)
+    steps = [r for r in rows if r["plasmient.level"] == "step"]
+    assert len(steps) == 3 and all(r["plasmient.sampled_depth"] == "full" for r in steps)
+    assert all(r["plasmient.wall_s"] < 0.5 for r in steps), [r["plasmient.wall_s"] for r in steps]
+
+
 def test_ops_come_from_the_profiler_not_the_dispatch_hooks(monkeypatch):
     # Were the dispatch hooks still recording, their ops would be in the step too (twice the addmms).
     config = CaptureConfig.from_env({"PLASMIENT_CUPTI": "kineto"}, every=1, peak_tflops=0.05, job_id="k2")

@@ -544,10 +544,10 @@ class CaptureSession:
         self.modules.want_signature = True
         if full:
             self._go_full()
-        else:
-            self._record_api(self.config.cupti_api_always)
             if self.kineto is not None and self.kineto.running:
                 self._step_start = perf_counter_ns()  # starting torch.profiler (the fallback) is ours too
+        else:
+            self._record_api(self.config.cupti_api_always)
 
     def _go_full(self) -> None:
         """Capture the open step at full depth from now on (its start, or its first module call)."""
