@@ -114,7 +114,7 @@ def test_a_step_whose_kernels_have_no_launch_record_has_an_unknown_idle_split(tm
     from plasmient_trace.pipeline import IngestOptions, ingest_paths
 
     name = "h100/vit_image_classification.json.gz"
-    doc = raw_trace(name)
+    doc = {**raw_trace(name)}  # a copy: raw_trace's document is shared by every test
     doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") not in ("cuda_runtime", "cuda_driver")]
     path = tmp_path / "no-launches.json.gz"
     with gzip.open(path, "wt") as f:
