@@ -256,6 +256,38 @@ def test_a_blocked_exporter_never_blocks_a_step():
     assert sorted(r["plasmient.step"] for r in sink.rows() if r["plasmient.level"] == "step") == [0, 1, 2]
 
 
+@pytest.mark.parametrize("every", [1, 10**9])
+def test_a_batch_holds_many_step_depth_steps_but_few_full_ones(every):
+    """Steps that waited while the exporter was busy go out together: step-depth steps (a step span and
+    its kernels) up to max_batch_steps at once, which spreads the batch's fixed cost over more of them;
+    full-depth ones (every op) at most max_batch_full_steps at once, which bounds the worker's memory."""
+    release = threading.Event()
+    sink = Collect()
+
+    def held(batch):
+        release.wait(60)
+        sink(batch)
+
+    config = CaptureConfig(every=every, peak_tflops=0.05, job_id="batches", environ={}, max_batch_full_steps=3)
+    session = CaptureSession(config, exporters=[("held", held)]).start()
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        for _ in range(13):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            if session.stats["steps"] == 1:
+                assert not session.flush(0.5)  # step 0 is inside the exporter; the rest wait in the queue
+        release.set()
+        assert session.flush(30)
+    finally:
+        release.set()
+        session.close(timeout=30)
+    per_batch = [sum(1 for r in b.table.to_pylist() if r["plasmient.level"] == "step") for b in sink.batches]
+    assert sum(per_batch) == 13 and session.stats["steps_deferred"] == 0
+    assert per_batch == ([1, 3, 3, 3, 3] if every == 1 else [1, 12])
+
+
 def test_a_worker_that_falls_behind_defers_full_depth_instead_of_dropping_steps(capsys, monkeypatch):
     """PLASMIENT_EVERY=1 on a job faster than its stitch: once half the queue waits, steps due at full
     depth run at step depth (carrying FLOPs) and the first step after the backlog clears is full again."""

@@ -695,7 +695,10 @@ class CaptureSession:
             # Collect for up to `export_interval_s` (or until a flush): one stitch and one export
             # for many steps costs the job far less than one per step, as in OTel's batch processor.
             deadline = time.monotonic() + self.config.export_interval_s
-            while len(items) < self.config.max_batch_steps:
+            # Step-depth steps are small (a step span and its kernels): up to max_batch_steps of them spread
+            # the batch's fixed cost; full-depth ones (every op) are bounded apart, for memory.
+            full = int(item.full)
+            while len(items) < self.config.max_batch_steps and full < self.config.max_batch_full_steps:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
@@ -712,6 +715,7 @@ class CaptureSession:
                     stop = True
                     break
                 items.append(nxt)
+                full += int(nxt.full)
             try:
                 cpu = time.thread_time()
                 batch = batches.process(self, items)
