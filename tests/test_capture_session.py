@@ -615,7 +615,7 @@ def _on_a_stand_in_gpu(monkeypatch, session: CaptureSession, cupti_class: type) 
     monkeypatch.setattr(session, "_detect_devices", detect)
 
 
-def _train_a_small_mlp(session: CaptureSession, steps: int, after_step=lambda: None) -> None:
+def _train_a_small_mlp(session: CaptureSession, steps: int, after_step=lambda: None, before_step=lambda: None) -> None:
     """Start the session, train a 3-layer MLP with SGD for ``steps`` steps, close the session."""
     session.start()
     try:
@@ -623,10 +623,26 @@ def _train_a_small_mlp(session: CaptureSession, steps: int, after_step=lambda: N
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for _ in range(steps):
             model(torch.randn(8, 16)).sum().backward()
+            before_step()
             opt.step()
             after_step()
     finally:
         session.close(timeout=30)
+
+
+def _stand_in_gpu_session(monkeypatch, every: int, api: str) -> tuple[CaptureSession, Collect]:
+    """A session on a stand-in GPU (FakeCupti) with PLASMIENT_EVERY and PLASMIENT_CUPTI_API, and its sink."""
+    sink = Collect()
+    env = {"PLASMIENT_EVERY": str(every), **({"PLASMIENT_CUPTI_API": "always"} if api == "always" else {})}
+    session = CaptureSession(CaptureConfig.from_env(env, job_id="gpu", op_hook="dispatch"), exporters=[("memory", sink)])
+    _on_a_stand_in_gpu(monkeypatch, session, FakeCupti)
+    return session, sink
+
+
+def _launch_now(session: CaptureSession, name: str, duration_ns: int) -> None:
+    """A kernel no op bracketed, launched now, running from 1 µs later for ``duration_ns``."""
+    now = torch_hooks.perf_counter_ns()
+    session.cupti.launch(now, now + 1_000, now + 1_000 + duration_ns, name)
 
 
 @pytest.mark.parametrize("api", ["full", "always"])
@@ -635,21 +651,8 @@ def test_host_api_calls_are_recorded_on_full_depth_steps_only(monkeypatch, api):
     nothing) serve the kernel -> op join of full-depth steps. Step-depth steps record kernels only: their
     busy and idle time stay measured, their idle split and launch queue are unknown (absent), and full
     steps after them still join every kernel. PLASMIENT_CUPTI_API=always records launches on every step."""
-    sink = Collect()
-    env = {"PLASMIENT_EVERY": "3", **({"PLASMIENT_CUPTI_API": "always"} if api == "always" else {})}
-    session = CaptureSession(CaptureConfig.from_env(env, job_id="gpu", op_hook="dispatch"), exporters=[("memory", sink)])
-    _on_a_stand_in_gpu(monkeypatch, session, FakeCupti)
-    session.start()
-    try:
-        model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for _ in range(7):
-            model(torch.randn(8, 16)).sum().backward()
-            now = torch_hooks.perf_counter_ns()
-            session.cupti.launch(now, now + 1_000, now + 50_000, "step_kernel")  # work no op bracketed
-            opt.step()
-    finally:
-        session.close(timeout=30)
+    session, sink = _stand_in_gpu_session(monkeypatch, every=3, api=api)
+    _train_a_small_mlp(session, 7, before_step=lambda: _launch_now(session, "step_kernel", 49_000))
     steps = {r["plasmient.step"]: r for r in sink.rows() if r["plasmient.level"] == "step"}
     assert sorted(steps) == list(range(7))
     full = {n for n, r in steps.items() if r["plasmient.sampled_depth"] == "full"}
@@ -669,22 +672,13 @@ def test_records_of_the_step_open_at_a_flush_reach_that_step_in_the_next_batch(m
     """The worker flushes CUPTI once per batch, while the job has already begun the next step: what that
     step recorded so far (kernels, and their launches where recorded) waits for the next batch instead of
     falling outside every step of this one."""
-    sink = Collect()
-    env = {"PLASMIENT_EVERY": "1000", **({"PLASMIENT_CUPTI_API": "always"} if api == "always" else {})}
-    session = CaptureSession(CaptureConfig.from_env(env, job_id="gpu", op_hook="dispatch"), exporters=[("memory", sink)])
-    _on_a_stand_in_gpu(monkeypatch, session, FakeCupti)
-    session.start()
-    try:
-        model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for _ in range(5):
-            model(torch.randn(8, 16)).sum().backward()
-            opt.step()  # ends a step and opens the next
-            now = torch_hooks.perf_counter_ns()
-            session.cupti.launch(now, now + 1_000, now + 200_000, "early_kernel")  # the new step's first work
-            session.flush(30)  # one batch per step, each flushed with the next step's kernel in CUPTI
-    finally:
-        session.close(timeout=30)
+    session, sink = _stand_in_gpu_session(monkeypatch, every=1000, api=api)
+
+    def after_step():  # opt.step() ended a step and opened the next: that one's first work, then a batch
+        _launch_now(session, "early_kernel", 199_000)
+        session.flush(30)  # one batch per step, each flushed with the next step's kernel in CUPTI
+
+    _train_a_small_mlp(session, 5, after_step=after_step)
     steps = sorted((r for r in sink.rows() if r["plasmient.level"] == "step"), key=lambda r: r["plasmient.step"])
     # step 0 opened at the first forward (no early kernel); the step open at close is not a finished step
     assert [s["plasmient.step"] for s in steps] == list(range(5))
