@@ -119,7 +119,7 @@ SPAN_ATTRIBUTES: tuple[SpanAttribute, ...] = (
     SpanAttribute("plasmient.straggler.wait_s", _F, "s", ("fleet", "node"), "device-seconds the other ranks spent waiting in collectives for the straggler"),
     SpanAttribute("plasmient.peak.source", _S, "", ("rank",), "table:<model> | override | calibrated | unknown"),
     SpanAttribute("plasmient.clock.offset_ns", _I, "ns", ("rank",), "shift applied to GPU timestamps so no kernel starts before its launch"),
-    SpanAttribute("plasmient.util.nvml", _F, "1", ("step",), "mean NVML utilization.gpu sampled during the step"),
+    SpanAttribute("plasmient.util.nvml", _F, "1", ("step",), "mean NVML utilization.gpu of the readings whose sample period (taken as 1 s) lies inside the step; absent on shorter steps (plasmient.util.resident is the exact per-step figure)"),
     SpanAttribute("plasmient.gpm.sm_active", _F, "1", ("step",), "GPM SM activity during the step"),
     SpanAttribute("plasmient.gpm.tensor_active", _F, "1", ("step",), "GPM tensor-pipe activity during the step"),
     SpanAttribute("plasmient.gpm.dram_bw_util", _F, "1", ("step",), "GPM DRAM bandwidth utilisation during the step"),

@@ -426,7 +426,7 @@ def parent(args: argparse.Namespace) -> int:
             lines.append(f"  {name}/{variant}: {res['source']} via {res['op_recorder']}, CUPTI {res['cupti']}, "
                          f"{agree}/{kernels} joins as torch.profiler{within} ({verdict})")
             lines.append(f"    MFU {_fmt([r.get('plasmient.mfu') for r in res['steps']], '.3f')}, "
-                         f"NVML util {_fmt([r.get('plasmient.util.nvml') for r in res['steps']], '.0f')}, "
+                         f"NVML util {_fmt([r.get('plasmient.util.nvml') for r in res['steps']], '.2f')}, "
                          f"steps dropped {res['stats'].get('steps_dropped')}")
             for p, k in differ[:3]:
                 lines.append(f"    differs: {p} -> {str(k)[:90]}")

@@ -382,16 +382,23 @@ def test_nvml_samples_are_averaged_over_each_step_window():
     from plasmient_trace.pipeline import IngestOptions, stitch_records
     from plasmient_trace.records import RecordSet
 
+    # NVML's utilization is a share of the past sample period (up to 1 s): a reading counts for a step only
+    # once that period lies inside it. GPM samples cover the 20 ms since the previous one.
+    s = 10**9
     rs = RecordSet(source="live:cupti",
-                   steps=table_from_columns("steps", {"step": [0, 1], "start_ns": [0, 100], "end_ns": [100, 200],
-                                                      "name": ["s0", "s1"]}),
-                   samples=table_from_columns("samples", {"timestamp_ns": [10, 50, 150, 160, 170], "device": [0] * 5,
-                                                          "metric": ["nvml.utilization.gpu"] * 4 + ["gpm.sm_active"],
-                                                          "value": [1.0, 0.5, 0.2, 0.4, 0.3]}))
+                   steps=table_from_columns("steps", {"step": [0, 1, 2], "start_ns": [0, 3 * s, 3 * s + s // 10],
+                                                      "end_ns": [3 * s, 3 * s + s // 10, 4 * s], "name": ["s0", "s1", "s2"]}),
+                   samples=table_from_columns("samples", {
+                       "timestamp_ns": [s // 2, 3 * s // 2, 5 * s // 2, 3 * s + s // 20, 3 * s + s // 20],
+                       "device": [0] * 5,
+                       "metric": ["nvml.utilization.gpu"] * 4 + ["gpm.sm_active"],
+                       "value": [0.9, 1.0, 0.5, 0.2, 0.3]}))
     rows = stitch_records([rs], IngestOptions(job_id="nvml", full_depth_steps=set())).batch.table.to_pylist()
     steps = {r["plasmient.step"]: r for r in rows if r["plasmient.level"] == "step"}
-    assert [steps[s]["plasmient.util.nvml"] for s in (0, 1)] == [pytest.approx(0.75), pytest.approx(0.3)]
-    assert [steps[s]["plasmient.gpm.sm_active"] for s in (0, 1)] == [None, pytest.approx(0.3)]
+    # step 0: the readings at 1.5 s and 2.5 s (the one at 0.5 s reaches back before the step began);
+    # step 1 (100 ms) holds no whole NVML period; step 2 has no sample
+    assert [steps[n]["plasmient.util.nvml"] for n in (0, 1, 2)] == [pytest.approx(0.75), None, None]
+    assert [steps[n]["plasmient.gpm.sm_active"] for n in (0, 1, 2)] == [None, pytest.approx(0.3), None]
     assert all(r["plasmient.util.nvml"] is None for r in rows if r["plasmient.level"] != "step")
 
 
@@ -730,19 +737,22 @@ def test_gpu_path_wiring_with_a_stand_in_cupti(monkeypatch, op_hook):
     """The session's GPU path end to end without a GPU: push/pop around every op (through C entry
     points for the native observer, through Python for the dispatch hook), buffers flushed at each
     step end, kernels joined to their ops through external correlation, dropped counts and NVML
-    samples on each step span."""
+    samples on the step spans (those long enough to hold an NVML sample period)."""
+    import time
+
     sink = Collect()
     session = CaptureSession(CaptureConfig(every=1, job_id="gpu", op_hook=op_hook, environ={}),
                              exporters=[("memory", sink)])
     _on_a_stand_in_gpu(monkeypatch, session, FakeCupti)
-    _train_a_small_mlp(session, steps=2)
+    _train_a_small_mlp(session, steps=2, before_step=lambda: time.sleep(1.1) if session.step_index == 1 else None)
     rows = sink.rows()
     by_id = {r["span_id"]: r for r in rows}
     steps = {r["plasmient.step"]: r for r in rows if r["plasmient.level"] == "step"}
     assert sorted(steps) == [0, 1]
     assert [steps[s]["plasmient.cupti.dropped_records"] for s in (0, 1)] == [10, 20]
     assert all(s["plasmient.device.type"] == "gpu" and s["plasmient.unjoined_kernels"] == 0 for s in steps.values()), [(s["plasmient.device.type"], s["plasmient.unjoined_kernels"], s["plasmient.kernels"]) for s in steps.values()]
-    assert all(s["plasmient.util.nvml"] == pytest.approx(0.97) for s in steps.values())
+    # NVML read 97% all along; step 0 (a few ms) holds no whole NVML sample period (up to 1 s), step 1 does
+    assert steps[0]["plasmient.util.nvml"] is None and steps[1]["plasmient.util.nvml"] == pytest.approx(0.97)
     kernels = [r for r in rows if r["plasmient.level"] == "kernel"]
     ops = [r for r in rows if r["plasmient.level"] == "op"]
     # one kernel per op that can launch one (shape-only ops get no correlation id), under exactly its op

@@ -176,8 +176,16 @@ def with_step_facts(tree: Any, options: Any, steps: np.ndarray, samples: pa.Tabl
     return t
 
 
+# How far back a sample reaches. NVML's utilization.gpu is the share of its own sample period (1/6 s to
+# 1 s, by product) with a kernel running, so a reading speaks for a step only if the step holds the whole
+# period: shorter steps get none rather than a stale value (an H200 read 0% on 5-165 ms steps whose
+# kernels ran 1-29% of the time). GPM metrics are exact over the 20 ms between two samples.
+SAMPLE_LOOKBACK_NS = {"nvml.utilization.gpu": 1_000_000_000}
+
+
 def _sample_means(samples: pa.Table, start: np.ndarray, end: np.ndarray) -> dict[str, np.ndarray]:
-    """Mean of each NVML/GPM metric over each step's [start, end] (vectorised: cumulative sums)."""
+    """Mean of each NVML/GPM metric over the samples that cover only time inside each step's [start, end]
+    (vectorised: cumulative sums)."""
     out: dict[str, np.ndarray] = {}
     if samples is None or not samples.num_rows or not len(start):
         return out
@@ -191,10 +199,10 @@ def _sample_means(samples: pa.Table, start: np.ndarray, end: np.ndarray) -> dict
         order = np.argsort(ts[sel], kind="stable")
         t, v = ts[sel][order], value[sel][order]
         csum = np.concatenate([[0.0], np.cumsum(v)])
-        lo = np.searchsorted(t, start, side="left")
+        lo = np.searchsorted(t, start + SAMPLE_LOOKBACK_NS.get(name, 0), side="left")
         hi = np.searchsorted(t, end, side="right")
-        cnt = hi - lo
-        out[attr] = np.where(cnt > 0, (csum[hi] - csum[lo]) / np.maximum(cnt, 1), np.nan)
+        cnt = np.maximum(hi - lo, 0)
+        out[attr] = np.where(cnt > 0, (csum[hi] - csum[np.minimum(lo, hi)]) / np.maximum(cnt, 1), np.nan)
     return out
 
 
