@@ -179,7 +179,7 @@ def with_step_facts(tree: Any, options: Any, steps: np.ndarray, samples: pa.Tabl
 # How far back a sample reaches. NVML's utilization.gpu is the share of its own sample period (1/6 s to
 # 1 s, by product) with a kernel running, so a reading speaks for a step only if the step holds the whole
 # period: shorter steps get none rather than a stale value (an H200 read 0% on 5-165 ms steps whose
-# kernels ran 1-29% of the time). GPM metrics are exact over the 20 ms between two samples.
+# kernels ran 0.4-29% of the time). GPM metrics are exact over the 20 ms between two samples.
 SAMPLE_LOOKBACK_NS = {"nvml.utilization.gpu": 1_000_000_000}
 
 
