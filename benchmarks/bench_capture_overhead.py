@@ -72,6 +72,7 @@ CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time, "process": time
 # session.stats counted per configuration, in the order printed
 STEP_COUNTS = ("steps_full", "samples_held", "steps_deferred", "steps_dropped")
 CONFIGS = ("base", "step-level", "step-level+api", "sampled", "full", "full-dispatch", "profiler", "profiler+")
+CAPTURE_CONFIGS = tuple(c for c in CONFIGS if c not in ("base", "profiler", "profiler+"))
 MODELS = {
     "tiny": {},
     "gpt2": {"dim": 768, "layers": 12, "heads": 12, "vocab": 50257, "seq": 64, "batch": 1},
@@ -98,9 +99,9 @@ def run_base(model, opt, data, n: int) -> dict[str, float]:
     return c.spent
 
 
-def run_capture(model, opt, data, n: int, every: int, out_dir: str, tally: Counter,
+def run_capture(model, opt, data, n: int, every: int, out_dir: str, tally: Counter, label: str,
                 op_hook: str = "native", extra_env: dict[str, str] | None = None) -> dict[str, float]:
-    path = str(Path(out_dir) / f"bench-{every}-{op_hook}-{len(extra_env or {})}.jsonl")
+    path = str(Path(out_dir) / f"bench-{label}.jsonl")
     # the live delivery path as users get it: an OTLP/JSON lines file, written by the export thread;
     # sampling as the environment sets it (the default: every 10th step within PLASMIENT_OVERHEAD's budget)
     env = {**({} if every == 10 else {"PLASMIENT_EVERY": str(every)}), **(extra_env or {})}
@@ -191,8 +192,8 @@ def main(argv: list[str] | None = None) -> dict:
                     spent["profiler+"].append({k: v + share for k, v in s.items()})
                     post.append(x)
                 else:
-                    spent[cfg].append(run_capture(model, opt, data, args.steps, every, out_dir, tallies[cfg], hook,
-                                                  extra_env))
+                    spent[cfg].append(run_capture(model, opt, data, args.steps, every, out_dir, tallies[cfg], cfg,
+                                                  hook, extra_env))
     spent = {cfg: rounds for cfg, rounds in spent.items() if rounds}
     per_step = {cfg: {clk: statistics.median(r[clk] for r in rounds) / args.steps for clk in CLOCKS}
                 for cfg, rounds in spent.items()}
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
         return round((per_step[cfg][clk] - per_step["base"][clk]) / extra, 2) if extra > 0 else None
 
     vs_prof = {ref: {cfg: {clk: vs(cfg, ref, clk) for clk in CLOCKS}
-                     for cfg in ("step-level", "step-level+api", "sampled", "full", "full-dispatch") if cfg in per_step}
+                     for cfg in CAPTURE_CONFIGS if cfg in per_step}
                for ref in ("profiler", "profiler+") if ref in per_step}
     counts = {cfg: {k: tallies[cfg][k] for k in STEP_COUNTS} for cfg in loop}
     res = {"step_ms": {c: {k: round(v * 1e3, 2) for k, v in d.items()} for c, d in per_step.items()},
