@@ -524,6 +524,8 @@ class FakeCupti:
         self.drop_reads = 0
         self.api_recorded = True
         self.api_changes: list[bool] = []
+        self.running: list = []   # kernels launched since the last flush that will still run at the next
+        self.finishing: list = []  # kernels that were running at the last flush: delivered by the next one
 
     def record_api(self, on: bool) -> bool:
         """As CUPTI with its runtime/driver/external-correlation kinds disabled: kernels only."""
@@ -542,7 +544,10 @@ class FakeCupti:
         k_start, k_end = self.kernel_interval(t_pop)
         self.launch(mid, k_start, k_end, f"kernel_{eid}", eid)
 
-    def launch(self, t_launch: int, k_start: int, k_end: int, name: str, eid: int | None = None) -> None:
+    def launch(self, t_launch: int, k_start: int, k_end: int, name: str, eid: int | None = None,
+               running: bool = False) -> None:
+        """A launch and its kernel; with ``running``, the kernel is still running at the next flush (its
+        launch is delivered then, the kernel by the flush after, timed at that flush)."""
         from types import SimpleNamespace as Rec
 
         cu = self.cu
@@ -550,14 +555,11 @@ class FakeCupti:
         kernel = Rec(kind=cu.KIND_CONCURRENT_KERNEL, name=name, device_id=0, stream_id=7, start=k_start,
                      end=k_end, correlation_id=self.corr, grid_x=1, grid_y=1, grid_z=1, block_x=128, block_y=1,
                      block_z=1, registers_per_thread=32, static_shared_memory=0, dynamic_shared_memory=0, graph_id=0)
+        (self.running if running else self.records).append(kernel)
         if not self.api_recorded:
-            self.records.append(kernel)
             return
-        self.records.extend([
-            Rec(kind=cu.KIND_RUNTIME, cbid=211, process_id=1, thread_id=threading.get_native_id(), start=t_launch,
-                end=t_launch + 1, correlation_id=self.corr),
-            kernel,
-        ])
+        self.records.append(Rec(kind=cu.KIND_RUNTIME, cbid=211, process_id=1, thread_id=threading.get_native_id(),
+                                start=t_launch, end=t_launch + 1, correlation_id=self.corr))
         if eid is not None:
             self.records.append(Rec(kind=cu.KIND_EXTERNAL_CORRELATION, external_kind=cu.EXTERNAL_KIND_CUSTOM0,
                                     external_id=eid, correlation_id=self.corr))
@@ -589,7 +591,11 @@ class FakeCupti:
         from cupti_buffers import pack
 
         self.flushes += 1
-        records, self.records = self.records, []
+        now = torch_hooks.perf_counter_ns()
+        for kernel in self.finishing:
+            kernel.start, kernel.end = now, now + 1_000
+        records, self.records = self.records + self.finishing, []
+        self.finishing, self.running = self.running, []
         return pack(records)
 
     def dropped(self) -> int:
@@ -646,10 +652,11 @@ def _stand_in_gpu_session(monkeypatch, every: int, api: str) -> tuple[CaptureSes
     return session, sink
 
 
-def _launch_now(session: CaptureSession, name: str, duration_ns: int) -> None:
-    """A kernel no op bracketed, launched now, running from 1 µs later for ``duration_ns``."""
+def _launch_now(session: CaptureSession, name: str, duration_ns: int, running: bool = False) -> None:
+    """A kernel no op bracketed, launched now, running from 1 µs later for ``duration_ns`` (``running``:
+    FakeCupti.launch's)."""
     now = torch_hooks.perf_counter_ns()
-    session.cupti.launch(now, now + 1_000, now + 1_000 + duration_ns, name)
+    session.cupti.launch(now, now + 1_000, now + 1_000 + duration_ns, name, running=running)
 
 
 @pytest.mark.parametrize("api", ["full", "always"])
@@ -691,6 +698,24 @@ def test_records_of_the_step_open_at_a_flush_reach_that_step_in_the_next_batch(m
     assert [s["plasmient.step"] for s in steps] == list(range(5))
     assert [s["plasmient.kernels"] for s in steps[1:]] == [1] * 4
     assert all(s["plasmient.busy_s"] == pytest.approx(199e-6, abs=1e-9) for s in steps[1:])
+
+
+def test_a_kernel_still_running_at_the_flush_stays_with_the_step_that_launched_it(monkeypatch):
+    """The worker may flush while a full-depth step's kernel, launched already, still runs: the launch
+    arrives in this batch, the kernel in a later one, after that step has ended. The open step's API
+    calls wait with it, so the kernel joins its launch and lands in the step that launched it, not in
+    the one during which it ran."""
+    session, sink = _stand_in_gpu_session(monkeypatch, every=1, api="full")
+
+    def after_step():  # opt.step() opened a step: it launches a long kernel, then the worker flushes
+        _launch_now(session, f"late_{session.step_index}", 0, running=True)
+        session.flush(30)
+
+    _train_a_small_mlp(session, 5, after_step=after_step)
+    late = {r["name"]: r["plasmient.step"] for r in sink.rows()
+            if r["plasmient.level"] == "kernel" and r["name"].startswith("late_")}
+    # late_5 was launched in the step still open at close
+    assert late == {f"late_{n}": n for n in (1, 2, 3, 4)}
 
 
 class LaggingCupti(FakeCupti):

@@ -49,12 +49,13 @@ def record_set(session: CaptureSession, items: list[StepCapture]) -> RecordSet:
     if session.on_gpu and collector is not None and (collector.available or session._cupti_later):
         # everything CUPTI recorded up to now, parsed at once: one pass of numpy work per batch
         raw = collector.flush() if collector.available else cupti_records.RawActivity()
-        cols = cupti_records.parse(raw)
+        cutoff = max(c.end_ns for c in items)
+        cols = cupti_records.parse(raw, keep_from=max(cutoff - collector.epoch_offset_ns, 0))
         if cols.skipped_buffers:
             say_once("cupti-layout", f"{cols.skipped_buffers} CUPTI buffer(s) did not match the record sizes "
                                      f"{dict(raw.sizes)} and were skipped: their steps miss kernels")
         parsed = cupti_records.tables(cols, collector.epoch_offset_ns, cupti_mod.default_api_name)
-        now, session._cupti_later = split_at(concat_records(session._cupti_later, parsed), max(c.end_ns for c in items))
+        now, session._cupti_later = split_at(concat_records(session._cupti_later, parsed), cutoff)
         for name, table in now.items():
             if table.num_rows:
                 setattr(rs, name, table)
@@ -76,20 +77,27 @@ def split_at(tables: dict[str, pa.Table], cutoff_ns: int) -> tuple[dict[str, pa.
     """CUPTI records of this batch's steps, and those of the step still open when the worker flushed
     (launched at or after ``cutoff_ns``, the batch's last step end), kept for the next batch. A kernel
     goes with its launch when that is among the records (a step's kernels may run after it ends),
-    else by its own start; external correlations go with their launches."""
+    else by its own start; external correlations go with their launches.
+
+    The open step's API calls are all kept (``parse(keep_from=)``): a launch whose kernel was still
+    running at the flush finds it in the next batch. Of the earlier calls, only those whose device
+    work is here go on, as ``parse`` keeps them (the carried ones that launched nothing stop here)."""
     kernels, launches, ext = tables["kernels"], tables["launches"], tables["external_correlation"]
+    kernel_ids = kernels.column("correlation_id").combine_chunks()
     launched_later = pc.greater_equal(launches.column("start_ns"), cutoff_ns)
+    launch_now = pc.and_(pc.invert(launched_later), pc.is_in(launches.column("correlation_id"), value_set=kernel_ids))
     later_ids = launches.column("correlation_id").filter(launched_later).combine_chunks()
-    corr = kernels.column("correlation_id")
-    kernel_later = pc.if_else(pc.is_in(corr, value_set=launches.column("correlation_id").combine_chunks()),
-                              pc.is_in(corr, value_set=later_ids),
+    kernel_later = pc.if_else(pc.is_in(kernel_ids, value_set=launches.column("correlation_id").combine_chunks()),
+                              pc.is_in(kernel_ids, value_set=later_ids),
                               pc.greater_equal(kernels.column("start_ns"), cutoff_ns))
-    ext_later = pc.is_in(ext.column("correlation_id"), value_set=later_ids)
-    now, later = {}, {}
-    for name, table, mask in (("kernels", kernels, kernel_later), ("launches", launches, launched_later),
-                              ("external_correlation", ext, ext_later)):
-        later[name] = table.filter(mask)
-        now[name] = table.filter(pc.invert(mask))
+    ext_ids = ext.column("correlation_id")
+    ext_later = pc.is_in(ext_ids, value_set=later_ids)
+    ext_now = pc.and_(pc.invert(ext_later), pc.is_in(ext_ids, value_set=kernel_ids))
+    parts = {"kernels": (kernels, pc.invert(kernel_later), kernel_later),
+             "launches": (launches, launch_now, launched_later),
+             "external_correlation": (ext, ext_now, ext_later)}
+    now = {name: table.filter(keep) for name, (table, keep, _) in parts.items()}
+    later = {name: table.filter(carry) for name, (table, _, carry) in parts.items()}
     return now, later
 
 

@@ -259,18 +259,19 @@ _GROUPS = {KIND_CONCURRENT_KERNEL: 0, KIND_KERNEL: 0, KIND_MEMCPY: 1, KIND_MEMSE
            KIND_EXTERNAL_CORRELATION: 4, KIND_SYNCHRONIZATION: 5}
 _GROUP_OF = np.full(64, -1, np.int8)  # CUpti_ActivityKind -> index into the groups above (-1: not read)
 _GROUP_OF[list(_GROUPS)] = list(_GROUPS.values())
-_CORRELATION = {3: (("correlation_id", "<u4", 32),), 4: (("correlation_id", "<u4", 16),)}
+_CORRELATION = {3: (("start", "<u8", 8), ("correlation_id", "<u4", 32)), 4: (("correlation_id", "<u4", 16),)}
 
 
-def parse(raw: RawActivity) -> Columns:
+def parse(raw: RawActivity, keep_from: int | None = None) -> Columns:
     """Every buffer of ``raw`` -> columns, records of one kind read together. A buffer whose layout
     does not match the sizes is skipped and counted (``skipped_buffers``), never misread.
 
     Only the API calls that put work on the device matter to the joins (cudaLaunchKernel,
     cuLaunchKernel, cudaMemcpyAsync, ...): ~95% of a training step's runtime/driver records
     (cudaGetDevice, cudaStreamIsCapturing, ...) and their external correlations are left out, read no
-    further than their correlation id. A kernel whose launch is in another batch could not join it
-    anyway: the joins look within one batch.
+    further than their correlation id and start. Calls from ``keep_from`` on (CUPTI's clock) are all
+    kept: they belong to a step still open at the flush, whose device work may not have arrived yet
+    (the live worker carries them to its next batch, ``batches.split_at``).
     """
     walked = []
     skipped = 0
@@ -287,9 +288,10 @@ def parse(raw: RawActivity) -> Columns:
         group = _per_kind(_GROUP_OF, kinds, -1)
         walked.append((index, data, offsets, kinds, group))
 
-    def read(g: int, layout: tuple, keep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """(delivery order, fields, kinds) of every record of group ``g``, those whose correlation id is
-        in ``keep`` when given."""
+    def read(g: int, layout: tuple, keep: np.ndarray | None = None,
+             since: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(delivery order, fields, kinds) of every record of group ``g``; with ``keep``, those whose
+        correlation id is in it or (API calls) that started at ``since`` or later."""
         got = []
         for index, data, offsets, kinds, group in walked:
             sel = group == g
@@ -297,7 +299,10 @@ def parse(raw: RawActivity) -> Columns:
                 continue
             offs, ks = offsets[sel], kinds[sel]
             if keep is not None:
-                wanted = np.isin(_read(data, offs, _CORRELATION[g])["correlation_id"].astype(np.int64), keep)
+                head = _read(data, offs, _CORRELATION[g])
+                wanted = np.isin(head["correlation_id"].astype(np.int64), keep)
+                if since is not None:
+                    wanted |= head["start"] >= since
                 offs, ks = offs[wanted], ks[wanted]
             if len(offs):
                 got.append((offs + (index << 40), _read(data, offs, layout), ks))  # buffer order, then record order
@@ -308,7 +313,7 @@ def parse(raw: RawActivity) -> Columns:
     gpu = _device_columns(raw, read(0, _KERNEL), read(1, _MEMCPY), read(2, _MEMSET))
     device_work = np.unique(gpu["correlation_id"].astype(np.int64)) if gpu else np.empty(0, np.int64)
     api = {c: np.empty(0, np.int64) for c in ("pid", "tid", "start", "end", "domain", "cbid", "correlation_id")}
-    api_parts = read(3, _API, device_work)
+    api_parts = read(3, _API, device_work, keep_from)
     if api_parts is not None:
         order, rec, kinds = api_parts
         o = np.argsort(order, kind="stable")
@@ -317,7 +322,7 @@ def parse(raw: RawActivity) -> Columns:
                "end": rec["end"].astype(np.int64), "domain": kinds.astype(np.int64), "cbid": rec["cbid"].astype(np.int64),
                "correlation_id": rec["correlation_id"].astype(np.int64)}
     ext = {"correlation_id": np.empty(0, np.int64), "external_id": np.empty(0, np.int64)}
-    ext_parts = read(4, _EXTERNAL, device_work)
+    ext_parts = read(4, _EXTERNAL, np.union1d(device_work, api["correlation_id"]))
     if ext_parts is not None:
         order, rec, _ = ext_parts
         rec = rec[np.argsort(order, kind="stable")]
