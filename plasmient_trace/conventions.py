@@ -265,6 +265,24 @@ def nan_to_null(values: np.ndarray) -> pa.Array:
     return with_nulls(values, ~np.isfinite(values))
 
 
+def numbers_on_rows(values: np.ndarray, rows: np.ndarray, n: int) -> pa.Array:
+    """An n-row int/float array holding values[k] on row rows[k] (rows distinct), null elsewhere and where a float is
+    NaN or infinite. For the columns only a few rows carry (step and rank spans): no n-row temporaries
+    beyond the zeroed result and its bitmap."""
+    values = np.asarray(values)
+    rows = np.asarray(rows, np.int64)
+    if values.dtype.kind == "f":
+        known = np.isfinite(values)
+        values, rows = values[known], rows[known]
+    data = np.zeros(n, values.dtype)
+    data[rows] = values
+    valid = np.zeros(n, bool)
+    valid[rows] = True
+    nulls = n - len(rows)
+    bitmap = None if nulls == 0 else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(pa.from_numpy_dtype(data.dtype), n, [bitmap, pa.py_buffer(data)], null_count=nulls)
+
+
 def scatter_rows(values: pa.Array, rows: np.ndarray, n: int) -> pa.Array:
     """An n-row array holding values[k] on row rows[k] (rows increasing), null elsewhere.
 

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pyarrow as pa
 
-from plasmient_trace.conventions import scatter_rows
+from plasmient_trace.conventions import numbers_on_rows, scatter_rows
 
 
 def _by_take(values: pa.Array, rows: np.ndarray, n: int) -> pa.Array:
@@ -60,3 +60,29 @@ def test_long_strings_on_few_rows_cost_their_own_bytes_only():
     assert out.null_count == 33_000 - 10 and out[3300].as_py() == "x" * 4000
     assert _peak_bytes(lambda: scatter_rows(values, rows, 33_000)) < 1 << 20
     assert _peak_bytes(lambda: _by_take(values, rows, 33_000)) > 100 << 20  # what take reserved for them
+
+
+def test_numbers_on_rows_is_the_masked_dense_column_it_replaces():
+    """The step-level columns used to be built dense (n rows, then masked); the scattered form must give
+    the same values, with NaN and infinities absent rather than numbers."""
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        n = int(rng.integers(0, 12))
+        m = int(rng.integers(0, n + 1))
+        rows = rng.permutation(n)[:m]  # any order: kernel rows and step rows are scattered together
+        if rng.random() < 0.5:
+            values = rng.choice([1.5, -2.0, 0.0, np.nan, np.inf, -np.inf], m)
+        else:
+            values = rng.integers(-3, 1_000_000_000_000, m)
+        dense = np.full(n, np.nan) if values.dtype.kind == "f" else np.zeros(n, values.dtype)
+        dense[rows] = values
+        carried = np.zeros(n, bool)
+        carried[rows] = True
+        if values.dtype.kind == "f":
+            carried &= np.isfinite(dense)
+        expected = pa.array(dense, mask=~carried)
+        got = numbers_on_rows(values, rows, n)
+        got.validate(full=True)
+        assert got.type == expected.type
+        assert got.null_count == n - int(carried.sum())
+        assert got.to_pylist() == expected.to_pylist()

@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..conventions import numbers_on_rows, scatter_rows
 from ..metrics.hardware import SPECS
 
 GBS = 1e9
@@ -151,44 +152,44 @@ def collective_bandwidth(kernels: pa.Table, is_collective: np.ndarray, duration_
                                over_link_peak=over, slowest=slowest, duration_s=duration_ns / 1e9)
 
 
-def _nullable(values: np.ndarray) -> pa.Array:
-    values = np.asarray(values, np.float64)
-    return pa.array(values, mask=~np.isfinite(values))
-
-
-def collective_columns(cb: CollectiveBandwidth | None, kernels: pa.Table, kernel_row: np.ndarray, srow: np.ndarray,
-                       upper: np.ndarray) -> dict[str, Any]:
-    """Span-table columns for the exported spans: ``kernel_row`` is each span's real kernel row (-1: not a
-    kernel span), ``srow`` its step row, ``upper`` whether it is a step or rank span."""
+def collective_columns(cb: CollectiveBandwidth | None, kernels: pa.Table, k_span: np.ndarray, k_row: np.ndarray,
+                       carriers: np.ndarray, carrier_step: np.ndarray, n: int) -> dict[str, Any]:
+    """Span-table columns for n exported spans: the spans ``k_span`` are the real kernels ``k_row``, the
+    spans ``carriers`` the step and rank spans of steps ``carrier_step``. Every other row is null, so
+    each column is scattered onto its few rows."""
     if cb is None:
         return {}
-    k = kernel_row >= 0
-    kr = np.maximum(kernel_row, 0)
-    pick = (lambda per_kernel: np.where(k, per_kernel[kr], np.nan)) if len(cb.bytes) else (lambda _: np.full(len(k), np.nan))
-    step_vals = (lambda per_step: np.where(upper, per_step[srow], np.nan)) if len(cb.step_bytes) else (lambda _: np.full(len(k), np.nan))
-    k_bytes, k_bus = pick(cb.bytes), pick(cb.busbw)
-    s_bytes, s_bus = step_vals(cb.step_bytes), step_vals(cb.step_busbw)
-    sized_step = upper & np.isfinite(s_bytes)
+    if not len(cb.bytes):
+        k_span, k_row = k_span[:0], k_row[:0]
+    if not len(cb.step_bytes):
+        carriers, carrier_step = carriers[:0], carrier_step[:0]
+    both = np.concatenate([k_span, carriers])
+
+    def on_both(per_kernel: np.ndarray, per_step: np.ndarray) -> pa.Array:
+        return numbers_on_rows(np.concatenate([per_kernel[k_row], per_step[carrier_step]]), both, n)
+
+    link = np.full(len(cb.step_bytes), cb.link_peak)
     cols: dict[str, Any] = {
-        "plasmient.comm.bytes": _nullable(np.where(k, k_bytes, s_bytes)),
-        "plasmient.comm.algbw_gbs": _nullable(pick(cb.algbw) / GBS),
-        "plasmient.comm.busbw_gbs": _nullable(np.where(k, k_bus, s_bus) / GBS),
-        "plasmient.comm.busbw_fraction": _nullable(np.where(k, k_bus, s_bus) / cb.link_peak),
+        "plasmient.comm.bytes": on_both(cb.bytes, cb.step_bytes),
+        "plasmient.comm.algbw_gbs": numbers_on_rows(cb.algbw[k_row] / GBS, k_span, n),
+        "plasmient.comm.busbw_gbs": on_both(cb.busbw / GBS, cb.step_busbw / GBS),
+        "plasmient.comm.busbw_fraction": on_both(cb.busbw / cb.link_peak, cb.step_busbw / cb.link_peak),
     }
     if len(cb.step_bytes):
-        with_comm = upper & cb.has_collective[srow]
-        cols["plasmient.comm.link_peak_gbs"] = _nullable(np.where(with_comm, cb.link_peak / GBS, np.nan))
-        unsized = cb.unsized[srow]
-        cols["plasmient.comm.unsized"] = pa.array(unsized, mask=~with_comm)
-        over = cb.over_link_peak[srow]
-        cols["plasmient.comm.over_link_peak"] = pa.array(over, mask=~(sized_step & np.isfinite(cb.link_peak)))
-        slow = cb.slowest[srow]
-        has_slow = upper & (slow >= 0)
+        with_comm = cb.has_collective[carrier_step]
+        cols["plasmient.comm.link_peak_gbs"] = numbers_on_rows(link[carrier_step][with_comm] / GBS, carriers[with_comm], n)
+        cols["plasmient.comm.unsized"] = numbers_on_rows(np.asarray(cb.unsized, np.int64)[carrier_step][with_comm],
+                                                         carriers[with_comm], n)
+        rated = np.isfinite(cb.step_bytes[carrier_step]) & np.isfinite(cb.link_peak)
+        cols["plasmient.comm.over_link_peak"] = numbers_on_rows(np.asarray(cb.over_link_peak, np.int64)[carrier_step][rated],
+                                                                carriers[rated], n)
+        slow = cb.slowest[carrier_step]
+        has_slow = slow >= 0
         if not has_slow.any():
             return cols
-        names = kernels.column("comm_collective").combine_chunks().take(pa.array(np.maximum(slow, 0), mask=~has_slow))
-        cols["plasmient.comm.slowest.collective"] = names
-        cols["plasmient.comm.slowest.bytes"] = _nullable(np.where(has_slow, cb.bytes[np.maximum(slow, 0)], np.nan))
-        cols["plasmient.comm.slowest.busbw_gbs"] = _nullable(np.where(has_slow, cb.busbw[np.maximum(slow, 0)], np.nan) / GBS)
-        cols["plasmient.comm.slowest.duration_s"] = _nullable(np.where(has_slow, cb.duration_s[np.maximum(slow, 0)], np.nan))
+        rows, slow = carriers[has_slow], slow[has_slow]
+        cols["plasmient.comm.slowest.collective"] = scatter_rows(kernels.column("comm_collective").combine_chunks().take(pa.array(slow)), rows, n)
+        cols["plasmient.comm.slowest.bytes"] = numbers_on_rows(cb.bytes[slow], rows, n)
+        cols["plasmient.comm.slowest.busbw_gbs"] = numbers_on_rows(cb.busbw[slow] / GBS, rows, n)
+        cols["plasmient.comm.slowest.duration_s"] = numbers_on_rows(cb.duration_s[slow], rows, n)
     return cols

@@ -29,6 +29,7 @@ _NAME_LIMIT = 1024
 
 # numeric span-table columns with nulls (one np.packbits for the validity, conventions.with_nulls)
 masked, nan_to_null = cv.with_nulls, cv.nan_to_null
+on_rows = cv.numbers_on_rows  # the columns that only step and rank spans carry
 
 
 def repeated(value: str | None, n: int, where: np.ndarray | None = None) -> pa.Array:
@@ -124,9 +125,13 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     is_step = lv == LEVEL_CODE["step"]
     is_rank = lv == LEVEL_CODE["rank"]
     upper = is_step | is_rank
+    m = len(sel)
+    srow = np.maximum(t.step_row[sel], 0)
+    # rows (of the exported ones) that carry the step-level columns: few, so those columns are scattered
+    carriers, step_rows, rank_rows = np.flatnonzero(upper), np.flatnonzero(is_step), np.flatnonzero(is_rank)
     cols: dict[str, Any] = {}
     trace_of_step = pa.array([ids.trace_id(job, int(s)) for s in steps], pa.binary(16))
-    cols["trace_id"] = trace_of_step.take(pa.array(np.maximum(t.step_row[sel], 0)))
+    cols["trace_id"] = trace_of_step.take(pa.array(srow))
     cols["span_id"] = span_id[sel]
     cols["parent_span_id"] = parent_id[sel]
     cols["resource_index"] = np.zeros(len(sel), np.int32)
@@ -152,11 +157,11 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     recomputed = t.col("recompute_flops")[sel]
     cols["plasmient.flops.recompute"] = masked(recomputed, ~dev | (recomputed <= 0))
     cols["plasmient.ideal_s"] = nan_to_null(np.where(t.peak_known & dev, (t.col("ideal_s") - t.col("recompute_ideal_s"))[sel], np.nan))
-    cols["plasmient.idle_s"] = masked(t.col("idle_s")[sel], ~upper)
-    cols["plasmient.kernel_s"] = masked(t.col("kernel_s")[sel], ~upper)
-    _overlap_columns(cols, t, np.maximum(t.step_row[sel], 0), upper)
-    k_row = np.where((lv == LEVEL_CODE["kernel"]) & (sel < b["kernel"] + t.n_k), sel - b["kernel"], -1)
-    cols.update(collective_columns(t.comm_bw, rs.kernels, k_row, np.maximum(t.step_row[sel], 0), upper))
+    cols["plasmient.idle_s"] = on_rows(t.col("idle_s")[sel[carriers]], carriers, m)
+    cols["plasmient.kernel_s"] = on_rows(t.col("kernel_s")[sel[carriers]], carriers, m)
+    _overlap_columns(cols, t, carriers, srow[carriers], m)
+    k_span = np.flatnonzero((lv == LEVEL_CODE["kernel"]) & (sel < b["kernel"] + t.n_k))
+    cols.update(collective_columns(t.comm_bw, rs.kernels, k_span, sel[k_span] - b["kernel"], carriers, srow[carriers], m))
     cols["plasmient.util.resident"] = nan_to_null(met.util[sel])
     cols["plasmient.mfu"] = nan_to_null(met.mfu[sel])
     cols["plasmient.hfu"] = nan_to_null(met.hfu[sel])
@@ -189,41 +194,39 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     cols["plasmient.spans.folded"] = masked(fold[3, sel].astype(np.int64), no_fold)
 
     # ---- step and rank counters
-    srow = np.maximum(t.step_row[sel], 0)
-    over_peak = t.over_peak_by_step[srow] if n_steps else np.zeros(len(sel), np.int64)
-    cols["plasmient.kernels.over_peak"] = masked(over_peak, ~is_step)
+    cols["plasmient.kernels.over_peak"] = on_rows(np.asarray(t.over_peak_by_step, np.int64)[srow[step_rows]], step_rows, m)
     k_parent_is_step = np.zeros(n, bool)
     kr = np.arange(b["kernel"], b["kernel"] + t.n_k)
     k_parent_is_step[kr] = t.alive[kr] & (t.level[np.maximum(t.parent[kr], 0)] == LEVEL_CODE["step"])
     unjoined = np.bincount(t.parent[k_parent_is_step], minlength=n)
-    cols["plasmient.unjoined_kernels"] = masked(unjoined[sel], ~is_step)
-    first_step = np.zeros(len(sel), bool)
-    first_step[is_step] = srow[is_step] + j.origin.first_step == 0
-    cols["plasmient.kernels.outside_steps"] = masked(np.full(len(sel), t.outside_kernels, np.int64), ~first_step)
+    cols["plasmient.unjoined_kernels"] = on_rows(unjoined[sel[step_rows]], step_rows, m)
+    first_step = step_rows[srow[step_rows] + j.origin.first_step == 0]
+    cols["plasmient.kernels.outside_steps"] = on_rows(np.full(len(first_step), t.outside_kernels, np.int64), first_step, m)
     for key in ("input.dropped_events", "input.clamped_events", "input.invalid_values"):
         count = inp.records.counters.get(key)
         if count is not None:
-            cols[f"plasmient.{key}"] = masked(np.full(len(sel), int(count), np.int64), ~first_step)
+            cols[f"plasmient.{key}"] = on_rows(np.full(len(first_step), int(count), np.int64), first_step, m)
     spec = inp.spec
     headline = spec.headline_peak()
-    cols["plasmient.peak_flops"] = nan_to_null(np.where(upper, headline, np.nan))
-    cols["plasmient.peak_bandwidth"] = nan_to_null(np.where(upper, spec.bandwidth or np.nan, np.nan))
-    cols["plasmient.peak.source"] = repeated(spec.source, len(sel), is_rank)
-    cols["plasmient.clock.offset_ns"] = masked(np.full(len(sel), max(j.stats.clock_offset_ns.values(), default=0), np.int64), ~is_rank)
-    cols["plasmient.sampled_depth"] = _step_depth(step_of[sel], is_step, options.full_depth_steps)
+    cols["plasmient.peak_flops"] = on_rows(np.full(len(carriers), np.nan if headline is None else headline, np.float64), carriers, m)
+    cols["plasmient.peak_bandwidth"] = on_rows(np.full(len(carriers), spec.bandwidth or np.nan, np.float64), carriers, m)
+    cols["plasmient.peak.source"] = cv.scatter_rows(pa.array([spec.source] * len(rank_rows), pa.string()), rank_rows, m)
+    offset = max(j.stats.clock_offset_ns.values(), default=0)
+    cols["plasmient.clock.offset_ns"] = on_rows(np.full(len(rank_rows), offset, np.int64), rank_rows, m)
+    cols["plasmient.sampled_depth"] = _step_depth(step_of[sel[step_rows]], step_rows, m, options.full_depth_steps)
     dropped = inp.records.counters.get("cupti.dropped_records")
     if dropped is not None:
-        cols["plasmient.cupti.dropped_records"] = masked(np.full(len(sel), dropped, np.int64), ~is_step)
+        cols["plasmient.cupti.dropped_records"] = on_rows(np.full(len(step_rows), dropped, np.int64), step_rows, m)
 
-    carriers = np.nonzero(upper)[0]
     cols.update(culprit_columns(len(sel), {int(i): culprits[int(srow[i])] for i in carriers}))
     _per_record_columns(cols, sel, t, inp, j)
     step_columns(cols, t, sel)
     return cv.SpanBatch(table=cv.span_table_from_columns(cols, len(sel)), resources=[resource_for_rank(inp, rank, node, options)])
 
 
-def _overlap_columns(cols: dict[str, Any], t: RankTree, srow: np.ndarray, upper: np.ndarray) -> None:
-    """Communication/copy overlap, the idle split and the launch queue of each step, on its step and rank spans."""
+def _overlap_columns(cols: dict[str, Any], t: RankTree, carriers: np.ndarray, carrier_step: np.ndarray, n: int) -> None:
+    """Communication/copy overlap, the idle split and the launch queue of each step, on its step and rank spans
+    (the rows ``carriers`` of the n exported ones, of steps ``carrier_step``)."""
     o = t.overlap
     if o is None or t.n_steps == 0:
         return
@@ -237,18 +240,20 @@ def _overlap_columns(cols: dict[str, Any], t: RankTree, srow: np.ndarray, upper:
                          ("plasmient.memcpy.exposed_s", o.copy_exposed_s), ("plasmient.memcpy.overlap", copy_overlap),
                          ("plasmient.idle.host_s", idle - idle_device), ("plasmient.idle.device_s", idle_device),
                          ("plasmient.launch_queue.mean", o.queue_mean)):
-        cols[name] = nan_to_null(np.where(upper, values[srow], np.nan))
-    qmax = o.queue_max[srow]
-    cols["plasmient.launch_queue.max"] = pa.array(np.nan_to_num(qmax).astype(np.int64), mask=~upper | np.isnan(qmax))
+        cols[name] = on_rows(np.asarray(values, np.float64)[carrier_step], carriers, n)
+    qmax = o.queue_max[carrier_step]
+    known = ~np.isnan(qmax)
+    cols["plasmient.launch_queue.max"] = on_rows(qmax[known].astype(np.int64), carriers[known], n)
 
 
-def _step_depth(steps: np.ndarray, is_step: np.ndarray, full: set[int] | None) -> pa.Array:
+def _step_depth(steps: np.ndarray, rows: np.ndarray, n: int, full: set[int] | None) -> pa.Array:
+    """"full" or "step" on the step spans (rows ``rows`` of n, of steps ``steps``), null elsewhere."""
     values = pa.array(["full", "step"], pa.string())
     if full is None:
         codes = np.zeros(len(steps), np.int64)
     else:
         codes = np.where(np.isin(steps, np.fromiter(full, np.int64, len(full))), 0, 1)
-    return values.take(pa.array(codes, mask=~is_step))
+    return cv.scatter_rows(values.take(pa.array(codes)), rows, n)
 
 
 RECORD_ATTRIBUTES = (

@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..conventions import nan_to_null
+from ..conventions import nan_to_null, numbers_on_rows, scatter_rows
 
 FLOPS_SOURCES = ("measured", "carried", "unknown")
 MEASURED, CARRIED, UNKNOWN = range(3)
@@ -284,18 +284,19 @@ def step_columns(cols: dict[str, Any], tree: Any, sel: np.ndarray) -> None:
     s = np.maximum(srow, 0)
     upper = (lv == LEVEL_CODE["step"]) | (lv == LEVEL_CODE["rank"])
     is_step = lv == LEVEL_CODE["step"]
-    codes = f.source[s].astype(np.int64)
-    cols["plasmient.flops.source"] = pa.array(list(FLOPS_SOURCES), pa.string()).take(pa.array(codes, mask=~upper))
-    shallow = in_step & ~f.full[s]
     n = len(sel)
+    carriers, step_rows = np.flatnonzero(upper), np.flatnonzero(is_step)
+    codes = f.source[s].astype(np.int64)
+    cols["plasmient.flops.source"] = scatter_rows(pa.array(list(FLOPS_SOURCES), pa.string()).take(pa.array(codes[carriers])), carriers, n)
+    shallow = in_step & ~f.full[s]
     _null_columns(cols, NEEDS_KERNEL_FLOPS, shallow, n)
     _null_columns(cols, FLOPS_COLUMNS, shallow & ~(upper & (codes == CARRIED)), n)
     _null_columns(cols, NEEDS_DEVICE_ACTIVITY, shallow & ~f.device_measured[s], n)
     for attr, means in f.samples.items():
-        cols[attr] = pa.array(np.where(is_step, means[s], np.nan), mask=~(is_step & np.isfinite(means[s])))
+        cols[attr] = numbers_on_rows(np.asarray(means, np.float64)[s[step_rows]], step_rows, n)
     if f.dropped is not None:
-        d = f.dropped[s]
-        cols["plasmient.cupti.dropped_records"] = pa.array(d, pa.int64(), mask=~is_step | (d < 0))
+        d = np.asarray(f.dropped, np.int64)[s[step_rows]]
+        cols["plasmient.cupti.dropped_records"] = numbers_on_rows(d[d >= 0], step_rows[d >= 0], n)
 
 
 def top_columns(cols: dict[str, Any], g: Any) -> None:
