@@ -183,15 +183,19 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     not_exported = t.alive & ~export
     folded_k = real_kernel & not_exported
     folded_spans = not_exported & ((t.level == LEVEL_CODE["module"]) | (t.level == LEVEL_CODE["op"]))
-    model_flops = t.col("flops") - t.col("recompute_flops")
-    fold = np.stack([folded_k.astype(float), np.where(folded_k, t.col("kernel_s"), 0.0),
-                     np.where(folded_k, model_flops, 0.0), folded_spans.astype(float)])
-    fold_rows_to_parents(fold, t.parent, t.levels or depth_levels(t.depth), np.add)
+    if folded_k.any() or folded_spans.any():
+        model_flops = t.col("flops") - t.col("recompute_flops")
+        fold = np.stack([folded_k.astype(float), np.where(folded_k, t.col("kernel_s"), 0.0),
+                         np.where(folded_k, model_flops, 0.0), folded_spans.astype(float)])
+        fold_rows_to_parents(fold, t.parent, t.levels or depth_levels(t.depth), np.add)
+        fold = fold[:, sel]
+    else:  # the budget kept every span: nothing to add up
+        fold = np.zeros((4, m))
     no_fold = (lv == LEVEL_CODE["kernel"])
-    cols["plasmient.kernels.folded"] = masked(fold[0, sel].astype(np.int64), no_fold)
-    cols["plasmient.kernels.folded_s"] = masked(fold[1, sel], no_fold)
-    cols["plasmient.kernels.folded_flops"] = masked(fold[2, sel], no_fold)
-    cols["plasmient.spans.folded"] = masked(fold[3, sel].astype(np.int64), no_fold)
+    cols["plasmient.kernels.folded"] = masked(fold[0].astype(np.int64), no_fold)
+    cols["plasmient.kernels.folded_s"] = masked(fold[1], no_fold)
+    cols["plasmient.kernels.folded_flops"] = masked(fold[2], no_fold)
+    cols["plasmient.spans.folded"] = masked(fold[3].astype(np.int64), no_fold)
 
     # ---- step and rank counters
     cols["plasmient.kernels.over_peak"] = on_rows(np.asarray(t.over_peak_by_step, np.int64)[srow[step_rows]], step_rows, m)
