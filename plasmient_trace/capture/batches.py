@@ -9,7 +9,7 @@ and node spans from every rank's summaries. Nothing here edits a stitched table.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -34,8 +34,14 @@ def record_set(session: CaptureSession, items: list[StepCapture]) -> RecordSet:
     rs.steps = table_from_columns("steps", {
         "step": [c.step for c in items], "start_ns": [c.start_ns for c in items],
         "end_ns": [c.end_ns for c in items], "name": [c.name for c in items]})
-    rs.ops = pa.concat_tables([table_from_columns("ops", {})] + [
-        c.op_recorder.table([c.ops], session._pid, session._epoch) for c in items if c.ops is not None])
+    # One table per recorder for the whole batch, not one per step: a table of a chunk per step makes
+    # every later take and cast of the stitch resolve chunks (a full-depth batch holds up to 64 steps).
+    by_recorder: dict[int, tuple[Any, list[Any]]] = {}
+    for c in items:
+        if c.ops is not None:
+            by_recorder.setdefault(id(c.op_recorder), (c.op_recorder, []))[1].append(c.ops)
+    ops = [recorder.table(chunks, session._pid, session._epoch) for recorder, chunks in by_recorder.values()]
+    rs.ops = ops[0] if len(ops) == 1 else pa.concat_tables([table_from_columns("ops", {}), *ops])
     traced = kineto_records(items)
     for name in ("ops", "kernels", "launches"):
         # Kineto's ops carry the External ids its launches and kernels point to: they stand in
