@@ -62,6 +62,14 @@ def _collective_kernel_names(names: pa.Array) -> pa.Array:
     return pc.or_(pc.starts_with(lower, "nccl"), pc.match_substring(lower, "rccl"))
 
 
+def _collective_op_names(names: pa.Array) -> pa.Array:
+    lower = pc.utf8_lower(names)
+    hit = pc.match_substring(lower, _COLLECTIVE_OP[0])
+    for token in _COLLECTIVE_OP[1:]:
+        hit = pc.or_(hit, pc.match_substring(lower, token))
+    return hit
+
+
 def kernel_kinds(inp: RankInput, synth_ops: np.ndarray) -> np.ndarray:
     """KIND_CODE per kernel row; NCCL/RCCL kernels (and collective ops standing for kernels on a CPU) are
     collectives whatever category the source gave them."""
@@ -76,10 +84,7 @@ def kernel_kinds(inp: RankInput, synth_ops: np.ndarray) -> np.ndarray:
         comm = match_distinct(rs.kernels.column("name"), _collective_kernel_names)
         codes[:n_k][comm & (codes[:n_k] == KIND_CODE["kernel"])] = KIND_CODE["collective"]
     if len(synth_ops):
-        names = pc.utf8_lower(rs.ops.column("name").combine_chunks().take(synth_ops))
-        hit = np.zeros(len(synth_ops), bool)
-        for token in _COLLECTIVE_OP:
-            hit |= pc.match_substring(names, token).fill_null(False).to_numpy(zero_copy_only=False)
+        hit = match_distinct(rs.ops.column("name").combine_chunks().take(synth_ops), _collective_op_names)
         codes[n_k:] = np.where(hit, KIND_CODE["collective"], KIND_CODE["kernel"])
     return codes
 
