@@ -231,12 +231,17 @@ def empty_span_table() -> pa.Table:
 def span_table_from_columns(columns: dict[str, Any], length: int) -> pa.Table:
     """Assemble a span table; absent attribute columns become all-null."""
     arrays = []
+    # one all-null array per type, shared by every absent column of that type (arrays are immutable): a
+    # fresh one per column would allocate and zero its buffers, some 60 of them on a table of kernel spans
+    nulls: dict[pa.DataType, pa.Array] = {}
     for f in SPAN_TABLE_SCHEMA:
         value = columns.get(f.name)
         if value is None:
             if not f.nullable:
                 raise ValueError(f"span column {f.name} is required")
-            arrays.append(pa.nulls(length, type=f.type))
+            if f.type not in nulls:
+                nulls[f.type] = pa.nulls(length, type=f.type)
+            arrays.append(nulls[f.type])
         elif isinstance(value, (pa.Array, pa.ChunkedArray)):
             value = value.cast(f.type) if value.type != f.type else value
             arrays.append(value.combine_chunks() if isinstance(value, pa.ChunkedArray) else value)
