@@ -39,3 +39,25 @@ def test_nan_and_infinities_are_absent_and_the_rest_kept() -> None:
     got = nan_to_null(np.array([1.5, np.nan, np.inf, -np.inf, -0.0, 0.0]))
     assert got.to_pylist()[:2] == [1.5, None] and got.to_pylist()[2:4] == [None, None]
     assert got.null_count == 3 and str(got.to_pylist()[4]) == "-0.0"
+
+
+@pytest.mark.parametrize("typ", [pa.float64(), pa.int64(), pa.string()])
+def test_blanking_what_step_depth_cannot_know_equals_arrow_if_else(typ):
+    """A step-depth step's unmeasurable columns are blanked (step_facts._null_where). For numbers only the
+    validity bitmap is rebuilt; the result must be the if_else it replaces, nulls already present included,
+    on plain, chunked and sliced inputs."""
+    import pyarrow.compute as pc
+
+    from plasmient_trace.stitch.step_facts import _null_where
+
+    rng = np.random.default_rng(5)
+    for _ in range(60):
+        n = int(rng.integers(0, 40))
+        raw = [None if rng.random() < 0.2 else float(rng.integers(-9, 9)) for _ in range(n + 3)]
+        arr = pa.array([None if v is None else (str(v) if pa.types.is_string(typ) else v) for v in raw], typ)
+        arr = arr.slice(3) if rng.random() < 0.3 else arr.slice(0, n)
+        value = pa.chunked_array([arr.slice(0, n // 2), arr.slice(n // 2)], typ) if rng.random() < 0.3 else arr
+        mask = rng.random(len(arr)) < 0.4
+        got = _null_where(value, mask, typ)
+        got.validate(full=True)
+        assert got.to_pylist() == pc.if_else(pa.array(mask), pa.nulls(len(arr), typ), arr).to_pylist()

@@ -256,6 +256,13 @@ def _null_where(value: Any, mask: np.ndarray, typ: pa.DataType) -> pa.Array:
     arr = value if isinstance(value, pa.Array) else pa.array(value, type=typ)
     if arr.type != typ:
         arr = arr.cast(typ)
+    if arr.offset == 0 and (pa.types.is_integer(typ) or pa.types.is_floating(typ)):
+        # numbers keep their values buffer; only the validity bitmap is new (if_else copies both)
+        keep = ~np.asarray(mask, bool)
+        if arr.null_count:
+            keep &= arr.is_valid().to_numpy(zero_copy_only=False)
+        bitmap = pa.py_buffer(np.packbits(keep, bitorder="little"))
+        return pa.Array.from_buffers(typ, len(arr), [bitmap, arr.buffers()[1]], null_count=len(arr) - int(np.count_nonzero(keep)))
     return pc.if_else(pa.array(mask), pa.nulls(len(arr), typ), arr)
 
 
