@@ -220,9 +220,12 @@ def test_a_gpu_step_at_step_depth_keeps_its_own_kernel_time_and_carries_the_flop
                    steps=table_from_columns("steps", {"step": [0, 1], "start_ns": [e - 1_000, e + 600_000],
                                                       "end_ns": [e + 600_000, e + 900_000], "name": ["s0", "s1"]}))
     facts = StepFacts(signatures={0: "Model|train|grad|((4096, 4096), 'float32')", 1: "Model|train|grad|((4096, 4096), 'float32')"})
-    rows = stitch_records([rs], IngestOptions(job_id="gpu-carried", full_depth_steps={0}, step_facts=facts,
-                                              gpu_price=2.0)).batch.table.to_pylist()
+    result = stitch_records([rs], IngestOptions(job_id="gpu-carried", full_depth_steps={0}, step_facts=facts,
+                                                gpu_price=2.0))
+    rows = result.batch.table.to_pylist()
     steps = _by_step(rows, "step")
+    # culprits are ranked for the full-depth step only: what the fleet reduce (and other ranks) receive
+    assert [bool(s.culprits) for s in sorted(result.summaries, key=lambda s: s.step)] == [True, False]
     assert steps[0]["plasmient.flops.source"] == "measured" and steps[0]["plasmient.flops"] == 2 * 4096 ** 3
     s1 = steps[1]
     assert s1["plasmient.flops.source"] == "carried" and s1["plasmient.flops"] == 2 * 4096 ** 3

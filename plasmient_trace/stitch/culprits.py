@@ -56,8 +56,14 @@ def _names(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
 
 
 def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: str,
-                  rows: int = CULPRIT_ROWS) -> list[list[dict[str, Any]]]:
-    """Per step row, the top culprit rows (most exclusive waste first)."""
+                  rows: int = CULPRIT_ROWS, wanted: np.ndarray | None = None) -> list[list[dict[str, Any]]]:
+    """Per step row, the top culprit rows (most exclusive waste first). ``wanted`` (per step row) limits
+    them to those steps, the others getting none: a step sampled at step depth has no kernel FLOPs, and
+    its culprits would be left out of its spans (``step_facts.NEEDS_KERNEL_FLOPS``) once ranked."""
+    out: list[list[dict[str, Any]]] = [[] for _ in range(tree.n_steps)]
+    wanted = np.ones(tree.n_steps, bool) if wanted is None else np.asarray(wanted, bool)[:tree.n_steps]
+    if not wanted.any():
+        return out
     rs = j.records
     n_k = tree.n_k
     kr = tree.k_rows
@@ -99,9 +105,13 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
         mpath = np.where(has_cmod, 1_000_000_000 + cmod_code[kr_real], mpath)
     step = tree.step_row[tree.base["kernel"] + kr]
     waste = tree.k_waste
-    out: list[list[dict[str, Any]]] = [[] for _ in range(tree.n_steps)]
     kernel_bound = met.bound[tree.base["kernel"] + kr]
-    if len(kr):
+    kind = tree.k_kind
+    if not wanted.all():
+        keep = (step < 0) | wanted[np.maximum(step, 0)]
+        kname, oname, mpat, mpath, step, waste, kernel_bound, kind = (
+            a[keep] for a in (kname, oname, mpat, mpath, step, waste, kernel_bound, kind))
+    if len(step):
         groups, g = _group_rows((step, kname, oname, mpat))
         g_waste = np.bincount(g, weights=waste, minlength=len(groups))
         g_calls = np.bincount(g, minlength=len(groups))
@@ -129,7 +139,7 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
                 "calls": int(g_calls[gi]), "layers": int(g_layers[gi]),
                 "wasted_s": float(g_waste[gi]),
                 "bound": cv.BOUNDS[bound_code] if bound_code >= 0 else None,
-                "kind": KINDS[int(tree.k_kind[r])],
+                "kind": KINDS[int(kind[r])],
             }
             candidates.append((s, row["wasted_s"], row))
         for s, _, row in candidates:
@@ -144,7 +154,7 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
     idle_fraction = (1.0 - np.nan_to_num(np.asarray(util, np.float64), nan=1.0)).tolist()  # unknown util: no idle claimed
     host_shares = [None if h != h else h for h in np.asarray(host_share, np.float64).tolist()]
     for s, idle_s in enumerate(idle.tolist()):
-        if idle_s > 0:
+        if idle_s > 0 and wanted[s]:
             out[s].append({"kernel": IDLE_LABEL, "op": None, "module": None, "calls": 0, "layers": 0,
                            "wasted_s": idle_s, "bound": "idle", "kind": None})
         out[s].sort(key=lambda r: -r["wasted_s"])

@@ -119,7 +119,8 @@ def stitch_steps(prepared: PreparedRank, s0: int, s1: int, options: StitchOption
     rank, node = prepared.rank, prepared.node
     tree = build_rank_tree(inp, j, options, tl)
     met = derive_metrics(tree, inp.spec.ridge())
-    culprits = step_culprits(tree, j, met, inp.spec.device_type)
+    facts = tree.facts
+    culprits = step_culprits(tree, j, met, inp.spec.device_type, wanted=None if facts is None else facts.full)
     export = choose_exported(tree, allowance, options.full_depth_steps, j.steps.astype(np.int64))
     batch = rank_columns(inp, j, tree, met, export, rank, node, options, culprits)
     service = batch.resources[0].get("service.name") if batch.resources else None
