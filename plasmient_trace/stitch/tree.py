@@ -124,8 +124,9 @@ def stitch_steps(prepared: PreparedRank, s0: int, s1: int, options: StitchOption
     export = choose_exported(tree, allowance, options.full_depth_steps, j.steps.astype(np.int64))
     batch = rank_columns(inp, j, tree, met, export, rank, node, options, culprits)
     service = batch.resources[0].get("service.name") if batch.resources else None
+    ridge = float(inp.spec.ridge())  # a table lookup: once, not once per step
     summaries = [RankSummary(job_id=options.job_id, rank=rank, host=node, price_per_hour=float(tree.price),
-                             ridge=float(inp.spec.ridge()), device_type=inp.spec.device_type, service_name=service, **fields)
+                             ridge=ridge, device_type=inp.spec.device_type, service_name=service, **fields)
                  for fields in _summary_fields(tree, j, culprits)]
     stats = {"spans": int(export.sum()), "kernels": tree.n_k,
              "kernels_folded": int((~export[tree.base["kernel"]:tree.base["kernel"] + tree.n_k] &
