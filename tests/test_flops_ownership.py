@@ -118,3 +118,33 @@ def test_a_user_registered_formula_models_a_custom_op(tmp_path: Path, monkeypatc
     with pytest.raises(ValueError, match="already registered"):
         F.register_flop_formula("plasmient_test::scaled_gemm", replace=False)(_scaled_gemm_flops)
 
+
+
+def _brute_force_yields(parent: np.ndarray, cls: np.ndarray, below: np.ndarray) -> np.ndarray:
+    """Per op, by walking up from every marked op: is a marked op of its class strictly under it?"""
+    out = np.zeros(len(parent), bool)
+    for d in np.flatnonzero(below):
+        a = parent[d]
+        while a >= 0:
+            if cls[a] == cls[d]:
+                out[a] = True
+            a = parent[a]
+    return out
+
+
+def test_the_class_bits_climb_gives_what_walking_up_from_every_marked_op_gives():
+    """The ownership rule's search (each op's classes below it as bits of one integer) against a brute-force
+    walk and against the (ancestor, class)-pair climb it replaced, on random forests of up to 64 classes."""
+    from plasmient_trace.metrics.flops.ownership import _yields_to_bits, _yields_to_pairs
+
+    rng = np.random.default_rng(12)
+    for _ in range(200):
+        n = int(rng.integers(1, 300))
+        k = int(rng.choice([1, 2, 5, 64]))
+        # a parent always comes earlier (a forest); some roots
+        parent = np.array([-1 if i == 0 or rng.random() < 0.1 else int(rng.integers(max(0, i - 8), i)) for i in range(n)])
+        cls = rng.integers(0, k, n)
+        below = rng.random(n) < rng.random()
+        expected = _brute_force_yields(parent, cls, below)
+        assert np.array_equal(_yields_to_bits(parent, cls, below), expected)
+        assert np.array_equal(_yields_to_pairs(parent, cls, k, below), expected)

@@ -19,8 +19,42 @@ GEMM_LIKE = ("gemm", "conv", "attention")
 
 
 def _yields_to(op_parent: np.ndarray, cls: np.ndarray, k: int, below: np.ndarray) -> np.ndarray:
-    """Per op: does an op marked in ``below`` of the same class sit anywhere under it? One numpy
-    step per tree level: the (ancestor, class) pairs of a level are deduplicated before climbing."""
+    """Per op: does an op marked in ``below`` of the same class sit anywhere under it?"""
+    if k <= 64:
+        return _yields_to_bits(op_parent, cls, below)
+    return _yields_to_pairs(op_parent, cls, k, below)
+
+
+def _yields_to_bits(op_parent: np.ndarray, cls: np.ndarray, below: np.ndarray) -> np.ndarray:
+    """``_yields_to`` with each op's classes below it as the bits of one integer (at most 64 classes). The
+    marked ops' class bits climb one level per round; an ancestor passes on only the bits new to it, and
+    takes part once per round however many children reached it, so a round costs its frontier, not n."""
+    n = len(op_parent)
+    have = np.zeros(n, np.uint64)
+    slot = np.zeros(n, np.int64)  # scratch: which entry of a round wrote a node last
+    node = op_parent[below]
+    bits = np.left_shift(np.uint64(1), np.asarray(cls, np.int64)[below].astype(np.uint64))
+    for _ in range(256):
+        keep = node >= 0
+        node, bits = node[keep], bits[keep]
+        if not len(node):
+            break
+        before = have[node]
+        np.bitwise_or.at(have, node, bits)
+        new = have[node] & ~before  # the same for every entry of a node: all its children's new bits
+        fresh = new != 0
+        node, new = node[fresh], new[fresh]
+        # one entry per distinct node climbs: the last writer of each node's slot
+        idx = np.arange(len(node))
+        slot[node] = idx
+        first = slot[node] == idx
+        node, bits = op_parent[node[first]], new[first]
+    return ((have >> np.asarray(cls, np.int64).astype(np.uint64)) & np.uint64(1)).astype(bool)
+
+
+def _yields_to_pairs(op_parent: np.ndarray, cls: np.ndarray, k: int, below: np.ndarray) -> np.ndarray:
+    """``_yields_to`` for any number of classes: one numpy step per tree level, the (ancestor, class)
+    pairs of a level deduplicated before climbing."""
     n = len(op_parent)
     yields = np.zeros(n, bool)
     seen = np.zeros(n * k, bool)
