@@ -281,11 +281,9 @@ def numbers_on_rows(values: np.ndarray, rows: np.ndarray, n: int) -> pa.Array:
         values, rows = values[known], rows[known]
     data = np.zeros(n, values.dtype)
     data[rows] = values
-    valid = np.zeros(n, bool)
-    valid[rows] = True
-    nulls = n - len(rows)
-    bitmap = None if nulls == 0 else pa.py_buffer(np.packbits(valid, bitorder="little"))
-    return pa.Array.from_buffers(pa.from_numpy_dtype(data.dtype), n, [bitmap, pa.py_buffer(data)], null_count=nulls)
+    null = np.ones(n, bool)
+    null[rows] = False
+    return with_nulls(data, null)
 
 
 def scatter_rows(values: pa.Array, rows: np.ndarray, n: int) -> pa.Array:
