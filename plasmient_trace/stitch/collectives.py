@@ -168,7 +168,6 @@ def collective_columns(cb: CollectiveBandwidth | None, kernels: pa.Table, k_span
     def on_both(per_kernel: np.ndarray, per_step: np.ndarray) -> pa.Array:
         return numbers_on_rows(np.concatenate([per_kernel[k_row], per_step[carrier_step]]), both, n)
 
-    link = np.full(len(cb.step_bytes), cb.link_peak)
     cols: dict[str, Any] = {
         "plasmient.comm.bytes": on_both(cb.bytes, cb.step_bytes),
         "plasmient.comm.algbw_gbs": numbers_on_rows(cb.algbw[k_row] / GBS, k_span, n),
@@ -177,7 +176,8 @@ def collective_columns(cb: CollectiveBandwidth | None, kernels: pa.Table, k_span
     }
     if len(cb.step_bytes):
         with_comm = cb.has_collective[carrier_step]
-        cols["plasmient.comm.link_peak_gbs"] = numbers_on_rows(link[carrier_step][with_comm] / GBS, carriers[with_comm], n)
+        cols["plasmient.comm.link_peak_gbs"] = numbers_on_rows(np.full(int(with_comm.sum()), cb.link_peak / GBS),
+                                                               carriers[with_comm], n)
         cols["plasmient.comm.unsized"] = numbers_on_rows(np.asarray(cb.unsized, np.int64)[carrier_step][with_comm],
                                                          carriers[with_comm], n)
         rated = np.isfinite(cb.step_bytes[carrier_step]) & np.isfinite(cb.link_peak)
