@@ -9,7 +9,8 @@ and node spans from every rank's summaries. Nothing here edits a stitched table.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import itertools
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -34,13 +35,12 @@ def record_set(session: CaptureSession, items: list[StepCapture]) -> RecordSet:
     rs.steps = table_from_columns("steps", {
         "step": [c.step for c in items], "start_ns": [c.start_ns for c in items],
         "end_ns": [c.end_ns for c in items], "name": [c.name for c in items]})
-    # One table per recorder for the whole batch, not one per step: a table of a chunk per step makes
-    # every later take and cast of the stitch resolve chunks (a full-depth batch holds up to 64 steps).
-    by_recorder: dict[int, tuple[Any, list[Any]]] = {}
-    for c in items:
-        if c.ops is not None:
-            by_recorder.setdefault(id(c.op_recorder), (c.op_recorder, []))[1].append(c.ops)
-    ops = [recorder.table(chunks, session._pid, session._epoch) for recorder, chunks in by_recorder.values()]
+    # One table per run of steps from the same recorder, not one per step: a table of a chunk per step
+    # makes every later take and cast of the stitch resolve chunks (a full-depth batch holds up to 64
+    # steps). Runs keep the steps' order where the recorder changed mid-batch (auto: dispatch, then native).
+    recorded = [c for c in items if c.ops is not None]
+    ops = [recorder.table([c.ops for c in run], session._pid, session._epoch)
+           for recorder, run in itertools.groupby(recorded, key=lambda c: c.op_recorder)]
     rs.ops = ops[0] if len(ops) == 1 else pa.concat_tables([table_from_columns("ops", {}), *ops])
     traced = kineto_records(items)
     for name in ("ops", "kernels", "launches"):
