@@ -90,10 +90,11 @@ def split_at(tables: dict[str, pa.Table], cutoff_ns: int) -> tuple[dict[str, pa.
     work is here go on, as ``parse`` keeps them (the carried ones that launched nothing stop here)."""
     kernels, launches, ext = tables["kernels"], tables["launches"], tables["external_correlation"]
     kernel_ids = kernels.column("correlation_id").combine_chunks()
+    launch_ids = launches.column("correlation_id").combine_chunks()
     launched_later = pc.greater_equal(launches.column("start_ns"), cutoff_ns)
-    launch_now = pc.and_(pc.invert(launched_later), pc.is_in(launches.column("correlation_id"), value_set=kernel_ids))
-    later_ids = launches.column("correlation_id").filter(launched_later).combine_chunks()
-    kernel_later = pc.if_else(pc.is_in(kernel_ids, value_set=launches.column("correlation_id").combine_chunks()),
+    launch_now = pc.and_(pc.invert(launched_later), pc.is_in(launch_ids, value_set=kernel_ids))
+    later_ids = launch_ids.filter(launched_later)
+    kernel_later = pc.if_else(pc.is_in(kernel_ids, value_set=launch_ids),
                               pc.is_in(kernel_ids, value_set=later_ids),
                               pc.greater_equal(kernels.column("start_ns"), cutoff_ns))
     ext_ids = ext.column("correlation_id")
