@@ -194,8 +194,8 @@ def _child_capture(name: str, device: str, steps: int, work: Path, variant: str)
         raise RuntimeError("live capture did not start")
     for _ in range(steps):
         step()
-    info = {"on_gpu": bool(session.on_gpu), "source": session._source(), "op_recorder": type(session.ops).__name__,
-            "cupti": None if session.cupti is None else (session.cupti.available or session.cupti.reason or False),
+    info = {"on_gpu": bool(session.sources.on_gpu), "source": session.sources.label(), "op_recorder": type(session.sources.ops).__name__,
+            "cupti": None if session.sources.cupti is None else (session.sources.cupti.available or session.sources.cupti.reason or False),
             "stats": dict(session.stats)}
     capture.stop(timeout=120)
     tables = [b.table for b in spans if len(b)]

@@ -65,7 +65,7 @@ def test_full_depth_steps_carry_the_profilers_ops_under_the_module_spans(capsys,
     session, rows, _ = _train(config)
     assert capsys.readouterr().err.count("PLASMIENT_CUPTI=kineto") == 1
     assert not list(tmp_path.glob("plasmient-kineto-*"))  # each step's exported trace is removed once read
-    assert session.kineto is not None and not session.failed and session.stats["steps"] == 3
+    assert session.sources.kineto is not None and not session.failed and session.stats["steps"] == 3
     by_id = {r["span_id"]: r for r in rows}
     depth = {r["plasmient.step"]: r["plasmient.sampled_depth"] for r in rows if r["plasmient.level"] == "step"}
     assert depth == {0: "full", 1: "step", 2: "full"}
@@ -148,12 +148,12 @@ def test_cupti_unavailable_on_a_gpu_falls_back_to_kineto_once(monkeypatch, capsy
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props())
     config = CaptureConfig(every=1, peak_tflops=0.05, job_id="fallback", environ={}, nvml=False)
     session = CaptureSession(config, exporters=[("memory", Collect())])
-    session._init_gpu(torch)
-    assert session.on_gpu and session.kineto is not None and session.kineto.cuda
-    assert session._source() == "live:kineto"
-    assert [str(a) for a in session.kineto.activities] == [str(torch.profiler.ProfilerActivity.CPU),
+    session.sources.init_gpu(torch)
+    assert session.sources.on_gpu and session.sources.kineto is not None and session.sources.kineto.cuda
+    assert session.sources.label() == "live:kineto"
+    assert [str(a) for a in session.sources.kineto.activities] == [str(torch.profiler.ProfilerActivity.CPU),
                                                           str(torch.profiler.ProfilerActivity.CUDA)]
-    session._init_gpu(torch)
+    session.sources.init_gpu(torch)
     err = capsys.readouterr().err
     assert err.count("falling back to torch.profiler") == 1 and "in use by another subscriber" in err
 

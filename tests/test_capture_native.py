@@ -182,7 +182,7 @@ def test_an_unknown_op_hook_value_is_named_and_auto_is_used(capsys):
     session.start()
     session.close(timeout=5)
     assert "PLASMIENT_OP_HOOK='fast' is not auto, native or dispatch" in capsys.readouterr().err
-    assert isinstance(session.ops, torch_hooks.NativeOpRecorder)
+    assert isinstance(session.sources.ops, torch_hooks.NativeOpRecorder)
 
 
 @pytest.mark.parametrize("value,expected", [("dispatch", "OpRecorder"), ("native", "NativeOpRecorder")])
@@ -191,7 +191,7 @@ def test_the_op_hook_variable_picks_the_recorder(value, expected):
                              exporters=[("memory", Collect())])
     session.start()
     session.close(timeout=5)
-    assert type(session.ops).__name__ == expected
+    assert type(session.sources.ops).__name__ == expected
 
 
 def _fake_cxx(tmp_path, body: str):

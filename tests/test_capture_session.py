@@ -611,21 +611,20 @@ def _on_a_stand_in_gpu(monkeypatch, session: CaptureSession, cupti_class: type) 
     from plasmient_trace.capture import nvml as nvml_mod
     from plasmient_trace.records import DeviceInfo
 
-    def detect(self=session):
-        self._devices_pending = False
-        self.on_gpu = True
-        self.devices = [DeviceInfo(ordinal=0, name="NVIDIA H100 80GB HBM3",
-                                   properties={"name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85_000_000_000})]
-        self.cupti = cupti_class(self._epoch)
-        self._correlate()
+    def detect(sources=session.sources):
+        sources.devices_pending = False
+        sources.on_gpu = True
+        sources.devices = [DeviceInfo(ordinal=0, name="NVIDIA H100 80GB HBM3",
+                                      properties={"name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85_000_000_000})]
+        sources.cupti = cupti_class(session._epoch)
+        sources.correlate()
         sampler = nvml_mod.NvmlSampler([0])
         # a sample every ms from 1 s before now: every step window holds some, however the load stretches it
-        now = self._epoch + torch_hooks.perf_counter_ns()
+        now = session._epoch + torch_hooks.perf_counter_ns()
         sampler.samples.extend((t, 0, nvml_mod.UTIL_METRIC, 0.97) for t in range(now - 10**9, now + 60 * 10**9, 10**6))
-        self.nvml = sampler
-        self.resource["plasmient.source"] = "live:cupti"
+        sources.nvml = sampler
 
-    monkeypatch.setattr(session, "_detect_devices", detect)
+    monkeypatch.setattr(session.sources, "detect_devices", detect)
 
 
 def _train_a_small_mlp(session: CaptureSession, steps: int, after_step=lambda: None, before_step=lambda: None) -> None:
@@ -656,7 +655,7 @@ def _launch_now(session: CaptureSession, name: str, duration_ns: int, running: b
     """A kernel no op bracketed, launched now, running from 1 µs later for ``duration_ns`` (``running``:
     FakeCupti.launch's)."""
     now = torch_hooks.perf_counter_ns()
-    session.cupti.launch(now, now + 1_000, now + 1_000 + duration_ns, name, running=running)
+    session.sources.cupti.launch(now, now + 1_000, now + 1_000 + duration_ns, name, running=running)
 
 
 @pytest.mark.parametrize("api", ["full", "always"])
@@ -678,7 +677,7 @@ def test_host_api_calls_are_recorded_on_full_depth_steps_only(monkeypatch, api):
         assert (step["plasmient.launch_queue.max"] is not None) == split_known, n
         if n in full:
             assert step["plasmient.unjoined_kernels"] == 1  # the step_kernel, no op around it
-    assert session.cupti.api_changes == ([] if api == "always" else [False, True, False, True, False])  # steps 1, 3, 4, 6 and 7 (opened, never ended)
+    assert session.sources.cupti.api_changes == ([] if api == "always" else [False, True, False, True, False])  # steps 1, 3, 4, 6 and 7 (opened, never ended)
 
 
 @pytest.mark.parametrize("api", ["full", "always"])
@@ -791,7 +790,7 @@ def test_gpu_path_wiring_with_a_stand_in_cupti(monkeypatch, op_hook):
     while module["plasmient.level"] == "op":  # the native observer also sees aten::linear around it
         module = by_id[module["parent_span_id"]]
     assert module["name"] == "Sequential.0"
-    assert isinstance(session.ops, torch_hooks.NativeOpRecorder) == (op_hook == "native")
+    assert isinstance(session.sources.ops, torch_hooks.NativeOpRecorder) == (op_hook == "native")
     assert addmm["plasmient.flops"] > 0 and addmm["plasmient.mfu"] is not None
 
 

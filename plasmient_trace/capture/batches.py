@@ -10,7 +10,8 @@ and node spans from every rank's summaries. Nothing here edits a stitched table.
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -25,13 +26,22 @@ if TYPE_CHECKING:
     from .session import CaptureSession, StepCapture
 
 
+@dataclass
+class BatchMemory:
+    """What a batch leaves the batches after it (worker thread), and the one request it makes of the
+    training thread."""
+
+    measured: dict[str, Any] = field(default_factory=dict)  # signature -> step_facts.CarriedWork
+    preceding: tuple[int, int] | None = None   # (step, device window end) of the last stitched step
+    last_full: tuple[float, float] | None = None  # (flops, peak) of the latest full-depth step
+    want_full: bool = False  # a step-depth step's MFU fell below the threshold: the next step goes full
+
+
 def record_set(session: CaptureSession, items: list[StepCapture]) -> RecordSet:
     """What the steps captured, as the record tables offline ingest fills from a trace file."""
-    from . import cupti as cupti_mod
-    from . import cupti_records
     from .torch_hooks import modules_table
 
-    rs = RecordSet(devices=list(session.devices), resource=dict(session.resource), source=session._source())
+    rs = RecordSet(devices=list(session.sources.devices), resource=dict(session.resource), source=session.sources.label())
     rs.steps = table_from_columns("steps", {
         "step": [c.step for c in items], "start_ns": [c.start_ns for c in items],
         "end_ns": [c.end_ns for c in items], "name": [c.name for c in items]})
@@ -51,61 +61,18 @@ def record_set(session: CaptureSession, items: list[StepCapture]) -> RecordSet:
         if tabs:
             setattr(rs, name, pa.concat_tables(tabs, promote_options="default") if len(tabs) > 1 else tabs[0])
     rs.modules = modules_table([m for c in items for m in c.modules], session._pid, session._epoch)
-    collector = session.cupti
-    if session.on_gpu and collector is not None and (collector.available or session._cupti_later):
-        # everything CUPTI recorded up to now, parsed at once: one pass of numpy work per batch
-        raw = collector.flush() if collector.available else cupti_records.RawActivity()
-        cutoff = max(c.end_ns for c in items)
-        cols = cupti_records.parse(raw, keep_from=max(cutoff - collector.epoch_offset_ns, 0))
-        if cols.skipped_buffers:
-            say_once("cupti-layout", f"{cols.skipped_buffers} CUPTI buffer(s) did not match the record sizes "
-                                     f"{dict(raw.sizes)} and were skipped: their steps miss kernels")
-        parsed = cupti_records.tables(cols, collector.epoch_offset_ns, cupti_mod.default_api_name)
-        now, session._cupti_later = split_at(concat_records(session._cupti_later, parsed), cutoff)
+    now = session.sources.take_cupti(max(c.end_ns for c in items))
+    if now is not None:
         for name, table in now.items():
             if table.num_rows:
                 setattr(rs, name, table)
         # the Kineto fallback does not report its dropped records; a count CUPTI would not give is unknown
-        if session.cupti is not None and all(c.dropped is not None for c in items):
+        if all(c.dropped is not None for c in items):
             rs.counters["cupti.dropped_records"] = int(sum(c.dropped for c in items))
     samples = [c.samples for c in items if c.samples is not None and c.samples.num_rows]
     if samples:
         rs.samples = pa.concat_tables(samples)
     return rs
-
-
-def concat_records(earlier: dict[str, pa.Table], parsed: dict[str, pa.Table]) -> dict[str, pa.Table]:
-    return {name: pa.concat_tables([earlier[name], table]) if name in earlier and earlier[name].num_rows else table
-            for name, table in parsed.items()}
-
-
-def split_at(tables: dict[str, pa.Table], cutoff_ns: int) -> tuple[dict[str, pa.Table], dict[str, pa.Table]]:
-    """CUPTI records of this batch's steps, and those of the step still open when the worker flushed
-    (launched at or after ``cutoff_ns``, the batch's last step end), kept for the next batch. A kernel
-    goes with its launch when that is among the records (a step's kernels may run after it ends),
-    else by its own start; external correlations go with their launches.
-
-    The open step's API calls are all kept (``parse(keep_from=)``): a launch whose kernel was still
-    running at the flush finds it in the next batch. Of the earlier calls, only those whose device
-    work is here go on, as ``parse`` keeps them (the carried ones that launched nothing stop here)."""
-    kernels, launches, ext = tables["kernels"], tables["launches"], tables["external_correlation"]
-    kernel_ids = kernels.column("correlation_id").combine_chunks()
-    launch_ids = launches.column("correlation_id").combine_chunks()
-    launched_later = pc.greater_equal(launches.column("start_ns"), cutoff_ns)
-    launch_now = pc.and_(pc.invert(launched_later), pc.is_in(launch_ids, value_set=kernel_ids))
-    later_ids = launch_ids.filter(launched_later)
-    kernel_later = pc.if_else(pc.is_in(kernel_ids, value_set=launch_ids),
-                              pc.is_in(kernel_ids, value_set=later_ids),
-                              pc.greater_equal(kernels.column("start_ns"), cutoff_ns))
-    ext_ids = ext.column("correlation_id")
-    ext_later = pc.is_in(ext_ids, value_set=later_ids)
-    ext_now = pc.and_(pc.invert(ext_later), pc.is_in(ext_ids, value_set=kernel_ids))
-    parts = {"kernels": (kernels, pc.invert(kernel_later), kernel_later),
-             "launches": (launches, launch_now, launched_later),
-             "external_correlation": (ext, ext_now, ext_later)}
-    now = {name: table.filter(keep) for name, (table, keep, _) in parts.items()}
-    later = {name: table.filter(carry) for name, (table, _, carry) in parts.items()}
-    return now, later
 
 
 def kineto_records(items: list[StepCapture]) -> list[RecordSet]:
@@ -133,18 +100,18 @@ def process(session: CaptureSession, items: list[StepCapture]) -> SpanBatch:
     rs = record_set(session, items)
     full = {c.step for c in items if c.full}
     facts = StepFacts(signatures={c.step: c.signature for c in items if c.signature is not None},
-                      measured=session._measured, not_carried={c.step for c in items if c.compiled},
+                      measured=session.memory.measured, not_carried={c.step for c in items if c.compiled},
                       dropped_records={c.step: c.dropped for c in items if c.dropped is not None}
-                      if session.cupti is not None else None,
-                      preceding=session._preceding)
+                      if session.sources.cupti is not None else None,
+                      preceding=session.memory.preceding)
     options = IngestOptions(job_id=session.job_id, peak_tflops=session.config.peak_tflops, gpu_price=session.config.gpu_price,
                             service_name=session.config.service_name, full_depth_steps=full, step_facts=facts,
-                            cpu_spec=session.cpu_spec_for_stitch(),
+                            cpu_spec=session.sources.cpu_spec_for_stitch(lambda: session.closed),
                             # each rank stitches alone: its share of the trace's span budget
                             world_size=distributed.world_size())
     result = stitch_records([rs], options)
     facts.remember(result.summaries)  # later batches carry what this batch's full steps measured
-    session._preceding = facts.preceding  # and open their first tile where this batch's last one closed
+    session.memory.preceding = facts.preceding  # and open their first tile where this batch's last one closed
     batch = result.batch
     update_threshold(session, batch.table, items)
     # Multi-rank: this rank's fleet/node rows give way to ones built from every rank's summary.
@@ -163,12 +130,12 @@ def update_threshold(session: CaptureSession, table: pa.Table, items: list[StepC
     for s, f, p, w in sorted(zip(steps.tolist(), flops.tolist(), peak.tolist(), wall.tolist())):
         if s in full:
             if f == f and f > 0 and p == p and p > 0:
-                session._last_full = (f, p)
-        elif session.config.mfu_threshold is not None and session._last_full is not None and w > 0:
+                session.memory.last_full = (f, p)
+        elif session.config.mfu_threshold is not None and session.memory.last_full is not None and w > 0:
             # Same work as the last full step (fixed shapes), longer wall time: MFU fell.
-            lf, lp = session._last_full
+            lf, lp = session.memory.last_full
             if lf / (lp * w) < session.config.mfu_threshold:
-                session._force_full = True
+                session.memory.want_full = True
 
 
 # The live joins look External ids and correlation ids up across the whole batch, without a time

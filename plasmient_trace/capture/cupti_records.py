@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..records import table_from_columns
 
@@ -271,7 +272,7 @@ def parse(raw: RawActivity, keep_from: int | None = None) -> Columns:
     (cudaGetDevice, cudaStreamIsCapturing, ...) and their external correlations are left out, read no
     further than their correlation id and start. Calls from ``keep_from`` on (CUPTI's clock) are all
     kept: they belong to a step still open at the flush, whose device work may not have arrived yet
-    (the live worker carries them to its next batch, ``batches.split_at``).
+    (the live worker carries them to its next batch, :func:`split_at`).
     """
     walked = []
     skipped = 0
@@ -445,3 +446,38 @@ def tables(cols: Columns, epoch_offset_ns: int, api_name: Callable[[int, int], s
                                                       "external_id": pa.array(e["external_id"])}) \
         if len(e["correlation_id"]) else table_from_columns("external_correlation", {})
     return {"kernels": kernels, "launches": launches, "external_correlation": ext}
+
+
+def concat_records(earlier: dict[str, pa.Table], parsed: dict[str, pa.Table]) -> dict[str, pa.Table]:
+    """The records carried from the last batch, then those parsed now, table by table."""
+    return {name: pa.concat_tables([earlier[name], table]) if name in earlier and earlier[name].num_rows else table
+            for name, table in parsed.items()}
+
+
+def split_at(tables: dict[str, pa.Table], cutoff_ns: int) -> tuple[dict[str, pa.Table], dict[str, pa.Table]]:
+    """CUPTI records of this batch's steps, and those of the step still open when the worker flushed
+    (launched at or after ``cutoff_ns``, the batch's last step end), kept for the next batch. A kernel
+    goes with its launch when that is among the records (a step's kernels may run after it ends),
+    else by its own start; external correlations go with their launches.
+
+    The open step's API calls are all kept (``parse(keep_from=)``): a launch whose kernel was still
+    running at the flush finds it in the next batch. Of the earlier calls, only those whose device
+    work is here go on, as ``parse`` keeps them (the carried ones that launched nothing stop here)."""
+    kernels, launches, ext = tables["kernels"], tables["launches"], tables["external_correlation"]
+    kernel_ids = kernels.column("correlation_id").combine_chunks()
+    launch_ids = launches.column("correlation_id").combine_chunks()
+    launched_later = pc.greater_equal(launches.column("start_ns"), cutoff_ns)
+    launch_now = pc.and_(pc.invert(launched_later), pc.is_in(launch_ids, value_set=kernel_ids))
+    later_ids = launch_ids.filter(launched_later)
+    kernel_later = pc.if_else(pc.is_in(kernel_ids, value_set=launch_ids),
+                              pc.is_in(kernel_ids, value_set=later_ids),
+                              pc.greater_equal(kernels.column("start_ns"), cutoff_ns))
+    ext_ids = ext.column("correlation_id")
+    ext_later = pc.is_in(ext_ids, value_set=later_ids)
+    ext_now = pc.and_(pc.invert(ext_later), pc.is_in(ext_ids, value_set=kernel_ids))
+    parts = {"kernels": (kernels, pc.invert(kernel_later), kernel_later),
+             "launches": (launches, launch_now, launched_later),
+             "external_correlation": (ext, ext_now, ext_later)}
+    now = {name: table.filter(keep) for name, (table, keep, _) in parts.items()}
+    later = {name: table.filter(carry) for name, (table, _, carry) in parts.items()}
+    return now, later

@@ -1,13 +1,15 @@
 """The live capture session: step boundaries, per-step RecordSets, and the hand-off to the one pipeline.
 
-On the training thread the session only flips hooks on and off at step boundaries (which torch calls mark
-them: ``capture.step_hooks``) and swaps record lists; a background thread batches finished steps, turns them
-into a RecordSet and runs ``pipeline.stitch_records`` on it (the same joins, metrics and span tree as offline
-ingest: ``capture.batches``), and hands the spans to the same :class:`..export.delivery.Delivery` as ingest: the file at once, the network from
-its own bounded queue, the spill directory when the collector is down. The step queue is bounded:
-if stitching falls behind, new steps are dropped and counted, never waited for, so tracing cannot
-slow or block a step. Every tracing error is caught, reported once on stderr, and never raised into
-the job.
+On the training thread the session only flips hooks on and off at step boundaries (which torch calls
+mark them: ``capture.step_hooks``) and swaps record lists; which recorders it uses (op hook, CUPTI or the
+Kineto fallback, NVML, the CPU's peak) is ``capture.live_sources``. A background thread
+(``capture.worker``) batches finished steps, turns them into a RecordSet and runs
+``pipeline.stitch_records`` on it (the same joins, metrics and span tree as offline ingest:
+``capture.batches``), and hands the spans to the same :class:`..export.delivery.Delivery` as ingest: the
+file at once, the network from its own bounded queue, the spill directory when the collector is down.
+The step queue is bounded: if stitching falls behind, new steps are dropped and counted, never waited
+for, so tracing cannot slow or block a step. Every tracing error is caught, reported once on stderr,
+and never raised into the job.
 
 Sampling: every step gets a cheap step span (no op or module hooks); every ``every``-th step, the
 step after one whose estimated MFU fell below ``mfu_threshold``, and every step whose input-shape
@@ -23,21 +25,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import sys
 import threading
 import time
-from concurrent import futures
 from dataclasses import dataclass, field
 from time import perf_counter_ns
 from typing import Any, Iterator
 
 import pyarrow as pa
 
-from ..conventions import SpanBatch
-from ..records import DeviceInfo
 from . import batches, distributed, step_hooks
 from .budget import FullDepthBudget
+from .live_sources import LiveSources
+from .worker import StepWorker
 from .config import (
     CaptureConfig,
     Exporter,
@@ -112,34 +112,22 @@ class CaptureSession:
         self._kind: str | None = None
         self._open = False
         self._full = False
-        self._force_full = False
         self._full_owed = False  # a sampled full-depth step was put off while the worker was behind
         self._step_start = 0
         self._mode_entered = False
-        self._queue: queue.Queue = queue.Queue(maxsize=self.config.queue_steps)
-        self._worker: threading.Thread | None = None
-        self._flush_now = threading.Event()
-        self._arrived = threading.Event()  # a step was queued, or a flush asked for the batch now
+        self.worker = StepWorker(self.config, self._handle_batch)
+        self.memory = batches.BatchMemory()  # what each batch leaves the next (worker thread)
         self._lock = threading.RLock()
-        self._last_full: tuple[float, float] | None = None   # (flops, peak) of the latest full step
         self._signature: str | None = None    # the open step's input-shape signature, once seen
         self._signature_tries = 0
         self._signatures_seen: set[str] = set()   # captured at full depth (training thread)
         self._signatures_first_seen: set[str] = set()  # compiled models: seen once, at step depth
-        self._measured: dict[str, Any] = {}       # signature -> step_facts.CarriedWork (worker thread)
-        self._preceding: tuple[int, int] | None = None  # (step, device window end) of the last stitched step
-        self._cupti_later: dict[str, Any] = {}  # CUPTI records of a step not yet queued at the last flush
         self._patched: list[tuple[Any, str, Any]] = []
         self._opt_hook: Any = None
         self._opt_clock: Any = None
         self._opt_wrapped_depth = 0
-        self.cupti: Any = None
-        self.kineto: Any = None    # kineto_fallback.KinetoCollector, when cupti-python is not used
+        self.sources = LiveSources(self.config)
         self._user_profilers = 0   # the job's own torch.profiler runs now active
-        self.nvml: Any = None
-        self.devices: list[DeviceInfo] = []
-        self.on_gpu = False
-        self.cpu_spec: Any = None
         self.resource: dict[str, Any] = {}
         self.job_id = ""
 
@@ -172,14 +160,8 @@ class CaptureSession:
         self._epoch = torch_hooks.epoch_offset_ns()
         self._pid = os.getpid()
 
-        # Devices are looked at when the first step begins, not here at `import torch`: touching
-        # CUDA now would initialise it before the script sets CUDA_VISIBLE_DEVICES or forks.
-        self._devices_pending = True
-        self._cpu_pending = False
-        self.resource["plasmient.source"] = "live:cpu"
-        self.ops: Any = torch_hooks.OpRecorder()
-        self._native_pending = False
-        self._choose_op_recorder()
+        self.resource["plasmient.source"] = self.sources.label()
+        self.sources.choose_op_recorder()
         self.modules = torch_hooks.ModuleRecorder(on_forward=self._on_forward, on_signature=self._on_signature)
         self.modules.install()
         step_hooks.install(self, torch)
@@ -189,175 +171,8 @@ class CaptureSession:
             notice(f"where-{sink.name}-{what}", f"tracing job {self.job_id!r}: writing {what} to {sink.name}")
         if not (self.delivery.local or self.delivery.remote):
             notice("no-exporter", "OTEL_TRACES_EXPORTER=none: traces are captured but not exported")
-        self._worker = threading.Thread(target=self._work, name="plasmient-export", daemon=True)
-        self._worker.start()
+        self.worker.start()
         self.started = True
-
-    def _choose_op_recorder(self) -> None:
-        """The native observer when it is built (or, with PLASMIENT_OP_HOOK=native, once built now);
-        under auto a first build runs in the background and :meth:`_begin` switches when it lands."""
-        from . import native
-
-        hook = self.config.op_hook
-        if hook not in ("auto", "native", "dispatch"):
-            say_once("op-hook", f"PLASMIENT_OP_HOOK={hook!r} is not auto, native or dispatch: using auto")
-            hook = "auto"
-        if hook == "dispatch":
-            return
-        observer = native.load(build_if_missing=(hook == "native"))
-        if observer is not None:
-            self._use_native(observer)
-        elif hook == "native" or native.failure() is not None:
-            self._native_unavailable()
-        else:
-            notice("native-build", f"building the native op observer once, in the background (cached in "
-                                     f"{native.cache_dir()}); full-depth steps use the slower dispatch hook until then")
-            native.build_async()
-            self._native_pending = True
-
-    def _use_native(self, observer: Any) -> None:
-        from . import torch_hooks
-
-        recorder = torch_hooks.NativeOpRecorder(observer)
-        recorder.next_id = max(recorder.next_id, self.ops.next_id)  # external ids stay unique per rank
-        self.ops = recorder
-        if self.cupti is not None:
-            self._correlate()
-
-    def _native_unavailable(self) -> None:
-        from . import native
-
-        say_once("native-failed", f"native op observer unavailable ({native.failure()}); full-depth steps use "
-                                  "the Python dispatch hook, which costs far more per op")
-
-    def _poll_native(self) -> None:
-        from . import native
-
-        observer = native.loaded()
-        if observer is not None:
-            self._native_pending = False
-            self._use_native(observer)
-        elif native.failure() is not None:
-            self._native_pending = False
-            self._native_unavailable()
-
-    def _correlate(self) -> None:
-        """Bracket every op with a CUPTI external correlation id (exact kernel -> op join). The
-        native observer needs libcupti's C entry points; without them the dispatch hook, which
-        calls cupti-python, takes over so the join stays exact."""
-        from . import torch_hooks
-
-        if isinstance(self.ops, torch_hooks.NativeOpRecorder):
-            addresses = self.cupti.native_correlation()
-            if addresses is not None:
-                self.ops.set_correlation(*addresses)
-                return
-            say_once("native-cupti", "libcupti's external-correlation entry points were not found for the native "
-                                     "op observer; ops are recorded by the dispatch hook so kernels still join exactly")
-            fallback = torch_hooks.OpRecorder()
-            fallback.next_id = self.ops.next_id
-            self.ops = fallback
-            self._native_pending = False
-        self.ops.set_correlation(self.cupti.push, self.cupti.pop)
-
-    def _detect_devices(self) -> None:
-        """GPU path when the job has initialised CUDA (a CPU job on a GPU machine stays on the CPU
-        path); checked at each step start until CUDA appears, so a late `.cuda()` is picked up."""
-        import torch
-
-        if not torch.cuda.is_available():
-            self._devices_pending = False
-            if self.config.kineto and self.config.cupti:
-                say_once("kineto-forced", "PLASMIENT_CUPTI=kineto: full-depth steps are profiled with torch.profiler "
-                                          "(no CUDA here: ops only)")
-                self._use_kineto(cuda=False)
-        elif torch.cuda.is_initialized():
-            self._devices_pending = False
-            self._init_gpu(torch)
-            if self.cupti is not None:
-                self._correlate()
-        if not self.on_gpu and self.cpu_spec is None and self.config.peak_tflops is None:
-            self._cpu_pending = True
-        self.resource["plasmient.source"] = self._source()
-
-    def _source(self) -> str:
-        if not self.on_gpu:
-            return "live:cpu"
-        return "live:kineto" if self.kineto is not None else "live:cupti"
-
-    def _use_kineto(self, cuda: bool) -> None:
-        from .kineto_fallback import KinetoCollector
-
-        self.kineto = KinetoCollector(cuda=cuda)
-        self.on_gpu = self.on_gpu or cuda
-
-    def _init_gpu(self, torch: Any) -> None:
-        from .cupti import CuptiCollector, CuptiUnavailable
-
-        count = torch.cuda.device_count()
-        for i in range(count):
-            p = torch.cuda.get_device_properties(i)
-            props = {"name": p.name, "totalGlobalMem": int(p.total_memory), "computeMajor": p.major,
-                     "computeMinor": p.minor, "numSms": p.multi_processor_count}
-            self.devices.append(DeviceInfo(ordinal=i, name=p.name, uuid=str(getattr(p, "uuid", "")) or None,
-                                           sm_count=p.multi_processor_count, memory_bytes=int(p.total_memory),
-                                           properties=props))
-        if self.config.cupti and self.config.kineto:
-            say_once("kineto-forced", "PLASMIENT_CUPTI=kineto: GPU kernels come from torch.profiler on full-depth steps")
-            self._use_kineto(cuda=True)
-        elif self.config.cupti:
-            collector = CuptiCollector()
-            try:
-                collector.start()
-                self.cupti = collector
-                self.on_gpu = True
-            except CuptiUnavailable as err:
-                say_once("cupti", f"{err}; falling back to torch.profiler (Kineto) for GPU kernels "
-                                  "on full-depth steps")
-                self._use_kineto(cuda=True)
-        if self.config.nvml and self.on_gpu:
-            from .nvml import NvmlSampler
-
-            sampler = NvmlSampler(list(range(count)))
-            if sampler.start():
-                self.nvml = sampler
-            else:
-                say_once("nvml", sampler.reason)
-
-    def _init_cpu(self) -> None:
-        # Called at the first step end: torch's thread count is the job's by then (the capture starts at
-        # `import torch`, before the script sets it). The calibration itself runs in a child process (its
-        # own torch, threads and RNG), never on the training thread; a cached CPU resolves at once. The
-        # background worker waits for it before stitching (cpu_spec_for_stitch), not the training loop.
-        self._cpu_pending = False
-        try:
-            import torch
-
-            from ..metrics import hardware
-
-            self._cpu_future = hardware.start_cpu_calibration(torch.get_num_threads())
-        except Exception as err:
-            say_once("cpu-spec", f"CPU peak calibration failed ({err}): no MFU on CPU spans")
-
-    def cpu_spec_for_stitch(self) -> Any:
-        """The calibrated CPU spec, waiting (on the worker) at most PLASMIENT_CALIBRATION_WAIT_S for the
-        child process, and not at all once the session is closing: steps are never held back from the
-        exit flush for it. None (no MFU, said once) while it is not known."""
-        future = getattr(self, "_cpu_future", None)
-        if self.cpu_spec is not None or future is None:
-            return self.cpu_spec
-        deadline = time.monotonic() + float(self.config.environ.get("PLASMIENT_CALIBRATION_WAIT_S", "60"))
-        while not future.done() and not self.closed and time.monotonic() < deadline:
-            futures.wait([future], timeout=0.25)
-        if future.done():
-            self._cpu_future = None
-            try:
-                self.cpu_spec = future.result()
-            except Exception as err:
-                say_once("cpu-spec", f"CPU peak calibration failed ({type(err).__name__}: {err}): no MFU on CPU spans")
-        else:
-            say_once("cpu-spec-pending", "CPU peak calibration still running: steps exported meanwhile carry no MFU")
-        return self.cpu_spec
 
     def close(self, timeout: float | None = None) -> None:
         """Stop capturing, export what is queued (waiting at most ``timeout`` s), remove the hooks."""
@@ -370,9 +185,9 @@ class CaptureSession:
                 self._exit_mode()
                 # The native observer is process-wide and outlives us: it must not keep calling
                 # into this session's CUPTI after close.
-                self.ops.set_correlation(None, None)
-                if self.kineto is not None:
-                    self.kineto.abort()
+                self.sources.ops.set_correlation(None, None)
+                if self.sources.kineto is not None:
+                    self.sources.kineto.abort()
                 self._open = False
                 self.modules.enabled = False
                 self.modules.uninstall()
@@ -388,21 +203,14 @@ class CaptureSession:
                     timeout = max(timeout, distributed.wait_s(self.config.environ) + 2.0)
             deadline = time.monotonic() + timeout
             if not self.flush(timeout):
-                say_once("flush-timeout", f"{self._queue.unfinished_tasks} step(s) still being traced after "
+                say_once("flush-timeout", f"{self.worker.unfinished()} step(s) still being traced after "
                                           f"{timeout:g}s at exit were not written (PLASMIENT_FLUSH_TIMEOUT_S)")
-            try:
-                self._queue.put_nowait(None)
-                self._arrived.set()
-            except queue.Full:
-                pass  # the worker is a daemon: a wedged exporter dies with the process
+            self.worker.stop()
             if self.delivery is not None:
                 # What the network has not taken by the deadline goes to the spill directory.
                 self.delivery.shutdown(max(deadline - time.monotonic(), 0.0))
                 self._report_delivery()
-            if self.cupti is not None:
-                self.cupti.stop()
-            if self.nvml is not None:
-                self.nvml.stop()
+            self.sources.stop()
         except Exception as err:
             self._fail("close", err)
         if self.stats["steps_deferred"]:
@@ -420,17 +228,7 @@ class CaptureSession:
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until every queued step is exported (True) or ``timeout`` passes (False)."""
-        self._flush_now.set()
-        self._arrived.set()  # a worker collecting a batch processes it now, not at its interval's end
-        try:
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                if self._queue.unfinished_tasks == 0:
-                    return True
-                time.sleep(0.005)
-            return self._queue.unfinished_tasks == 0
-        finally:
-            self._flush_now.clear()
+        return self.worker.flush(timeout)
 
     def _fail(self, where: str, err: BaseException) -> None:
         """A tracing error: say it once, stop tracing, keep the job running."""
@@ -438,8 +236,8 @@ class CaptureSession:
         say_once(f"fail-{where}", f"tracing disabled after an error in {where}: {type(err).__name__}: {err}")
         try:
             self._exit_mode()
-            if self.kineto is not None:
-                self.kineto.abort()
+            if self.sources.kineto is not None:
+                self.sources.kineto.abort()
             if hasattr(self, "modules"):
                 self.modules.enabled = False
         except Exception:
@@ -506,27 +304,27 @@ class CaptureSession:
     def _abort_open(self) -> None:
         if self._open:
             self._exit_mode()
-            if self.kineto is not None:
-                self.kineto.abort()
+            if self.sources.kineto is not None:
+                self.sources.kineto.abort()
             self.modules.enabled = False
-            self.ops.take()
+            self.sources.ops.take()
             self.modules.take()
             self._open = False
 
     def _begin(self, now: int) -> None:
-        if self._devices_pending:
+        if self.sources.devices_pending:
             self._detect_devices()  # CUPTI and NVML start here, the first time: up to seconds
             now = perf_counter_ns()  # the step starts when our setup is done: that time is not the job's
-        if self._native_pending:
-            self._poll_native()
+        if self.sources.native_pending:
+            self.sources.poll_native()
         every = max(self.config.every, 1)
         self._full = False
         periodic = self.step_index % every == 0
-        full = periodic or self._force_full or self._full_owed
-        self._force_full = False
+        full = periodic or self.memory.want_full or self._full_owed
+        self.memory.want_full = False
         self._full_owed = False
         if full and self.step_index > 0:
-            if self._queue.qsize() >= _backlog_limit(self.config.queue_steps):
+            if self.worker.backlog() >= _backlog_limit(self.config.queue_steps):
                 # The worker is behind: another full step would only deepen the backlog until whole steps
                 # are dropped. This one runs at step depth (it still carries FLOPs); the next step owes it.
                 full = False
@@ -544,7 +342,7 @@ class CaptureSession:
         self.modules.want_signature = True
         if full:
             self._go_full()
-            if self.kineto is not None and self.kineto.running:
+            if self.sources.kineto is not None and self.sources.kineto.running:
                 self._step_start = perf_counter_ns()  # starting torch.profiler (the fallback) is ours too
         else:
             self._record_api(self.config.cupti_api_always)
@@ -560,7 +358,7 @@ class CaptureSession:
 
     def _record_api(self, on: bool) -> None:
         """CUPTI's host API records on (full depth: launches join kernels to ops) or off (step depth)."""
-        if self.cupti is not None and not self.cupti.record_api(on):
+        if self.sources.cupti is not None and not self.sources.cupti.record_api(on):
             say_once("cupti-api", f"CUPTI would not {'enable' if on else 'disable'} its API activity kinds: "
                                   + ("full-depth steps may miss kernel -> op joins" if on else
                                      "step-depth steps keep recording launches (more overhead)"))
@@ -603,32 +401,32 @@ class CaptureSession:
     def _start_kineto(self) -> bool:
         """Profile this full-depth step with torch.profiler (its ops replace the dispatch hooks');
         False when there is no Kineto fallback, the job's own profiler holds Kineto, or it failed."""
-        if self.kineto is None:
+        if self.sources.kineto is None:
             return False
         if self._user_profilers:
             say_once("kineto-user", "torch.profiler started by the job: the Kineto fallback stands aside until it "
                                     "stops; full-depth steps meanwhile carry ops without kernels (ingest its trace for them)")
             return False
         try:
-            self.kineto.start_step()
+            self.sources.kineto.start_step()
             return True
         except Exception as err:
             say_once("kineto-start", f"torch.profiler could not start ({type(err).__name__}: {err}); "
                                      "full-depth steps carry ops without kernels")
-            self.kineto.abort()
+            self.sources.kineto.abort()
             return False
 
     def _end(self, now: int) -> None:
         trace = None
-        if self.kineto is not None and self.kineto.running:
+        if self.sources.kineto is not None and self.sources.kineto.running:
             try:
-                trace = self.kineto.end_step()
+                trace = self.sources.kineto.end_step()
             except Exception as err:
                 say_once("kineto-export", f"torch.profiler trace of a step not exported ({type(err).__name__}: "
                                           f"{err}); such steps carry modules only")
         self._exit_mode()
-        if self._cpu_pending:
-            self._init_cpu()
+        if self.sources.cpu_pending:
+            self.sources.start_cpu_calibration()
         self.modules.enabled = False
         self.modules.want_signature = False
         self._open = False
@@ -638,96 +436,44 @@ class CaptureSession:
             self._signatures_first_seen.add(self._signature)
         cap = StepCapture(step=self.step_index, name=_STEP_NAMES.get(self._kind or "explicit", "step#{n}").format(n=self.step_index),
                           start_ns=self._step_start + self._epoch, end_ns=now + self._epoch, full=self._full,
-                          ops=self.ops.take() if self._full else None, op_recorder=self.ops,
+                          ops=self.sources.ops.take() if self._full else None, op_recorder=self.sources.ops,
                           modules=self.modules.take() if self._full else [], kineto=trace, signature=self._signature,
                           compiled=compiled)
-        for rec in (self.ops, self.modules):
+        for rec in (self.sources.ops, self.modules):
             if rec.failed is not None:
                 err, rec.failed = rec.failed, None
                 say_once("hook-error", f"a torch hook failed and its record was skipped: {type(err).__name__}: {err}")
-        if self.ops.notice:
-            say_once("op-notice", self.ops.notice)
-        if self.cupti is not None and self.cupti.available:
-            cap.dropped = self.cupti.dropped()  # the records themselves: flushed by the worker, per batch
-        if self.nvml is not None:
-            cap.samples = self.nvml.take(cap.start_ns, cap.end_ns)
+        if self.sources.ops.notice:
+            say_once("op-notice", self.sources.ops.notice)
+        if self.sources.cupti is not None and self.sources.cupti.available:
+            cap.dropped = self.sources.cupti.dropped()  # the records themselves: flushed by the worker, per batch
+        if self.sources.nvml is not None:
+            cap.samples = self.sources.nvml.take(cap.start_ns, cap.end_ns)
         distributed.remember()  # the store handle, while the process group surely exists
         self.step_index += 1
         self.stats["steps"] += 1
         self.stats["steps_full"] += int(self._full)
-        try:
-            self._queue.put_nowait(cap)
-            self._arrived.set()
-        except queue.Full:
+        if not self.worker.offer(cap):
             self.stats["steps_dropped"] += 1
+
+    def _detect_devices(self) -> None:
+        self.sources.detect_devices()
+        self.resource["plasmient.source"] = self.sources.label()
 
     def _enter_mode(self) -> None:
         if not self._mode_entered:
-            self.ops.__enter__()
+            self.sources.ops.__enter__()
             self._mode_entered = True
 
     def _exit_mode(self) -> None:
         if self._mode_entered:
             self._mode_entered = False
-            self.ops.__exit__(None, None, None)
+            self.sources.ops.__exit__(None, None, None)
 
     # ---- worker thread
-    def _work(self) -> None:
-        # Import what processing a batch needs now, while the job warms up, not at the first step end, and
-        # never during interpreter exit: defining a dataclass there (an exec of its source) resets CPython's
-        # note of an unhandled KeyboardInterrupt, and a job stopped by Ctrl-C before its first export would
-        # exit with status 1 instead of dying of SIGINT.
-        try:
-            from .. import pipeline  # noqa: F401
-            from ..export import otlp_json  # noqa: F401
-            from ..sources import kineto  # noqa: F401
-            from ..stitch import step_facts  # noqa: F401
-            from . import cupti, kineto_fallback, torch_hooks  # noqa: F401
-        except Exception:
-            pass
-        stop = False
-        while not stop:
-            item = self._queue.get()
-            if item is None:
-                self._queue.task_done()
-                return
-            items = [item]
-            # Collect for up to `export_interval_s` (or until a flush): one stitch and one export
-            # for many steps costs the job far less than one per step, as in OTel's batch processor.
-            deadline = time.monotonic() + self.config.export_interval_s
-            # Step-depth steps are small (a step span and its kernels): up to max_batch_steps of them spread
-            # the batch's fixed cost; full-depth ones (every op) are bounded apart, for memory.
-            full = int(item.full)
-            while len(items) < self.config.max_batch_steps and full < self.config.max_batch_full_steps:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._arrived.clear()  # before looking, so a step or flush after the look still wakes us
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    if self._flush_now.is_set():
-                        break  # a flush takes what is queued now, in one batch
-                    self._arrived.wait(remaining)
-                    continue
-                if nxt is None:
-                    self._queue.task_done()
-                    stop = True
-                    break
-                items.append(nxt)
-                full += int(nxt.full)
-            try:
-                cpu = time.thread_time()
-                batch = batches.process(self, items)
-                self._export(batch)
-                self._budget.measured(time.thread_time() - cpu, sum(c.full for c in items))
-            except Exception as err:
-                say_once("process", f"a step could not be traced ({type(err).__name__}: {err}); later steps continue")
-            finally:
-                for _ in items:
-                    self._queue.task_done()
-
-    def _export(self, batch: SpanBatch) -> None:
-        self.delivery.submit(batch)  # local sinks now, the network in the delivery thread
+    def _handle_batch(self, items: list[StepCapture]) -> None:
+        cpu = time.thread_time()
+        self.delivery.submit(batches.process(self, items))  # local sinks now, the network in the delivery thread
         self.stats["exported_batches"] += 1
         self.stats["export_errors"] = self.delivery.stats.local_errors
+        self._budget.measured(time.thread_time() - cpu, sum(c.full for c in items))

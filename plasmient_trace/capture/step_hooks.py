@@ -63,11 +63,11 @@ def install(session: CaptureSession, torch: Any) -> None:
 
 def suspend_cupti(session: CaptureSession) -> None:
     session._user_profilers += 1
-    if session.kineto is not None:
+    if session.sources.kineto is not None:
         yield_kineto(session)
     try:
-        if session.cupti is not None and session.cupti.available:
-            session.cupti.stop()
+        if session.sources.cupti is not None and session.sources.cupti.available:
+            session.sources.cupti.stop()
             say_once("cupti-kineto", "torch.profiler started: CUPTI is Kineto's until it stops; steps meanwhile "
                                      "carry no kernels here (ingest the profiler's trace for them)")
     except Exception as err:
@@ -77,8 +77,8 @@ def suspend_cupti(session: CaptureSession) -> None:
 def resume_cupti(session: CaptureSession) -> None:
     session._user_profilers = max(session._user_profilers - 1, 0)
     try:
-        if session.cupti is not None and not session.cupti.available:
-            session.cupti.start()
+        if session.sources.cupti is not None and not session.sources.cupti.available:
+            session.sources.cupti.start()
     except Exception as err:
         say_once("cupti-resume", f"CUPTI not resumed after torch.profiler: {err}")
 
@@ -90,8 +90,8 @@ def yield_kineto(session: CaptureSession) -> None:
                             "stops; full-depth steps meanwhile carry ops without kernels (ingest its trace for them)")
     try:
         with session._lock:
-            if session.kineto.running:
-                session.kineto.abort()
+            if session.sources.kineto.running:
+                session.sources.kineto.abort()
                 if session._open and session._full and not session.failed:
                     session._enter_mode()
     except Exception as err:

@@ -1,0 +1,128 @@
+"""The live capture's background thread: finished steps in a bounded queue, handled in batches.
+
+The training thread only offers a step (:meth:`StepWorker.offer`: never waits; a full queue drops the
+step and says so to the caller). The thread collects steps for up to ``export_interval_s``, as
+OpenTelemetry's batch span processor collects spans: one stitch and one export for many steps costs the
+job far less than one per step. A flush or the arrival of enough steps ends the collection early. What a
+batch is turned into, and where it goes, is the ``handle`` callable's business (the session's:
+``batches.process`` then the delivery).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+from .config import CaptureConfig, say_once
+
+
+def _import_processing() -> None:
+    """Import what processing a batch needs now, while the job warms up, not at the first step end, and
+    never during interpreter exit: defining a dataclass there (an exec of its source) resets CPython's
+    note of an unhandled KeyboardInterrupt, and a job stopped by Ctrl-C before its first export would
+    exit with status 1 instead of dying of SIGINT."""
+    try:
+        from .. import pipeline  # noqa: F401
+        from ..export import otlp_json  # noqa: F401
+        from ..sources import kineto  # noqa: F401
+        from ..stitch import step_facts  # noqa: F401
+        from . import cupti, kineto_fallback, torch_hooks  # noqa: F401
+    except Exception:
+        pass
+
+
+class StepWorker:
+    """A bounded step queue and the daemon thread that empties it in batches."""
+
+    def __init__(self, config: CaptureConfig, handle: Callable[[list[Any]], None]) -> None:
+        self.config = config
+        self._handle = handle
+        self._queue: queue.Queue = queue.Queue(maxsize=config.queue_steps)
+        self._flush_now = threading.Event()
+        self._arrived = threading.Event()  # a step was queued, or a flush asked for the batch now
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="plasmient-export", daemon=True)
+        self._thread.start()
+
+    def offer(self, step: Any) -> bool:
+        """Queue a finished step; False (the step is dropped) when the queue is full."""
+        try:
+            self._queue.put_nowait(step)
+        except queue.Full:
+            return False
+        self._arrived.set()
+        return True
+
+    def backlog(self) -> int:
+        """Steps queued and not yet taken into a batch."""
+        return self._queue.qsize()
+
+    def unfinished(self) -> int:
+        """Steps queued or in the batch being handled."""
+        return self._queue.unfinished_tasks
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every queued step is handled (True) or ``timeout`` passes (False)."""
+        self._flush_now.set()
+        self._arrived.set()  # a batch being collected is handled now, not at its interval's end
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if self._queue.unfinished_tasks == 0:
+                    return True
+                time.sleep(0.005)
+            return self._queue.unfinished_tasks == 0
+        finally:
+            self._flush_now.clear()
+
+    def stop(self) -> None:
+        """Ask the thread to end once the queue is empty. With the queue full the thread is left: it is a
+        daemon, and a wedged handler dies with the process."""
+        try:
+            self._queue.put_nowait(None)
+            self._arrived.set()
+        except queue.Full:
+            pass
+
+    def _run(self) -> None:
+        _import_processing()
+        stop = False
+        while not stop:
+            item = self._queue.get()
+            if item is None:
+                self._queue.task_done()
+                return
+            items = [item]
+            deadline = time.monotonic() + self.config.export_interval_s
+            # Step-depth steps are small (a step span and its kernels): up to max_batch_steps of them spread
+            # the batch's fixed cost; full-depth ones (every op) are bounded apart, for memory.
+            full = int(item.full)
+            while len(items) < self.config.max_batch_steps and full < self.config.max_batch_full_steps:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._arrived.clear()  # before looking, so a step or flush after the look still wakes us
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    if self._flush_now.is_set():
+                        break  # a flush takes what is queued now, in one batch
+                    self._arrived.wait(remaining)
+                    continue
+                if nxt is None:
+                    self._queue.task_done()
+                    stop = True
+                    break
+                items.append(nxt)
+                full += int(nxt.full)
+            try:
+                self._handle(items)
+            except Exception as err:
+                say_once("process", f"a step could not be traced ({type(err).__name__}: {err}); later steps continue")
+            finally:
+                for _ in items:
+                    self._queue.task_done()

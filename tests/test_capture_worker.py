@@ -1,0 +1,87 @@
+"""The live capture's step queue and batching thread (capture.worker), on its own: what the training
+thread may rely on (never waits, a full queue drops and says so) and what the handler sees (batches
+in order, a flush hands over what is queued now, a failing batch does not stop the next)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from plasmient_trace.capture import config as capture_config
+from plasmient_trace.capture.config import CaptureConfig
+from plasmient_trace.capture.worker import StepWorker
+
+
+@dataclass
+class Step:
+    step: int
+    full: bool = False
+
+
+def test_a_full_queue_drops_the_step_at_once_and_says_so():
+    release = threading.Event()
+    worker = StepWorker(CaptureConfig(queue_steps=3, export_interval_s=0.0, environ={}), lambda items: release.wait(30))
+    worker.start()
+    try:
+        assert worker.offer(Step(0))  # taken by the thread, whose handler now blocks
+        while worker.backlog():  # until the thread has taken step 0 off the queue
+            threading.Event().wait(0.01)
+        assert [worker.offer(Step(i)) for i in range(1, 5)] == [True, True, True, False]
+        assert worker.unfinished() == 4  # the one being handled and three queued; the fifth was never queued
+    finally:
+        release.set()
+    assert worker.flush(30) and worker.unfinished() == 0
+
+
+def test_steps_collected_within_the_interval_are_one_batch_and_a_flush_hands_them_over_now():
+    batches: list[list[int]] = []
+    worker = StepWorker(CaptureConfig(export_interval_s=600.0, environ={}),
+                        lambda items: batches.append([s.step for s in items]))
+    worker.start()
+    for i in range(5):
+        assert worker.offer(Step(i))
+    assert worker.flush(30)  # well before the 600 s interval ends
+    assert batches == [[0, 1, 2, 3, 4]]
+
+
+def test_full_depth_steps_per_batch_are_bounded_apart_from_step_depth_ones():
+    batches: list[list[int]] = []
+    gate = threading.Event()
+    seen = []
+
+    def handle(items):
+        gate.wait(30)
+        batches.append([s.step for s in items])
+        seen.append(sum(s.full for s in items))
+
+    cfg = CaptureConfig(export_interval_s=600.0, max_batch_steps=256, max_batch_full_steps=2, environ={})
+    worker = StepWorker(cfg, handle)
+    for i in range(6):
+        assert worker.offer(Step(i, full=i % 2 == 0))  # full, step, full, step, full, step
+    worker.start()
+    gate.set()
+    assert worker.flush(30)
+    assert sum(batches, []) == list(range(6))  # in order, each once
+    assert max(seen) == 2 and batches[0] == [0, 1, 2]  # the batch ends at its second full-depth step
+
+
+def test_a_failing_batch_is_reported_once_and_later_batches_still_go(capsys, monkeypatch):
+    monkeypatch.setattr(capture_config, "_said", set())  # said once per process: earlier tests may have said it
+    handled: list[int] = []
+
+    def handle(items):
+        if items[0].step == 0:
+            raise ValueError("bad records")
+        handled.extend(s.step for s in items)
+
+    worker = StepWorker(CaptureConfig(export_interval_s=0.0, environ={}), handle)
+    worker.start()
+    for failing in (0, 0):
+        worker.offer(Step(failing))
+        assert worker.flush(30)
+    worker.offer(Step(1))
+    assert worker.flush(30)
+    worker.stop()
+    assert handled == [1]
+    err = capsys.readouterr().err
+    assert err.count("a step could not be traced (ValueError: bad records); later steps continue") == 1
