@@ -193,18 +193,26 @@ def _conv_from_consumer(cands: np.ndarray, rows: _Rows, start: np.ndarray, end: 
         candidate = open_ & (start[q] >= end[convs]) & (first[q] == want).all(axis=1)
         found[candidate] = q[candidate]
         open_ &= ~candidate
-    decided: dict[tuple[int, int], Any] = {}
-    for i in np.nonzero(found >= 0)[0].tolist():
-        r, q, g = int(convs[i]), int(found[i]), int(sig_of[i])
-        key = (g, int(pair_of[q]))
-        if key not in decided:
-            X, W = sig_xw[g]
-            S = shapes[key[1]]
-            decided[key] = (conv_forward_with_output(rows.name(r), sig_args[g], S[2:])
-                            if _plausible_output(X[2:], W[2:], S[2:]) else None)
-        res = decided[key]
-        if res is not None:
-            flops[r], nbytes[r], model[r] = res
+    # one cost per distinct (conv signature, consumer shape), scattered onto every conv that has it
+    hit = np.nonzero(found >= 0)[0]
+    if not len(hit):
+        return
+    key_of, key_first = group_rows([sig_of[hit], pair_of[found[hit]]])
+    costs = []
+    for i in hit[key_first].tolist():
+        g, S = int(sig_of[i]), shapes[int(pair_of[found[i]])]
+        X, W = sig_xw[g]
+        costs.append(conv_forward_with_output(rows.name(int(convs[i])), sig_args[g], S[2:])
+                     if _plausible_output(X[2:], W[2:], S[2:]) else None)
+    known = np.array([c is not None for c in costs], bool)
+    take = known[key_of]
+    if not take.any():
+        return
+    r, k = convs[hit[take]], key_of[take]
+    per_key = [c if c is not None else (0.0, 0.0, "") for c in costs]
+    flops[r] = np.array([c[0] for c in per_key], np.float64)[k]
+    nbytes[r] = np.array([c[1] for c in per_key], np.float64)[k]
+    model[r] = np.array([c[2] for c in per_key])[k]
 
 
 def _vllm_attention(cands: np.ndarray, ops: pa.Table, rows: _Rows, start: np.ndarray, end: np.ndarray,
