@@ -19,7 +19,8 @@ from functools import cache
 
 import pytest
 from conftest import trace_path
-from test_tracelens_timeline import REPLAY, _rank
+from device_timeline import rank_timeline
+from test_tracelens_timeline import REPLAY
 
 pytestmark = pytest.mark.skipif(
     not os.environ.get("PLASMIENT_TRACELENS_PYTHON"),
@@ -82,7 +83,7 @@ def _approx(value: float):
 
 @pytest.mark.parametrize("name", MULTI_GPU)
 def test_communication_agrees_with_tracelens(name):
-    tl, ours = _tracelens()[name], _rank(name)
+    tl, ours = _tracelens()[name], rank_timeline(name)
     assert ours["comm.total_s"] == _approx(tl["total_comm_time"])
     assert ours["comm.exposed_s"] == _approx(tl["exposed_comm_time"])
 
@@ -91,7 +92,7 @@ def test_communication_agrees_with_tracelens(name):
 def test_overlap_fraction_agrees_with_tracelens(name):
     """The share of collective time hidden under compute, within 1 point (TraceLens counts memsets as compute,
     plasmient as copies)."""
-    tl, ours = _tracelens()[name], _rank(name)
+    tl, ours = _tracelens()[name], rank_timeline(name)
     theirs = 1 - tl["exposed_comm_time"] / tl["total_comm_time"] if tl["total_comm_time"] else 0.0
     mine = 1 - ours["comm.exposed_s"] / ours["comm.total_s"] if ours["comm.total_s"] else 0.0
     assert mine == pytest.approx(theirs, abs=0.01)
@@ -99,7 +100,7 @@ def test_overlap_fraction_agrees_with_tracelens(name):
 
 @pytest.mark.parametrize("name", TIMELINE)
 def test_timeline_agrees_with_tracelens(name):
-    tl, ours = _tracelens()[name], _rank(name)
+    tl, ours = _tracelens()[name], rank_timeline(name)
     assert ours["busy_s"] == _approx(tl["busy_time"])
     assert ours["memcpy.total_s"] == _approx(tl["copy_time"])
     assert ours["memcpy.exposed_s"] == _approx(tl["exposed_copy_time"])
@@ -114,7 +115,7 @@ if __name__ == "__main__":
                 f"  idle {1e3 * idle:9.3f}  copy {1e3 * copy:7.3f} exposed {1e3 * copy_exposed:7.3f}")
 
     for name, tl in _tracelens().items():
-        ours, d = _rank(name), tl["default"]
+        ours, d = rank_timeline(name), tl["default"]
         print(name)
         print(row("TraceLens default (linked kernels)", d["total_comm_time"], d["exposed_comm_time"], d["busy_time"],
                   d["idle_time"], d["total_memcpy_time"], d["exposed_memcpy_time"]))

@@ -16,16 +16,13 @@ itself is tests/test_tracelens_compare.py.
 from __future__ import annotations
 
 import csv
-import re
 
 import pytest
-from conftest import TRACES, ingested, raw_activities, raw_trace, union_ns
+from conftest import TRACES, raw_activities, raw_trace, union_ns
+from device_timeline import COMM_NAME, COPY_CATS, rank_timeline, raw_timeline
 
 REPLAY = "cc94_vllm_decode/graph_execution.json.gz"
 GOLDEN = TRACES / "cc94_vllm_decode" / "tracelens_golden" / "gpu_timeline.csv"
-ACTIVITY_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
-COPY_CATS = {"gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
-COMM_NAME = re.compile(r"nccl|rccl", re.IGNORECASE)  # TraceLens's COMMUNICATION_KEYS, matched anywhere
 
 # mi300x: 968 kernels launched before the capture began (no launch record) run through the first 30 ms while
 # the device catches up with the host; they must stay in the first step, not fall into the next one by time.
@@ -36,55 +33,6 @@ TIMELINE_TRACES = ["b200/eager_rank0_of8.json.gz", "a100/nccl_training_rank0_of2
                    "mi300x/resnet_act_checkpoint_rank0_of8.json.gz",
                    "v100/resnet50_training.json.gz", "a100_multirank/rank-1.json.gz", REPLAY]
 
-
-
-def _ns(us: float) -> int:
-    """Microseconds to ns without going through a float above 2**53 (epoch-µs traces such as v100's)."""
-    whole = int(us)
-    return whole * 1000 + round((us - whole) * 1000)
-
-
-def _whole_trace(name: str) -> dict:
-    """TraceLens's breakdown from the raw JSON, per device and summed (seconds), plus the first activity's
-    start (ns after Kineto's epoch anchor) per device."""
-    doc = raw_trace(name)
-    base = doc.get("baseTimeNanoseconds") or 0
-    by_device: dict[int, dict[str, list[tuple[int, int]]]] = {}
-    for e in doc["traceEvents"]:
-        if e.get("ph") != "X" or e.get("cat") not in ACTIVITY_CATS:
-            continue
-        start = base + _ns(e["ts"])
-        span = (start, start + _ns(e.get("dur", 0)))
-        kind = "copy" if e["cat"] in COPY_CATS else "comm" if COMM_NAME.search(str(e.get("name", ""))) else "compute"
-        lists = by_device.setdefault(e.get("args", {}).get("device", 0), {"comm": [], "copy": [], "compute": []})
-        lists[kind].append(span)
-    out = dict.fromkeys(("busy", "comm", "comm_exposed", "copy", "copy_exposed", "span"), 0.0)
-    out["first_ns"] = {}
-    for dev, lists in by_device.items():
-        every = lists["comm"] + lists["copy"] + lists["compute"]
-        compute = union_ns(lists["compute"])
-        out["busy"] += union_ns(every) / 1e9
-        for kind in ("comm", "copy"):
-            out[kind] += union_ns(lists[kind]) / 1e9
-            out[kind + "_exposed"] += (union_ns(lists[kind] + lists["compute"]) - compute) / 1e9
-        first = min(s for s, e in every if e > s)
-        out["span"] += (max(e for _, e in every) - first) / 1e9
-        out["first_ns"][dev] = first
-    return out
-
-
-def _rank(name: str) -> dict:
-    """plasmient's step spans of the trace's one rank, summed (seconds), and the lead gap: from the first step
-    window's start to the first GPU activity (raw times moved onto the rank's clock)."""
-    result = ingested(name)
-    steps = sorted((r for r in result.batch.table.to_pylist() if r["plasmient.level"] == "step"),
-                   key=lambda r: r["plasmient.device.start_ns"])
-    offset = max(result.joined[0].stats.clock_offset_ns.values(), default=0)
-    first = _whole_trace(name)["first_ns"]
-    out = {key: sum(s[f"plasmient.{key}"] or 0.0 for s in steps)
-           for key in ("busy_s", "idle_s", "comm.total_s", "comm.exposed_s", "memcpy.total_s", "memcpy.exposed_s")}
-    out["lead_gap_s"] = sum(t + offset - steps[0]["plasmient.device.start_ns"] for t in first.values()) / 1e9
-    return out
 
 
 def _copies_of_two_steps_at_once(name: str) -> tuple[float, float]:
@@ -123,7 +71,7 @@ def test_replay_timeline_matches_the_tracelens_golden_sheet():
     plasmient's step window holds and TraceLens's window does not, is taken off."""
     if not GOLDEN.exists():
         pytest.skip(f"{GOLDEN} not present")
-    gold, ours = _golden(), _rank(REPLAY)
+    gold, ours = _golden(), rank_timeline(REPLAY)
     us = 1e-6
     assert ours["busy_s"] == pytest.approx(gold["busy_time"], abs=us)
     assert ours["comm.total_s"] == gold["total_comm_time"] == 0.0
@@ -142,7 +90,7 @@ def test_replay_timeline_matches_the_tracelens_golden_sheet():
 def test_communication_over_the_whole_trace(name):
     """Summed over the rank's steps, collective time and its exposed part (collective time with no compute
     kernel running) equal TraceLens's total_comm_time and exposed_comm_time over the whole trace."""
-    whole, ours = _whole_trace(name), _rank(name)
+    whole, ours = raw_timeline(name), rank_timeline(name)
     assert ours["comm.total_s"] == pytest.approx(whole["comm"], abs=5e-6)
     assert ours["comm.exposed_s"] == pytest.approx(whole["comm_exposed"], abs=5e-6)
 
@@ -152,7 +100,7 @@ def test_device_timeline_over_the_whole_trace(name):
     """Summed over the rank's steps, busy time, copy time and its exposed part, and idle time less the lead
     gap equal TraceLens's busy_time, memcpy times and idle_time (in plasmient's categories) over the whole
     trace; TraceLens reads neither v100 nor a100_multirank (old 'Kernel' categories), its definitions do."""
-    whole, ours = _whole_trace(name), _rank(name)
+    whole, ours = raw_timeline(name), rank_timeline(name)
     twice, twice_exposed = _copies_of_two_steps_at_once(name)
     assert ours["busy_s"] == pytest.approx(whole["busy"], abs=5e-6)
     assert ours["memcpy.total_s"] == pytest.approx(whole["copy"] + twice, abs=5e-6)
