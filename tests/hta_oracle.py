@@ -23,7 +23,8 @@ needs_hta = pytest.mark.skipif(
     not HTA_PYTHON, reason="HTA (HolisticTraceAnalysis 0.5.0 with pandas and plotly) lives in its own venv: run "
                            "bash scripts/test.sh, or name a Python that has it in PLASMIENT_HTA_PYTHON")
 
-# One HTA run per trace: its temporal breakdown and its communication/computation overlap.
+# One HTA run per trace: its temporal breakdown, its GPU activities per ProfilerStep and its
+# communication/computation overlap.
 _SCRIPT = """
 import json, logging, sys, warnings
 warnings.filterwarnings("ignore")
@@ -33,6 +34,13 @@ t = TraceAnalysis(trace_dir=sys.argv[1], include_last_profiler_step=True)
 row = t.get_temporal_breakdown(visualize=False).iloc[0]
 out = {"idle_us": float(row["idle_time(us)"]), "compute_us": float(row["compute_time(us)"]),
        "non_compute_us": float(row["non_compute_time(us)"]), "kernel_time_us": float(row["kernel_time(us)"])}
+# HTA's own parse: every GPU activity's ProfilerStep ("iteration", -1 for none) and duration (µs)
+events = next(iter(t.t.traces.values()))
+names = t.t.symbol_table.get_sym_table()
+category = events["cat"].map(lambda c: names[c])
+acts = events[events["stream"].ne(-1) & category.isin(["kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"])]
+by_step = acts.groupby("iteration")["dur"].agg(["count", "sum"])
+out["per_step"] = {str(int(i)): [int(r["count"]), float(r["sum"])] for i, r in by_step.iterrows()}
 try:
     out["overlap_pct"] = float(t.get_comm_comp_overlap(visualize=False)["comp_comm_overlap_pctg"].iloc[0])
 except Exception as err:
