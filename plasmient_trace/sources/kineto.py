@@ -18,8 +18,6 @@ line naming the file and what is wrong.
 from __future__ import annotations
 
 import gc
-import math
-import zlib
 from array import array
 from pathlib import Path
 from typing import Any
@@ -32,17 +30,15 @@ import pyarrow.compute as pc
 from msgspec import UNSET
 
 from ..memory import LARGE_ROWS, release_arrow_cache, trim_heap
-from ..records import TABLE_SCHEMAS, DeviceInfo, RecordSet, table_from_columns
+from ..records import TABLE_SCHEMAS, RecordSet, table_from_columns
 from .event_chunks import EventChunks, Unstreamable
+from .kineto_meta import INT64_MAX, as_int, clock_anchor, devices_of, resource_of
 from .kineto_schema import DOCUMENT, EVENT, TOP_LEVEL_KEYS, KinetoArgs, KinetoEvent
 from .rawinput import InputError, inflate_whole, is_gzip, read_file_bytes
-from .validate import MAX_ABS_TS_US, TimeChecker
+from .validate import TimeChecker
 
 _dumps = orjson.dumps
 _DIMS3 = pa.list_(pa.int32(), 3)
-_INT64_MAX = 2**63 - 1
-# Device props and distributed info flow into resource attributes and trace ids: keep them sane.
-_MAX_RANK = 2**31 - 1
 
 
 class TraceFormatError(ValueError):
@@ -55,8 +51,6 @@ _LAUNCH_CATS = {"cuda_runtime", "Runtime", "cuda_driver", "Driver"}
 _OP_CATS = {"cpu_op": "cpu_op", "Operator": "cpu_op", "user_annotation": "user_annotation"}
 _MODULE_PREFIX = "nn.Module: "
 _STEP_PREFIX = "ProfilerStep#"
-# Kineto writes epoch microseconds (>= 2001-09-09) when it has no baseTimeNanoseconds anchor.
-_EPOCH_US_THRESHOLD = 1.0e15
 
 
 def _decode(path: Path, raw: bytes) -> tuple[list[msgspec.Raw], dict[str, Any]]:
@@ -102,21 +96,9 @@ def _structure_problem(message: str) -> str:
     return f"malformed trace ({what} at {where})"
 
 
-def _as_int(value: Any) -> int:
-    """pid/tid are ints in current Kineto, strings ('25738', 'stream 7') in older files."""
-    if isinstance(value, float):
-        value = int(value) if math.isfinite(value) else -1
-    elif isinstance(value, str):
-        digits = value.rsplit(" ", 1)[-1]
-        value = int(digits) if digits.lstrip("-").isdigit() else zlib.crc32(value.encode())
-    if isinstance(value, int) and -_INT64_MAX <= value <= _INT64_MAX:
-        return value
-    return -1  # unknown: absent, not a number, or no int64 id
-
-
 def _id(value: Any) -> int:
-    """_as_int with the common case (an int64 int) answered without a second call."""
-    return value if value.__class__ is int and -_INT64_MAX <= value <= _INT64_MAX else _as_int(value)
+    """as_int with the common case (an int64 int) answered without a second call."""
+    return value if value.__class__ is int and -INT64_MAX <= value <= INT64_MAX else as_int(value)
 
 
 def _dims3_column(values: list[Any]) -> pa.Array | list[list[int] | None]:
@@ -391,7 +373,7 @@ def _build(path: Path, columns: _Columns, meta: dict[str, Any]) -> RecordSet:
     if total and checker.dropped == total:
         raise TraceFormatError(f"{path}: all {total} timed events have impossible timestamps or durations "
                                "(negative, non-finite, or spread over more than a day)")
-    base_ns, clock = _clock_anchor(meta, [kept[n][1] for n in ("kernels", "launches", "ops", "steps", "modules")])
+    base_ns, clock = clock_anchor(meta, [kept[n][1] for n in ("kernels", "launches", "ops", "steps", "modules")])
     # Arrow's allocator keeps what a column's chunks freed for reuse, and the next column rarely fits it: on
     # a large trace that cache is hundreds of MB at the peak, so it is handed back column by column. (On a
     # small one handing it back costs more time, in page faults, than it saves memory.)
@@ -435,8 +417,8 @@ def _build(path: Path, columns: _Columns, meta: dict[str, Any]) -> RecordSet:
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as err:
         raise TraceFormatError(f"{path}: unexpected field types ({str(err).splitlines()[0][:160]})") from None
 
-    records.devices = _devices(meta)
-    records.resource = _resource(meta, pids)
+    records.devices = devices_of(meta)
+    records.resource = resource_of(meta, pids)
     records.counters.update(checker.counters())
     return records
 
@@ -474,7 +456,7 @@ def _integers_or_null(values: list[Any], minimum: int, checker: TimeChecker) -> 
 def _int_at_least(value: Any, minimum: int) -> int | None:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if value.__class__ is int and minimum <= value <= _INT64_MAX:
+    if value.__class__ is int and minimum <= value <= INT64_MAX:
         return value
     return None
 
@@ -496,51 +478,3 @@ def _take(values: Any, keep: np.ndarray) -> Any:
     if isinstance(values, pa.Array):
         return values.filter(pa.array(keep))
     return [v for v, k in zip(values, keep) if k]
-
-
-def _clock_anchor(meta: dict[str, Any], ts_columns: list[np.ndarray]) -> tuple[int, str]:
-    base = meta.get("baseTimeNanoseconds")
-    # An anchor past 2096 cannot be real and would overflow int64 ns with the µs offsets added to it.
-    if isinstance(base, (int, float)) and not isinstance(base, bool) and 0 < base < MAX_ABS_TS_US * 1000:
-        return int(base), "epoch"
-    first = next((float(col[0]) for col in ts_columns if len(col)), None)
-    if first is not None and first >= _EPOCH_US_THRESHOLD:
-        return 0, "epoch"
-    return 0, "relative"
-
-
-def _positive_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= _INT64_MAX else None
-
-
-def _devices(meta: dict[str, Any]) -> list[DeviceInfo]:
-    props_list = meta.get("deviceProperties")
-    if not isinstance(props_list, list):
-        return []  # absent, or not the list Kineto writes: the device is unknown, not an error
-    out = []
-    for props in props_list:
-        if not isinstance(props, dict) or not isinstance(props.get("name"), str):
-            continue
-        out.append(DeviceInfo(
-            ordinal=_as_int(props.get("id", len(out))), name=props["name"],
-            sm_count=_positive_int(props.get("numSms")), memory_bytes=_positive_int(props.get("totalGlobalMem")),
-            properties=dict(props),
-        ))
-    return out
-
-
-def _resource(meta: dict[str, Any], pids: list[int]) -> dict[str, Any]:
-    resource: dict[str, Any] = {}
-    dist = meta.get("distributedInfo")
-    if isinstance(dist, dict):
-        rank, world = dist.get("rank"), dist.get("world_size")
-        if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank <= _MAX_RANK:
-            resource["plasmient.rank"] = rank
-        if isinstance(world, int) and not isinstance(world, bool) and 0 < world <= _MAX_RANK:
-            resource["plasmient.world_size"] = world
-        if isinstance(dist.get("backend"), str):
-            resource["plasmient.distributed.backend"] = dist["backend"]
-    if pids:
-        values, counts = np.unique(np.asarray(pids, dtype=np.int64), return_counts=True)
-        resource["process.pid"] = int(values[np.argmax(counts)])
-    return resource
