@@ -21,6 +21,7 @@ A signal the backend does not serve (gRPC UNIMPLEMENTED, HTTP 404/405) raises
 :class:`UnsupportedSignal` at once: a traces-only backend is a configuration fact, not an outage.
 Every error line names the signal and never shows header values or URL credentials (:func:`redact`).
 :class:`OtlpClient` is signal-generic (traces, metrics) so the metrics exporter reuses it.
+How a backend's retry hints and error bodies are read is :mod:`.otlp_answers`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import socket
 import threading
 import logging
 import math
-import random
 import ssl
 import time
 import urllib.parse
@@ -43,6 +43,7 @@ import orjson
 
 from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.export.otlp_json import encode_jsonl_lines, package_version
+from plasmient_trace.export.otlp_answers import backoff_wait, grpc_retry_delay, http_error_detail, one_line, retry_after
 from plasmient_trace.export.otlp_config import DEFAULT_PROTOCOL, PROTOCOLS, OtlpConfig, parse_headers, redact, redact_url
 from plasmient_trace.export.otlp_proto import encode_requests
 
@@ -74,10 +75,6 @@ class ExportError(RuntimeError):
 
 class UnsupportedSignal(ExportError):
     """The backend answered that it does not serve this signal (e.g. a traces-only backend asked for metrics)."""
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
 
 
 # --------------------------------------------------------------------------------------------
@@ -226,7 +223,7 @@ class OtlpClient:
 
     def _describe(self, what: str, attempts: int, start: float) -> str:
         cfg = self.config
-        return redact(_one_line(
+        return redact(one_line(
             f"OTLP export to {self.display_endpoint} ({cfg.protocol}) failed for {cfg.signal}: {what} "
             f"[{attempts} attempt{'s' if attempts != 1 else ''} in {time.monotonic() - start:.1f}s, timeout {cfg.timeout_s:g}s]"
         ), cfg)
@@ -322,7 +319,7 @@ class OtlpClient:
                 # The receiver's size limit, not a full queue: the same request will never fit.
                 raise _Fail(f"{what}{_TOO_LARGE_HINT}") from None
             if code in retryable:
-                raise _Retry(what, _grpc_retry_delay(exc), busy=code == grpc.StatusCode.RESOURCE_EXHAUSTED) from None
+                raise _Retry(what, grpc_retry_delay(exc), busy=code == grpc.StatusCode.RESOURCE_EXHAUSTED) from None
             if code == grpc.StatusCode.UNIMPLEMENTED:
                 raise _Unsupported(what) from None
             raise _Fail(what) from None
@@ -396,9 +393,9 @@ class OtlpClient:
                 return self._partial_json(data)
             ctype = resp.getheader("Content-Type", "")
             return self._partial_json(data) if "json" in ctype else self._partial(data)
-        what = f"HTTP {status} {resp.reason}{_http_error_detail(data, resp.getheader('Content-Type', ''))}"
+        what = f"HTTP {status} {resp.reason}{http_error_detail(data, resp.getheader('Content-Type', ''))}"
         if status in _RETRYABLE_HTTP:
-            raise _Retry(what, _retry_after(resp.getheader("Retry-After")), busy=status in _BUSY_HTTP)
+            raise _Retry(what, retry_after(resp.getheader("Retry-After")), busy=status in _BUSY_HTTP)
         if status in _UNSUPPORTED_HTTP:
             raise _Unsupported(what)
         raise _Fail(f"{what}{_TOO_LARGE_HINT}" if status == 413 else what)
@@ -415,34 +412,6 @@ class OtlpClient:
         ps = doc.get("partialSuccess") or doc.get("partial_success") or {}
         rejected = ps.get(_REJECTED_JSON[self.config.signal]) or 0
         return int(rejected), str(ps.get("errorMessage") or "")
-
-
-def _grpc_retry_delay(exc: Any) -> float | None:
-    """RetryInfo.retry_delay from the status details of a gRPC error, if the server sent one."""
-    try:
-        from google.rpc import error_details_pb2, status_pb2
-
-        for key, value in exc.trailing_metadata() or ():
-            if key == "grpc-status-details-bin":
-                status = status_pb2.Status.FromString(value)
-                for detail in status.details:
-                    if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-                        info = error_details_pb2.RetryInfo()
-                        detail.Unpack(info)
-                        return info.retry_delay.seconds + info.retry_delay.nanos / 1e9
-    except Exception:  # details are advisory; a malformed one must not break the retry loop
-        return None
-    return None
-
-
-def backoff_wait(after_s: float | None, delay_s: float, max_s: float) -> float:
-    """How long to wait before the next attempt. Without a server hint: ``delay_s`` with +-20% jitter.
-    A hint (Retry-After, RetryInfo) is honoured but never below the backoff (``Retry-After: 0``
-    must not become a request storm); a hint beyond the deadline ends the export instead of waiting."""
-    jittered = delay_s * random.uniform(0.8, 1.2)
-    if after_s is None:
-        return min(jittered, max_s)
-    return max(after_s, jittered) if math.isfinite(after_s) else math.inf
 
 
 class _Watchdog:
@@ -467,41 +436,6 @@ class _Watchdog:
 
     def cancel(self) -> None:
         self._done.set()
-
-
-def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        from email.utils import parsedate_to_datetime
-
-        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
-    except Exception:
-        return None
-
-
-def _http_error_detail(data: bytes, content_type: str) -> str:
-    """': <message>' from an OTLP error body (google.rpc.Status, protobuf or JSON), else a text snippet."""
-    if not data:
-        return ""
-    message = ""
-    try:
-        if "protobuf" in content_type:
-            from google.rpc import status_pb2
-
-            message = status_pb2.Status.FromString(data).message
-        elif "json" in content_type:
-            doc = orjson.loads(data)
-            message = str(doc.get("message", "")) if isinstance(doc, dict) else ""
-    except Exception:
-        message = ""
-    if not message:
-        message = data[:200].decode("utf-8", "replace")
-    return f": {_one_line(message)}"
 
 
 # --------------------------------------------------------------------------------------------
