@@ -23,8 +23,8 @@ needs_hta = pytest.mark.skipif(
     not HTA_PYTHON, reason="HTA (HolisticTraceAnalysis 0.5.0 with pandas and plotly) lives in its own venv: run "
                            "bash scripts/test.sh, or name a Python that has it in PLASMIENT_HTA_PYTHON")
 
-# One HTA run per trace: its temporal breakdown, its GPU activities per ProfilerStep and its
-# communication/computation overlap.
+# One HTA run per trace: its temporal breakdown, its GPU activities per ProfilerStep and per name, and
+# its communication/computation overlap.
 _SCRIPT = """
 import json, logging, sys, warnings
 warnings.filterwarnings("ignore")
@@ -41,6 +41,8 @@ category = events["cat"].map(lambda c: names[c])
 acts = events[events["stream"].ne(-1) & category.isin(["kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"])]
 by_step = acts.groupby("iteration")["dur"].agg(["count", "sum"])
 out["per_step"] = {str(int(i)): [int(r["count"]), float(r["sum"])] for i, r in by_step.iterrows()}
+by_name = acts.assign(kernel=acts["name"].map(lambda c: names[c])).groupby("kernel")["dur"].agg(["count", "sum"])
+out["per_name"] = {str(k): [int(r["count"]), float(r["sum"])] for k, r in by_name.iterrows()}
 try:
     out["overlap_pct"] = float(t.get_comm_comp_overlap(visualize=False)["comp_comm_overlap_pctg"].iloc[0])
 except Exception as err:

@@ -1,6 +1,6 @@
 """plasmient's device timeline against HTA's (HolisticTraceAnalysis 0.5.0, run by ``hta_oracle``) on the shared
-traces: each step's GPU activities and their summed time, busy time, idle time and the share of collective
-time hidden under computation.
+traces: each step's GPU activities and their summed time, each kernel name's count and time, busy time, idle
+time and the share of collective time hidden under computation.
 
 Where the two read the same events they agree to the nanosecond (busy, idle) and to HTA's two printed decimals
 (overlap). Where HTA reads other events, the difference is recomputed here from the raw JSON and must account for
@@ -20,6 +20,7 @@ by design (docs/hta-tracelens.md); its busy time is compared.
 
 from __future__ import annotations
 
+import pyarrow.compute as pc
 import pytest
 from conftest import ingested, raw_activities, raw_trace, union_ns
 from device_timeline import ACTIVITY_CATS, ns_of_us, rank_timeline
@@ -34,6 +35,7 @@ IDLE_BY_DESIGN = {"mi250/minitoy_train.json.gz"}
 WITH_COLLECTIVES = ["a100/nccl_training_rank0_of2.json.gz", "a100_multirank/rank-0.json.gz",
                     "a100_multirank/rank-1.json.gz", "b200/eager_rank0_of8.json.gz"]
 NS = 1e-9
+SPAN_NAME_LIMIT = 1024  # characters of a kernel's name kept as its span name
 # HTA's step of each activity is its launch's ProfilerStep, -1 in a trace without ProfilerSteps, where plasmient
 # has one step, 0.
 PER_STEP_SAME = ["a100/nccl_training_rank0_of2.json.gz", "v100/resnet50_training.json.gz",
@@ -102,6 +104,32 @@ def _assert_same_steps(ours: dict, htas: dict) -> None:
 @pytest.mark.parametrize("name", PER_STEP_SAME)
 def test_each_steps_activities_and_their_time_are_the_ones_hta_puts_in_that_profiler_step(name):
     _assert_same_steps(_our_steps(name), _htas_steps(name))
+
+
+@pytest.mark.parametrize("name", PER_STEP_SAME)
+def test_every_kernel_name_has_htas_count_and_summed_time(name):
+    """With no span budget every activity is a kernel span: per name, as many as HTA parsed, lasting as long
+    (durations exact to the nanosecond). Span names stop at 1,024 characters (``stitch.columns``; cuDNN's
+    cutlass kernels and fbgemm's embedding kernels run to 1,600-1,700), so HTA's full names are cut there too:
+    a cut that merged two kernels would show here as a count that is not HTA's."""
+    table = ingested(name, max_spans=10**9).batch.table
+    kernel = pc.equal(table.column("plasmient.level"), "kernel")
+    spans = table.filter(kernel)
+    ours: dict[str, list[float]] = {}
+    for kname, start, end in zip(spans.column("name").to_pylist(), spans.column("start_ns").to_pylist(),
+                                 spans.column("end_ns").to_pylist()):
+        count_us = ours.setdefault(kname, [0, 0.0])
+        count_us[0] += 1
+        count_us[1] += (end - start) / 1e3
+    htas: dict[str, list[float]] = {}
+    for kname, (count, total_us) in hta_analysis(name)["per_name"].items():
+        cut = htas.setdefault(kname[:SPAN_NAME_LIMIT], [0, 0.0])
+        cut[0] += count
+        cut[1] += total_us
+    assert sorted(ours) == sorted(htas)
+    for kname, (count, total_us) in htas.items():
+        assert ours[kname][0] == count, kname
+        assert ours[kname][1] == pytest.approx(total_us, abs=1e-3 * count), kname  # 1 ns a kernel
 
 
 @pytest.mark.parametrize("name", ["a100/cuda_graphs_rank0_of16.json.gz", "h100/qwen1.5_0.5b_chat_inference.json.gz"])
