@@ -15,6 +15,7 @@ import orjson
 
 
 def one_line(text: str) -> str:
+    """``text`` with every run of whitespace, newlines included, as one space: an error line stays one line."""
     return " ".join(str(text).split())
 
 
