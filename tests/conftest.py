@@ -22,6 +22,12 @@ RAW_KERNEL_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Me
 RAW_RUNTIME_CATS = {"cuda_runtime", "Runtime", "cuda_driver"}
 
 
+def ns_of_us(us: float) -> int:
+    """Microseconds to ns without going through a float above 2**53 (epoch-µs traces such as v100's)."""
+    whole = int(us)
+    return whole * 1000 + round((us - whole) * 1000)
+
+
 def raw_activities(doc: dict) -> list[dict]:
     """Every GPU activity of a raw Kineto document, read here independently of the parser: the event, its start
     and end (ns after Kineto's epoch anchor), its launch time (None without a launch record) and its step.
@@ -35,19 +41,19 @@ def raw_activities(doc: dict) -> list[dict]:
         if e.get("ph") != "X":
             continue
         if e.get("cat") in RAW_RUNTIME_CATS and "correlation" in e.get("args", {}):
-            launch[e["args"]["correlation"]] = base + round(float(e["ts"]) * 1000)
+            launch[e["args"]["correlation"]] = base + ns_of_us(float(e["ts"]))
         if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") in ("cpu_op", "user_annotation", "Operator"):
-            s = base + round(float(e["ts"]) * 1000)
-            steps.append((s, s + round(float(e["dur"]) * 1000), int(e["name"][13:])))
+            s = base + ns_of_us(float(e["ts"]))
+            steps.append((s, s + ns_of_us(float(e["dur"])), int(e["name"][13:])))
     out = []
     for e in doc["traceEvents"]:
         if e.get("ph") != "X" or e.get("cat") not in RAW_KERNEL_CATS:
             continue
-        s = base + round(float(e["ts"]) * 1000)
+        s = base + ns_of_us(float(e["ts"]))
         at = launch.get(e.get("args", {}).get("correlation"))
         when = at if at is not None else s
         step = next((n for a, b, n in steps if a <= when < b), 0 if not steps else None)
-        out.append({"event": e, "start_ns": s, "end_ns": s + round(float(e.get("dur", 0)) * 1000), "launch_ns": at,
+        out.append({"event": e, "start_ns": s, "end_ns": s + ns_of_us(float(e.get("dur", 0))), "launch_ns": at,
                     "step": step})
     next_launched: dict = {}  # (device, stream) -> step of the latest-starting launched activity seen so far
     for a in sorted(out, key=lambda a: -a["start_ns"]):

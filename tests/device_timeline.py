@@ -6,17 +6,10 @@ from __future__ import annotations
 
 import re
 
-from conftest import ingested, raw_trace, union_ns
+from conftest import RAW_KERNEL_CATS, ingested, ns_of_us, raw_trace, union_ns
 
-ACTIVITY_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
 COPY_CATS = {"gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
 COMM_NAME = re.compile(r"nccl|rccl", re.IGNORECASE)  # TraceLens's COMMUNICATION_KEYS, matched anywhere
-
-
-def ns_of_us(us: float) -> int:
-    """Microseconds to ns without going through a float above 2**53 (epoch-µs traces such as v100's)."""
-    whole = int(us)
-    return whole * 1000 + round((us - whole) * 1000)
 
 
 def raw_timeline(name: str) -> dict:
@@ -26,7 +19,7 @@ def raw_timeline(name: str) -> dict:
     base = doc.get("baseTimeNanoseconds") or 0
     by_device: dict[int, dict[str, list[tuple[int, int]]]] = {}
     for e in doc["traceEvents"]:
-        if e.get("ph") != "X" or e.get("cat") not in ACTIVITY_CATS:
+        if e.get("ph") != "X" or e.get("cat") not in RAW_KERNEL_CATS:
             continue
         start = base + ns_of_us(e["ts"])
         span = (start, start + ns_of_us(e.get("dur", 0)))

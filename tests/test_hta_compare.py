@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import pyarrow.compute as pc
 import pytest
-from conftest import ingested, raw_activities, raw_trace, union_ns
-from device_timeline import ACTIVITY_CATS, ns_of_us, rank_timeline
+from conftest import RAW_KERNEL_CATS, ingested, ns_of_us, raw_activities, raw_trace, union_ns
+from device_timeline import rank_timeline
 from hta_oracle import hta_analysis, needs_hta
 
 pytestmark = needs_hta
@@ -56,20 +56,13 @@ def _union_s(intervals: list[tuple[int, int]]) -> float:
 def _other_stream_events(name: str) -> list[tuple[int, int]]:
     """Complete events with a ``stream`` argument that are not GPU activities (ns intervals)."""
     doc = raw_trace(name)
-    return [_span_ns(e, doc.get("baseTimeNanoseconds") or 0) for e in doc["traceEvents"]
-            if e.get("ph") == "X" and "stream" in e.get("args", {}) and e.get("cat") not in ACTIVITY_CATS]
-
-
-def _span_ns(event: dict, base: int) -> tuple[int, int]:
-    start = base + ns_of_us(event["ts"])
-    return start, start + ns_of_us(event.get("dur", 0))
+    base = doc.get("baseTimeNanoseconds") or 0
+    return [(base + ns_of_us(e["ts"]), base + ns_of_us(e["ts"]) + ns_of_us(e.get("dur", 0))) for e in doc["traceEvents"]
+            if e.get("ph") == "X" and "stream" in e.get("args", {}) and e.get("cat") not in RAW_KERNEL_CATS]
 
 
 def _activities(name: str, keep=lambda a: True) -> list[tuple[int, int]]:
-    """GPU activities (ns intervals, read exactly; conftest.raw_activities says which have a launch record and
-    which step holds them)."""
-    doc = raw_trace(name)
-    return [_span_ns(a["event"], doc.get("baseTimeNanoseconds") or 0) for a in raw_activities(doc) if keep(a)]
+    return [(a["start_ns"], a["end_ns"]) for a in raw_activities(raw_trace(name)) if keep(a)]
 
 
 def _what_hta_counts_more_s(name: str) -> float:
@@ -143,7 +136,7 @@ def test_activities_with_no_launch_record_are_the_whole_difference_per_step(name
         if a["launch_ns"] is None and a["step"] is not None:
             count_us = unlinked.setdefault(a["step"], [0, 0.0])
             count_us[0] += 1
-            count_us[1] += ns_of_us(a["event"].get("dur", 0)) / 1e3
+            count_us[1] += (a["end_ns"] - a["start_ns"]) / 1e3
     assert unlinked  # the difference is real
     htas = {step: v for step, v in _htas_steps(name).items() if step in _our_steps(name)}
     with_unlinked = {step: (n + unlinked.get(step, [0, 0.0])[0], us + unlinked.get(step, [0, 0.0])[1])
