@@ -404,8 +404,7 @@ class CaptureSession:
         if self.sources.kineto is None:
             return False
         if self._user_profilers:
-            say_once("kineto-user", "torch.profiler started by the job: the Kineto fallback stands aside until it "
-                                    "stops; full-depth steps meanwhile carry ops without kernels (ingest its trace for them)")
+            step_hooks.say_kineto_stands_aside()
             return False
         try:
             self.sources.kineto.start_step()

@@ -83,11 +83,16 @@ def resume_cupti(session: CaptureSession) -> None:
         say_once("cupti-resume", f"CUPTI not resumed after torch.profiler: {err}")
 
 
+def say_kineto_stands_aside() -> None:
+    """Once: the job's own torch.profiler holds Kineto, so the fallback's full-depth steps go without kernels."""
+    say_once("kineto-user", "torch.profiler started by the job: the Kineto fallback stands aside until it "
+                            "stops; full-depth steps meanwhile carry ops without kernels (ingest its trace for them)")
+
+
 def yield_kineto(session: CaptureSession) -> None:
     """The job's torch.profiler is starting: Kineto is one per process, so ours stands aside (the
     open step keeps its ops through the dispatch hooks, without kernels)."""
-    say_once("kineto-user", "torch.profiler started by the job: the Kineto fallback stands aside until it "
-                            "stops; full-depth steps meanwhile carry ops without kernels (ingest its trace for them)")
+    say_kineto_stands_aside()
     try:
         with session._lock:
             if session.sources.kineto.running:
