@@ -230,6 +230,10 @@ def test_a_signal_mid_run_flushes_every_finished_step_and_keeps_the_exit_status(
     script = _script(tmp_path, "steps.py", STEPS_JOB)
     cmd = [sys.executable, "-m", "plasmient_trace.cli", "run", "--out", str(tmp_path / "t.jsonl"), "--",
            sys.executable, str(script), "100000", "0.02"]
+    # A terminal's job takes SIGINT. Run from a shell's background job (no job control), the tests would
+    # inherit SIGINT ignored, and so would the job: it would never die of it. Exec it with the default.
+    cmd = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+           "os.execv(sys.argv[1], sys.argv[1:])", *cmd]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     printed = []
