@@ -10,6 +10,7 @@ rows it came from travel with it (``JoinedRank.origin``) so span ids are those o
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -69,23 +70,48 @@ def step_groups(ranks: list[tuple[JoinedRank, DeviceTimeline]], max_rows: int) -
             for a, b in groups]
 
 
-def _renumber(old: np.ndarray, kept: np.ndarray, size: int) -> np.ndarray:
-    """Old row numbers (-1 none) -> their position in ``kept`` (sorted), -1 where not kept."""
-    new_of = np.full(size + 1, -1, np.int64)  # index -1 lands on the last slot, which stays -1
-    new_of[kept] = np.arange(len(kept))
-    return new_of[old]
+def _renumber(old: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """Old row numbers (-1 none) -> their position in ``kept`` (sorted), -1 where not kept. Binary search in
+    the chunk's rows, so a chunk costs its own size, not the rank's."""
+    if not len(kept):
+        return np.full(len(old), -1, np.int64)
+    pos = np.searchsorted(kept, old)
+    hit = kept[np.minimum(pos, len(kept) - 1)] == old
+    return np.where(hit & (old >= 0), pos, -1)
 
 
-def slice_rank(inp: RankInput, j: JoinedRank, tl: DeviceTimeline, s0: int, s1: int) -> tuple[RankInput, JoinedRank, DeviceTimeline]:
-    """The chunk of steps [s0, s1): its records, joins and device timeline, rows renumbered from 0."""
+@dataclass(frozen=True)
+class StepRows:
+    """Each record kind's rows grouped by step row, built once per rank, so a chunk finds its rows with two
+    binary searches instead of a pass over the whole rank (which made many small chunks quadratic)."""
+
+    order: dict[str, np.ndarray]   # kind -> its rows, stably sorted by step row
+    steps: dict[str, np.ndarray]   # kind -> the step row of each of those rows
+
+    @classmethod
+    def of(cls, j: JoinedRank) -> StepRows:
+        order, steps = {}, {}
+        for kind, step in (("module", j.module_step), ("op", j.op_step), ("kernel", j.kernel_step)):
+            order[kind] = np.argsort(step, kind="stable")
+            steps[kind] = step[order[kind]]
+        return cls(order=order, steps=steps)
+
+    def within(self, kind: str, s0: int, s1: int) -> np.ndarray:
+        """The rows of ``kind`` in steps [s0, s1), ascending."""
+        a, b = np.searchsorted(self.steps[kind], [s0, s1])
+        rows = self.order[kind][a:b]
+        return rows if len(rows) < 2 or bool(np.all(rows[1:] > rows[:-1])) else np.sort(rows)
+
+
+def slice_rank(inp: RankInput, j: JoinedRank, tl: DeviceTimeline, s0: int, s1: int,
+               index: StepRows | None = None) -> tuple[RankInput, JoinedRank, DeviceTimeline]:
+    """The chunk of steps [s0, s1): its records, joins and device timeline, rows renumbered from 0.
+    ``index``: the rank's :class:`StepRows`, built once for all its chunks (built here when not given)."""
     rs = inp.records
     n_fwd = rs.modules.num_rows
-    n_mod, n_op, n_k = len(j.module_parent), len(j.op_parent), len(j.kernel_start)
-
-    def within(step: np.ndarray) -> np.ndarray:
-        return np.nonzero((step >= s0) & (step < s1))[0]
-
-    mods, ops, kernels = within(j.module_step), within(j.op_step), within(j.kernel_step)
+    n_k = len(j.kernel_start)
+    index = index or StepRows.of(j)
+    mods, ops, kernels = (index.within(kind, s0, s1) for kind in ("module", "op", "kernel"))
     fwd = mods[mods < n_fwd]
     synth = np.nonzero(np.isin(tl.synth_ops, ops))[0]
     launches = unique_inverse(j.kernel_launch[kernels])[0]  # one pass: kernels in launch order ascend
@@ -102,10 +128,10 @@ def slice_rank(inp: RankInput, j: JoinedRank, tl: DeviceTimeline, s0: int, s1: i
                      op_dtype=inp.op_dtype[ops], op_model=inp.op_model[ops])
 
     def module_rows(old: np.ndarray) -> np.ndarray:
-        return _renumber(old, mods, n_mod)
+        return _renumber(old, mods)
 
     def op_rows(old: np.ndarray) -> np.ndarray:
-        return _renumber(old, ops, n_op)
+        return _renumber(old, ops)
 
     kernel_origin = np.concatenate([kernels, n_k + synth])
     joined = JoinedRank(
@@ -115,7 +141,7 @@ def slice_rank(inp: RankInput, j: JoinedRank, tl: DeviceTimeline, s0: int, s1: i
         module_path=[j.module_path[m] for m in mods.tolist()], module_phase=[j.module_phase[m] for m in mods.tolist()],
         module_start=j.module_start[mods], module_end=j.module_end[mods],
         kernel_start=j.kernel_start[kernels], kernel_end=j.kernel_end[kernels],
-        kernel_launch=_renumber(j.kernel_launch[kernels], launches, rs.launches.num_rows),
+        kernel_launch=_renumber(j.kernel_launch[kernels], launches),
         kernel_op=op_rows(j.kernel_op[kernels]), kernel_step=j.kernel_step[kernels] - s0, stats=j.stats,
         origin=RowOrigin(first_step=j.origin.first_step + s0, module=j.origin.of("module", mods),
                          op=j.origin.of("op", ops), kernel=j.origin.of("kernel", kernel_origin)),

@@ -16,7 +16,7 @@ KINDS = ("kernel", "memcpy", "memset", "collective")
 KIND_CODE = {name: i for i, name in enumerate(KINDS)}
 DEFAULT_MAX_SPANS = 10_000
 # Records a group of steps holds at most when a trace is stitched a group at a time (one step at least).
-DEFAULT_CHUNK_ROWS = 200_000
+DEFAULT_CHUNK_ROWS = 100_000
 # How many culprit rows a step, rank, node and fleet span carries in plasmient.culprits.
 CULPRIT_ROWS = 10
 

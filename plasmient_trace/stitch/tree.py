@@ -23,7 +23,7 @@ import numpy as np
 from .. import conventions as cv
 from ..records import RecordSet
 from .budget import choose_exported
-from .chunks import slice_rank, step_groups
+from .chunks import StepRows, slice_rank, step_groups
 from .columns import rank_columns
 from .culprits import step_culprits
 from .fleet import RankSummary, merge_span_batches, top_spans
@@ -88,6 +88,13 @@ class PreparedRank:
     timeline: DeviceTimeline
     rank: int
     node: str
+    _step_rows: StepRows | None = None
+
+    def step_rows(self) -> StepRows:
+        """The rank's rows by step, built once for all of its chunks."""
+        if self._step_rows is None:
+            self._step_rows = StepRows.of(self.joined)
+        return self._step_rows
 
 
 def prepare_rank(inp: RankInput, rank: int, node: str, options: StitchOptions) -> PreparedRank:
@@ -115,7 +122,7 @@ def stitch_steps(prepared: PreparedRank, s0: int, s1: int, options: StitchOption
     """The rank's spans and summaries of its steps [s0, s1) (step rows, in time order)."""
     inp, j, tl = prepared.inp, prepared.joined, prepared.timeline
     if (s0, s1) != (0, len(j.steps)):
-        inp, j, tl = slice_rank(inp, j, tl, s0, s1)
+        inp, j, tl = slice_rank(inp, j, tl, s0, s1, prepared.step_rows())
     rank, node = prepared.rank, prepared.node
     tree = build_rank_tree(inp, j, options, tl)
     ridge = float(inp.spec.ridge())  # a table lookup: once per group of steps
