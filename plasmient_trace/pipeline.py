@@ -128,13 +128,14 @@ def _observed_cpu_rates(records: RecordSet, costs: Any) -> dict[str, float]:
     dur = (records.ops.column("end_ns").to_numpy() - records.ops.column("start_ns").to_numpy()) / 1e9
     flops = np.asarray(costs.flops, np.float64)
     ok = (flops > 0) & (dur > 1e-6)
-    dtypes = np.asarray(costs.dtype, dtype=str)
-    return {str(d): float((flops[ok & (dtypes == d)] / dur[ok & (dtypes == d)]).max())
-            for d in np.unique(dtypes[ok])}
+    dtype = costs.dtype
+    rates = {str(dtype.names[c]): float((flops[ok & (dtype.codes == c)] / dur[ok & (dtype.codes == c)]).max())
+             for c in np.unique(dtype.codes[ok]).tolist()}
+    return dict(sorted(rates.items()))
 
 
 def rank_input(records: RecordSet, options: IngestOptions, notes: list[str] | None = None) -> RankInput:
-    costs = flops_model.model_ops(records.ops, options.moe)
+    costs = flops_model.coded_model_ops(records.ops, options.moe)
     if records.kernels.num_rows == 0 and options.cpu_spec is not None:
         # A calibrated CPU peak that a recorded op beat by more than 5% is wrong: raise it (said once, as a note).
         options.cpu_spec = hardware.raise_cpu_peak(options.cpu_spec, _observed_cpu_rates(records, costs),
@@ -142,9 +143,8 @@ def rank_input(records: RecordSet, options: IngestOptions, notes: list[str] | No
     inp = RankInput(
         records=records, spec=resolve_device(records, options),
         op_flops=np.asarray(costs.flops, np.float64), op_bytes=np.asarray(costs.bytes, np.float64),
-        op_dtype=flops_model.Labels.encode(costs.dtype), op_model=flops_model.Labels.encode(costs.model),
+        op_dtype=costs.dtype, op_model=costs.model,
     )
-    del costs  # its per-op text goes before the join, which reuses none of it
     if records.ops.num_rows >= LARGE_ROWS:
         return_freed_memory()
     return inp

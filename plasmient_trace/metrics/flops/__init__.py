@@ -29,7 +29,7 @@ from __future__ import annotations
 
 # Family modules register their formulas on import; the order only matters for names registered twice.
 from . import attention, conv, elementwise, embedding, gemm, norm, reduction, vendor  # noqa: F401
-from .api import OpCosts, model_ops, op_cost
+from .api import CodedOpCosts, OpCosts, coded_model_ops, model_ops, op_cost
 from .core import (CANONICAL_DTYPES, MODELS, FlopFormula, FlopResult, OpArgs, canonical_dtype, element_size,
                    formula_for, register_flop_formula, registered_ops)
 from .labels import Labels

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 from ..grouping import group_rows
 from .context import SIGNATURE_COLUMNS, apply_context
 from .core import _DTYPES, OpArgs, formula_for
+from .labels import LabelColumn, Labels
 from .moe import MoEConfig
 
 
@@ -120,6 +121,18 @@ def _codes(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[Any]]:
     return codes, enc.dictionary.to_pylist()
 
 
+@dataclass(frozen=True)
+class CodedOpCosts:
+    """:class:`OpCosts` with the dtype and model names as codes (what the stitch keeps per op)."""
+    flops: np.ndarray
+    bytes: np.ndarray
+    dtype: Labels
+    model: Labels
+
+    def decoded(self) -> OpCosts:
+        return OpCosts(self.flops, self.bytes, self.dtype.decode().astype("<U5"), self.model.decode().astype("<U11"))
+
+
 def model_ops(ops: pa.Table, moe: MoEConfig | None = None) -> OpCosts:
     """Costs of every op in an ops record table (records.OPS), one :func:`op_cost` call per signature.
 
@@ -129,10 +142,17 @@ def model_ops(ops: pa.Table, moe: MoEConfig | None = None) -> OpCosts:
     grouped by hashing (``metrics.grouping``), and the per-signature answers are mapped back with a take. ``moe`` is the
     expert shape from the model's config (:func:`.moe.load_model_config`); without it MoE ops are unknown.
     """
+    return coded_model_ops(ops, moe).decoded()
+
+
+def coded_model_ops(ops: pa.Table, moe: MoEConfig | None = None) -> CodedOpCosts:
+    """:func:`model_ops` with the per-op dtype and model names left as codes: as text they would cost 64
+    bytes an op (some 170 MB and a third of the FLOP pass at 2.6M ops), to be encoded back right after."""
     n = ops.num_rows
     if n == 0:
         empty = np.empty(0, dtype=np.float64)
-        return OpCosts(empty, empty.copy(), np.empty(0, dtype="<U5"), np.empty(0, dtype="<U11"))
+        none = Labels(codes=np.zeros(0, np.int32), names=np.zeros(0, "<U1"))
+        return CodedOpCosts(empty, empty.copy(), none, none)
     # concrete_inputs joins the signature only when the table has it
     cols = [c for c in SIGNATURE_COLUMNS if c in ops.column_names]
     encoded = [_codes(ops.column(c)) for c in cols]
@@ -151,14 +171,12 @@ def model_ops(ops: pa.Table, moe: MoEConfig | None = None) -> OpCosts:
         bytes_u[j] = b
         dtype_u.append(dt)
         model_u.append(mo)
-    costs = OpCosts(
-        flops=flops_u[inverse],
-        bytes=bytes_u[inverse],
-        dtype=np.array(dtype_u, dtype="<U5")[inverse],
-        model=np.array(model_u, dtype="<U11")[inverse],
-    )
+    flops, nbytes = flops_u[inverse], bytes_u[inverse]
+    dtype = LabelColumn(np.zeros(0, np.int32), [])
+    model = LabelColumn(np.zeros(0, np.int32), [])
+    dtype.codes = dtype.codes_of(dtype_u)[inverse]
+    model.codes = model.codes_of(model_u)[inverse]
     # Ops whose cost depends on their neighbours (a conv's consumer, a vLLM step's batch) or on the
     # model config the user gave (MoE experts' size).
-    apply_context(ops, costs.flops, costs.bytes, costs.model, moe, dict(zip(cols, encoded)))
-    return costs
-
+    apply_context(ops, flops, nbytes, model, moe, dict(zip(cols, encoded)))
+    return CodedOpCosts(flops, nbytes, dtype.labels(), model.labels())

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from ..grouping import group_rows
 from .conv import conv_forward_names, conv_forward_with_output
 from .core import OpArgs
+from .labels import LabelColumn
 from .moe import MOE_OPS, MoEConfig, moe_forward_cost
 from .vendor import VLLM_ATTENTION_OPS, vllm_attention_cost, vllm_batch_stats
 
@@ -113,18 +114,19 @@ class _Rows:
         return np.stack([self.codes(c)[rows] for c in SIGNATURE_COLUMNS], axis=1)
 
 
-def apply_context(ops: pa.Table, flops: np.ndarray, nbytes: np.ndarray, model: np.ndarray,
+def apply_context(ops: pa.Table, flops: np.ndarray, nbytes: np.ndarray, model: LabelColumn,
                   moe: MoEConfig | None = None, encoded: dict[str, tuple[np.ndarray, list[Any]]] | None = None) -> None:
     """Fill, in place, the costs of ops that need their neighbours or the model config (see the module
     docstring). ``encoded``: signature columns already dictionary-encoded (codes, -1 for null; values)."""
     if not ops.num_rows:
         return
     names = ops.column("name")
-    conv = (model == "none") & pc.is_in(names, value_set=pa.array(conv_forward_names())).to_numpy(zero_copy_only=False)
+    unmodelled = model.equals("none")
+    conv = unmodelled & pc.is_in(names, value_set=pa.array(conv_forward_names())).to_numpy(zero_copy_only=False)
     attn = pc.is_in(names, value_set=pa.array(VLLM_ATTENTION_OPS)).to_numpy(zero_copy_only=False)
     experts = np.zeros(ops.num_rows, bool)
     if moe is not None:
-        experts = (model == "none") & pc.is_in(names, value_set=pa.array(MOE_OPS)).to_numpy(zero_copy_only=False)
+        experts = unmodelled & pc.is_in(names, value_set=pa.array(MOE_OPS)).to_numpy(zero_copy_only=False)
     if not conv.any() and not attn.any() and not experts.any():
         return
     rows = _Rows(ops, encoded)
@@ -136,7 +138,8 @@ def apply_context(ops: pa.Table, flops: np.ndarray, nbytes: np.ndarray, model: n
                 a = rows.args(r)
                 decided[key] = moe_forward_cost(a, moe) if a is not None else None
             if decided[key] is not None:
-                flops[r], nbytes[r], model[r] = decided[key]
+                flops[r], nbytes[r], label = decided[key]
+                model.codes[r] = model.code_of(label)
     start = ops.column("start_ns").to_numpy()
     end = ops.column("end_ns").to_numpy()
     if conv.any():
@@ -144,11 +147,11 @@ def apply_context(ops: pa.Table, flops: np.ndarray, nbytes: np.ndarray, model: n
                   + (ops.column("tid").to_numpy().astype(np.int64) & 0xFFFFFFFF))
         _conv_from_consumer(np.nonzero(conv)[0], rows, start, end, thread, flops, nbytes, model)
     if attn.any():
-        _vllm_attention(np.nonzero(attn & (model == "none"))[0], ops, rows, start, end, flops, nbytes, model)
+        _vllm_attention(np.nonzero(attn & model.equals("none"))[0], ops, rows, start, end, flops, nbytes, model)
 
 
 def _conv_from_consumer(cands: np.ndarray, rows: _Rows, start: np.ndarray, end: np.ndarray, thread: np.ndarray,
-                        flops: np.ndarray, nbytes: np.ndarray, model: np.ndarray) -> None:
+                        flops: np.ndarray, nbytes: np.ndarray, model: LabelColumn) -> None:
     """Per conv, the first later op on its thread (its own children skipped) whose first tensor is shaped
     [N, C_out, *spatial] decides its output size, within _LOOKAHEAD ops. Shapes are parsed once per distinct
     (dims, types) value and the look-ahead runs as one numpy pass per offset over all convs, so a long or
@@ -212,11 +215,11 @@ def _conv_from_consumer(cands: np.ndarray, rows: _Rows, start: np.ndarray, end: 
     per_key = [c if c is not None else (0.0, 0.0, "") for c in costs]
     flops[r] = np.array([c[0] for c in per_key], np.float64)[k]
     nbytes[r] = np.array([c[1] for c in per_key], np.float64)[k]
-    model[r] = np.array([c[2] for c in per_key])[k]
+    model.codes[r] = model.codes_of(c[2] for c in per_key)[k]
 
 
 def _vllm_attention(cands: np.ndarray, ops: pa.Table, rows: _Rows, start: np.ndarray, end: np.ndarray,
-                    flops: np.ndarray, nbytes: np.ndarray, model: np.ndarray) -> None:
+                    flops: np.ndarray, nbytes: np.ndarray, model: LabelColumn) -> None:
     steps = step_annotations(ops)
     if not steps:
         return
@@ -229,7 +232,8 @@ def _vllm_attention(cands: np.ndarray, ops: pa.Table, rows: _Rows, start: np.nda
         a = rows.args(r)
         res = vllm_attention_cost(a, steps[int(inside[0])][1]) if a is not None else None
         if res is not None:
-            flops[r], nbytes[r], model[r] = res
+            flops[r], nbytes[r], label = res
+            model.codes[r] = model.code_of(label)
 
 
 def step_annotations(ops: pa.Table) -> list[tuple[int, dict[str, int]]]:

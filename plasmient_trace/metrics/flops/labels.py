@@ -95,3 +95,32 @@ class Labels:
 
 def as_labels(values: np.ndarray | Labels) -> Labels:
     return values if isinstance(values, Labels) else Labels.encode(values)
+
+
+class LabelColumn:
+    """Per-row labels as codes that a pass may rewrite in place (the context pass relabels some ops), so a
+    10^6-row table of model names is never held as text."""
+
+    def __init__(self, codes: np.ndarray, names: Iterable[str]) -> None:
+        self.codes = np.asarray(codes, np.int32)
+        self.names = [str(x) for x in names]
+        self._code = {name: i for i, name in enumerate(self.names)}
+
+    def code_of(self, name: str) -> int:
+        """The code of ``name``, added to the names if new."""
+        code = self._code.get(name)
+        if code is None:
+            code = self._code[name] = len(self.names)
+            self.names.append(name)
+        return code
+
+    def codes_of(self, names: Iterable[str]) -> np.ndarray:
+        return np.array([self.code_of(x) for x in names], np.int32)
+
+    def equals(self, name: str) -> np.ndarray:
+        """Per row: is its label ``name``."""
+        code = self._code.get(name)
+        return np.zeros(len(self.codes), bool) if code is None else self.codes == code
+
+    def labels(self) -> Labels:
+        return Labels(codes=self.codes, names=np.array(self.names, dtype=str) if self.names else np.zeros(0, "<U1"))
