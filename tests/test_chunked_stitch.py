@@ -109,3 +109,18 @@ def test_a_group_that_fails_leaves_no_output_file(tmp_path, capsys, monkeypatch)
     assert code == 2 and len(err.splitlines()) == 1 and "step 2 is broken" in err, err
     assert stitched[:2] == [(0, 1), (1, 2)]
     assert not out.exists() and not [p for p in os.listdir(out.parent) if p.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("kept", [[5, 6, 7, 9, 12], [3, 40_000, 90_000, 250_000]], ids=["narrow", "spread"])
+def test_a_chunk_renumbers_the_rows_it_kept_and_only_those(kept):
+    """A chunk's joins point at its own rows: a kept row becomes its position among the kept ones, anything
+    else (-1, rows of other chunks before, between and after) becomes -1. Narrow and spread-out row sets
+    take different paths; the oracle is a dict."""
+    import numpy as np
+
+    from plasmient_trace.stitch.chunks import _renumber
+    kept_a = np.array(kept, np.int64)
+    old = np.array([-1, 0, *kept, kept[0] + 1, kept[-1] + 1, 10**6, kept[1]], np.int64)
+    position = {row: i for i, row in enumerate(kept)}
+    assert _renumber(old, kept_a).tolist() == [position.get(r, -1) for r in old.tolist()]
+    assert _renumber(old, np.zeros(0, np.int64)).tolist() == [-1] * len(old)

@@ -71,10 +71,18 @@ def step_groups(ranks: list[tuple[JoinedRank, DeviceTimeline]], max_rows: int) -
 
 
 def _renumber(old: np.ndarray, kept: np.ndarray) -> np.ndarray:
-    """Old row numbers (-1 none) -> their position in ``kept`` (sorted), -1 where not kept. Binary search in
-    the chunk's rows, so a chunk costs its own size, not the rank's."""
+    """Old row numbers (-1 none) -> their position in ``kept`` (sorted), -1 where not kept. A chunk's rows
+    lie in a narrow range of the rank's (records are in time order), so a table over that range answers it;
+    rows spread over the whole rank are binary-searched instead. Either way a chunk costs its own size."""
     if not len(kept):
         return np.full(len(old), -1, np.int64)
+    lo, hi = int(kept[0]), int(kept[-1])
+    if hi - lo < 4 * len(kept) + 1024:
+        table = np.full(hi - lo + 2, -1, np.int64)  # the last slot (-1) answers every row outside [lo, hi]
+        table[kept - lo] = np.arange(len(kept))
+        at = old - lo
+        at[(at < 0) | (at > hi - lo)] = hi - lo + 1
+        return table[at]
     pos = np.searchsorted(kept, old)
     hit = kept[np.minimum(pos, len(kept) - 1)] == old
     return np.where(hit & (old >= 0), pos, -1)
