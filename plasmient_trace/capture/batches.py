@@ -39,7 +39,7 @@ class BatchMemory:
 
 def record_set(session: CaptureSession, items: list[StepCapture]) -> RecordSet:
     """What the steps captured, as the record tables offline ingest fills from a trace file."""
-    from .torch_hooks import modules_table
+    from .op_tables import modules_table
 
     rs = RecordSet(devices=list(session.sources.devices), resource=dict(session.resource), source=session.sources.label())
     rs.steps = table_from_columns("steps", {

@@ -145,7 +145,7 @@ class CaptureSession:
         import torch
 
         from ..sources.resource import resource_from_env
-        from . import torch_hooks
+        from . import op_tables, torch_hooks
 
         cfg = self.config
         self.resource = resource_from_env(cfg.environ)
@@ -157,7 +157,7 @@ class CaptureSession:
         service = self.resource.pop("service.name", None)
         if cfg.service_name is None and service and service != "plasmient-trace":
             cfg.service_name = str(service)
-        self._epoch = torch_hooks.epoch_offset_ns()
+        self._epoch = op_tables.epoch_offset_ns()
         self._pid = os.getpid()
 
         self.resource["plasmient.source"] = self.sources.label()

@@ -37,5 +37,5 @@ from .moe import ModelConfigError, MoEConfig, load_model_config
 from .ownership import GEMM_LIKE, flop_owners, yields_flops
 
 __all__ = ["MODELS", "CANONICAL_DTYPES", "GEMM_LIKE", "Labels", "OpCosts", "OpArgs", "FlopFormula", "FlopResult", "op_cost",
-           "model_ops", "canonical_dtype", "element_size", "register_flop_formula", "registered_ops",
+           "model_ops", "coded_model_ops", "CodedOpCosts", "canonical_dtype", "element_size", "register_flop_formula", "registered_ops",
            "formula_for", "flop_owners", "yields_flops", "MoEConfig", "ModelConfigError", "load_model_config"]
