@@ -189,7 +189,7 @@ def _deliver(args: argparse.Namespace, stream: Any, bar: Any = None) -> tuple[in
     only their fleet/node/rank/step spans are kept, for the summary. --rebase-time (which moves every span by
     the offset of the last one) and --parquet (which keeps every record) take the spans in one part."""
     from .conventions import upper_spans
-    from .export import delivery, otlp, rebase, selection, spill
+    from .export import delivery, otlp, rebase, selection, sinks, spill
     from .stitch.fleet import merge_span_batches
 
     try:
@@ -201,20 +201,20 @@ def _deliver(args: argparse.Namespace, stream: Any, bar: Any = None) -> tuple[in
     for note in choice.notes:
         _say(args, f"plasmient: {note}")
     parts = iter([stream.collect().batch]) if args.rebase_time or args.parquet else stream.parts
-    remote = [delivery.OtlpSink(config, signal) for signal, kinds in (("traces", choice.traces), ("metrics", choice.metrics))
+    remote = [sinks.OtlpSink(config, signal) for signal, kinds in (("traces", choice.traces), ("metrics", choice.metrics))
               if "otlp" in kinds]
     send = bool(remote)
     # The embedded default (a JSON lines file) when nothing else receives the traces.
     out = args.out if args.out is not None or choice.traces or choice.traces_off else "traces.jsonl"
     local: list[Any] = []
     if out is not None:
-        local.append(delivery.FileSink(out, append=False))
+        local.append(sinks.FileSink(out, append=False))
     if "console" in choice.traces:
-        local.append(delivery.ConsoleSink())
+        local.append(sinks.ConsoleSink())
     if "console" in choice.metrics:
-        local.append(delivery.MetricsConsoleSink())
+        local.append(sinks.MetricsConsoleSink())
     if args.parquet:
-        local.append(delivery.ParquetSink(args.parquet, stream.records))
+        local.append(sinks.ParquetSink(args.parquet, stream.records))
     spill_dir = spill.SpillDir(spill.default_spill_dir(out)) if send else None
     said: list[str] = []
     # Ingest waits for room in the export queue (memory stays bounded by a few parts) instead of spilling.
@@ -223,7 +223,7 @@ def _deliver(args: argparse.Namespace, stream: Any, bar: Any = None) -> tuple[in
     kept, spans = [], 0
     try:
         if out is not None:
-            delivery.check_output_path(out)
+            sinks.check_output_path(out)
         for batch in parts:
             if args.rebase_time:
                 batch, offset = rebase.rebase_time(batch)
@@ -236,7 +236,7 @@ def _deliver(args: argparse.Namespace, stream: Any, bar: Any = None) -> tuple[in
         # no partial output; the caller reports what is not ours to report (bad input mid-stream, Ctrl-C)
         sink.close_local(commit=False)
         sink.shutdown(0)
-        if not isinstance(err, delivery.OutputError):
+        if not isinstance(err, sinks.OutputError):
             raise
         print(f"plasmient: error: cannot write {err}", file=sys.stderr)
         return EXIT_BAD_INPUT, None

@@ -19,7 +19,8 @@ from test_export import free_port, small_batch
 from plasmient_trace.cli import main
 from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.export import otlp
-from plasmient_trace.export.delivery import Delivery, FileSink, OtlpSink
+from plasmient_trace.export.delivery import Delivery
+from plasmient_trace.export.sinks import FileSink, OtlpSink
 from plasmient_trace.export.otlp import ExportError, OtlpConfig, send_spans
 from plasmient_trace.export.otlp_json import read_jsonl
 from plasmient_trace.export.spill import SpillDir

@@ -21,7 +21,7 @@ from otlp_receiver import OtlpReceiver
 
 from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.export import otlp
-from plasmient_trace.export.delivery import FileSink
+from plasmient_trace.export.sinks import FileSink
 from plasmient_trace.export.otlp_json import batch_from_otlp_dicts, encode_jsonl_lines
 from plasmient_trace.export.spill import SpillDir, SpillFull, replay
 

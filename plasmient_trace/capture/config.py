@@ -210,9 +210,9 @@ def build_delivery(config: CaptureConfig, resource: Mapping[str, Any], extra: li
     OTLP/JSON lines file). PLASMIENT_OUT always adds the file; OTLP brings the step metrics too
     (unless OTEL_METRICS_EXPORTER=none). ``extra`` (name, fn) pairs are further local sinks; given
     alone they replace the configured ones."""
-    from ..export import delivery, spill
+    from ..export import delivery, sinks, spill
 
-    local: list[Any] = [delivery.CallableSink(name, fn) for name, fn in extra or []]
+    local: list[Any] = [sinks.CallableSink(name, fn) for name, fn in extra or []]
     remote: list[Any] = []
     traces_off = False
     if extra is None:
@@ -231,18 +231,18 @@ def build_delivery(config: CaptureConfig, resource: Mapping[str, Any], extra: li
             say_once(f"exporter:{note}", note)
         traces_off = choice.traces_off
         if otlp_cfg is not None:
-            remote += [delivery.OtlpSink(otlp_cfg, signal) for signal, kinds in
+            remote += [sinks.OtlpSink(otlp_cfg, signal) for signal, kinds in
                        (("traces", choice.traces), ("metrics", choice.metrics)) if "otlp" in kinds]
         if "console" in choice.traces:
-            local.append(delivery.ConsoleSink())
+            local.append(sinks.ConsoleSink())
         if "console" in choice.metrics:
-            local.append(delivery.MetricsConsoleSink())
+            local.append(sinks.MetricsConsoleSink())
         path = config.out
         if path is None and not remote and not local and not traces_off:
             path = default_out_path(resource)
         if path is not None:
             # The local file goes first and never waits for the network.
-            local.insert(0, delivery.FileSink(os.path.abspath(path), append=True))
+            local.insert(0, sinks.FileSink(os.path.abspath(path), append=True))
     spill_dir = spill.SpillDir(spill.default_spill_dir(config.out, config.environ),
                                max_bytes=int((_env_float(config.environ, "PLASMIENT_SPILL_MAX_MB") or 1024) * (1 << 20)))
     return delivery.Delivery(local, remote, spill_dir if remote else None, say=say_once, strict_local=False)

@@ -22,252 +22,22 @@ must not cross a fork).
 from __future__ import annotations
 
 import os
-import stat
 import sys
-import tempfile
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from plasmient_trace.conventions import SpanBatch
-from plasmient_trace.export.spill import SpillDir, SpillFull, append_lines
+from plasmient_trace.export.sinks import os_problem
+from plasmient_trace.export.spill import SpillDir, SpillFull
 
-__all__ = [
-    "CallableSink",
-    "ConsoleSink",
-    "Delivery",
-    "DeliveryStats",
-    "FileSink",
-    "MetricsConsoleSink",
-    "OtlpSink",
-    "OutputError",
-    "ParquetSink",
-    "check_output_path",
-]
+__all__ = ["Delivery", "DeliveryStats"]
 
 Say = Callable[[str, str], None]  # (key, message): the caller prints each key once
-
-
-class OutputError(OSError):
-    """A local output cannot be written: one line naming the path and the problem."""
-
-
-class LocalSink(Protocol):
-    name: str
-
-    def write(self, batch: SpanBatch) -> None: ...
-
-
-class RemoteSink(Protocol):
-    name: str
-    signal: str
-
-    def export(self, batch: SpanBatch, stop: threading.Event) -> Any: ...
-    def reset(self) -> None: ...
-    def close(self) -> None: ...
-
-
-def check_output_path(path: str | os.PathLike[str]) -> None:
-    """Raise OutputError when ``path`` cannot be an output file (a directory, an unwritable folder)."""
-    p = Path(path)
-    if p.is_dir():
-        raise OutputError(f"{p}: is a directory, not a file")
-    parent = p.parent if str(p.parent) else Path(".")
-    if parent.exists() and not parent.is_dir():
-        raise OutputError(f"{p}: {parent} is not a directory")
-    if parent.exists() and not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputError(f"{p}: cannot write in {parent} (permission denied)")
-    if p.exists() and not os.access(p, os.W_OK):
-        raise OutputError(f"{p}: permission denied")
-
-
-def _os_problem(err: OSError) -> str:
-    return err.strerror or str(err)
-
-
-class FileSink:
-    """OTLP/JSON lines file, one line per trace (step). ``append=True`` (live): each line is one
-    ``write`` to an O_APPEND descriptor, so processes sharing the file never interleave.
-    ``append=False`` (ingest): the batches are written beside the final name and ``close()`` renames
-    the file into place, so a failure (``close(commit=False)``) leaves no partial file. An output that
-    exists and is not a regular file (``/dev/null``, ``/dev/stdout``'s pipe, a FIFO) is written in place:
-    a rename would put a regular file where the device node was. A symlink is followed: the file it
-    names is replaced, not the link. Either way the
-    lines are written as they are encoded: the export holds one trace's line (live) or one ~4 MiB part
-    (ingest) at a time, never the file."""
-
-    def __init__(self, path: str | os.PathLike[str], append: bool) -> None:
-        self.path = Path(path)
-        self.append = append
-        self.name = str(self.path)
-        self.lines = 0
-        self._tmp: Path | None = None  # the file being written (ingest), set with _file; None: in place
-        self._file: Any = None
-
-    def write(self, batch: SpanBatch) -> None:
-        from plasmient_trace.export.otlp_json import encode_jsonl_lines, write_jsonl
-
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            if self.append:
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                try:
-                    # Line by line as they are encoded: one trace (step) in memory at a time, each
-                    # line still one write.
-                    for line in encode_jsonl_lines(batch):
-                        append_lines(fd, (line,))
-                        self.lines += 1
-                finally:
-                    os.close(fd)
-                return
-            if self._file is None:
-                self._open()
-            self.lines += write_jsonl(batch, self._file)
-        except OSError as err:
-            self.close(commit=False)
-            raise OutputError(f"{self.path}: {_os_problem(err)}") from None
-
-    def close(self, commit: bool = True) -> None:
-        """Ingest: move the written file into place (commit) or remove it. Nothing written: nothing to do,
-        unless committing, which writes the empty file."""
-        if self.append:
-            return
-        try:
-            if commit and self._file is None:
-                self._open()
-            if self._file is None:
-                return
-            f, tmp = self._file, self._tmp
-            self._file = self._tmp = None
-            if tmp is None:  # written in place (a device or a pipe): nothing to move, nothing to remove
-                try:
-                    if commit:
-                        f.flush()
-                finally:
-                    f.close()
-                return
-            try:
-                if commit:
-                    f.flush()
-                    os.fsync(f.fileno())
-                    # mkstemp makes the file private (0600); the output gets the mode any new file would
-                    umask = os.umask(0)
-                    os.umask(umask)
-                    os.fchmod(f.fileno(), 0o666 & ~umask)
-                    f.close()
-                    os.replace(tmp, os.path.realpath(self.path))  # through a symlink: the file it names
-            finally:
-                f.close()
-                if tmp is not None:
-                    tmp.unlink(missing_ok=True)  # gone already once moved into place
-        except OSError as err:
-            raise OutputError(f"{self.path}: {_os_problem(err)}") from None
-
-
-    def _open(self) -> None:
-        if _is_special(self.path):  # /dev/null, /dev/stdout -> /proc/self/fd/1, a FIFO
-            self._tmp, self._file = None, open(self.path, "wb", buffering=1 << 20)
-        else:
-            fd, tmp = mkstemp_beside(Path(os.path.realpath(self.path)))
-            self._tmp, self._file = Path(tmp), os.fdopen(fd, "wb", buffering=1 << 20)
-
-
-def _is_special(path: Path) -> bool:
-    """An existing path that is neither a regular file nor a directory: a device, a FIFO, a socket."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return False
-    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
-
-
-def mkstemp_beside(path: Path) -> tuple[int, str]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-
-
-class ConsoleSink:
-    """OTLP/JSON lines on stderr (OTEL_TRACES_EXPORTER=console)."""
-
-    name = "stderr"
-
-    def write(self, batch: SpanBatch) -> None:
-        from plasmient_trace.export.otlp_json import encode_jsonl_lines
-
-        append_lines(sys.stderr.fileno(), encode_jsonl_lines(batch))
-
-
-class MetricsConsoleSink:
-    """The step metrics as OTLP/JSON ExportMetricsServiceRequest lines on stderr (OTEL_METRICS_EXPORTER=console)."""
-
-    name = "stderr (metrics)"
-
-    def write(self, batch: SpanBatch) -> None:
-        from plasmient_trace.export.metrics import metric_requests, request_json
-
-        append_lines(sys.stderr.fileno(), [request_json(r) + b"\n" for r in metric_requests(batch)])
-
-
-class CallableSink:
-    """Any ``fn(batch)`` as a local sink (tests, embedding applications)."""
-
-    def __init__(self, name: str, fn: Callable[[SpanBatch], Any]) -> None:
-        self.name = name
-        self.write = fn
-
-
-class ParquetSink:
-    """Every record table and the spans as Parquet files in a directory (ingest)."""
-
-    def __init__(self, directory: str | os.PathLike[str], records: Any) -> None:
-        self.directory = directory
-        self.records = records
-        self.name = str(directory)
-        self.files: list[Any] = []
-
-    def write(self, batch: SpanBatch) -> None:
-        from plasmient_trace.export import parquet
-
-        try:
-            self.files = parquet.write_parquet(self.records, batch, self.directory)
-        except OSError as err:
-            raise OutputError(f"{self.directory}: {_os_problem(err)}") from None
-
-
-class OtlpSink:
-    """One OTLP signal (traces, or step metrics computed from the spans) over a persistent client."""
-
-    def __init__(self, config: Any, signal: str = "traces") -> None:
-        from plasmient_trace.export import metrics, otlp
-
-        self.signal = signal
-        self.config = config if signal == "traces" else config.for_signal(signal)
-        self.name = f"{otlp.redact_url(self.config.endpoint)} ({self.config.protocol})"
-        self._client: Any = None
-        # One cumulative plasmient.steps series per rank/fleet across every batch this sink sends.
-        self._steps = metrics.StepCounter()
-
-    def export(self, batch: SpanBatch, stop: threading.Event) -> Any:
-        from plasmient_trace.export import metrics, otlp
-
-        if self._client is None:
-            self._client = otlp.OtlpClient(self.config)
-        if self.signal == "traces":
-            return otlp.export_spans(self._client, batch, stop)
-        return metrics.export_metrics(self._client, batch, stop, self._steps)
-
-    def reset(self) -> None:
-        self._client = None  # the parent's channel belongs to the parent: forget it, never close it
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
 
 
 @dataclass
@@ -466,7 +236,7 @@ class Delivery:
             except SpillFull as err:
                 self.say("spill-full", f"{err}: further {signal} are dropped")
             except OSError as err:
-                self.say("spill-error", f"cannot spill to {self.spill.path} ({_os_problem(err)}): {signal} are dropped")
+                self.say("spill-error", f"cannot spill to {self.spill.path} ({os_problem(err)}): {signal} are dropped")
         self.stats.dropped[signal] = self.stats.dropped.get(signal, 0) + len(batch)
 
     # ---- flush and shutdown --------------------------------------------------------------------
