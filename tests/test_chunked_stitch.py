@@ -124,3 +124,20 @@ def test_a_chunk_renumbers_the_rows_it_kept_and_only_those(kept):
     position = {row: i for i, row in enumerate(kept)}
     assert _renumber(old, kept_a).tolist() == [position.get(r, -1) for r in old.tolist()]
     assert _renumber(old, np.zeros(0, np.int64)).tolist() == [-1] * len(old)
+
+
+def test_a_chunk_finds_its_rows_even_when_steps_interleave_in_row_order():
+    """StepRows hands each chunk its rows in ascending row order, whatever order the rank's rows come in
+    (rows outside every step, -1, belong to no chunk); the oracle is a scan of the step array."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from plasmient_trace.stitch.chunks import StepRows
+    rng = np.random.default_rng(7)
+    steps = {kind: rng.integers(-1, 6, size=n) for kind, n in (("module", 40), ("op", 300), ("kernel", 200))}
+    steps["kernel"][:50] = np.sort(steps["kernel"][:50])  # a time-ordered run beside shuffled rows
+    index = StepRows.of(SimpleNamespace(module_step=steps["module"], op_step=steps["op"], kernel_step=steps["kernel"]))
+    for kind, step in steps.items():
+        for s0, s1 in ((0, 1), (1, 4), (0, 6), (5, 6), (6, 7)):
+            assert index.within(kind, s0, s1).tolist() == np.flatnonzero((step >= s0) & (step < s1)).tolist()

@@ -46,3 +46,19 @@ def test_comparisons_slices_and_empty() -> None:
     empty = Labels.encode(np.array([], dtype=str))
     assert len(empty) == 0 and empty.decode().tolist() == [] and empty.to_arrow().equals(pa.array([], pa.string()))
     assert Labels.encode(["fp32", "bf16", "fp32"]).decode().tolist() == ["fp32", "bf16", "fp32"]
+
+
+def test_a_label_column_relabels_rows_in_place_and_decodes_to_the_same_text():
+    """The FLOP context pass rewrites some ops' model names (a conv costed from its consumer): the coded
+    column must read back exactly as the text it stands for, new names included."""
+    from plasmient_trace.metrics.flops.labels import LabelColumn
+    text = np.array(["none", "gemm", "none", "elementwise", "none"])
+    col = LabelColumn(np.zeros(0, np.int32), [])
+    col.codes = col.codes_of(text.tolist())
+    assert col.equals("none").tolist() == (text == "none").tolist()
+    assert not col.equals("conv").any()  # a name no row has yet
+    rows = np.array([0, 4])
+    col.codes[rows] = col.code_of("conv")
+    text[rows] = "conv"
+    assert col.labels().decode().tolist() == text.tolist()
+    assert col.labels().to_arrow().to_pylist() == text.tolist()
