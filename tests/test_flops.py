@@ -529,3 +529,16 @@ def test_varlen_attention_uses_packed_tokens_and_max_seqlen() -> None:
     types = ["c10::Half"] * 3 + ["int", "int"] + ["Scalar"] * 4
     conc = ["", "", "", "", "", "50", "50", "0.", "True"]
     assert op_cost("aten::_flash_attention_forward", dims, types, conc)[0] == 2 * 4 * 100 * 50 * 128 / 2
+
+
+def test_a_registered_formula_s_model_name_is_never_cut_short():
+    """model_ops used to store model names in an 11-character array, so a formula answering with a longer
+    name (outside MODELS) came back truncated; the stitch and model_ops now give the name whole."""
+    F.register_flop_formula("plasmient_test::long_model_op")(lambda a: (8.0, 0.0, "custom_tensor_core"))
+    table = pa.table({"name": ["plasmient_test::long_model_op", "aten::mm"],
+                      "input_dims": ["[[2, 2]]", "[[2, 4], [4, 8]]"], "input_types": ['["float"]', '["float", "float"]']})
+    costs = model_ops(table)
+    assert costs.model.tolist() == ["custom_tensor_core", "gemm"]
+    assert costs.flops.tolist() == [8.0, 2.0 * 2 * 4 * 8]
+    costs.model[1] = "elementwise"  # callers relabel in place: a built-in name still fits
+    assert costs.model[1] == "elementwise"

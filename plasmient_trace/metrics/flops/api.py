@@ -130,7 +130,13 @@ class CodedOpCosts:
     model: Labels
 
     def decoded(self) -> OpCosts:
-        return OpCosts(self.flops, self.bytes, self.dtype.decode().astype("<U5"), self.model.decode().astype("<U11"))
+        # Wide enough for any name of MODELS and CANONICAL_DTYPES (callers relabel rows in place), and for
+        # whatever a registered formula returned: a name is never cut short.
+        return OpCosts(self.flops, self.bytes, _text(self.dtype, 5), _text(self.model, 11))
+
+
+def _text(labels: Labels, width: int) -> np.ndarray:
+    return labels.decode().astype(f"<U{max(width, labels.names.dtype.itemsize // 4)}")
 
 
 def model_ops(ops: pa.Table, moe: MoEConfig | None = None) -> OpCosts:
