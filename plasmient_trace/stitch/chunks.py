@@ -112,13 +112,12 @@ class StepRows:
 
 
 def slice_rank(inp: RankInput, j: JoinedRank, tl: DeviceTimeline, s0: int, s1: int,
-               index: StepRows | None = None) -> tuple[RankInput, JoinedRank, DeviceTimeline]:
+               index: StepRows) -> tuple[RankInput, JoinedRank, DeviceTimeline]:
     """The chunk of steps [s0, s1): its records, joins and device timeline, rows renumbered from 0.
-    ``index``: the rank's :class:`StepRows`, built once for all its chunks (built here when not given)."""
+    ``index``: the rank's :class:`StepRows`, built once for all its chunks."""
     rs = inp.records
     n_fwd = rs.modules.num_rows
     n_k = len(j.kernel_start)
-    index = index or StepRows.of(j)
     mods, ops, kernels = (index.within(kind, s0, s1) for kind in ("module", "op", "kernel"))
     fwd = mods[mods < n_fwd]
     synth = np.nonzero(np.isin(tl.synth_ops, ops))[0]

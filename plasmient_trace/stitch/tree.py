@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -88,13 +89,11 @@ class PreparedRank:
     timeline: DeviceTimeline
     rank: int
     node: str
-    _step_rows: StepRows | None = None
 
+    @cached_property
     def step_rows(self) -> StepRows:
         """The rank's rows by step, built once for all of its chunks."""
-        if self._step_rows is None:
-            self._step_rows = StepRows.of(self.joined)
-        return self._step_rows
+        return StepRows.of(self.joined)
 
 
 def prepare_rank(inp: RankInput, rank: int, node: str, options: StitchOptions) -> PreparedRank:
@@ -122,7 +121,7 @@ def stitch_steps(prepared: PreparedRank, s0: int, s1: int, options: StitchOption
     """The rank's spans and summaries of its steps [s0, s1) (step rows, in time order)."""
     inp, j, tl = prepared.inp, prepared.joined, prepared.timeline
     if (s0, s1) != (0, len(j.steps)):
-        inp, j, tl = slice_rank(inp, j, tl, s0, s1, prepared.step_rows())
+        inp, j, tl = slice_rank(inp, j, tl, s0, s1, prepared.step_rows)
     rank, node = prepared.rank, prepared.node
     tree = build_rank_tree(inp, j, options, tl)
     ridge = float(inp.spec.ridge())  # a table lookup: once per group of steps
