@@ -178,10 +178,7 @@ def coded_model_ops(ops: pa.Table, moe: MoEConfig | None = None) -> CodedOpCosts
         dtype_u.append(dt)
         model_u.append(mo)
     flops, nbytes = flops_u[inverse], bytes_u[inverse]
-    dtype = LabelColumn(np.zeros(0, np.int32), [])
-    model = LabelColumn(np.zeros(0, np.int32), [])
-    dtype.codes = dtype.codes_of(dtype_u)[inverse]
-    model.codes = model.codes_of(model_u)[inverse]
+    dtype, model = LabelColumn(dtype_u, inverse), LabelColumn(model_u, inverse)
     # Ops whose cost depends on their neighbours (a conv's consumer, a vLLM step's batch) or on the
     # model config the user gave (MoE experts' size).
     apply_context(ops, flops, nbytes, model, moe, dict(zip(cols, encoded)))

@@ -101,10 +101,12 @@ class LabelColumn:
     """Per-row labels as codes that a pass may rewrite in place (the context pass relabels some ops), so a
     10^6-row table of model names is never held as text."""
 
-    def __init__(self, codes: np.ndarray, names: Iterable[str]) -> None:
-        self.codes = np.asarray(codes, np.int32)
-        self.names = [str(x) for x in names]
-        self._code = {name: i for i, name in enumerate(self.names)}
+    def __init__(self, names_of_groups: Iterable[str], group_of_row: np.ndarray) -> None:
+        """Row i labelled ``names_of_groups[group_of_row[i]]`` (a few hundred signatures' names, one group per
+        signature, spread over a million ops)."""
+        self.names: list[str] = []
+        self._code: dict[str, int] = {}
+        self.codes = self.codes_of(names_of_groups)[np.asarray(group_of_row, np.int64)]
 
     def code_of(self, name: str) -> int:
         """The code of ``name``, added to the names if new."""
