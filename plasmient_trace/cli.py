@@ -201,18 +201,12 @@ def _deliver(args: argparse.Namespace, stream: Any, bar: Any = None) -> tuple[in
     for note in choice.notes:
         _say(args, f"plasmient: {note}")
     parts = iter([stream.collect().batch]) if args.rebase_time or args.parquet else stream.parts
-    remote = [sinks.OtlpSink(config, signal) for signal, kinds in (("traces", choice.traces), ("metrics", choice.metrics))
-              if "otlp" in kinds]
+    remote, console = sinks.chosen_sinks(choice, config)
     send = bool(remote)
     # The embedded default (a JSON lines file) when nothing else receives the traces.
     out = args.out if args.out is not None or choice.traces or choice.traces_off else "traces.jsonl"
-    local: list[Any] = []
-    if out is not None:
-        local.append(sinks.FileSink(out, append=False))
-    if "console" in choice.traces:
-        local.append(sinks.ConsoleSink())
-    if "console" in choice.metrics:
-        local.append(sinks.MetricsConsoleSink())
+    local: list[Any] = [sinks.FileSink(out, append=False)] if out is not None else []
+    local += console
     if args.parquet:
         local.append(sinks.ParquetSink(args.parquet, stream.records))
     spill_dir = spill.SpillDir(spill.default_spill_dir(out)) if send else None

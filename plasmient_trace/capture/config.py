@@ -230,13 +230,8 @@ def build_delivery(config: CaptureConfig, resource: Mapping[str, Any], extra: li
         for note in choice.notes:
             say_once(f"exporter:{note}", note)
         traces_off = choice.traces_off
-        if otlp_cfg is not None:
-            remote += [sinks.OtlpSink(otlp_cfg, signal) for signal, kinds in
-                       (("traces", choice.traces), ("metrics", choice.metrics)) if "otlp" in kinds]
-        if "console" in choice.traces:
-            local.append(sinks.ConsoleSink())
-        if "console" in choice.metrics:
-            local.append(sinks.MetricsConsoleSink())
+        remote, console = sinks.chosen_sinks(choice, otlp_cfg)
+        local += console
         path = config.out
         if path is None and not remote and not local and not traces_off:
             path = default_out_path(resource)

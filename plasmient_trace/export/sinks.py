@@ -28,6 +28,7 @@ __all__ = [
     "ParquetSink",
     "RemoteSink",
     "check_output_path",
+    "chosen_sinks",
 ]
 
 
@@ -246,3 +247,17 @@ class OtlpSink:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def chosen_sinks(choice: Any, otlp_config: Any | None) -> tuple[list[OtlpSink], list[Any]]:
+    """(network, console) sinks an exporter choice (``selection.select_exporters``) names, the same for ingest
+    and live: an OTLP sink for each signal that chose otlp (none without an OTLP config), then the console
+    ones, traces before metrics."""
+    remote = [OtlpSink(otlp_config, signal) for signal, kinds in (("traces", choice.traces), ("metrics", choice.metrics))
+              if "otlp" in kinds] if otlp_config is not None else []
+    console: list[Any] = []
+    if "console" in choice.traces:
+        console.append(ConsoleSink())
+    if "console" in choice.metrics:
+        console.append(MetricsConsoleSink())
+    return remote, console
