@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from conftest import RAW_KERNEL_CATS, ingested, ns_of_us, raw_trace, union_ns
+from conftest import ingested, raw_activities, raw_trace, union_ns
 
 COPY_CATS = {"gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
 COMM_NAME = re.compile(r"nccl|rccl", re.IGNORECASE)  # TraceLens's COMMUNICATION_KEYS, matched anywhere
@@ -15,14 +15,9 @@ COMM_NAME = re.compile(r"nccl|rccl", re.IGNORECASE)  # TraceLens's COMMUNICATION
 def raw_timeline(name: str) -> dict:
     """TraceLens's breakdown from the raw JSON, per device and summed (seconds), plus the first activity's
     start (ns after Kineto's epoch anchor) per device."""
-    doc = raw_trace(name)
-    base = doc.get("baseTimeNanoseconds") or 0
     by_device: dict[int, dict[str, list[tuple[int, int]]]] = {}
-    for e in doc["traceEvents"]:
-        if e.get("ph") != "X" or e.get("cat") not in RAW_KERNEL_CATS:
-            continue
-        start = base + ns_of_us(e["ts"])
-        span = (start, start + ns_of_us(e.get("dur", 0)))
+    for a in raw_activities(raw_trace(name)):
+        e, span = a["event"], (a["start_ns"], a["end_ns"])
         kind = "copy" if e["cat"] in COPY_CATS else "comm" if COMM_NAME.search(str(e.get("name", ""))) else "compute"
         lists = by_device.setdefault(e.get("args", {}).get("device", 0), {"comm": [], "copy": [], "compute": []})
         lists[kind].append(span)
