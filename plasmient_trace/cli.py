@@ -58,7 +58,7 @@ def _default_job_id() -> str | None:
 
 
 def add_stitch_arguments(p: argparse.ArgumentParser) -> None:
-    from .stitch.inputs import DEFAULT_CHUNK_ROWS
+    from .stitch.inputs import CHUNK_ROWS_CAP, CHUNK_ROWS_FLOOR, GROUPS_PER_INPUT
     from .stitch.tree import DEFAULT_MAX_SPANS
 
     p.add_argument("--job-id", default=_default_job_id(), help="job id the trace ids derive from (default: $PLASMIENT_JOB_ID, $SLURM_JOB_ID, else the first file's name)")
@@ -73,9 +73,10 @@ def add_stitch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=_positive_int, default=1,
                    help="processes that read and stitch the ranks (one file per rank), each rank a task; the fleet "
                         "and node spans are built from the ranks' step summaries. Same output as 1 (default 1)")
-    p.add_argument("--chunk-rows", type=_positive_int, default=DEFAULT_CHUNK_ROWS, metavar="N",
+    p.add_argument("--chunk-rows", type=_positive_int, default=None, metavar="N",
                    help="records (modules + ops + kernels, all ranks) stitched and written at once: memory holds one "
-                        f"group of whole steps, not the file; the output is the same (default {DEFAULT_CHUNK_ROWS:,})")
+                        "group of whole steps, not the file; the output is the same (default: 1/"
+                        f"{GROUPS_PER_INPUT} of the input's, between {CHUNK_ROWS_FLOOR:,} and {CHUNK_ROWS_CAP:,})")
     p.add_argument("--graph-capture", metavar="CAPTURE_TRACE",
                    help="trace of the CUDA/HIP graph capture that the (single) input replays: replayed kernels get the "
                         "FLOPs, op and module of their capture-time launch (default: the capture named by an "
@@ -93,7 +94,6 @@ def stitch_options_from_args(args: argparse.Namespace, job_id: str) -> Any:
     from .metrics.flops import load_model_config
     from .pipeline import IngestOptions
     from .sources.resource import parse_otel_resource_attributes, resource_from_env
-    from .stitch.inputs import DEFAULT_CHUNK_ROWS
 
     # OTEL_RESOURCE_ATTRIBUTES always applies, as in any OTel SDK; the rest of the environment only on request.
     extra: dict[str, Any] = parse_otel_resource_attributes(os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""))
@@ -109,7 +109,7 @@ def stitch_options_from_args(args: argparse.Namespace, job_id: str) -> Any:
         gpu_price=args.gpu_price, gpu_model=args.gpu_model,
         baseline_mfu=args.baseline_mfu or DEFAULT_BASELINE_MFU, ranks_per_node=args.ranks_per_node, host=host,
         graph_capture=getattr(args, "graph_capture", None), workers=getattr(args, "workers", 1),
-        chunk_rows=getattr(args, "chunk_rows", None) or DEFAULT_CHUNK_ROWS,
+        chunk_rows=getattr(args, "chunk_rows", None),
         moe=load_model_config(args.model_config) if getattr(args, "model_config", None) else None,
     )
 

@@ -28,7 +28,6 @@ from .sources.kineto import read_kineto
 from .sources.parallel import read_many
 from .stitch.align import apply_offsets, estimate_alignment
 from .stitch.fleet import merge_span_batches
-from .stitch.inputs import DEFAULT_CHUNK_ROWS
 from .stitch.joins import JoinedRank
 from .stitch.tree import (
     DEFAULT_MAX_SPANS,
@@ -74,7 +73,7 @@ class IngestOptions:
     # Live capture's per-step facts (stitch.step_facts.StepFacts); None: every step measured at full depth.
     step_facts: Any = None
     # Records stitched at once (stitch.chunks): memory holds one group of steps' spans.
-    chunk_rows: int = DEFAULT_CHUNK_ROWS
+    chunk_rows: int | None = None  # records per group of steps; None: stitch.inputs.default_chunk_rows
 
 
 @dataclass

@@ -57,19 +57,24 @@ def test_the_stream_cuts_between_steps_and_each_part_holds_whole_traces():
     assert sum(len(p) for p in parts) == whole.stats["spans"] == stream.stats["spans"]
 
 
-def test_a_part_holds_at_most_chunk_rows_spans_even_when_steps_are_tiny(tmp_path):
-    """20,000 steps of one op each: most spans are the steps' own (fleet, node, rank, step). A group is sized by
-    them too, so no part holds more spans than ``chunk_rows`` (sized by the ops alone, the parts held 25,000
-    spans each at chunk_rows=10,000)."""
+def _tiny_steps(tmp_path, steps: int = 20_000):
+    """A CPU trace of ``steps`` steps of one aten::mm each."""
     events = []
-    for s in range(20_000):
+    for s in range(steps):
         t = 1000.0 + 10 * s
         events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "pid": 1, "tid": 1, "ts": t, "dur": 9})
         events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": t + 1, "dur": 5,
                        "args": {"Input Dims": [[64, 64], [64, 64]], "Input type": ["float", "float"]}})
     path = tmp_path / "tiny_steps.json"
     path.write_bytes(orjson.dumps({"traceEvents": events}))
-    stream = ingest_stream([path], IngestOptions(job_id="tiny", chunk_rows=10_000))
+    return path
+
+
+def test_a_part_holds_at_most_chunk_rows_spans_even_when_steps_are_tiny(tmp_path):
+    """20,000 steps of one op each: most spans are the steps' own (fleet, node, rank, step). A group is sized by
+    them too, so no part holds more spans than ``chunk_rows`` (sized by the ops alone, the parts held 25,000
+    spans each at chunk_rows=10,000)."""
+    stream = ingest_stream([_tiny_steps(tmp_path)], IngestOptions(job_id="tiny", chunk_rows=10_000))
     sizes = [len(part) for part in stream.parts]
     assert sum(sizes) == stream.stats["spans"] == 20_000 * 5
     assert max(sizes) <= 10_000 and len(sizes) >= 10, sizes
@@ -81,12 +86,30 @@ def _lines(path) -> list[bytes]:
 
 def test_ingest_writes_the_same_lines_in_groups(tmp_path, capsys):
     path = trace_path("a100/cuda_graphs_rank0_of16.json.gz")
-    assert main(["ingest", str(path), "--out", str(tmp_path / "whole.jsonl"), "--quiet", "--job-id", "g"]) == 0
-    assert main(["ingest", str(path), "--out", str(tmp_path / "groups.jsonl"), "--quiet", "--job-id", "g",
-                 "--chunk-rows", "1"]) == 0
-    whole, groups = _lines(tmp_path / "whole.jsonl"), _lines(tmp_path / "groups.jsonl")
-    assert len(whole) == 5 and whole == groups  # one line per step, byte for byte
-    assert all(orjson.loads(line)["resourceSpans"] for line in groups)
+    for name, flags in (("whole", ["--chunk-rows", str(WHOLE)]), ("default", []), ("groups", ["--chunk-rows", "1"])):
+        assert main(["ingest", str(path), "--out", str(tmp_path / f"{name}.jsonl"), "--quiet", "--job-id", "g", *flags]) == 0
+    whole = _lines(tmp_path / "whole.jsonl")
+    assert len(whole) == 5  # one line per step
+    assert whole == _lines(tmp_path / "default.jsonl") == _lines(tmp_path / "groups.jsonl")  # byte for byte
+    assert all(orjson.loads(line)["resourceSpans"] for line in whole)
+
+
+def test_by_default_a_group_is_a_sixteenth_of_the_input_and_at_least_5000_records(tmp_path):
+    """The default group bounds memory by a part of the input, not by a fixed count a mid-size trace never
+    reaches. cuda_graphs holds 33,287 records in 5 steps of about 6,600: a sixteenth is below the floor of
+    5,000, so every step is a group of its own. 20,000 tiny steps (one op each; 100,000 rows with the spans
+    every step has) are cut into 16 groups of 6,250 rows."""
+    path = trace_path("a100/cuda_graphs_rank0_of16.json.gz")
+    stream = ingest_stream([path], IngestOptions(job_id="chunks"))
+    parts = list(stream.parts)
+    records = sum(getattr(r, kind).num_rows for r in stream.records for kind in ("kernels", "ops", "modules"))
+    assert records == 33_287
+    assert len(parts) == stream.stats["traces"] == 5
+    assert all(part.table.column("plasmient.level").to_pylist().count("step") == 1 for part in parts)
+
+    tiny = ingest_stream([_tiny_steps(tmp_path)], IngestOptions(job_id="tiny"))
+    sizes = [len(part) for part in tiny.parts]
+    assert len(sizes) == 16 and sum(sizes) == tiny.stats["spans"] == 100_000, sizes
 
 
 def test_a_group_that_fails_leaves_no_output_file(tmp_path, capsys, monkeypatch):

@@ -19,7 +19,7 @@ __all__ = ["BackgroundWriter"]
 class BackgroundWriter:
     """``add`` pieces in order; ``close`` waits until every one is written (or ``abort`` drops the rest)."""
 
-    def __init__(self, write: Callable[[bytes | memoryview], object], depth: int = 2, batch_bytes: int = 4 << 20) -> None:
+    def __init__(self, write: Callable[[bytes | memoryview], object], depth: int = 2, batch_bytes: int = 1 << 20) -> None:
         self._write = write
         self._queue: queue.Queue[list[bytes | memoryview] | None] = queue.Queue(depth)
         self._batch_bytes = batch_bytes

@@ -73,7 +73,7 @@ SPAN_KIND_INTERNAL = 1  # every span we emit is an in-process measurement, never
 # Encoded bytes gathered at once: small enough that the allocator reuses the memory of one part for
 # the next (larger blocks come fresh from the OS and are page-faulted in every time, which cost more
 # than the encoding itself), large enough that the per-part overhead stays negligible.
-PART_BYTES = 4 << 20
+PART_BYTES = 1 << 20
 # Spans prepared per pass (value texts, slots, piece order): bounds the transient memory of the
 # export whatever the file size; the per-pass overhead is a few numpy calls per attribute column.
 JSON_CHUNK_ROWS = 8192

@@ -77,7 +77,7 @@ class FileSink:
     exists and is not a regular file (``/dev/null``, ``/dev/stdout``'s pipe, a FIFO) is written in place:
     a rename would put a regular file where the device node was. A symlink is followed: the file it
     names is replaced, not the link. Either way the
-    lines are written as they are encoded: the export holds one trace's line (live) or one ~4 MiB part
+    lines are written as they are encoded: the export holds one trace's line (live) or one ~1 MiB part
     (ingest) at a time, never the file."""
 
     def __init__(self, path: str | os.PathLike[str], append: bool) -> None:

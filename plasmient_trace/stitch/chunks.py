@@ -16,7 +16,7 @@ import numpy as np
 
 from ..conventions import rows_of
 from ..metrics.grouping import unique_inverse
-from .inputs import RankInput
+from .inputs import RankInput, default_chunk_rows
 from .joins import JoinedRank, RowOrigin
 from .overlap import StepOverlap
 from .timeline import DeviceTimeline
@@ -51,10 +51,11 @@ def _cut(rows: np.ndarray, max_rows: int) -> list[tuple[int, int]]:
     return chunks
 
 
-def step_groups(ranks: list[tuple[JoinedRank, DeviceTimeline]], max_rows: int) -> list[list[tuple[int, int]]]:
+def step_groups(ranks: list[tuple[JoinedRank, DeviceTimeline]], max_rows: int | None) -> list[list[tuple[int, int]]]:
     """Groups of step numbers, as each rank's [s0, s1) step rows, holding at most ``max_rows`` rows (records
-    and the spans every step has) over all ranks (one step at least). A step is whole in one group on every rank, so each trace is built at once
-    with its fleet and node spans. Step numbers out of time order on a rank: one group."""
+    and the spans every step has) over all ranks (one step at least; None: ``default_chunk_rows`` of the
+    total). A step is whole in one group on every rank, so each trace is built at once with its fleet and
+    node spans. Step numbers out of time order on a rank: one group."""
     whole = [[(0, len(j.steps)) for j, _ in ranks]]
     numbers = [np.asarray(j.steps, np.int64) for j, _ in ranks]
     if any(len(n) > 1 and not np.all(np.diff(n) > 0) for n in numbers):
@@ -63,7 +64,7 @@ def step_groups(ranks: list[tuple[JoinedRank, DeviceTimeline]], max_rows: int) -
     rows = np.full(len(every), STEP_SPANS_SHARED, np.int64)
     for (j, tl), n in zip(ranks, numbers):
         rows[np.searchsorted(every, n)] += rows_per_step(j, tl)
-    groups = _cut(rows, max_rows)
+    groups = _cut(rows, default_chunk_rows(int(rows.sum())) if max_rows is None else max_rows)
     if len(groups) == 1:
         return whole
     return [[(int(np.searchsorted(n, every[a])), int(np.searchsorted(n, every[b - 1], side="right"))) for n in numbers]

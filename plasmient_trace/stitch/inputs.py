@@ -15,8 +15,14 @@ LEVEL_CODE = {name: i for i, name in enumerate(cv.LEVELS)}
 KINDS = ("kernel", "memcpy", "memset", "collective")
 KIND_CODE = {name: i for i, name in enumerate(KINDS)}
 DEFAULT_MAX_SPANS = 10_000
-# Records a group of steps holds at most when a trace is stitched a group at a time (one step at least).
-DEFAULT_CHUNK_ROWS = 100_000
+# Records a group of steps holds when a trace is stitched a group at a time (one step at least). By default
+# a sixteenth of the input's, so a group's span table, the largest thing the stitch builds, is a small part
+# of the file's; never fewer than the floor (each group has a fixed cost of a few milliseconds) nor more than the cap
+# (memory is bounded by a group, not the file). Measured on the v100 trace replicated to 10^5 kernels:
+# groups of 20,000 records stitched faster than groups of 100,000 (fewer page faults) and of 5,000-10,000.
+CHUNK_ROWS_CAP = 100_000
+CHUNK_ROWS_FLOOR = 5_000
+GROUPS_PER_INPUT = 16
 # How many culprit rows a step, rank, node and fleet span carries in plasmient.culprits.
 CULPRIT_ROWS = 10
 
@@ -64,8 +70,13 @@ class StitchOptions:
     # Live capture's per-step facts (stitch.step_facts.StepFacts): signatures, carried FLOPs, dropped records.
     step_facts: Any = None
     # Records (modules + ops + kernels, all ranks) stitched at once: a trace is built a group of steps at a
-    # time (stitch.chunks), so memory holds one group's spans, not the file's.
-    chunk_rows: int = DEFAULT_CHUNK_ROWS
+    # time (stitch.chunks), so memory holds one group's spans, not the file's. None: default_chunk_rows.
+    chunk_rows: int | None = None
+
+
+def default_chunk_rows(input_rows: int) -> int:
+    """Records per group of steps for an input of ``input_rows`` records (and step spans), all ranks."""
+    return int(min(max(input_rows // GROUPS_PER_INPUT, CHUNK_ROWS_FLOOR), CHUNK_ROWS_CAP))
 
 
 @dataclass

@@ -204,7 +204,7 @@ def _collectives_by_step(tree: RankTree, j: JoinedRank) -> dict[int, list[list[A
     return out
 
 
-def _chunk_rows(options: StitchOptions) -> int:
+def _chunk_rows(options: StitchOptions) -> int | None:
     # Live batches carry FLOPs from step to step within the batch (step_facts): they are stitched whole.
     return options.chunk_rows if options.step_facts is None else np.iinfo(np.int64).max
 
