@@ -72,8 +72,9 @@ class IngestOptions:
     keep_records: bool = True
     # Live capture's per-step facts (stitch.step_facts.StepFacts); None: every step measured at full depth.
     step_facts: Any = None
-    # Records stitched at once (stitch.chunks): memory holds one group of steps' spans.
-    chunk_rows: int | None = None  # records per group of steps; None: stitch.inputs.default_chunk_rows
+    # Records stitched at once (stitch.chunks): memory holds one group of steps' spans. None: a share of
+    # the input (stitch.inputs.default_chunk_rows).
+    chunk_rows: int | None = None
 
 
 @dataclass
