@@ -123,7 +123,18 @@ class _Failure:
     count: int
     grpc_code: grpc.StatusCode
     http_status: int
-    retry_after: str | None
+    retry_after: str | None  # seconds: HTTP's Retry-After header, gRPC's RetryInfo status detail
+
+    def grpc_status_details(self) -> bytes:
+        """The google.rpc.Status a gRPC server sends (trailer grpc-status-details-bin) to ask for a retry
+        after ``retry_after`` seconds, as HTTP's Retry-After does."""
+        from google.rpc import error_details_pb2, status_pb2
+
+        info = error_details_pb2.RetryInfo()
+        info.retry_delay.FromNanoseconds(int(float(self.retry_after or 0) * 1e9))
+        status = status_pb2.Status(code=self.grpc_code.value[0], message="failure injected by the test receiver")
+        status.details.add().Pack(info)
+        return status.SerializeToString()
 
 
 class OtlpReceiver:
@@ -290,6 +301,8 @@ class OtlpReceiver:
             failure = receiver._take_failure()
             metadata = {k.lower(): v for k, v in context.invocation_metadata() if isinstance(v, str)}
             if failure is not None:
+                if failure.retry_after is not None:
+                    context.set_trailing_metadata((("grpc-status-details-bin", failure.grpc_status_details()),))
                 context.abort(failure.grpc_code, "failure injected by the test receiver")
             return receiver._record(
                 Received(

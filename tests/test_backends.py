@@ -233,6 +233,25 @@ def test_a_busy_backend_answering_503_with_retry_after_still_gets_the_whole_trac
         assert _arrived_ids(rx) == _expected_ids()
 
 
+def test_a_grpc_backend_saying_when_to_retry_in_its_status_details_is_waited_out() -> None:
+    """gRPC has no Retry-After header: a busy server says when to come back with a RetryInfo detail in
+    the status that ends the call (trailer grpc-status-details-bin). Unread, the client would retry after
+    its own first backoff of about 0.5 s; read, it waits the 1.5 s asked."""
+    from plasmient_trace.export.otlp import OtlpClient
+    from plasmient_trace.export.otlp_config import OtlpConfig
+
+    request = trace_service_pb2.ExportTraceServiceRequest()
+    request.resource_spans.add().scope_spans.add().spans.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="s")
+    with OtlpReceiver() as rx:
+        rx.fail_next(1, grpc_code=grpc.StatusCode.RESOURCE_EXHAUSTED, retry_after="1.5")
+        with OtlpClient(OtlpConfig.from_env({}, endpoint=rx.grpc_endpoint).for_signal("traces", {})) as client:
+            started = time.monotonic()
+            client.export(request.SerializeToString())
+            waited = time.monotonic() - started
+        assert len(rx.traces) == 1
+    assert waited >= 1.5
+
+
 def test_a_backend_busy_for_good_ends_within_the_backpressure_budget_naming_the_signal(tmp_path, monkeypatch, capsys) -> None:
     with OtlpReceiver() as rx:
         rx.fail_next(10**6, http_status=503, retry_after="1")
