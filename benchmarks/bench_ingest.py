@@ -6,8 +6,8 @@
    ratios printed are medians over rounds. Targets: read + stitch + JSONL <= 1.0x (fail above 1.5x).
    Peak memory: a child process per file reports its RSS growth during ingest + stitch + JSONL (the
    imports excluded), against the decompressed size. Target: <= 2x. Every process uses the Arrow memory
-   pool `plasmient ingest` uses (``arrow_memory.use_offline_pool``: jemalloc unless
-   ARROW_DEFAULT_MEMORY_POOL is set; set it to mimalloc to measure pyarrow's default).
+   pool `plasmient ingest` uses (``arrow_memory.use_offline_pool``: the system allocator unless
+   ARROW_DEFAULT_MEMORY_POOL is set; set it to mimalloc to measure pyarrow's default, or jemalloc).
 2. Throughput at scale: the record tables of a real trace replicated (new steps, shifted times,
    offset correlation/external ids) until there are >= 10^6 kernels, then stitched and encoded to a
    JSONL file, at each of --kernels (default 10^4, 10^5, 10^6), each in its own child process on one core.

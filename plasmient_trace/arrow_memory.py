@@ -1,10 +1,15 @@
-"""The Arrow memory pool of the offline commands (ingest, replay, report, rank workers): jemalloc, unless the user chose one.
+"""The Arrow memory pool of the offline commands (ingest, replay, report, rank workers): the C library's
+allocator, unless the user chose one.
 
-pyarrow's default pool on Linux is mimalloc, which keeps the pages of freed buffers mapped for reuse. An
-ingest allocates and frees many short-lived column buffers, so those pages pile up in the process's peak
-RSS. With jemalloc, the peak RSS growth of read + stitch + JSONL on the four largest shared traces fell from
-1.1-5.5x to 0.8-4.2x of the JSON, at the same speed (``benchmarks/bench_ingest.py``, run once with
-``ARROW_DEFAULT_MEMORY_POOL=mimalloc`` and once without); a 10^6-kernel stitch peaked 2-3% lower.
+An ingest allocates and frees many short-lived column buffers, and numpy's arrays come from the C heap.
+On the system pool both share that heap: what Arrow frees, numpy reuses, and ``memory.trim_heap`` hands
+back what neither needs. pyarrow's default pool on Linux, mimalloc, keeps the pages of freed buffers
+mapped; jemalloc, this module's choice before, kept about 150 MiB resident after reading a 175k-kernel
+trace even once every buffer was freed and ``release_unused`` had run, pages numpy could not use. Measured
+with ``benchmarks/bench_ingest.py`` and ``bench_ingest_file.py`` (both honour ``ARROW_DEFAULT_MEMORY_POOL``):
+`plasmient ingest` of a 10^6-kernel file peaked at 1,701-1,702 MiB on the system pool against
+1,835-1,880 MiB on jemalloc, in the same time; the largest shared traces grew 2.0x, 2.0x and 1.3x their
+JSON against 2.1x, 2.2x and 1.3x.
 
 Live capture never calls this: a training job's allocator is the job's own business. ``ARROW_DEFAULT_MEMORY_POOL``,
 when set, is the user's choice and stands.
@@ -21,11 +26,8 @@ ENV = "ARROW_DEFAULT_MEMORY_POOL"
 
 
 def use_offline_pool(environ: Mapping[str, str] = os.environ) -> str:
-    """Make jemalloc this process's default Arrow pool (unless ``ARROW_DEFAULT_MEMORY_POOL`` is set, or
-    this pyarrow was built without it); returns the backend now in use."""
+    """Make the system allocator this process's default Arrow pool (unless ``ARROW_DEFAULT_MEMORY_POOL`` is
+    set); returns the backend now in use."""
     if not environ.get(ENV):
-        try:
-            pa.set_memory_pool(pa.jemalloc_memory_pool())
-        except NotImplementedError:  # pyarrow built without jemalloc (macOS wheels): keep the default
-            pass
+        pa.set_memory_pool(pa.system_memory_pool())
     return pa.default_memory_pool().backend_name

@@ -1,9 +1,9 @@
 """Freed memory handed back to the OS between the phases of a large ingest (parse, FLOP models, join, stitch).
 
 glibc keeps what millions of short-lived objects and arrays freed (fragmented, about 140 MB after a
-10^6-kernel parse), and Arrow's allocator keeps its own free pages for reuse. Numpy allocates from the
-first and Arrow from the second, so neither reuses what the other freed. Handing pages back costs page
-faults later: only large inputs do it.
+10^6-kernel parse). The offline commands give Arrow the same heap (``arrow_memory``); a pool the user
+chose keeps its own free pages for reuse, which numpy, on the C heap, cannot use. Handing pages back costs
+page faults later: only large inputs do it.
 """
 
 from __future__ import annotations
