@@ -30,11 +30,26 @@ def test_background_share_stays_under_the_budget_on_fast_and_slow_steps():
         steps = int(600 / step_s)  # ten minutes of the job
         full = _simulate(FullDepthBudget(0.02), step_s, cost_s, steps, every=10)
         share = len(full) * cost_s / (steps * step_s)
-        # one in ten when that is cheap enough; otherwise 2% of the time, plus the free samples at the start
+        # one in ten when that is cheap enough; otherwise 2% of the time, plus the first sample, run before its cost is known
         assert share <= 0.02 + 3 * cost_s / (steps * step_s)
         assert len(full) >= min(steps // 10, 0.02 * steps * step_s / cost_s) - 4
     slow = _simulate(FullDepthBudget(0.02), 1.6, 0.1, 1000, every=10)
     assert slow == list(range(10, 1000, 10))  # slow steps: the budget never holds a sample back
+
+
+def test_samples_run_until_a_cost_is_measured_and_then_only_within_the_budget():
+    ms = 1_000_000
+    # no cost measured yet (the background thread has not finished its first batch): samples run
+    unmeasured = FullDepthBudget(0.02)
+    assert unmeasured.allow(0) and unmeasured.allow(25 * ms)
+    # step 0 (always full depth) measured at 30 ms of background CPU before the first periodic sample:
+    # from then on the bucket alone decides, from the first sample on
+    budget = FullDepthBudget(0.02)
+    budget.measured(0.030, 1)
+    assert not budget.allow(0)
+    assert not budget.allow(250 * ms)  # 2% of 0.25 s is 5 ms, short of a sample
+    assert budget.allow(1500 * ms)  # 2% of 1.5 s is 30 ms: one sample, not the six of 0.25 s periods
+    assert not budget.allow(1750 * ms)
 
 
 def test_no_budget_means_exactly_every_nth_step():
@@ -72,10 +87,10 @@ def test_samples_held_back_by_the_budget_carry_flops_and_are_counted():
     rows = {r["plasmient.step"]: r for r in sink.rows() if r["plasmient.level"] == "step"}
     assert sorted(rows) == list(range(12))
     full = sorted(s for s, r in rows.items() if r["plasmient.sampled_depth"] == "full")
-    # step 0 and the two free samples (steps 2 and 4); later samples wait for 1e-6 of wall time per
-    # measured cost, which twelve small steps never accrue
-    assert full == [0, 2, 4]
-    assert session.stats["samples_held"] == 4  # steps 6, 8, 10 and 12 (opened by the last optimizer step)
+    # step 0 only: its cost is measured before step 2 begins, and from then on a sample waits for 1e-6 of
+    # wall time per measured cost, which twelve small steps never accrue
+    assert full == [0]
+    assert session.stats["samples_held"] == 6  # steps 2, 4, 6, 8, 10 and 12 (opened by the last optimizer step)
     for s in set(rows) - set(full):
         latest = max(f for f in full if f < s)  # the same input shapes every step: carried from there
         assert rows[s]["plasmient.flops.source"] == "carried"

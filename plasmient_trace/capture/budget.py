@@ -11,8 +11,9 @@ carried FLOPs come from, and ``PLASMIENT_MAX_SIGNATURES`` bounds them).
 
 The cost of a sample is measured by the background thread: its CPU time per batch over the full-depth
 steps in the batch (the step-depth steps' share included, so the estimate errs high). Before the first
-measurement, samples run; the first ``free_samples`` periodic samples always run, so a short run
-still shows a few full steps.
+measurement, samples run, so a run shorter than the first batch still shows its periodic full steps.
+From then on the bucket alone decides: samples let through regardless of it (``free_samples``, none by
+default) would be background work beyond the share the user set.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ _SMOOTHING = 0.3          # weight of the newest measurement in the running cost
 class FullDepthBudget:
     """Token bucket of background seconds for sampled full-depth steps (``fraction`` None: no limit)."""
 
-    def __init__(self, fraction: float | None, free_samples: int = 2) -> None:
+    def __init__(self, fraction: float | None, free_samples: int = 0) -> None:
         self.fraction = fraction if fraction and fraction > 0 else None
         self.cost_s: float | None = None   # running estimate of one full-depth step's background CPU
         self._tokens = 0.0
