@@ -47,6 +47,7 @@ sys.path.insert(0, str(REPO))
 
 from plasmient_trace.arrow_memory import use_offline_pool
 from plasmient_trace.export import otlp_json
+from plasmient_trace.export.page_cache import DropBehindFile
 from plasmient_trace.pipeline import IngestOptions, stream_records
 from plasmient_trace.records import RecordSet
 from plasmient_trace.sources.kineto import read_kineto
@@ -83,7 +84,8 @@ def _stream_to(stream, out: Path | None, cpu: list[float] | None = None) -> tupl
     (stitch seconds, write seconds). ``cpu`` gets [stitch CPU seconds, write CPU seconds] of the process,
     each clocked around its own calls."""
     stitch_s = write_s = stitch_cpu = write_cpu = write_sys = 0.0
-    f = open(out, "wb", buffering=1 << 20) if out is not None else None  # noqa: SIM115 - optional file
+    # the file as `plasmient ingest` writes it: its pages leave the page cache two windows behind the end
+    f = DropBehindFile(open(out, "wb", buffering=1 << 20)) if out is not None else None  # noqa: SIM115 - optional file
     try:
         parts = iter(stream.parts)
         while True:

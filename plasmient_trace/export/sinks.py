@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from plasmient_trace.conventions import SpanBatch
+from plasmient_trace.export.page_cache import DropBehind, DropBehindFile, regular_fd
 from plasmient_trace.export.spill import append_lines
 
 __all__ = [
@@ -78,7 +79,8 @@ class FileSink:
     a rename would put a regular file where the device node was. A symlink is followed: the file it
     names is replaced, not the link. Either way the
     lines are written as they are encoded: the export holds one trace's line (live) or one ~1 MiB part
-    (ingest) at a time, never the file."""
+    (ingest) at a time, never the file, and a regular file's pages leave the page cache two windows
+    behind its end (:mod:`.page_cache`)."""
 
     def __init__(self, path: str | os.PathLike[str], append: bool) -> None:
         self.path = Path(path)
@@ -87,6 +89,7 @@ class FileSink:
         self.lines = 0
         self._tmp: Path | None = None  # the file being written (ingest), set with _file; None: in place
         self._file: Any = None
+        self._appended = DropBehind()  # live: the appended file leaves the page cache as it grows
 
     def write(self, batch: SpanBatch) -> None:
         from plasmient_trace.export.otlp_json import encode_jsonl_lines, write_jsonl
@@ -101,6 +104,9 @@ class FileSink:
                     for line in encode_jsonl_lines(batch):
                         append_lines(fd, (line,))
                         self.lines += 1
+                    if regular_fd(fd) is not None:
+                        # the file's end, whoever appended it (ranks sharing the file included)
+                        self._appended.advance(fd, os.fstat(fd).st_size)
                 finally:
                     os.close(fd)
                 return
@@ -153,7 +159,8 @@ class FileSink:
             self._tmp, self._file = None, open(self.path, "wb", buffering=1 << 20)
         else:
             fd, tmp = mkstemp_beside(Path(os.path.realpath(self.path)))
-            self._tmp, self._file = Path(tmp), os.fdopen(fd, "wb", buffering=1 << 20)
+            # a large output leaves the page cache as it goes (it is fsynced at the end all the same)
+            self._tmp, self._file = Path(tmp), DropBehindFile(os.fdopen(fd, "wb", buffering=1 << 20))
 
 
 def _is_special(path: Path) -> bool:
