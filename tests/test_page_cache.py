@@ -112,7 +112,11 @@ def test_an_ingest_writes_the_same_bytes_with_and_without_drop_behind(tmp_path, 
     ends = [o + n for o, n in started]
     assert started[0][0] == 0 and [o for o, _ in started[1:]] == ends[:-1]
     assert all(n >= 3 * MiB for _, n in started) and len(plain) - ends[-1] < 3 * MiB
-    assert waited == started[:-1]
+    # waited for and dropped one window later, up to the last whole page of each window: every byte but the
+    # last window's, once
+    page = mmap.PAGESIZE
+    assert [o for o, _ in waited] == [0] + [e - e % page for e in ends[:len(waited) - 1]]
+    assert [o + n for o, n in waited] == [e - e % page for e in ends[:-1]]
 
 
 def test_a_file_system_that_refuses_gets_plain_writes(tmp_path, monkeypatch):
@@ -145,3 +149,29 @@ def test_what_is_not_a_regular_file_passes_through():
         assert os.read(r, 16) == b"abcdefgh"
     finally:
         os.close(r)
+
+
+def test_the_live_file_leaves_the_cache_behind_its_end_as_steps_are_appended(tmp_path, monkeypatch):
+    if not _cache_drops_pages(tmp_path):
+        pytest.skip("this file system keeps written pages in the cache whatever they are advised")
+    from plasmient_trace.export.otlp_json import write_jsonl
+    from plasmient_trace.export.sinks import FileSink
+    from plasmient_trace.pipeline import IngestOptions, stream_records
+    from plasmient_trace.sources.kineto import read_kineto
+
+    monkeypatch.setattr(page_cache, "WINDOW_BYTES", 2 * MiB)
+    records = read_kineto(trace_path("a100/cuda_graphs_rank0_of16.json.gz"))
+    live = FileSink(tmp_path / "live.jsonl", append=True)
+    expected = tmp_path / "expected.jsonl"
+    with open(expected, "wb") as f:
+        for part in stream_records([records], IngestOptions(job_id="live-append", chunk_rows=1)).parts:
+            live.write(part)  # one batch per step, each line one O_APPEND write
+            write_jsonl(part, f)
+    resident = _resident_pages(tmp_path / "live.jsonl")  # before reading it back, which caches it again
+    size = (tmp_path / "live.jsonl").stat().st_size
+    assert size > 20 * 2 * MiB
+    # a batch is a whole step here (about 15 MB), so the file advances a batch at a time: all but the last
+    # two batches (at most 2 x 17 MB) are dropped
+    behind = (size - 34 * MiB) // mmap.PAGESIZE
+    assert behind > 0 and not any(resident[:behind])
+    assert (tmp_path / "live.jsonl").read_bytes() == expected.read_bytes()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import mmap
 import os
 import stat
 from typing import Any, BinaryIO
@@ -27,6 +28,7 @@ __all__ = ["WINDOW_BYTES", "DropBehind", "DropBehindFile", "regular_fd"]
 WINDOW_BYTES = 64 << 20
 
 _SYNC_WAIT_BEFORE, _SYNC_WRITE, _SYNC_WAIT_AFTER = 1, 2, 4
+_PAGE = mmap.PAGESIZE
 
 
 def _load_sync_file_range() -> Any:
@@ -59,18 +61,20 @@ class DropBehind:
     def __init__(self, start: int = 0, window: int | None = None) -> None:
         self.window = max(int(WINDOW_BYTES if window is None else window), 1)
         self.queued = start    # writeback started up to here
-        self.dropped = start   # dropped from the cache up to here
+        self.dropped = start - start % _PAGE   # dropped from the cache up to here (a page boundary)
         self.refused = _sync_file_range is None
 
     def advance(self, fd: int, end: int) -> None:
         if self.refused or end - self.queued < self.window:
             return
         try:
-            if self.queued > self.dropped:
-                _sync_range(fd, self.dropped, self.queued - self.dropped,
-                            _SYNC_WAIT_BEFORE | _SYNC_WRITE | _SYNC_WAIT_AFTER)
-                os.posix_fadvise(fd, self.dropped, self.queued - self.dropped, os.POSIX_FADV_DONTNEED)
-                self.dropped = self.queued
+            # up to the last whole page: the kernel drops only pages wholly in the range, so the page the
+            # window ends in is dropped with the next one
+            upto = self.queued - self.queued % _PAGE
+            if upto > self.dropped:
+                _sync_range(fd, self.dropped, upto - self.dropped, _SYNC_WAIT_BEFORE | _SYNC_WRITE | _SYNC_WAIT_AFTER)
+                os.posix_fadvise(fd, self.dropped, upto - self.dropped, os.POSIX_FADV_DONTNEED)
+                self.dropped = upto
             _sync_range(fd, self.queued, end - self.queued, _SYNC_WRITE)
             self.queued = end
         except OSError:
