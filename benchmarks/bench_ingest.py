@@ -80,9 +80,9 @@ def _time_plasmient(path: Path, out: Path) -> tuple[float, float, float]:
 
 
 def _stream_to(stream, out: Path | None, cpu: list[float] | None = None) -> tuple[float, float]:
-    """Stitch the stream's parts and write each as JSON lines (none with out=None), letting each go:
-    (stitch seconds, write seconds). ``cpu`` gets [stitch CPU seconds, write CPU seconds] of the process,
-    each clocked around its own calls."""
+    """Stitch the stream's parts and write each as JSON lines (none with out=None), letting each go, then
+    sync the file, as `plasmient ingest` does: (stitch seconds, write seconds). ``cpu`` gets [stitch CPU
+    seconds, write CPU seconds, write system seconds] of the process, each clocked around its own calls."""
     stitch_s = write_s = stitch_cpu = write_cpu = write_sys = 0.0
     # the file as `plasmient ingest` writes it: its pages leave the page cache two windows behind the end
     f = DropBehindFile(open(out, "wb", buffering=1 << 20)) if out is not None else None  # noqa: SIM115 - optional file
@@ -94,6 +94,15 @@ def _stream_to(stream, out: Path | None, cpu: list[float] | None = None) -> tupl
             stitch_s += time.perf_counter() - t
             stitch_cpu += time.process_time() - c
             if part is None:
+                if f is not None:
+                    # the file synced, as `plasmient ingest` syncs it before renaming it into place: the kernel's
+                    # writeback of what was written is part of writing it
+                    c, t, k = time.process_time(), time.perf_counter(), os.times().system
+                    f.flush()
+                    os.fsync(f.fileno())
+                    write_s += time.perf_counter() - t
+                    write_cpu += time.process_time() - c
+                    write_sys += os.times().system - k
                 break
             if f is not None:
                 c, t, k = time.process_time(), time.perf_counter(), os.times().system
