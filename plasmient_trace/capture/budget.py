@@ -12,8 +12,8 @@ carried FLOPs come from, and ``PLASMIENT_MAX_SIGNATURES`` bounds them).
 The cost of a sample is measured by the background thread: its CPU time per batch over the full-depth
 steps in the batch (the step-depth steps' share included, so the estimate errs high). Before the first
 measurement, samples run, so a run shorter than the first batch still shows its periodic full steps.
-From then on the bucket alone decides: samples let through regardless of it (``free_samples``, none by
-default) would be background work beyond the share the user set.
+From then on the bucket alone decides: a sample let through regardless of it would be background work
+beyond the share the user set.
 """
 
 from __future__ import annotations
@@ -27,12 +27,11 @@ _SMOOTHING = 0.3          # weight of the newest measurement in the running cost
 class FullDepthBudget:
     """Token bucket of background seconds for sampled full-depth steps (``fraction`` None: no limit)."""
 
-    def __init__(self, fraction: float | None, free_samples: int = 0) -> None:
+    def __init__(self, fraction: float | None) -> None:
         self.fraction = fraction if fraction and fraction > 0 else None
         self.cost_s: float | None = None   # running estimate of one full-depth step's background CPU
         self._tokens = 0.0
         self._last_ns: int | None = None
-        self._free = free_samples
         self._lock = threading.Lock()
 
     def allow(self, now_ns: int) -> bool:
@@ -44,8 +43,7 @@ class FullDepthBudget:
                 self._tokens += self.fraction * max(now_ns - self._last_ns, 0) / 1e9
             self._last_ns = now_ns
             cost = self.cost_s
-            if self._free > 0 or cost is None:
-                self._free = max(self._free - 1, 0)
+            if cost is None:
                 return True
             # the bucket holds at most a few samples' worth: budget saved in a quiet hour is not spent at once
             self._tokens = min(self._tokens, 3 * cost)
