@@ -23,7 +23,7 @@ import os
 import stat
 from typing import Any, BinaryIO
 
-__all__ = ["WINDOW_BYTES", "DropBehind", "DropBehindFile", "regular_fd"]
+__all__ = ["WINDOW_BYTES", "DropBehind", "DropBehindFile"]
 
 WINDOW_BYTES = 64 << 20
 
@@ -81,12 +81,10 @@ class DropBehind:
             self.refused = True  # this file system refuses: plain writes from here on
 
 
-def regular_fd(f: Any) -> int | None:
-    """The file's descriptor if it is a regular file that drop-behind can work on, else None."""
-    if _sync_file_range is None:
-        return None
+def _regular_fd(f: BinaryIO) -> int | None:
+    """The file's descriptor if it is a regular file (not a pipe, a device or an in-memory file), else None."""
     try:
-        fd = f if isinstance(f, int) else f.fileno()
+        fd = f.fileno()
         return fd if stat.S_ISREG(os.fstat(fd).st_mode) else None
     except (AttributeError, OSError, ValueError):
         return None
@@ -101,7 +99,7 @@ class DropBehindFile:
 
     def __init__(self, f: BinaryIO, window: int | None = None) -> None:
         self._f = f
-        self._fd = regular_fd(f)  # None: writes pass through
+        self._fd = _regular_fd(f)  # None: writes pass through (as they do where the state is refused)
         self._end = f.tell() if self._fd is not None else 0  # bytes handed to the file so far
         self._state = DropBehind(self._end, window)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from plasmient_trace.conventions import SpanBatch
-from plasmient_trace.export.page_cache import DropBehind, DropBehindFile, regular_fd
+from plasmient_trace.export.page_cache import DropBehind, DropBehindFile
 from plasmient_trace.export.spill import append_lines
 
 __all__ = [
@@ -104,9 +104,10 @@ class FileSink:
                     for line in encode_jsonl_lines(batch):
                         append_lines(fd, (line,))
                         self.lines += 1
-                    if regular_fd(fd) is not None:
+                    st = os.fstat(fd)
+                    if stat.S_ISREG(st.st_mode):
                         # the file's end, whoever appended it (ranks sharing the file included)
-                        self._appended.advance(fd, os.fstat(fd).st_size)
+                        self._appended.advance(fd, st.st_size)
                 finally:
                     os.close(fd)
                 return
