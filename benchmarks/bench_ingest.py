@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -83,7 +84,16 @@ def _stream_to(stream, out: Path | None, cpu: list[float] | None = None) -> tupl
     """Stitch the stream's parts and write each as JSON lines (none with out=None), letting each go, then
     sync the file, as `plasmient ingest` does: (stitch seconds, write seconds). ``cpu`` gets [stitch CPU
     seconds, write CPU seconds, write system seconds] of the process, each clocked around its own calls."""
-    stitch_s = write_s = stitch_cpu = write_cpu = write_sys = 0.0
+    stitch_s = stitch_cpu = 0.0
+    written = [0.0, 0.0, 0.0]  # wall, CPU and system seconds of the file's writes, its sync included
+
+    def clocked(write: Callable[[], object]) -> None:
+        c, t, k = time.process_time(), time.perf_counter(), os.times().system
+        write()
+        written[0] += time.perf_counter() - t
+        written[1] += time.process_time() - c
+        written[2] += os.times().system - k  # the kernel's side of the file writes
+
     # the file as `plasmient ingest` writes it: its pages leave the page cache two windows behind the end
     f = DropBehindFile(open(out, "wb", buffering=1 << 20)) if out is not None else None  # noqa: SIM115 - optional file
     try:
@@ -94,29 +104,20 @@ def _stream_to(stream, out: Path | None, cpu: list[float] | None = None) -> tupl
             stitch_s += time.perf_counter() - t
             stitch_cpu += time.process_time() - c
             if part is None:
-                if f is not None:
-                    # the file synced, as `plasmient ingest` syncs it before renaming it into place: the kernel's
-                    # writeback of what was written is part of writing it
-                    c, t, k = time.process_time(), time.perf_counter(), os.times().system
-                    f.flush()
-                    os.fsync(f.fileno())
-                    write_s += time.perf_counter() - t
-                    write_cpu += time.process_time() - c
-                    write_sys += os.times().system - k
                 break
             if f is not None:
-                c, t, k = time.process_time(), time.perf_counter(), os.times().system
-                otlp_json.write_jsonl(part, f)
-                write_s += time.perf_counter() - t
-                write_cpu += time.process_time() - c
-                write_sys += os.times().system - k  # the kernel's side of the file writes
+                clocked(lambda: otlp_json.write_jsonl(part, f))  # noqa: B023 - called at once, in this iteration
             del part
+        if f is not None:
+            # synced, as `plasmient ingest` syncs its file before renaming it into place: the kernel's writeback
+            # of what was written is part of writing it
+            clocked(lambda: (f.flush(), os.fsync(f.fileno())))
     finally:
         if f is not None:
             f.close()
     if cpu is not None:
-        cpu[:] = [stitch_cpu, write_cpu, write_sys]
-    return stitch_s, write_s
+        cpu[:] = [stitch_cpu, written[1], written[2]]
+    return stitch_s, written[0]
 
 
 def _vm_mib(field: str) -> float:
