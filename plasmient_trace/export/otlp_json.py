@@ -77,7 +77,7 @@ PART_BYTES = 1 << 20
 # A file write's parts are smaller for a small batch: the bytes in flight (the part being laid out, the
 # writer's queue) sit beside the batch's own span table, so they stay a small share of the peak (on a
 # 25 MB trace, 1 MiB parts held 6 MiB more at the peak); a large batch keeps 1 MiB parts, whose per-part
-# overhead is then negligible (256 KiB parts throughout cost about 5% more encoding CPU at 10^5 kernels).
+# overhead is then negligible (256 KiB parts throughout cost 5-7% more encoding CPU at 10^5 kernels).
 MIN_PART_BYTES = 256 << 10
 # Spans prepared per pass (value texts, slots, piece order): bounds the transient memory of the
 # export whatever the file size; the per-pass overhead is a few numpy calls per attribute column.
