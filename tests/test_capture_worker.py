@@ -5,6 +5,7 @@ in order, a flush hands over what is queued now, a failing batch does not stop t
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 from plasmient_trace.capture import config as capture_config
@@ -85,3 +86,34 @@ def test_a_failing_batch_is_reported_once_and_later_batches_still_go(capsys, mon
     assert handled == [1]
     err = capsys.readouterr().err
     assert err.count("a step could not be traced (ValueError: bad records); later steps continue") == 1
+
+
+class _CountingEvent(threading.Event):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sets = 0
+
+    def set(self) -> None:
+        self.sets += 1
+        super().set()
+
+
+def test_step_depth_steps_wake_the_thread_once_a_quarter_of_the_queue_waits():
+    """Each wake is a GIL hand-off the training thread pays for. Step-depth steps wake the batching thread
+    only once a quarter of the queue waits (it moves them into its batch, so 40 steps pass a queue of 16
+    within one interval, none dropped); a full-depth step wakes it at once (it counts against
+    max_batch_full_steps). Every step before the flush is in its one batch, in order."""
+    batches: list[list[int]] = []
+    worker = StepWorker(CaptureConfig(queue_steps=16, export_interval_s=600.0, environ={}),
+                        lambda items: batches.append([s.step for s in items]))
+    worker._arrived = wakes = _CountingEvent()
+    worker.start()
+    for i in range(40):
+        assert worker.offer(Step(i))
+        time.sleep(0.02)  # a training step's worth: the thread takes what woke it before the next step
+    assert 5 <= wakes.sets <= 40 // 4 + 4  # was one a step
+    before = wakes.sets
+    assert worker.offer(Step(40, full=True))
+    assert wakes.sets == before + 1
+    assert worker.flush(30)
+    assert batches == [list(range(41))]

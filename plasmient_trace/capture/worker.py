@@ -41,7 +41,8 @@ class StepWorker:
         self._handle = handle
         self._queue: queue.Queue = queue.Queue(maxsize=config.queue_steps)
         self._flush_now = threading.Event()
-        self._arrived = threading.Event()  # a step was queued, or a flush asked for the batch now
+        self._arrived = threading.Event()  # steps to take now, or a flush asked for the batch now
+        self._wake_at = max(1, min(config.max_batch_steps, config.queue_steps // 4))
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -54,7 +55,12 @@ class StepWorker:
             self._queue.put_nowait(step)
         except queue.Full:
             return False
-        self._arrived.set()
+        # Waking the thread for every step costs the training thread a GIL hand-off a step. It is woken by
+        # a full-depth step (counted against max_batch_full_steps) and by a quarter of the queue waiting,
+        # which it moves into its batch (the queue stays far from full and from the backlog at which
+        # full-depth steps are put off); otherwise it takes what waits at its interval's end.
+        if getattr(step, "full", True) or self._queue.qsize() >= self._wake_at:
+            self._arrived.set()
         return True
 
     def backlog(self) -> int:
@@ -102,16 +108,15 @@ class StepWorker:
             # the batch's fixed cost; full-depth ones (every op) are bounded apart, for memory.
             full = int(item.full)
             while len(items) < self.config.max_batch_steps and full < self.config.max_batch_full_steps:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._arrived.clear()  # before looking, so a step or flush after the look still wakes us
                 try:
-                    nxt = self._queue.get_nowait()
+                    nxt = self._queue.get_nowait()  # what is queued goes in, the interval's end included
                 except queue.Empty:
-                    if self._flush_now.is_set():
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or self._flush_now.is_set():
                         break  # a flush takes what is queued now, in one batch
-                    self._arrived.wait(remaining)
+                    self._arrived.clear()
+                    if self._queue.empty():  # looked again after clearing: a wake since the look still counts
+                        self._arrived.wait(remaining)
                     continue
                 if nxt is None:
                     self._queue.task_done()
