@@ -80,6 +80,13 @@ class DropBehind:
         except OSError:
             self.refused = True  # this file system refuses: plain writes from here on
 
+    def follow(self, fd: int) -> None:
+        """``advance`` to the file's end as it is now, whoever wrote it (processes appending to one file
+        included); nothing for what is not a regular file."""
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):
+            self.advance(fd, st.st_size)
+
 
 def _regular_fd(f: BinaryIO) -> int | None:
     """The file's descriptor if it is a regular file (not a pipe, a device or an in-memory file), else None."""

@@ -104,10 +104,7 @@ class FileSink:
                     for line in encode_jsonl_lines(batch):
                         append_lines(fd, (line,))
                         self.lines += 1
-                    st = os.fstat(fd)
-                    if stat.S_ISREG(st.st_mode):
-                        # the file's end, whoever appended it (ranks sharing the file included)
-                        self._appended.advance(fd, st.st_size)
+                    self._appended.follow(fd)
                 finally:
                     os.close(fd)
                 return
