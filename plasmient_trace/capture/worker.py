@@ -59,7 +59,7 @@ class StepWorker:
         # a full-depth step (counted against max_batch_full_steps) and by a quarter of the queue waiting,
         # which it moves into its batch (the queue stays far from full and from the backlog at which
         # full-depth steps are put off); otherwise it takes what waits at its interval's end.
-        if getattr(step, "full", True) or self._queue.qsize() >= self._wake_at:
+        if step.full or self._queue.qsize() >= self._wake_at:
             self._arrived.set()
         return True
 
