@@ -46,7 +46,7 @@ def record_set(session: CaptureSession, items: list[StepCapture]) -> RecordSet:
         "step": [c.step for c in items], "start_ns": [c.start_ns for c in items],
         "end_ns": [c.end_ns for c in items], "name": [c.name for c in items]})
     # One table per run of steps from the same recorder, not one per step: a table of a chunk per step
-    # makes every later take and cast of the stitch resolve chunks (a full-depth batch holds up to 64
+    # makes every later take and cast of the stitch resolve chunks (a full-depth batch holds up to 32
     # steps). Runs keep the steps' order where the recorder changed mid-batch (auto: dispatch, then native).
     recorded = [c for c in items if c.ops is not None]
     ops = [recorder.table([c.ops for c in run], session._pid, session._epoch)

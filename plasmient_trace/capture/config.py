@@ -128,7 +128,7 @@ class CaptureConfig:
                             ready), native (build it now, before the first step), dispatch (the
                             Python TorchDispatchMode only)
     PLASMIENT_EXPORT_INTERVAL_S  how long finished steps are batched before one stitch+export (2 s; a
-                            batch also closes at 256 steps or 64 full-depth ones)
+                            batch also closes at 256 steps or 32 full-depth ones)
     PLASMIENT_FLUSH_TIMEOUT_S    the most the job waits at exit (or SIGTERM) for queued steps (5 s)
     PLASMIENT_SPILL_DIR     where spans wait while the collector is down (default plasmient-spill/
                             beside PLASMIENT_OUT, else in the working directory); PLASMIENT_SPILL_MAX_MB
@@ -159,7 +159,10 @@ class CaptureConfig:
     flush_timeout_s: float = 5.0
     export_interval_s: float = 2.0
     max_batch_steps: int = 256       # steps stitched and exported together, at most (export_interval_s first)
-    max_batch_full_steps: int = 64   # of which at full depth
+    # of which at full depth: a batch of 64 tiny-transformer steps (92k spans) cost the training loop more
+    # than two of 32 (its tables and text, first touched and streamed through the cache the training
+    # shares), and 16 or fewer pay the batch's fixed cost too often
+    max_batch_full_steps: int = 32
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
     @classmethod
