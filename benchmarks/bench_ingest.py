@@ -53,6 +53,7 @@ from plasmient_trace.pipeline import IngestOptions, stream_records
 from plasmient_trace.records import RecordSet
 from plasmient_trace.sources.kineto import read_kineto
 from plasmient_trace.sources.parallel import default_workers, read_many
+from proc_status import vm_mib
 
 
 def peak_rss_mb() -> float:
@@ -120,25 +121,15 @@ def _stream_to(stream, out: Path | None, cpu: list[float] | None = None) -> tupl
     return stitch_s, written[0]
 
 
-def _vm_mib(field: str) -> float:
-    """VmRSS / VmHWM of this process in MiB. VmHWM (not ru_maxrss, which a child inherits from the
-    parent across fork + exec) is this process's own peak."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
-
-
 def _rss_child(path: Path) -> None:
     """Child mode: peak RSS above the post-import RSS, after the read, after the stitch and after the
     JSONL export (MiB). Conservative: a transient peak during the imports would count too."""
-    before = _vm_mib("VmRSS")
+    before = vm_mib("VmRSS")
     records = read_kineto(path)
-    read_peak = _vm_mib("VmHWM") - before
+    read_peak = vm_mib("VmHWM") - before
     with tempfile.TemporaryDirectory() as tmp:
         _stream_to(stream_records([records], IngestOptions(job_id="bench")), Path(tmp) / "out.jsonl")
-    print(json.dumps({"read_mb": read_peak, "total_mb": _vm_mib("VmHWM") - before}))
+    print(json.dumps({"read_mb": read_peak, "total_mb": vm_mib("VmHWM") - before}))
 
 
 def bench_files(count: int, rounds: int, out_dir: Path) -> None:
@@ -225,7 +216,7 @@ def _scale_child(base_name: str, kernels: int, rounds: int, encode: bool) -> Non
     copies = -(-kernels // base.kernels.num_rows)
     records = replicate(base, copies)
     del base
-    rss_records = _vm_mib("VmRSS")
+    rss_records = vm_mib("VmRSS")
     times, cpu, enc_cpu, enc_sys = [], [], [], []
     stream = None
     with tempfile.TemporaryDirectory() as tmp:
@@ -247,7 +238,7 @@ def _scale_child(base_name: str, kernels: int, rounds: int, encode: bool) -> Non
               "stitch_cpu_s": statistics.median(cpu), "rss_records_mb": rss_records}
     if encode:
         result.update(encode_cpu_s=statistics.median(enc_cpu), encode_sys_s=statistics.median(enc_sys), jsonl_mb=jsonl_mb)
-    result["rss_peak_mb"] = _vm_mib("VmHWM")
+    result["rss_peak_mb"] = vm_mib("VmHWM")
     print(json.dumps(result))
 
 

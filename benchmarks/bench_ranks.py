@@ -34,13 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-
-def _vmhwm_kib() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return 0
+from proc_status import vm_kib  # noqa: E402
 
 
 def trace_hash(result) -> str:
@@ -74,12 +68,12 @@ def child(config: str, trace_dir: Path) -> dict:
         options.ray = ""
     else:
         options.workers = int(config)
-    before = _vmhwm_kib()
+    before = vm_kib("VmHWM") or 0
     t, cpu = time.perf_counter(), time.process_time()
     result = ingest_paths(paths, options)
     wall, cpu = time.perf_counter() - t, time.process_time() - cpu
     out = {"config": config, "wall_s": wall, "parent_cpu_s": cpu, "worker_cpu_s": result.stats.get("worker_cpu_s", 0.0), "engine_start_s": engine_start_s, "ranks": len(paths),
-           "spans": len(result.batch), "parent_hwm_kib": _vmhwm_kib(), "parent_hwm_before_kib": before,
+           "spans": len(result.batch), "parent_hwm_kib": vm_kib("VmHWM") or 0, "parent_hwm_before_kib": before,
            "worker_hwm_kib": sorted(result.stats.get("worker_peak_rss_kib", {}).values()),
            "hash": trace_hash(result)}
     if config == "ray":

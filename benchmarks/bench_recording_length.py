@@ -31,15 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from proc_status import vm_mib
+
 CONFIGS = ("plain", "full", "profiler", "profiler-noshapes")
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def run_one(config: str, blocks: int, block: int, threads: int) -> dict:
@@ -73,7 +67,7 @@ def run_one(config: str, blocks: int, block: int, threads: int) -> dict:
         for _ in range(block):
             tiny.train_step(model, opt, data)
         ms.append((time.perf_counter() - t) / block * 1e3)
-        rss.append(_rss_mib())
+        rss.append(vm_mib("VmRSS"))
     result = {"config": config, "ms": ms, "rss_mib": rss}
     if session is not None:
         t = time.perf_counter()
