@@ -20,7 +20,7 @@ from plasmient_trace.cli import main
 from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.export import otlp
 from plasmient_trace.export.delivery import Delivery
-from plasmient_trace.export.sinks import FileSink, OtlpSink
+from plasmient_trace.export.sinks import FileSink, OtlpSink, OutputError
 from plasmient_trace.export.otlp import ExportError, OtlpConfig, send_spans
 from plasmient_trace.export.otlp_json import read_jsonl
 from plasmient_trace.export.spill import SpillDir
@@ -342,6 +342,25 @@ def test_ingest_below_a_file_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "is not a directory" in err[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]
+
+
+def test_ingest_folders_below_a_file_name_the_file_in_one_line(tmp_path: Path, capsys) -> None:
+    (tmp_path / "plain").write_text("not a folder")
+    code = main(["ingest", str(trace_path(TRACE)), "--quiet", "--out", str(tmp_path / "plain" / "runs" / "t.jsonl")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"{tmp_path / 'plain'} is not a directory" in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]
+
+
+@pytest.mark.parametrize("below", [("t.jsonl",), ("runs", "t.jsonl")])
+def test_live_file_below_a_file_says_which_path_is_not_a_folder(tmp_path: Path, below: tuple[str, ...]) -> None:
+    # mkdir under a regular file fails with "File exists" or "Not a directory": neither says what to fix
+    (tmp_path / "plain").write_text("not a folder")
+    out = tmp_path.joinpath("plain", *below)
+    with pytest.raises(OutputError) as failed:
+        FileSink(out, append=True).write(small_batch())
+    assert str(failed.value) == f"{out}: {tmp_path / 'plain'} is not a directory"
+    assert (tmp_path / "plain").read_text() == "not a folder"
 
 
 def test_the_output_file_has_the_mode_any_new_file_gets(tmp_path: Path) -> None:

@@ -57,13 +57,26 @@ def check_output_path(path: str | os.PathLike[str]) -> None:
     p = Path(path)
     if p.is_dir():
         raise OutputError(f"{p}: is a directory, not a file")
+    # the folders that do not exist yet are created: what decides is the nearest one that does
     parent = p.parent if str(p.parent) else Path(".")
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
     if parent.exists() and not parent.is_dir():
         raise OutputError(f"{p}: {parent} is not a directory")
     if parent.exists() and not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f"{p}: cannot write in {parent} (permission denied)")
     if p.exists() and not os.access(p, os.W_OK):
         raise OutputError(f"{p}: permission denied")
+
+
+def output_problem(path: Path, err: OSError) -> str:
+    """One line for a failed write to ``path``: what :func:`check_output_path` finds wrong with the path
+    (mkdir under a regular file says only "File exists"), else the system's words."""
+    try:
+        check_output_path(path)
+    except OutputError as found:
+        return str(found)
+    return f"{path}: {os_problem(err)}"
 
 
 def os_problem(err: OSError) -> str:
@@ -113,7 +126,7 @@ class FileSink:
             self.lines += write_jsonl(batch, self._file)
         except OSError as err:
             self.close(commit=False)
-            raise OutputError(f"{self.path}: {os_problem(err)}") from None
+            raise OutputError(output_problem(self.path, err)) from None
 
     def close(self, commit: bool = True) -> None:
         """Ingest: move the written file into place (commit) or remove it. Nothing written: nothing to do,
@@ -149,7 +162,7 @@ class FileSink:
                 if tmp is not None:
                     tmp.unlink(missing_ok=True)  # gone already once moved into place
         except OSError as err:
-            raise OutputError(f"{self.path}: {os_problem(err)}") from None
+            raise OutputError(output_problem(self.path, err)) from None
 
 
     def _open(self) -> None:
