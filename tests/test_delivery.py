@@ -20,7 +20,7 @@ from plasmient_trace.cli import main
 from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.export import otlp
 from plasmient_trace.export.delivery import Delivery
-from plasmient_trace.export.sinks import FileSink, OtlpSink, OutputError
+from plasmient_trace.export.sinks import FileSink, OtlpSink, OutputError, write_output_file
 from plasmient_trace.export.otlp import ExportError, OtlpConfig, send_spans
 from plasmient_trace.export.otlp_json import read_jsonl
 from plasmient_trace.export.spill import SpillDir
@@ -361,6 +361,22 @@ def test_live_file_below_a_file_says_which_path_is_not_a_folder(tmp_path: Path, 
         FileSink(out, append=True).write(small_batch())
     assert str(failed.value) == f"{out}: {tmp_path / 'plain'} is not a directory"
     assert (tmp_path / "plain").read_text() == "not a folder"
+
+
+def test_a_whole_file_output_that_fails_mid_write_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> None:
+    out = tmp_path / "report.html"
+    out.write_text("the previous report")
+
+    def half_then_disk_full(f) -> None:
+        f.write(b"<html>half a page")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with pytest.raises(OutputError) as failed:
+        write_output_file(out, half_then_disk_full)
+    assert str(failed.value) == f"{out}: {os.strerror(errno.ENOSPC)}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"] and out.read_text() == "the previous report"
+    write_output_file(out, lambda f: f.write(b"the new report"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"] and out.read_text() == "the new report"
 
 
 def test_the_output_file_has_the_mode_any_new_file_gets(tmp_path: Path) -> None:

@@ -294,10 +294,18 @@ def test_bad_inputs_exit_2_with_one_line(spans_dir: Path, tmp_path: Path, capsys
             err = capsys.readouterr().err.strip().splitlines()
             assert rc == 2, what
             assert len(err) == 1 and str(bad) in err[0] and "Traceback" not in err[0], (what, err)
-    # an output that cannot be written is bad input too
-    rc = main(["diff", str(good), str(good), "--quiet", "--json", str(tmp_path / "no" / "such" / "dir.json")])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and "dir.json" in err[0]
+    # an output that cannot be written is bad input too, said before any table is drawn
+    (tmp_path / "plain").write_text("a file, not a folder")
+    for flag in ("--json", "--parquet", "--html"):
+        out = tmp_path / "plain" / "diff.out"
+        rc = main(["diff", str(good), str(good), flag, str(out)])
+        captured = capsys.readouterr()
+        err = captured.err.strip().splitlines()
+        assert rc == 2 and err == [f"plasmient diff: error: {out}: {tmp_path / 'plain'} is not a directory"], (flag, err)
+        assert captured.out == "", flag
+    # folders that do not exist yet are made, as for every other output
+    rc = main(["diff", str(good), str(good), "--quiet", "--json", str(tmp_path / "new" / "dir" / "diff.json")])
+    assert rc == 0 and json.loads((tmp_path / "new" / "dir" / "diff.json").read_text())["totals"]
 
 
 # ---- the HTML section ----------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import re
+from pathlib import Path
 
 import pytest
 
@@ -64,3 +65,26 @@ def test_good_file_still_reports(good_jsonl, tmp_path, capsys):
     path.write_bytes(good_jsonl)
     assert main(["report", str(path), "--html", str(tmp_path / "r.html"), "--quiet"]) == 0
     assert (tmp_path / "r.html").stat().st_size > 0
+
+
+@pytest.mark.parametrize("where", ["a folder", "below a file", "a full device"])
+def test_a_page_that_cannot_be_written_is_one_line_and_exit_2(where, good_jsonl, tmp_path, capsys):
+    path = tmp_path / "spans.jsonl"
+    path.write_bytes(good_jsonl)
+    (tmp_path / "plain").write_text("a file, not a folder")
+    page, expected = {
+        "a folder": (tmp_path, f"{tmp_path}: is a directory, not a file"),
+        "below a file": (tmp_path / "plain" / "r.html", f"{tmp_path / 'plain' / 'r.html'}: {tmp_path / 'plain'} is not a directory"),
+        "a full device": (Path("/dev/full"), "/dev/full: No space left on device"),
+    }[where]
+    if not page.exists() and where == "a full device":
+        pytest.skip("no /dev/full here")
+    code = main(["report", str(path), "--html", str(page)])
+    captured = capsys.readouterr()
+    assert code == 2
+    # a path found wrong before the work is said before the summary is drawn; a failed write after it
+    err = captured.err.strip().splitlines()
+    assert err[-1] == f"plasmient report: error: {expected}" and "Traceback" not in captured.err
+    if where != "a full device":
+        assert len(err) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain", "spans.jsonl"]

@@ -1,7 +1,8 @@
 """The sinks a :class:`.delivery.Delivery` writes to: local ones (the OTLP/JSON lines file, written to a
 temporary file beside it and renamed at the end; stderr; Parquet; a callable) take a batch in the caller's
 thread, network ones (:class:`OtlpSink`, one persistent client per signal) export from the delivery thread
-and can be interrupted by its stop event."""
+and can be interrupted by its stop event. :func:`write_output_file` writes the outputs made whole at once
+(an HTML report, a diff's JSON or Parquet) the same way: beside the final name, then renamed."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.export.page_cache import DropBehind, DropBehindFile
@@ -30,6 +31,7 @@ __all__ = [
     "RemoteSink",
     "check_output_path",
     "chosen_sinks",
+    "write_output_file",
 ]
 
 
@@ -151,10 +153,7 @@ class FileSink:
                 if commit:
                     f.flush()
                     os.fsync(f.fileno())
-                    # mkstemp makes the file private (0600); the output gets the mode any new file would
-                    umask = os.umask(0)
-                    os.umask(umask)
-                    os.fchmod(f.fileno(), 0o666 & ~umask)
+                    _give_new_file_mode(f.fileno())
                     f.close()
                     os.replace(tmp, os.path.realpath(self.path))  # through a symlink: the file it names
             finally:
@@ -186,6 +185,43 @@ def _is_special(path: Path) -> bool:
 def mkstemp_beside(path: Path) -> tuple[int, str]:
     path.parent.mkdir(parents=True, exist_ok=True)
     return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+
+
+def _give_new_file_mode(fd: int) -> None:
+    # mkstemp makes the file private (0600); the output gets the mode any new file would
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
+
+
+def write_output_file(path: str | os.PathLike[str], write: Callable[[BinaryIO], Any]) -> Path:
+    """Write a whole output file (an HTML report, a JSON or Parquet table) with ``write(file)``: the path is
+    checked first, the bytes go to a temporary file beside it that is renamed into place, so a failure
+    leaves neither a partial file nor the temporary one. A device or FIFO is written in place. Every
+    failure is an :class:`OutputError` of one line."""
+    path = Path(path)
+    check_output_path(path)
+    tmp: Path | None = None
+    try:
+        if _is_special(path):
+            with open(path, "wb") as f:
+                write(f)
+            return path
+        fd, name = mkstemp_beside(path)
+        tmp = Path(name)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+            _give_new_file_mode(f.fileno())
+        os.replace(tmp, os.path.realpath(path))  # through a symlink: the file it names
+        tmp = None
+        return path
+    except OSError as err:
+        raise OutputError(output_problem(path, err)) from None
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
 
 
 class ConsoleSink:

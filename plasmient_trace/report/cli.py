@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from plasmient_trace.cli import _fraction, _positive_float, _positive_int
 from plasmient_trace.conventions import DEFAULT_BASELINE_MFU, SpanBatch
+from plasmient_trace.export.sinks import OutputError, check_output_path
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -105,8 +106,10 @@ def run_report(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     try:
+        if args.html:
+            check_output_path(args.html)  # before the reading and the summary, not after them
         batch = read_span_files(list(args.files))
-    except ReportInputError as exc:
+    except (ReportInputError, OutputError) as exc:
         # Plain print, not the rich console: rich wraps long lines, and this must stay one line.
         print(f"plasmient report: error: {exc}", file=sys.stderr)
         return 2
@@ -114,14 +117,12 @@ def run_report(args: argparse.Namespace) -> int:
         render_summary(batch, console=console, top=args.top)
     if args.html:
         title = args.title or "plasmient-trace: " + ", ".join(Path(f).name for f in args.files[:4]) + (" …" if len(args.files) > 4 else "")
-        out = write_report(
-            batch,
-            args.html,
-            title=title,
-            fleet_gpus=args.fleet_gpus,
-            price_per_gpu_hour=args.price_per_gpu_hour,
-            baseline_mfu=args.baseline_mfu,
-        )
+        try:
+            out = write_report(batch, args.html, title=title, fleet_gpus=args.fleet_gpus,
+                               price_per_gpu_hour=args.price_per_gpu_hour, baseline_mfu=args.baseline_mfu)
+        except OutputError as exc:
+            print(f"plasmient report: error: {exc}", file=sys.stderr)
+            return 2
         if not args.quiet:
             console.print(f"report: {out} ({out.stat().st_size / 1e6:.2f} MB, {len(batch)} spans)")
     return 0

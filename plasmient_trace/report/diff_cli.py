@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from plasmient_trace.conventions import SpanBatch
+from plasmient_trace.export.sinks import OutputError, check_output_path, write_output_file
 from plasmient_trace.report import diff as D
 from plasmient_trace.report.summary import _ellipsize, fmt_pct, fmt_seconds, fmt_usd
 
@@ -207,10 +208,13 @@ def run_diff(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     try:
+        for out in (args.json, args.parquet, args.html):
+            if out:
+                check_output_path(out)  # before the reading and the tables, not after them
         a = D.side_from_batch(load_side(args.a, args), args.a)
         batch_b = load_side(args.b, args)
         b = D.side_from_batch(batch_b, args.b)
-    except DiffInputError as err:
+    except (DiffInputError, OutputError) as err:
         print(f"plasmient diff: error: {err}", file=sys.stderr)  # plain print: rich would wrap the one line
         return D.EXIT_BAD_INPUT
     result = D.diff(a, b, per_step=args.per_step)
@@ -218,19 +222,21 @@ def run_diff(args: argparse.Namespace) -> int:
         render(result, Console(), max(args.top, 1))
     try:
         if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=1, allow_nan=False))
+            text = json.dumps(result, indent=1, allow_nan=False).encode()
+            write_output_file(args.json, lambda f: f.write(text))
         if args.parquet:
             import pyarrow.parquet as pq
 
-            pq.write_table(D.rows_table(result), args.parquet, compression="zstd")
+            rows = D.rows_table(result)
+            write_output_file(args.parquet, lambda f: pq.write_table(rows, f, compression="zstd"))
         if args.html:
             from plasmient_trace.report.html import write_report
 
             # B's own report, with the comparison as its first section
             write_report(batch_b, args.html, title=f"plasmient diff: {Path(args.a).name} → {Path(args.b).name}",
                          diff=result)
-    except OSError as err:
-        print(f"plasmient diff: error: cannot write {err.filename}: {err.strerror}", file=sys.stderr)
+    except OutputError as err:
+        print(f"plasmient diff: error: {err}", file=sys.stderr)
         return D.EXIT_BAD_INPUT
     status, line = gate(result, args.fail_if_mfu_drops)
     if line:

@@ -20,6 +20,7 @@ import numpy as np
 import orjson
 
 from plasmient_trace.conventions import BOUNDS, DEFAULT_BASELINE_MFU, SpanBatch
+from plasmient_trace.export.sinks import write_output_file
 from plasmient_trace.report.frame import SpanFrame, weighted_mean
 from plasmient_trace.report.html_views import (ICICLE_MAX_NODES, NAME_MAX, PAGE_LEVELS, ROOFLINE_MAX_POINTS, TIMELINE_BINS,
                                                TIMELINE_MAX_KERNELS, icicle_data, roofline_data, timeline_data)
@@ -179,10 +180,9 @@ def build_report(
 
 
 def write_report(batch: SpanBatch, path: str | Path, **kw: Any) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(build_report(batch, **kw), encoding="utf-8")
-    return path
+    """The report as one file at ``path``, whole or not at all (export.sinks.OutputError: one line)."""
+    page = build_report(batch, **kw).encode("utf-8")
+    return write_output_file(path, lambda f: f.write(page))
 
 
 _BODY = """\
