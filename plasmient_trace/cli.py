@@ -293,12 +293,16 @@ def _cmd_link(args: argparse.Namespace) -> int:
     from .export.links import jaeger_link, tempo_link
 
     trace = ids.trace_id(args.job_id, args.step).hex()
-    if args.jaeger:
-        print(jaeger_link(args.jaeger, trace))
-    elif args.tempo:
-        print(tempo_link(args.tempo, trace, datasource=args.tempo_datasource))
-    else:
-        print(trace)
+    try:
+        if args.jaeger:
+            print(jaeger_link(args.jaeger, trace))
+        elif args.tempo:
+            print(tempo_link(args.tempo, trace, datasource=args.tempo_datasource))
+        else:
+            print(trace)
+    except ValueError as err:  # a URL that is not http(s): said in one line, like any bad argument
+        print(f"plasmient link: error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

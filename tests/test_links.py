@@ -62,3 +62,11 @@ def test_cli_link_prints_the_tempo_link_of_the_step() -> None:
         capture_output=True, text=True, check=True, timeout=60,
     ).stdout.strip()
     assert out == tempo_link("http://localhost:3000", TRACE)
+
+
+@pytest.mark.parametrize("flag", ["--jaeger", "--tempo"])
+def test_cli_link_to_a_url_without_scheme_is_one_line_and_exit_2(flag: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "link", "--job-id", "job-42", "--step", "7",
+                           flag, "localhost:16686"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == ["plasmient link: error: expected an http(s) URL, got 'localhost:16686'"]
