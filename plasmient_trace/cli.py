@@ -66,7 +66,8 @@ def add_stitch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peak-tflops", type=_positive_float, help="override the device's dense peak, TFLOP/s")
     p.add_argument("--bandwidth-gbs", type=_positive_float, help="override the device's memory bandwidth, GB/s")
     p.add_argument("--gpu-price", type=_positive_float, help="USD per GPU-hour (default: the hardware table's list price)")
-    p.add_argument("--gpu-model", help="GPU model to assume when the trace names none (e.g. 'NVIDIA A100-SXM4-80GB')")
+    p.add_argument("--gpu-model", help="GPU model to assume instead of the trace's: a device name (e.g. 'NVIDIA A100-SXM4-80GB') "
+                                       "or a hardware-table model (e.g. 'H100 SXM')")
     p.add_argument("--baseline-mfu", type=_fraction, default=None, help="MFU counted as not wasted (default 0.46)")
     p.add_argument("--ranks-per-node", type=_positive_int, default=8, help="ranks per node when the trace names no host (default 8)")
     p.add_argument("--host", help="host name to record for a single-host ingest")
@@ -153,7 +154,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         else:
             stream = ingest_stream(args.paths, options)
         for source in stream.stats.get("unknown_devices", []):
-            _say(args, f"plasmient: unknown device in {source}: no MFU on its spans (name it with --gpu-model or set --peak-tflops)")
+            _say(args, f"plasmient: unknown device in {source}: no MFU on its spans ({_naming_hint(args.gpu_model)})")
         for note in stream.stats.get("notes", []):
             _say(args, f"plasmient: {note}")
         status, summary = _deliver(args, stream, bar)
@@ -281,6 +282,15 @@ def _report_delivery(args: argparse.Namespace, stats: Any, config: Any, spill_pa
 def _say(args: argparse.Namespace, line: str) -> None:
     if not getattr(args, "quiet", False):
         print(line, file=sys.stderr)
+
+
+def _naming_hint(gpu_model: str | None) -> str:
+    """What to do about a device the hardware table does not know, given the --gpu-model the user passed."""
+    if not gpu_model:
+        return "name it with --gpu-model or set --peak-tflops"
+    from .metrics.hardware import SPECS
+
+    return f"--gpu-model {gpu_model!r} is none of {', '.join(SPECS)}; name one of them or set --peak-tflops"
 
 
 def _console() -> Any:

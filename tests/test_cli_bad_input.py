@@ -125,3 +125,13 @@ def test_a_cpu_price_that_is_not_a_price_falls_back_to_the_default_and_says_so(m
         assert f"PLASMIENT_CPU_PRICE={bad!r} ignored" in source
     monkeypatch.setenv("PLASMIENT_CPU_PRICE", "0.42")
     assert cpu_peak._cpu_price(4) == (0.42, "PLASMIENT_CPU_PRICE")
+
+
+def test_an_unknown_gpu_model_names_the_models_that_would_work(tmp_path, capsys):
+    trace = str(trace_path("h100/bert_small_inference.json.gz"))
+    assert main(["ingest", trace, "--out", str(tmp_path / "t.jsonl"), "--gpu-model", "H100-ish"]) == 0
+    note = [line for line in capsys.readouterr().err.splitlines() if "unknown device" in line]
+    assert len(note) == 1 and "--gpu-model 'H100-ish' is none of" in note[0] and "H100 SXM" in note[0]
+    # one of the names it lists is taken
+    assert main(["ingest", trace, "--out", str(tmp_path / "t.jsonl"), "--gpu-model", "H100 SXM"]) == 0
+    assert "unknown device" not in capsys.readouterr().err

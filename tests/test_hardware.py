@@ -77,6 +77,13 @@ def test_names_match_case_and_prefix_insensitively() -> None:
     assert lookup({"name": "NVIDIA L40S"}).model == "L40S"
 
 
+def test_the_tables_own_model_names_resolve_to_themselves() -> None:
+    # what a user passes as --gpu-model after reading the hint that lists them
+    for model in SPECS:
+        assert lookup({"name": model}).model == model
+        assert lookup({"name": model.upper()}).model == model
+
+
 def test_table_covers_the_required_parts_with_sources_and_prices() -> None:
     for model in REQUIRED_MODELS:
         spec = SPECS[model]

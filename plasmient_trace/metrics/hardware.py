@@ -288,6 +288,9 @@ def _normalise(name: str) -> str:
     return n.removeprefix("nvidia ")
 
 
+_MODELS = {_normalise(model): model for model in SPECS}
+
+
 def _mem_gb(props: Mapping[str, Any]) -> float | None:
     mem = props.get("totalGlobalMem")
     return float(mem) / GB if isinstance(mem, (int, float)) and mem > 0 else None
@@ -306,6 +309,8 @@ def lookup(device_properties: Mapping[str, Any]) -> GpuSpec | None:
     key = _normalise(name)
     if key in _NAMES:
         return SPECS[_NAMES[key]]
+    if key in _MODELS:  # the table's own names ("H100 SXM"), as a user gives --gpu-model
+        return SPECS[_MODELS[key]]
     mem = _mem_gb(device_properties)
     if key in _BOARD_NAMES:
         for nominal, model in _BOARD_NAMES[key].items():
