@@ -219,6 +219,8 @@ def _deliver(args: argparse.Namespace, stream: Any, bar: Any = None) -> tuple[in
     try:
         if out is not None:
             sinks.check_output_path(out)
+        if args.parquet:
+            sinks.check_output_dir(args.parquet)
         for batch in parts:
             if args.rebase_time:
                 batch, offset = rebase.rebase_time(batch)

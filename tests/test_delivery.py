@@ -352,6 +352,17 @@ def test_ingest_folders_below_a_file_name_the_file_in_one_line(tmp_path: Path, c
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]
 
 
+@pytest.mark.parametrize("where", ["a file", "below a file"])
+def test_ingest_parquet_folder_that_cannot_be_one_is_one_line_and_no_output(tmp_path: Path, capsys, where: str) -> None:
+    (tmp_path / "plain").write_text("not a folder")
+    folder, problem = {"a file": (tmp_path / "plain", "is a file, not a directory"),
+                       "below a file": (tmp_path / "plain" / "pq", f"{tmp_path / 'plain'} is not a directory")}[where]
+    code = main(["ingest", str(trace_path(TRACE)), "--quiet", "--out", str(tmp_path / "t.jsonl"), "--parquet", str(folder)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == [f"plasmient: error: cannot write {folder}: {problem}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]
+
+
 @pytest.mark.parametrize("below", [("t.jsonl",), ("runs", "t.jsonl")])
 def test_live_file_below_a_file_says_which_path_is_not_a_folder(tmp_path: Path, below: tuple[str, ...]) -> None:
     # mkdir under a regular file fails with "File exists" or "Not a directory": neither says what to fix

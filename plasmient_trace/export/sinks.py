@@ -29,6 +29,7 @@ __all__ = [
     "OutputError",
     "ParquetSink",
     "RemoteSink",
+    "check_output_dir",
     "check_output_path",
     "chosen_sinks",
     "write_output_file",
@@ -59,6 +60,24 @@ def check_output_path(path: str | os.PathLike[str]) -> None:
     p = Path(path)
     if p.is_dir():
         raise OutputError(f"{p}: is a directory, not a file")
+    _check_folder_above(p)
+    if p.exists() and not os.access(p, os.W_OK):
+        raise OutputError(f"{p}: permission denied")
+
+
+def check_output_dir(path: str | os.PathLike[str]) -> None:
+    """Raise OutputError when ``path`` cannot be an output folder (a file, below a file, unwritable)."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise OutputError(f"{p}: is a file, not a directory")
+    if p.is_dir():
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise OutputError(f"{p}: cannot write in it (permission denied)")
+        return
+    _check_folder_above(p)
+
+
+def _check_folder_above(p: Path) -> None:
     # the folders that do not exist yet are created: what decides is the nearest one that does
     parent = p.parent if str(p.parent) else Path(".")
     while not parent.exists() and parent != parent.parent:
@@ -67,8 +86,6 @@ def check_output_path(path: str | os.PathLike[str]) -> None:
         raise OutputError(f"{p}: {parent} is not a directory")
     if parent.exists() and not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f"{p}: cannot write in {parent} (permission denied)")
-    if p.exists() and not os.access(p, os.W_OK):
-        raise OutputError(f"{p}: permission denied")
 
 
 def output_problem(path: Path, err: OSError) -> str:
@@ -269,6 +286,7 @@ class ParquetSink:
         try:
             self.files = parquet.write_parquet(self.records, batch, self.directory)
         except OSError as err:
+            check_output_dir(self.directory)  # the path in the way, when that is the problem, in its words
             raise OutputError(f"{self.directory}: {os_problem(err)}") from None
 
 
