@@ -364,6 +364,16 @@ def test_real_h100_trace_page_from_the_span_file(browser, tmp_path):
     browser.screenshot(ARTIFACTS / "report-h100-bert.png")
 
 
+def test_a_tiny_known_mfu_reads_as_in_the_terminal_not_as_zero(browser, tmp_path):
+    # the MI250 toy trains at an MFU near 1e-6: the page and the terminal both give its digits
+    batch = ingest([TRACES / "mi250" / "minitoy_train.json.gz"], "minitoy")
+    mfus = [s["plasmient.mfu"] for s in spans(batch) if s["plasmient.level"] == "fleet" and s["plasmient.mfu"] is not None]
+    assert mfus and all(0 < m < 5e-4 for m in mfus)
+    open_page(browser, batch, tmp_path / "minitoy.html", title="mi250 minitoy")
+    check_numbers_against_spans(browser, batch)
+    assert all(fmt_pct(m) != "0.0%" for m in mfus)
+
+
 def test_real_two_rank_job_page(browser, tmp_path):
     batch = ingest(sorted((TRACES / "a100_multirank").glob("rank-*.json.gz")), "multirank")
     data = open_page(browser, batch, tmp_path / "multirank.html", title="a100 multirank")

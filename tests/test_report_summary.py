@@ -211,6 +211,8 @@ def test_render_prints_the_row_numbers_and_culprits_with_suggestions():
 def test_formats():
     assert fmt_pct(None) == "n/a" and fmt_pct(float("nan")) == "n/a"
     assert fmt_pct(0.0) == "0.0%" and fmt_pct(0.4567) == "45.7%"
+    # a known small fraction keeps two significant digits instead of reading as a zero
+    assert fmt_pct(8.807945355923446e-07) == "0.000088%" and fmt_pct(0.0004) == "0.040%" and fmt_pct(0.0005) == "0.1%"
     assert fmt_usd(1234.567) == "$1,234.57" and fmt_usd(0.5) == "$0.5000" and fmt_usd(4.0556e-7) == "$4.06e-7"
     assert fmt_usd(0.0) == "$0.00" and fmt_usd(None) == "n/a"
     assert fmt_gpu_hours(1.28e-7) == "1.28e-7 GPU-h" and fmt_gpu_hours(0.25) == "0.2500 GPU-h" and fmt_gpu_hours(1234.5) == "1,234.5 GPU-h"

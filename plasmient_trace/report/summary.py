@@ -43,8 +43,15 @@ def _exp(x: float) -> str:
 
 
 def fmt_pct(x: float | None) -> str:
-    """A fraction as a percentage with one decimal; "n/a" for unknown (never 0)."""
-    return "n/a" if _bad(x) else f"{x * 100:.1f}%"
+    """A fraction as a percentage with one decimal, or two significant digits below 0.05% (an MI250's
+    MFU of 8.8e-7 reads 0.000088%, not 0.0%: a known small number must not look like a zero); "n/a" for
+    unknown (never 0). The page's fmtPct (assets/report.js) writes the same text."""
+    if _bad(x):
+        return "n/a"
+    v = x * 100
+    if v != 0 and abs(v) < 0.05:
+        return f"{v:.{_sig_decimals(abs(v), 2)}f}%"
+    return f"{v:.1f}%"
 
 
 def fmt_usd(x: float | None) -> str:

@@ -17,7 +17,11 @@
     return dot < 0 ? group(s) : group(s.slice(0, dot)) + s.slice(dot);
   }
   function sigDecimals(ax, sig) { return Math.max(0, Math.min(12, sig - 1 - Math.floor(Math.log10(ax)))); }
-  function fmtPct(x) { return bad(x) ? "n/a" : (x * 100).toFixed(1) + "%"; }
+  function fmtPct(x) {  // as summary.fmt_pct: two significant digits below 0.05%, so small is not 0.0%
+    if (bad(x)) return "n/a";
+    var v = x * 100, av = Math.abs(v);
+    return (v !== 0 && av < 0.05 ? v.toFixed(sigDecimals(av, 2)) : v.toFixed(1)) + "%";
+  }
   function fmtUsd(x) {
     if (bad(x)) return "n/a";
     var sign = x < 0 ? "-" : "", ax = Math.abs(x);
