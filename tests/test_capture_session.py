@@ -156,6 +156,30 @@ def test_explicit_step_context_for_inference_loops():
     assert {r["name"] for r in rows if r["plasmient.level"] == "module"} == {"Sequential", "Sequential.0", "Sequential.1"}
 
 
+def test_a_step_context_inside_another_is_part_of_it():
+    # a library that marks its own steps, called inside the user's: one step per outer iteration, holding
+    # the ops of both (it used to cut an empty step#N with FLOPs 0 before each inner one)
+    sink = Collect()
+    session = CaptureSession(CaptureConfig(every=1, peak_tflops=0.05, job_id="nested", environ={}),
+                             exporters=[("memory", sink)]).start()
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU())
+        with torch.no_grad():
+            for _ in range(3):
+                with session.step():
+                    model(torch.randn(2, 16))
+                    with session.step():
+                        with session.step():
+                            model(torch.randn(2, 16))
+    finally:
+        session.close(timeout=30)
+    rows = sink.rows()
+    steps = sorted((r["plasmient.step"], r["name"]) for r in rows if r["plasmient.level"] == "step")
+    assert steps == [(0, "step#0"), (1, "step#1"), (2, "step#2")]
+    calls = Counter(r["plasmient.step"] for r in rows if r["plasmient.level"] == "module" and r["name"] == "Sequential")
+    assert calls == {0: 2, 1: 2, 2: 2}
+
+
 def test_the_captures_own_setup_and_step_end_work_are_not_charged_to_the_jobs_steps():
     """Starting CUPTI and NVML at the first step (on an H200 the first captured step took 0.21-0.29 s, where
     torch.profiler's took 6-21 ms) and each step end's flush are the capture's time: step spans hold the

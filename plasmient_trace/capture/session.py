@@ -110,6 +110,7 @@ class CaptureSession:
                       "exported_batches": 0, "export_errors": 0}
         self._budget = FullDepthBudget(self.config.overhead)
         self._kind: str | None = None
+        self._explicit_depth = 0  # explicit step contexts entered and not left (nested ones join the outer)
         self._open = False
         self._full = False
         self._full_owed = False  # a sampled full-depth step was put off while the worker was behind
@@ -276,27 +277,31 @@ class CaptureSession:
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
         """``with plasmient_trace.step():`` - an explicit step (inference loops); explicit steps take
-        over from optimizer/profiler boundaries for the rest of the run."""
+        over from optimizer/profiler boundaries for the rest of the run. A step entered inside another
+        (a library's step inside the user's loop) is part of it: the outermost one is the step."""
         active = False
         if not (self.failed or self.closed):
             try:
                 with self._lock:
-                    if self._kind != "explicit":
-                        self._abort_open()
-                        self._kind = "explicit"
-                    if self._open:
-                        self._end(perf_counter_ns())
-                    self._begin(perf_counter_ns())
+                    self._explicit_depth += 1
+                    if self._explicit_depth == 1:
+                        if self._kind != "explicit":
+                            self._abort_open()
+                            self._kind = "explicit"
+                        if self._open:
+                            self._end(perf_counter_ns())
+                        self._begin(perf_counter_ns())
                     active = True
             except Exception as err:
                 self._fail("step", err)
         try:
             yield
         finally:
-            if active and not (self.failed or self.closed):
+            if active:
                 try:
                     with self._lock:
-                        if self._open:
+                        self._explicit_depth -= 1
+                        if self._explicit_depth == 0 and self._open and not (self.failed or self.closed):
                             self._end(perf_counter_ns())
                 except Exception as err:
                     self._fail("step", err)
