@@ -197,6 +197,28 @@ def test_torch_compile_job_runs_unchanged_and_every_step_is_traced(tmp_path: Pat
     assert full_ops  # the compiled region still shows its ops
 
 
+NO_STEP_JOB = """
+import torch
+model = torch.nn.Linear(32, 32)
+with torch.no_grad():
+    for _ in range(5):
+        model(torch.randn(4, 32))
+print("inference done")
+"""
+
+
+def test_a_job_that_never_ends_a_step_is_told_once_why_nothing_was_traced(tmp_path: Path) -> None:
+    # an inference script with no optimizer, no prof.step() and no step context: its model ran, no step ended
+    script = _script(tmp_path, "no_steps.py", NO_STEP_JOB)
+    plain = _plain(tmp_path, script)
+    traced = _traced(tmp_path, script)
+    assert traced.returncode == plain.returncode == 0 and traced.stdout == plain.stdout == b"inference done\n"
+    said = traced.stderr.decode().splitlines()
+    assert plain.stderr == b"" and len(said) == 1
+    assert said[0].startswith("plasmient-trace: no step ended, so nothing was traced") and "plasmient_trace.step()" in said[0]
+    assert not (tmp_path / "t.jsonl").exists()
+
+
 def test_checkpointing_dataloader_workers_threads_and_generators_leave_the_job_unchanged(tmp_path: Path) -> None:
     script = _script(tmp_path, "hostile.py", HOSTILE_JOB)
     plain = _plain(tmp_path, script)

@@ -181,6 +181,8 @@ class CaptureSession:
             self.closed = True
             return
         self.closed = True
+        # The job ran its model but never ended a step: the open one is dropped, and the user is told why.
+        never_ended = self._open and self.stats["steps"] == 0 and not self.failed
         try:
             with self._lock:
                 self._exit_mode()
@@ -214,6 +216,9 @@ class CaptureSession:
             self.sources.stop()
         except Exception as err:
             self._fail("close", err)
+        if never_ended:
+            say_once("no-step", "no step ended, so nothing was traced: a step ends at optimizer.step(), at "
+                                "torch.profiler's prof.step(), or with `with plasmient_trace.step():` around it")
         if self.stats["steps_deferred"]:
             say_once("deferred", f"{self.stats['steps_deferred']} step(s) due at full depth ran at step depth: "
                                  "the background stitch fell behind (raise PLASMIENT_EVERY)")
