@@ -137,45 +137,49 @@ def test_metrics_on_every_span_and_mfu_on_every_full_depth_span(traced):
     assert 0 < full["plasmient.mfu"] and full["plasmient.flops"] > 0
 
 
-def test_explicit_step_context_for_inference_loops():
+def _explicit_steps(job: str, loop) -> list[dict]:
+    """The span rows of ``loop(session, model)`` run under no_grad in a fresh every-step session."""
     sink = Collect()
-    session = CaptureSession(CaptureConfig(every=1, peak_tflops=0.05, job_id="infer", environ={}),
+    session = CaptureSession(CaptureConfig(every=1, peak_tflops=0.05, job_id=job, environ={}),
                              exporters=[("memory", sink)]).start()
     try:
         model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU())
         with torch.no_grad():
-            model(torch.randn(2, 16))           # outside any explicit step: not traced
-            for _ in range(2):
-                with session.step():
-                    model(torch.randn(2, 16))
+            loop(session, model)
     finally:
         session.close(timeout=30)
-    rows = sink.rows()
-    steps = sorted((r["plasmient.step"], r["name"]) for r in rows if r["plasmient.level"] == "step")
-    assert steps == [(0, "step#0"), (1, "step#1")]
+    return sink.rows()
+
+
+def _step_names(rows: list[dict]) -> list[tuple[int, str]]:
+    return sorted((r["plasmient.step"], r["name"]) for r in rows if r["plasmient.level"] == "step")
+
+
+def test_explicit_step_context_for_inference_loops():
+    def loop(session, model):
+        model(torch.randn(2, 16))           # outside any explicit step: not traced
+        for _ in range(2):
+            with session.step():
+                model(torch.randn(2, 16))
+
+    rows = _explicit_steps("infer", loop)
+    assert _step_names(rows) == [(0, "step#0"), (1, "step#1")]
     assert {r["name"] for r in rows if r["plasmient.level"] == "module"} == {"Sequential", "Sequential.0", "Sequential.1"}
 
 
 def test_a_step_context_inside_another_is_part_of_it():
     # a library that marks its own steps, called inside the user's: one step per outer iteration, holding
     # the ops of both (it used to cut an empty step#N with FLOPs 0 before each inner one)
-    sink = Collect()
-    session = CaptureSession(CaptureConfig(every=1, peak_tflops=0.05, job_id="nested", environ={}),
-                             exporters=[("memory", sink)]).start()
-    try:
-        model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU())
-        with torch.no_grad():
-            for _ in range(3):
+    def loop(session, model):
+        for _ in range(3):
+            with session.step():
+                model(torch.randn(2, 16))
                 with session.step():
-                    model(torch.randn(2, 16))
                     with session.step():
-                        with session.step():
-                            model(torch.randn(2, 16))
-    finally:
-        session.close(timeout=30)
-    rows = sink.rows()
-    steps = sorted((r["plasmient.step"], r["name"]) for r in rows if r["plasmient.level"] == "step")
-    assert steps == [(0, "step#0"), (1, "step#1"), (2, "step#2")]
+                        model(torch.randn(2, 16))
+
+    rows = _explicit_steps("nested", loop)
+    assert _step_names(rows) == [(0, "step#0"), (1, "step#1"), (2, "step#2")]
     calls = Counter(r["plasmient.step"] for r in rows if r["plasmient.level"] == "module" and r["name"] == "Sequential")
     assert calls == {0: 2, 1: 2, 2: 2}
 
