@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import re
 from pathlib import Path
 
@@ -88,3 +89,28 @@ def test_a_page_that_cannot_be_written_is_one_line_and_exit_2(where, good_jsonl,
     if where != "a full device":
         assert len(err) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain", "spans.jsonl"]
+
+
+# A span another service sent through the same Collector (its file exporter writes every service's spans).
+FOREIGN_LINE = json.dumps({"resourceSpans": [{
+    "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "web"}}]},
+    "scopeSpans": [{"scope": {"name": "flask"}, "spans": [{
+        "traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331", "name": "GET /", "kind": 2,
+        "startTimeUnixNano": "1700000000000000000", "endTimeUnixNano": "1700000000100000000",
+        "attributes": [{"key": "http.method", "value": {"stringValue": "GET"}}]}]}]}]}).encode() + b"\n"
+
+
+def test_spans_of_other_services_are_left_out_and_a_file_of_only_theirs_is_one_line(good_jsonl, tmp_path, capsys):
+    ours, mixed, theirs = tmp_path / "ours.jsonl", tmp_path / "mixed.jsonl", tmp_path / "theirs.jsonl"
+    ours.write_bytes(good_jsonl)
+    mixed.write_bytes(FOREIGN_LINE + good_jsonl + FOREIGN_LINE)
+    theirs.write_bytes(FOREIGN_LINE)
+    assert main(["report", str(ours)]) == 0
+    alone = capsys.readouterr().err
+    assert main(["report", str(mixed)]) == 0
+    assert capsys.readouterr().err == alone  # the HTTP span is no step, no rank, no culprit
+    for command in (["report", str(theirs)], ["diff", str(theirs), str(ours)]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].endswith(f"{theirs}: none of its 1 span(s) is plasmient's (no plasmient.level): "
+                                                 "not a plasmient trace"), err

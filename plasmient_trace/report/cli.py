@@ -67,7 +67,9 @@ def _problem(exc: BaseException) -> str:
 
 
 def read_span_files(files: list[str]) -> SpanBatch:
-    """Read and merge span files, refusing what would draw a wrong report: every failure is one line."""
+    """Read and merge span files, refusing what would draw a wrong report: every failure is one line.
+    Only plasmient's spans (those with a ``plasmient.level``) are kept: a Collector's file exporter
+    writes every service's spans into one file, and an HTTP handler's span is no step."""
     from plasmient_trace.export.otlp_json import read_jsonl
 
     batches = []
@@ -79,6 +81,12 @@ def read_span_files(files: list[str]) -> SpanBatch:
         except _READ_ERRORS as exc:
             text = _problem(exc)
             raise ReportInputError(text if text.startswith(str(f)) else f"{f}: {text}") from None
+        ours = batch.table.column("plasmient.level").is_valid()
+        if len(batch) and not pc.any(ours).as_py():
+            raise ReportInputError(f"{f}: none of its {len(batch)} span(s) is plasmient's (no plasmient.level): "
+                                   "not a plasmient trace")
+        if not pc.all(ours).as_py():
+            batch = SpanBatch(table=batch.table.filter(ours), resources=batch.resources, summaries=batch.summaries)
         _check_times(f, batch)
         batches.append(batch)
     batch = merge_batches(batches)
