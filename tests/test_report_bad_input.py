@@ -109,6 +109,10 @@ def test_spans_of_other_services_are_left_out_and_a_file_of_only_theirs_is_one_l
     alone = capsys.readouterr().err
     assert main(["report", str(mixed)]) == 0
     assert capsys.readouterr().err == alone  # the HTTP span is no step, no rank, no culprit
+    pages = [tmp_path / "ours.html", tmp_path / "mixed.html"]
+    for source, page in zip((ours, mixed), pages):
+        assert main(["report", str(source), "--html", str(page), "--title", "t", "--quiet"]) == 0
+    assert pages[0].read_bytes() == pages[1].read_bytes()
     for command in (["report", str(theirs)], ["diff", str(theirs), str(ours)]):
         assert main(command) == 2
         err = capsys.readouterr().err.strip().splitlines()
