@@ -219,6 +219,39 @@ def test_a_job_that_never_ends_a_step_is_told_once_why_nothing_was_traced(tmp_pa
     assert not (tmp_path / "t.jsonl").exists()
 
 
+FORK_JOB = """
+import os, sys
+import torch
+torch.set_num_threads(1)  # GNU OpenMP's pool does not survive fork(): the plain job would hang, not ours
+model = torch.nn.Linear(16, 16)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+def train_step():
+    model(torch.randn(4, 16)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+for _ in range(2):
+    train_step()
+pid = os.fork()
+if pid == 0:  # a helper forked mid-run that does some torch work of its own and exits normally
+    train_step()
+    print("child done", flush=True)
+    sys.exit(0)
+_, status = os.waitpid(pid, 0)
+print("child exit", os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_leaves_the_job_unchanged_and_the_parents_steps_are_traced(tmp_path: Path) -> None:
+    # The child inherited the session but not its worker thread: at its exit it waited the flush timeout
+    # (5 s) and printed "3 step(s) still being traced ... were not written" into the job's stderr.
+    script = _script(tmp_path, "forks.py", FORK_JOB)
+    plain = _plain(tmp_path, script)
+    assert plain.returncode == 0 and plain.stdout == b"child done\nchild exit 0\n", plain.stderr.decode()[-2000:]
+    traced = _traced(tmp_path, script, PLASMIENT_EVERY="1")
+    _same_run(plain, traced)
+    assert _steps(tmp_path / "t.jsonl") == [0, 1]  # the parent's; the child is not traced
+
+
 def test_checkpointing_dataloader_workers_threads_and_generators_leave_the_job_unchanged(tmp_path: Path) -> None:
     script = _script(tmp_path, "hostile.py", HOSTILE_JOB)
     plain = _plain(tmp_path, script)

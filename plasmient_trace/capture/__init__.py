@@ -5,7 +5,8 @@
     with capture.step():             # explicit steps for inference loops (optimizer.step() is automatic)
         model(x)
 
-One session per process; ``start`` is idempotent and ``stop`` runs at interpreter exit. This module
+One session per process; ``start`` is idempotent and ``stop`` runs at interpreter exit. A child made
+by fork() is not traced (its parent's session goes on). This module
 imports nothing heavy (no torch, numpy or pyarrow) so the startup hooks can import it for free.
 """
 
@@ -13,12 +14,28 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import sys
 import threading
 from typing import Any, Iterator
 
 _session: Any = None
 _lock = threading.Lock()
+
+
+def _detach_after_fork() -> None:
+    """In a child made by fork(): the session's worker thread did not come along, so the child's exit
+    would wait the whole flush timeout on it and print a loss that is the parent's to report. The child
+    is not traced; the parent's session goes on. No lock is taken: another thread may have held it."""
+    global _lock, _session
+    session, _session = _session, None
+    _lock = threading.Lock()
+    if session is not None:
+        session.detach_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_detach_after_fork)
 
 
 def start(config: Any = None, exporters: list | None = None, **overrides: Any) -> Any:

@@ -225,6 +225,19 @@ class CaptureSession:
         if self.stats["steps_dropped"]:
             say_once("dropped", f"{self.stats['steps_dropped']} step(s) were not exported: the exporter fell behind")
 
+    def detach_in_child(self) -> None:
+        """After fork(), in the child: stop tracing without flushing (the worker thread stayed in the parent)
+        and without taking a lock another thread may have held at the fork."""
+        self.closed = True
+        self._open = False
+        try:
+            self.modules.enabled = False
+            if self._mode_entered:  # a full-depth step was open: the child's ops must not pile up unread
+                self._mode_entered = False
+                self.sources.ops.__exit__(None, None, None)
+        except Exception:
+            pass
+
     def _report_delivery(self) -> None:
         # An outage was reported when it began (with the spill directory); only a loss is news here.
         stats = self.delivery.stats
