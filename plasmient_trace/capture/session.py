@@ -111,6 +111,7 @@ class CaptureSession:
         self._budget = FullDepthBudget(self.config.overhead)
         self._kind: str | None = None
         self._explicit_depth = 0  # explicit step contexts entered and not left (nested ones join the outer)
+        self._forked_child = False  # this is a fork()ed child's copy of its parent's session (detach_in_child)
         self._open = False
         self._full = False
         self._full_owed = False  # a sampled full-depth step was put off while the worker was behind
@@ -230,6 +231,7 @@ class CaptureSession:
         and without taking a lock another thread may have held at the fork."""
         self.closed = True
         self._open = False
+        self._forked_child = True
         try:
             self.modules.enabled = False
             if self._mode_entered:  # a full-depth step was open: the child's ops must not pile up unread
@@ -265,7 +267,13 @@ class CaptureSession:
     # ---- step boundaries (training thread)
     def _on_forward(self) -> None:
         # The first module forward opens step 0 (before it there is only setup: imports, model build).
-        if not self._open and self._kind != "explicit" and not self.failed and not self.closed:
+        if not self._open and self._kind != "explicit" and not self.failed:
+            if self.closed:
+                if self._forked_child:  # a forked child runs a model: it is not traced, and says so once
+                    self._forked_child = False
+                    say_once("forked-child", "this process was forked from a traced one and is not traced "
+                                             "(start such processes with the spawn method to trace them)")
+                return
             try:
                 self._begin(perf_counter_ns())
             except Exception as err:
