@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -388,6 +390,37 @@ def test_a_whole_file_output_that_fails_mid_write_leaves_the_old_file_and_no_tem
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"] and out.read_text() == "the previous report"
     write_output_file(out, lambda f: f.write(b"the new report"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"] and out.read_text() == "the new report"
+
+
+def _other_file_system_than(path: Path) -> Path | None:
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK) and shm.stat().st_dev != path.stat().st_dev:
+        return shm
+    return None
+
+
+@pytest.mark.parametrize("target_on", ["the same file system", "another file system"])
+def test_a_whole_file_output_through_a_symlink_replaces_the_file_it_names(tmp_path: Path, target_on: str) -> None:
+    # the temporary file goes beside the target, not the link: a rename cannot cross file systems
+    if target_on == "the same file system":
+        folder = tmp_path / "data"
+    else:
+        other = _other_file_system_than(tmp_path)
+        if other is None:
+            pytest.skip("no writable /dev/shm on another file system here")
+        folder = Path(tempfile.mkdtemp(dir=other))
+    try:
+        folder.mkdir(exist_ok=True)
+        target = folder / "report.html"
+        target.write_text("the previous report")
+        link = tmp_path / "report.html"
+        link.symlink_to(target)
+        write_output_file(link, lambda f: f.write(b"the new report"))
+        assert link.is_symlink() and os.readlink(link) == str(target) and target.read_text() == "the new report"
+        assert sorted(p.name for p in folder.iterdir()) == ["report.html"]
+    finally:
+        if target_on != "the same file system":
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_the_output_file_has_the_mode_any_new_file_gets(tmp_path: Path) -> None:

@@ -168,11 +168,7 @@ class FileSink:
                 return
             try:
                 if commit:
-                    f.flush()
-                    os.fsync(f.fileno())
-                    _give_new_file_mode(f.fileno())
-                    f.close()
-                    os.replace(tmp, os.path.realpath(self.path))  # through a symlink: the file it names
+                    _move_into_place(f, tmp, self.path)
             finally:
                 f.close()
                 if tmp is not None:
@@ -185,9 +181,9 @@ class FileSink:
         if _is_special(self.path):  # /dev/null, /dev/stdout -> /proc/self/fd/1, a FIFO
             self._tmp, self._file = None, open(self.path, "wb", buffering=1 << 20)
         else:
-            fd, tmp = mkstemp_beside(Path(os.path.realpath(self.path)))
+            fd, tmp = _temp_beside_target(self.path)
             # a large output leaves the page cache as it goes (it is fsynced at the end all the same)
-            self._tmp, self._file = Path(tmp), DropBehindFile(os.fdopen(fd, "wb", buffering=1 << 20))
+            self._tmp, self._file = tmp, DropBehindFile(os.fdopen(fd, "wb", buffering=1 << 20))
 
 
 def _is_special(path: Path) -> bool:
@@ -199,16 +195,25 @@ def _is_special(path: Path) -> bool:
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
-def mkstemp_beside(path: Path) -> tuple[int, str]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def _temp_beside_target(path: Path) -> tuple[int, Path]:
+    """A temporary file in the folder of the file ``path`` names (through a symlink; the folder is made
+    when missing), so the rename that puts it in place stays on one file system."""
+    target = Path(os.path.realpath(path))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    return fd, Path(name)
 
 
-def _give_new_file_mode(fd: int) -> None:
-    # mkstemp makes the file private (0600); the output gets the mode any new file would
+def _move_into_place(f: BinaryIO, tmp: Path, path: Path) -> None:
+    """Make the finished temporary file ``tmp`` (open as ``f``) the output ``path``: durable, with the
+    mode any new file gets (mkstemp makes it private, 0600), renamed over the file ``path`` names."""
+    f.flush()
+    os.fsync(f.fileno())
     umask = os.umask(0)
     os.umask(umask)
-    os.fchmod(fd, 0o666 & ~umask)
+    os.fchmod(f.fileno(), 0o666 & ~umask)
+    f.close()
+    os.replace(tmp, os.path.realpath(path))
 
 
 def write_output_file(path: str | os.PathLike[str], write: Callable[[BinaryIO], Any]) -> Path:
@@ -224,14 +229,10 @@ def write_output_file(path: str | os.PathLike[str], write: Callable[[BinaryIO], 
             with open(path, "wb") as f:
                 write(f)
             return path
-        fd, name = mkstemp_beside(path)
-        tmp = Path(name)
+        fd, tmp = _temp_beside_target(path)
         with os.fdopen(fd, "wb") as f:
             write(f)
-            f.flush()
-            os.fsync(f.fileno())
-            _give_new_file_mode(f.fileno())
-        os.replace(tmp, os.path.realpath(path))  # through a symlink: the file it names
+            _move_into_place(f, tmp, path)
         tmp = None
         return path
     except OSError as err:
