@@ -51,17 +51,16 @@ def _fraction(text: str) -> float:
 
 
 def _default_job_id() -> str | None:
-    for var in ("PLASMIENT_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
-        if os.environ.get(var):
-            return os.environ[var]
-    return None
+    from .sources.resource import job_id_from_env
+
+    return job_id_from_env(os.environ)
 
 
 def add_stitch_arguments(p: argparse.ArgumentParser) -> None:
     from .stitch.inputs import CHUNK_ROWS_CAP, CHUNK_ROWS_FLOOR, GROUPS_PER_INPUT
     from .stitch.tree import DEFAULT_MAX_SPANS
 
-    p.add_argument("--job-id", default=_default_job_id(), help="job id the trace ids derive from (default: $PLASMIENT_JOB_ID, $SLURM_JOB_ID, else the first file's name)")
+    p.add_argument("--job-id", default=_default_job_id(), help="job id the trace ids derive from (default: $PLASMIENT_JOB_ID, $SLURM_JOB_ID.$SLURM_STEP_ID, $TORCHELASTIC_RUN_ID, else the first file's name)")
     p.add_argument("--max-spans", type=_positive_int, default=DEFAULT_MAX_SPANS, help=f"span budget per trace; above it the least wasteful kernels are folded into their op (default {DEFAULT_MAX_SPANS})")
     p.add_argument("--peak-tflops", type=_positive_float, help="override the device's dense peak, TFLOP/s")
     p.add_argument("--bandwidth-gbs", type=_positive_float, help="override the device's memory bandwidth, GB/s")

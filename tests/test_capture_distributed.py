@@ -16,6 +16,7 @@ import sys
 import threading
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -122,6 +123,37 @@ def test_a_missing_rank_leaves_a_fleet_span_of_the_ranks_that_arrived(a100):
     assert [k for k, _ in said] == ["fleet-missing"] and "2 rank summary" in said[0][1]
 
 
+def test_ranks_without_a_job_id_take_rank_0s():
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    got: list = [None]
+    follower = threading.Thread(target=lambda: got.__setitem__(0, distributed.shared_job_id(
+        "host-b-2-T", 30, distributed.Group(store=store, rank=1, world_size=2, backend="gloo"))))
+    follower.start()  # waits: rank 0 has not published yet
+    leader = distributed.shared_job_id("host-a-1-T", 30, distributed.Group(store=store, rank=0, world_size=2, backend="gloo"))
+    follower.join(30)
+    assert (leader, got[0]) == ("host-a-1-T", "host-a-1-T")
+
+
+def test_a_rank_whose_leader_never_publishes_keeps_its_own_id_and_says_so(monkeypatch):
+    import torch.distributed as dist
+
+    from plasmient_trace.capture import batches
+
+    said: list[tuple[str, str]] = []
+    monkeypatch.setattr(batches, "say_once", lambda key, msg: said.append((key, msg)))
+    monkeypatch.setattr(distributed, "_group", distributed.Group(store=dist.HashStore(), rank=1, world_size=2, backend="gloo"))
+    session = SimpleNamespace(job_id="host-b-2-T", job_id_shared=False, resource={"plasmient.job.id": "host-b-2-T"},
+                              config=SimpleNamespace(environ={"PLASMIENT_FLEET_WAIT_S": "0.1"}))
+    batches.agree_job_id(session)
+    assert session.job_id == "host-b-2-T" and session.job_id_shared  # tried once, not at every batch
+    assert [k for k, _ in said] == ["job-id-not-shared"] and "PLASMIENT_JOB_ID" in said[0][1]
+    named = SimpleNamespace(job_id="4242.0", job_id_shared=True, resource={}, config=session.config)
+    batches.agree_job_id(named)  # a job id the environment named is every rank's already: no wait
+    assert named.job_id == "4242.0" and len(said) == 1
+
+
 def pa_copy(batch):
     """A batch whose resources and rank summaries can be edited without touching the module fixture."""
     return type(batch)(table=batch.table, resources=[dict(r) for r in batch.resources],
@@ -142,8 +174,8 @@ def env(warm_cache) -> dict[str, str]:
     return e
 
 
-def _torchrun(worker: list[str], env: dict[str, str], cwd: Path) -> list[pa.Table]:
-    cmd = [str(BIN / "plasmient"), "run", "--", str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", *worker]
+def _torchrun(worker: list[str], env: dict[str, str], cwd: Path, launch: tuple[str, ...] = ("--standalone",)) -> list[pa.Table]:
+    cmd = [str(BIN / "plasmient"), "run", "--", str(BIN / "torchrun"), *launch, "--nproc_per_node=2", *worker]
     proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "could not" not in proc.stderr, proc.stderr[-3000:]
@@ -213,3 +245,22 @@ def test_torchrun_ranks_sharing_one_out_file_never_tear_a_line(env, tmp_path):
     assert max(map(len, lines)) > 4096  # longer than PIPE_BUF: only one write per line keeps them whole
     batch = read_jsonl(out)  # every line parses
     _check_one_tree_per_step([batch], steps=3, hosts=1)  # both ranks' every step, in one file
+
+
+def test_torchrun_without_a_rendezvous_id_still_gives_each_run_its_own_traces(env, tmp_path):
+    # torchrun's static rendezvous (--master-port, as on several nodes) sets TORCHELASTIC_RUN_ID=none for
+    # every job: taken as the job id, every such run would write its step N into the same trace
+    port = _free_port()
+    batches = _torchrun([str(ROOT / "examples" / "ddp_tiny.py"), "--steps", "2"], env, tmp_path,
+                        launch=("--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={port}"))
+    _, _, ranks = _check_one_tree_per_step(batches, steps=2, hosts=1)  # the ranks agreed on one id
+    rank0_pid = next(r["process.pid"] for r in batches[0].resources if r.get("plasmient.rank") == 0)
+    assert f"-{rank0_pid}-" in ranks[0]["plasmient.job.id"]  # rank 0's own host-pid-time, not "none"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

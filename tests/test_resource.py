@@ -6,7 +6,7 @@ import os
 import socket
 
 from plasmient_trace.conventions import RESOURCE_ATTRIBUTES
-from plasmient_trace.sources.resource import parse_otel_resource_attributes, resource_from_env
+from plasmient_trace.sources.resource import job_id_from_env, parse_otel_resource_attributes, resource_from_env
 
 
 def test_bare_environment_gives_host_pid_and_default_service():
@@ -23,7 +23,7 @@ def test_torchrun_variables_become_integer_ranks():
 def test_slurm_variables_fill_in_where_torchrun_is_absent():
     env = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1"}
     res = resource_from_env(env)
-    assert res["plasmient.job.id"] == "4242" and res["plasmient.slurm.job_id"] == "4242"
+    assert res["plasmient.job.id"] == "4242.0" and res["plasmient.slurm.job_id"] == "4242"
     assert res["plasmient.slurm.step_id"] == "0"
     assert (res["plasmient.rank"], res["plasmient.world_size"], res["plasmient.local_rank"]) == (5, 16, 1)
 
@@ -68,3 +68,27 @@ def test_every_detected_key_is_a_documented_resource_attribute():
 def test_parse_handles_empty_and_spaces():
     assert parse_otel_resource_attributes("") == {}
     assert parse_otel_resource_attributes(" a = 1 , b=2") == {"a": "1", "b": "2"}
+
+
+def test_two_runs_under_one_slurm_job_id_get_different_job_ids():
+    # each srun of a batch script is a job step; a requeued job keeps its id and runs its steps again
+    assert job_id_from_env({"SLURM_JOB_ID": "4242"}) == "4242"  # the batch script itself
+    assert job_id_from_env({"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0"}) == "4242.0"
+    assert job_id_from_env({"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "1"}) == "4242.1"
+    assert job_id_from_env({"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_RESTART_COUNT": "0"}) == "4242.0"
+    assert job_id_from_env({"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_RESTART_COUNT": "2"}) == "4242.0-restart2"
+    assert job_id_from_env({"SLURM_JOB_ID": "4242", "TORCHELASTIC_RUN_ID": "r"}) == "4242"  # Slurm first
+
+
+def test_torchruns_default_rendezvous_id_names_no_job():
+    # `torchrun --master-port P` without --rdzv-id: every such job has TORCHELASTIC_RUN_ID=none
+    assert job_id_from_env({"TORCHELASTIC_RUN_ID": "none"}) is None
+    assert "plasmient.job.id" not in resource_from_env({"TORCHELASTIC_RUN_ID": "none", "RANK": "1"})
+    assert job_id_from_env({"TORCHELASTIC_RUN_ID": "3f2a-uuid"}) == "3f2a-uuid"  # --standalone, --rdzv-id
+
+
+def test_plasmient_job_id_is_taken_as_given():
+    env = {"PLASMIENT_JOB_ID": "exp-7", "SLURM_JOB_ID": "1", "SLURM_STEP_ID": "3", "SLURM_RESTART_COUNT": "1"}
+    assert job_id_from_env(env) == "exp-7"
+    assert job_id_from_env({"PLASMIENT_JOB_ID": "  ", "SLURM_JOB_ID": "9"}) == "9"
+    assert job_id_from_env({}) is None

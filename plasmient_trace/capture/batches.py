@@ -97,6 +97,7 @@ def process(session: CaptureSession, items: list[StepCapture]) -> SpanBatch:
     from ..pipeline import IngestOptions, stitch_options, stitch_records
     from ..stitch.step_facts import StepFacts
 
+    agree_job_id(session)
     rs = record_set(session, items)
     full = {c.step for c in items if c.full}
     facts = StepFacts(signatures={c.step: c.signature for c in items if c.signature is not None},
@@ -116,6 +117,23 @@ def process(session: CaptureSession, items: list[StepCapture]) -> SpanBatch:
     update_threshold(session, batch.table, items)
     # Multi-rank: this rank's fleet/node rows give way to ones built from every rank's summary.
     return distributed.coordinate(batch, session.job_id, stitch_options(options), say_once)
+
+
+def agree_job_id(session: CaptureSession) -> None:
+    """Ranks whose environment named no job id (torchrun's static rendezvous, a Kubernetes PyTorchJob)
+    take rank 0's, so a step is one trace on every rank and no other run shares its ids. Once, at the
+    first batch that finds the process group; a rank that waits in vain keeps its own and says so."""
+    if session.job_id_shared or not distributed.active():
+        return
+    wait = distributed.wait_s(session.config.environ)
+    shared = distributed.shared_job_id(session.job_id, wait)
+    session.job_id_shared = True  # one try: a later batch must not wait again
+    if shared is None:
+        say_once("job-id-not-shared", f"rank 0's job id did not arrive within {wait:g}s: this rank's traces carry its own "
+                                      f"({session.job_id!r}), apart from the job's; set PLASMIENT_JOB_ID to name the job")
+        return
+    session.job_id = shared
+    session.resource["plasmient.job.id"] = shared
 
 
 def update_threshold(session: CaptureSession, table: pa.Table, items: list[StepCapture]) -> None:

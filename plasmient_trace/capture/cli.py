@@ -23,7 +23,7 @@ def register(subparsers: Any) -> None:
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--out", help="OTLP/JSON lines file (default traces.jsonl when no OTLP endpoint is configured)")
     p.add_argument("--every", type=_positive_int, help="full depth (modules, ops, kernels) every N-th step (default 10)")
-    p.add_argument("--job-id", help="job id the trace ids derive from (default $PLASMIENT_JOB_ID, $SLURM_JOB_ID, ...)")
+    p.add_argument("--job-id", help="job id the trace ids derive from (default $PLASMIENT_JOB_ID, $SLURM_JOB_ID.$SLURM_STEP_ID, ...; else rank 0's host-pid-time)")
     p.add_argument("--mfu-threshold", type=_fraction, help="also trace at full depth after a step whose MFU falls below this")
     p.add_argument("--peak-tflops", type=_positive_float, help="override the device peak, TFLOP/s")
     p.add_argument("--gpu-price", type=_positive_float, help="USD per device-hour")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from ..conventions import MAX_FLAG_VALUE, SpanBatch
+from ..sources.resource import job_id_from_env
 
 Exporter = Callable[[SpanBatch], None]
 
@@ -114,7 +115,8 @@ class CaptureConfig:
     PLASMIENT_MAX_SIGNATURES  input-shape signatures captured at full depth when first seen (default 64);
                             a step with a signature past that (and not picked by PLASMIENT_EVERY) has
                             no FLOPs (plasmient.flops.source = unknown)
-    PLASMIENT_JOB_ID        job id the trace ids derive from (else SLURM_JOB_ID, TORCHELASTIC_RUN_ID)
+    PLASMIENT_JOB_ID        job id the trace ids derive from (else SLURM_JOB_ID.SLURM_STEP_ID, then
+                            TORCHELASTIC_RUN_ID; else rank 0's generated id, shared through the store)
     PLASMIENT_PEAK_TFLOPS   override the device peak (TFLOP/s); skips the CPU calibration
     PLASMIENT_GPU_PRICE     USD per device-hour
     PLASMIENT_CUPTI=0 / PLASMIENT_NVML=0   disable those sources
@@ -168,7 +170,7 @@ class CaptureConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "CaptureConfig":
         env = dict(os.environ if environ is None else environ)
-        job = env.get("PLASMIENT_JOB_ID") or env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or None
+        job = job_id_from_env(env)
         cfg = cls(
             out=env.get("PLASMIENT_OUT") or None,
             every=_env_int(env, "PLASMIENT_EVERY", 10),

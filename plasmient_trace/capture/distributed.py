@@ -112,6 +112,28 @@ def wait_s(environ: Any = os.environ) -> float:
     return value if 0 <= value < float("inf") else DEFAULT_WAIT_S  # NaN fails too: never wait forever
 
 
+# The job id rank 0 publishes for ranks whose environment named none. One process group, one store, one
+# run: a later run has a store of its own, so the key needs no job in it.
+JOB_ID_KEY = f"{_PREFIX}/job_id"
+
+
+def shared_job_id(own: str, wait: float, group: Group | None = None) -> str | None:
+    """The job id of the run as rank 0 names it: rank 0 publishes ``own``, the other ranks wait for it at
+    most ``wait`` seconds. None without a multi-rank group, or when it did not arrive (or the store failed)."""
+    g = group or _group
+    if g is None:
+        return None
+    try:
+        if g.rank == 0:
+            g.store.set(JOB_ID_KEY, own)
+            return own
+        if _wait_keys(g.store, [JOB_ID_KEY], time.monotonic() + wait):
+            return bytes(g.store.get(JOB_ID_KEY)).decode("utf-8", "replace")
+    except Exception:
+        pass  # a store that went away: this rank keeps its own id (the caller says so)
+    return None
+
+
 def _key(job: str, *parts: Any) -> str:
     return "/".join([_PREFIX, job, *map(str, parts)])
 

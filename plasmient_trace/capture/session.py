@@ -132,6 +132,7 @@ class CaptureSession:
         self._user_profilers = 0   # the job's own torch.profiler runs now active
         self.resource: dict[str, Any] = {}
         self.job_id = ""
+        self.job_id_shared = False
 
     # ---- lifecycle
     def start(self) -> "CaptureSession":
@@ -151,8 +152,11 @@ class CaptureSession:
 
         cfg = self.config
         self.resource = resource_from_env(cfg.environ)
-        self.job_id = cfg.job_id or self.resource.get("plasmient.job.id") or \
-            f"{self.resource['host.name']}-{os.getpid()}-{time.strftime('%Y%m%dT%H%M%S')}"
+        named = cfg.job_id or self.resource.get("plasmient.job.id")
+        # Named by the environment: every rank has it. Else this process's own, which the ranks of a
+        # multi-rank run replace with rank 0's at their first batch (batches.agree_job_id).
+        self.job_id_shared = bool(named)
+        self.job_id = named or f"{self.resource['host.name']}-{os.getpid()}-{time.strftime('%Y%m%dT%H%M%S')}"
         self.resource["plasmient.job.id"] = self.job_id
         # service.name travels as IngestOptions.service_name (OTEL_SERVICE_NAME, else the one
         # OTEL_RESOURCE_ATTRIBUTES named); the stitcher puts it on every resource.

@@ -16,9 +16,12 @@ from urllib.parse import unquote
 
 DEFAULT_SERVICE_NAME = "plasmient-trace"
 
-# (attribute, environment variables in order of preference, value type)
+# torchrun's TORCHELASTIC_RUN_ID when --rdzv-id was not given (static rendezvous, e.g. --master-port on
+# several nodes): every such job would share it, and with it the trace id of each step.
+TORCHRUN_DEFAULT_RUN_ID = "none"
+
+# (attribute, environment variables in order of preference, value type); plasmient.job.id: job_id_from_env
 _FROM_ENV: tuple[tuple[str, tuple[str, ...], type], ...] = (
-    ("plasmient.job.id", ("PLASMIENT_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"), str),
     ("plasmient.rank", ("RANK", "SLURM_PROCID"), int),
     ("plasmient.world_size", ("WORLD_SIZE", "SLURM_NTASKS"), int),
     ("plasmient.local_rank", ("LOCAL_RANK", "SLURM_LOCALID"), int),
@@ -58,6 +61,26 @@ def _first(environ: Mapping[str, str], names: tuple[str, ...], kind: type) -> An
     return None
 
 
+def job_id_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
+    """The job id trace ids derive from, as the environment names one run of a job (None: it names none).
+
+    PLASMIENT_JOB_ID as given. Else Slurm's job, qualified by what tells two runs under one job id apart
+    and is the same on every task of a run: the job step (``12345.0``, each ``srun`` of a batch script its
+    own) and the requeue count (``12345.0-restart1``, a requeued job keeps its id and starts its steps
+    again). Else torchrun's rendezvous id, unless it is torchrun's default ``none``. A trace id shared by
+    two runs merges their steps into one trace, with duplicate span ids."""
+    own = (environ.get("PLASMIENT_JOB_ID") or "").strip()
+    if own:
+        return own
+    job = (environ.get("SLURM_JOB_ID") or "").strip()
+    if job:
+        step = (environ.get("SLURM_STEP_ID") or "").strip()
+        restarts = (environ.get("SLURM_RESTART_COUNT") or "").strip()
+        return job + (f".{step}" if step else "") + (f"-restart{restarts}" if restarts not in ("", "0") else "")
+    run = (environ.get("TORCHELASTIC_RUN_ID") or "").strip()
+    return run if run and run != TORCHRUN_DEFAULT_RUN_ID else None
+
+
 def resource_from_env(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """Resource attributes of this process: scheduler, launcher, Kubernetes and OTEL_* variables.
 
@@ -65,6 +88,9 @@ def resource_from_env(environ: Mapping[str, str] = os.environ) -> dict[str, Any]
     OTEL_SERVICE_NAME overrides a service.name given there.
     """
     res: dict[str, Any] = {"host.name": socket.gethostname(), "process.pid": os.getpid()}
+    job = job_id_from_env(environ)
+    if job is not None:
+        res["plasmient.job.id"] = job
     for attr, names, kind in _FROM_ENV:
         value = _first(environ, names, kind)
         if value is not None:
