@@ -718,6 +718,24 @@ def test_parquet_writes_every_table_readable_with_row_counts(tmp_path: Path) -> 
     assert [r["plasmient.rank"] for r in resources] == [0, 1] and resources[1]["plasmient.gpu.count"] == 8
 
 
+def test_a_parquet_write_that_fails_leaves_the_old_file_and_no_temporary_one(tmp_path: Path, monkeypatch) -> None:
+    import errno
+
+    from plasmient_trace.export.sinks import OutputError
+
+    parquet.write_parquet([], None, tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def disk_full(table, where, **kwargs):
+        (open(where, "wb") if isinstance(where, (str, Path)) else where).write(b"PAR1 half a file")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(parquet.pq, "write_table", disk_full)
+    with pytest.raises(OutputError, match=r"kernels\.parquet: No space left on device"):
+        parquet.write_parquet([], None, tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
 def test_parquet_without_spans_still_writes_the_span_schema(tmp_path: Path) -> None:
     parquet.write_parquet([], None, tmp_path)
     spans = pq.read_table(tmp_path / "spans.parquet")

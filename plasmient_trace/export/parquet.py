@@ -11,8 +11,8 @@
 * ``resources.parquet``: one row per resource, ``resource_index`` plus one column per attribute.
 
 Tables with no rows still get a file carrying the schema, so queries over a directory never fail
-on a missing table. Files are written to a temporary name and renamed, so a reader never sees a
-half-written file.
+on a missing table. Each file is written beside its name and renamed into place
+(``sinks.write_output_file``), so a reader never sees a half-written file and a failure leaves none.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from plasmient_trace.conventions import SPAN_TABLE_SCHEMA, SpanBatch
 from plasmient_trace.export.pieces import hex_matrix, u64_be_matrix
+from plasmient_trace.export.sinks import write_output_file
 from plasmient_trace.export.span_columns import id_matrix
 from plasmient_trace.records import TABLE_SCHEMAS, RecordSet
 
@@ -107,10 +108,8 @@ def resources_table(resources: list[dict[str, Any]]) -> pa.Table:
 
 
 def _write(table: pa.Table, path: Path) -> Path:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pq.write_table(table, tmp, compression=_COMPRESSION)
-    os.replace(tmp, path)
-    return path
+    # as every whole output file: beside its name, synced, renamed into place, no temporary file left
+    return write_output_file(path, lambda f: pq.write_table(table, f, compression=_COMPRESSION))
 
 
 def write_parquet(record_sets: list[RecordSet], batch: SpanBatch | None, out_dir: str | os.PathLike[str]) -> list[Path]:

@@ -286,6 +286,8 @@ class ParquetSink:
 
         try:
             self.files = parquet.write_parquet(self.records, batch, self.directory)
+        except OutputError:
+            raise  # names the file and the problem already
         except OSError as err:
             check_output_dir(self.directory)  # the path in the way, when that is the problem, in its words
             raise OutputError(f"{self.directory}: {os_problem(err)}") from None
