@@ -179,6 +179,31 @@ def test_a_new_shape_that_could_not_be_measured_is_unknown_without_mfu():
     assert sorted(_exemplar_steps(rows, _mfu_points(sink), "rank")) == [0, 1, 2]
 
 
+def test_the_reports_all_row_says_its_mfu_covers_only_the_measured_steps():
+    import io
+
+    from rich.console import Console
+
+    from plasmient_trace.report.cli import merge_batches
+    from plasmient_trace.report.summary import fmt_pct, render_summary
+
+    rows, sink, _ = _capture([4, 4, 4, 2, 2], every=100, max_signatures=1)  # steps 3 and 4: unknown FLOPs
+    fleets = _by_step(rows, "fleet")
+    # the report's weight: the device window the MFU divides by, times the devices
+    device_s = {s: r["plasmient.device.window_s"] * r["plasmient.gpus"] for s, r in fleets.items()}
+    with_mfu = [s for s, r in fleets.items() if r["plasmient.mfu"] is not None]
+    assert with_mfu == [0, 1, 2]
+    share = sum(device_s[s] for s in with_mfu) / sum(device_s.values())
+    console = Console(file=io.StringIO(), width=400, record=True, color_system=None)
+    render_summary(merge_batches(sink.batches), console=console)
+    text = console.export_text()
+    assert f"all: MFU is over the 3 of 5 steps that have one ({fmt_pct(share)} of the device time)" in text
+    # the all row's MFU is theirs, weighted by device time
+    mfu = sum(fleets[s]["plasmient.mfu"] * device_s[s] for s in with_mfu) / sum(device_s[s] for s in with_mfu)
+    all_row = next(line for line in text.splitlines() if line.startswith("│") and line.split("│")[1].strip() == "all")
+    assert f" {fmt_pct(mfu)} " in all_row
+
+
 def _exemplar_steps(rows: list[dict], points: list, level: str) -> list[int]:
     spans = {(r["trace_id"], r["span_id"]): r for r in rows}
     out = []

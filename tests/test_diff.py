@@ -265,6 +265,40 @@ def test_fail_if_mfu_drops(spans_dir: Path, tmp_path: Path, capsys) -> None:
     assert run_diff(tmp_path / "slow.jsonl", src, tmp_path, "--fail-if-mfu-drops", "0%", "--quiet")[0] == 0
 
 
+def test_the_gate_says_when_a_sides_mfu_leaves_out_steps_that_have_none(tmp_path: Path, capsys) -> None:
+    # a live run whose new input shape could not be measured has steps without MFU: B's step-weighted MFU
+    # is over the others only, and the gate's line says so
+    a = _ingest("v100/resnet50_training.json.gz", tmp_path / "a.jsonl")
+    lines, left_out = [], None
+    for line in a.read_text().splitlines():
+        doc = json.loads(line)
+        for rs in doc["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                for span in ss["spans"]:
+                    keys = [x["key"] for x in span["attributes"]]
+                    if left_out is None and {"key": "plasmient.level", "value": {"stringValue": "step"}} in span["attributes"]:
+                        left_out = span["spanId"]
+                        del span["attributes"][keys.index("plasmient.mfu")]
+        lines.append(json.dumps(doc))
+    b = tmp_path / "b.jsonl"
+    b.write_text("\n".join(lines) + "\n")
+    steps = [x for x in raw_spans(b) if x["attrs"].get("plasmient.level") == "step"]
+    kept = [x for x in steps if x["raw"]["spanId"] != left_out]
+    assert len(kept) == len(steps) - 1 and all(x["attrs"].get("plasmient.mfu") is not None for x in kept)
+
+    def device_s(x: dict) -> float:  # the report's weight: the device window the MFU divides by, times its GPUs
+        return x["attrs"]["plasmient.device.window_s"] * (x["attrs"].get("plasmient.gpus") or 1)
+
+    expected = sum(x["attrs"]["plasmient.mfu"] * device_s(x) for x in kept) / sum(device_s(x) for x in kept)
+    rc, result = run_diff(a, b, tmp_path, "--fail-if-mfu-drops", "50%", "--quiet")
+    assert rc == 0 and result["totals"]["mfu"]["b"] == pytest.approx(expected, rel=1e-9)
+    assert result["totals"]["mfu_steps"] == {"a": len(steps), "b": len(kept), "delta": -1}
+    err = capsys.readouterr().err
+    assert f"(B over {len(kept)} of {len(steps)} steps: the others have no MFU)" in err
+    run_diff(a, a, tmp_path, "--fail-if-mfu-drops", "50%", "--quiet")
+    assert "have no MFU" not in capsys.readouterr().err
+
+
 def test_an_unknown_mfu_cannot_pass_the_gate(spans_dir: Path, tmp_path: Path, capsys) -> None:
     rc, _ = run_diff(spans_dir / "rank0.jsonl", spans_dir / "rank1.jsonl", tmp_path, "--fail-if-mfu-drops", "5%", "--quiet")
     err = capsys.readouterr().err.strip().splitlines()

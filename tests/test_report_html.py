@@ -307,6 +307,34 @@ def test_unknown_peak_and_cpu_only_pages_say_na(browser, tmp_path):
     assert browser.eval("document.getElementById('roofline').dataset.points") == "0"
 
 
+def _without_mfu_on_step(batch: SpanBatch, step: int) -> SpanBatch:
+    """The batch with every span of one step's trace lacking an MFU, as a live step with nothing to carry."""
+    import pyarrow as pa
+
+    t = batch.table
+    on_step = np.asarray(t.column("plasmient.step").to_numpy(zero_copy_only=False) == step)
+    mfu = t.column("plasmient.mfu").combine_chunks()
+    cleared = pa.array([None if hit else v for hit, v in zip(on_step.tolist(), mfu.to_pylist())], pa.float64())
+    i = t.schema.get_field_index("plasmient.mfu")
+    return SpanBatch(table=t.set_column(i, t.schema.field(i), cleared), resources=batch.resources)
+
+
+def test_a_bill_whose_mfu_covers_some_steps_says_over_how_much_device_time(browser, tmp_path):
+    batch = _without_mfu_on_step(make_job(steps=3, nodes=1), step=2)
+    fleet = [s for s in spans(batch) if s["plasmient.level"] == "fleet"]
+    device_s = {s["plasmient.step"]: s["plasmient.wall_s"] * s["plasmient.gpus"] for s in fleet}  # as device_weighted
+    data = open_page(browser, batch, tmp_path / "partial.html")
+    assert data["bill"]["device_s"] == pytest.approx(sum(device_s.values()))
+    assert data["bill"]["mfu_device_s"] == pytest.approx(device_s[0] + device_s[1])
+    assert data["bill"]["mfu"] == pytest.approx(device_weighted([s for s in fleet if s["plasmient.step"] != 2], "plasmient.mfu"))
+    note = browser.eval("document.getElementById('bill-note').textContent")
+    share = fmt_pct((device_s[0] + device_s[1]) / sum(device_s.values()))
+    assert re.search(r"\(MFU over the \S+ \S+ of it whose steps have one, " + re.escape(share) + r"\)", note), note
+    whole = open_page(browser, make_job(steps=3, nodes=1), tmp_path / "whole.html")
+    assert whole["bill"]["mfu_device_s"] == pytest.approx(whole["bill"]["device_s"])
+    assert "whose steps have one" not in browser.eval("document.getElementById('bill-note').textContent")
+
+
 def test_a_hundred_thousand_spans_still_give_a_page_that_loads(browser, tmp_path):
     batch = replicate(make_job(steps=1, nodes=2, ranks_per_node=4, layers=24, kernels_per_op=5), 21)
     assert len(batch) > 100_000

@@ -132,6 +132,7 @@ class Side:
     units: pa.Table
     mfu: float | None  # step spans' MFU weighted by their device-seconds; None when no step has one
     steps: int
+    mfu_steps: int = 0  # the step spans that have an MFU: ``mfu`` is theirs alone
 
     def per_step(self) -> "Side":
         """The same side with every additive quantity divided by its number of steps (kernel counts stay
@@ -142,7 +143,7 @@ class Side:
         for q in QUANTITIES:
             i = units.schema.get_field_index(q)
             units = units.set_column(i, q, pc.divide(units.column(q), float(self.steps)))
-        return Side(self.label, units, self.mfu, self.steps)
+        return Side(self.label, units, self.mfu, self.steps, self.mfu_steps)
 
     def total(self, q: str) -> float | None:
         col = self.units.column(q)
@@ -152,8 +153,10 @@ class Side:
 def side_from_batch(batch: SpanBatch, label: str) -> Side:
     frame = SpanFrame(batch)
     steps = np.nonzero(frame.is_level("step"))[0]
-    mfu = weighted_mean(frame.num("plasmient.mfu")[steps], frame.device_s[steps]) if steps.size else None
-    return Side(label, unit_table(batch), mfu, int(steps.size))
+    step_mfu = frame.num("plasmient.mfu")[steps]
+    mfu = weighted_mean(step_mfu, frame.device_s[steps]) if steps.size else None
+    known = int((~np.isnan(step_mfu) & (frame.device_s[steps] > 0)).sum())
+    return Side(label, unit_table(batch), mfu, int(steps.size), known)
 
 
 def _side_values(table: pa.Table, q: str, present: np.ndarray) -> np.ndarray:
@@ -213,6 +216,7 @@ def diff(a: Side, b: Side, per_step: bool = False) -> dict[str, Any]:
         totals[q] = {"a": ta, "b": tb, "delta": None if ta is None or tb is None else tb - ta}
     totals["mfu"] = {"a": a.mfu, "b": b.mfu, "delta": None if a.mfu is None or b.mfu is None else b.mfu - a.mfu}
     totals["steps"] = {"a": a.steps, "b": b.steps, "delta": b.steps - a.steps}
+    totals["mfu_steps"] = {"a": a.mfu_steps, "b": b.mfu_steps, "delta": b.mfu_steps - a.mfu_steps}
     return {"a": a.label, "b": b.label, "per_step": per_step, "totals": totals,
             **{d: compare(a, b, d) for d in DIMENSIONS}}
 
@@ -275,7 +279,8 @@ def diff_document() -> dict[str, Any]:
         "description": "Rows of `plasmient diff A B` (--json per dimension, --parquet as one table): per module "
                        "pattern, op name and kernel name, the exclusive device time, waste, FLOPs and MFU of each side. "
                        "Totals in --json: the same quantities summed over all units, plus mfu = the step spans' MFU "
-                       "weighted by their device-seconds, and steps.",
+                       "weighted by their device-seconds, steps, and mfu_steps = the step spans "
+                       "that have an MFU (the others, e.g. live steps with nothing to carry, are not in mfu).",
         "rows": [{"name": f.name, "type": str(f.type), "nullable": f.nullable,
                   **{k.decode(): v.decode() for k, v in (f.metadata or {}).items()}} for f in DIFF_ROW_SCHEMA],
     }

@@ -200,8 +200,16 @@ def gate(result: dict[str, Any], threshold: float | None) -> tuple[int, str | No
         side = result["a"] if mfu["a"] is None else result["b"]
         return D.EXIT_BAD_INPUT, f"{side}: no step has a known MFU, so --fail-if-mfu-drops cannot be judged"
     line = (f"step-weighted MFU {fmt_pct(mfu['a'])} -> {fmt_pct(mfu['b'])} "
-            f"({-drop * 100 + 0.0:+.1f}% relative; limit -{threshold * 100:g}%)")
+            f"({-drop * 100 + 0.0:+.1f}% relative; limit -{threshold * 100:g}%)") + _partial_mfu(result)
     return (D.EXIT_MFU_DROPPED, f"MFU dropped: {line}") if drop > threshold else (D.EXIT_OK, line)
+
+
+def _partial_mfu(result: dict[str, Any]) -> str:
+    """", over N of M steps on A/B" for a side whose MFU leaves out steps that have none; else ""."""
+    t = result["totals"]
+    parts = [f"{side.upper()} over {t['mfu_steps'][side]} of {t['steps'][side]} steps" for side in ("a", "b")
+             if t["mfu_steps"][side] < t["steps"][side]]
+    return f" ({', '.join(parts)}: the others have no MFU)" if parts else ""
 
 
 def run_diff(args: argparse.Namespace) -> int:

@@ -66,6 +66,8 @@ def _bill(frame: SpanFrame, fleet_gpus: int | None, price: float | None, baselin
         "mfu": weighted_mean(mfu, dev),
         "util": weighted_mean(util, dev),
         "device_s": float(dev.sum()),
+        # the part of it whose MFU is known (a step with none, e.g. a live step with nothing to carry, is left out)
+        "mfu_device_s": float(dev[~np.isnan(mfu) & (dev > 0)].sum()),
         "cost_usd": None if np.isnan(cost).all() else float(np.nansum(cost)),
         "wasted_usd": None if np.isnan(wasted).all() else float(np.nansum(wasted)),
     }

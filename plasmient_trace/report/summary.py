@@ -304,6 +304,7 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
         vals = [r[key] for r in rows if r[key] is not None]
         return float(sum(vals)) if vals else None
 
+    known_mfu = ~np.isnan(mfu) & (dev > 0)
     return {
         "steps": len(rows),
         "device_s": float(dev.sum()),
@@ -313,7 +314,27 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "gap_gpu_hours": s("gap_gpu_hours"),
         "cost_usd": s("cost_usd"),
         "wasted_usd": s("wasted_usd"),
+        # what each of those covers: a total over some of the steps is said to be one
+        "mfu_device_s": float(dev[known_mfu].sum()),
+        "steps_with": {key: sum(r[key] is not None for r in rows) for key in ("util", "mfu", "gap_gpu_hours", "wasted_usd")},
     }
+
+
+def partial_totals_note(tot: dict[str, Any]) -> str | None:
+    """One line when the "all" row's MFU, util, gap or wasted $ come from only some of the steps (the others
+    have none: an unknown peak or price, a live step with nothing to carry): which, and over what."""
+    n, have = tot["steps"], tot["steps_with"]
+    parts = []
+    if tot["mfu"] is not None and have["mfu"] < n:
+        share = tot["mfu_device_s"] / tot["device_s"] if tot["device_s"] > 0 else None
+        parts.append(f"MFU is over the {have['mfu']} of {n} steps that have one ({fmt_pct(share)} of the device time)")
+    by_count: dict[int, list[str]] = {}
+    for key, label in (("util", "util.resident"), ("gap_gpu_hours", "gap"), ("wasted_usd", "wasted $")):
+        if tot[key] is not None and have[key] < n:
+            by_count.setdefault(have[key], []).append(label)
+    for count, labels in by_count.items():
+        parts.append(f"{' and '.join(labels)} {'adds' if len(labels) == 1 else 'add'} up {count} of {n} steps")
+    return "all: " + "; ".join(parts) + " (the others have none)" if parts else None
 
 
 # ---- rendering -------------------------------------------------------------------------------
@@ -374,6 +395,9 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
             style="bold",
         )
     console.print(steps)
+    partial = partial_totals_note(totals(rows)) if len(rows) > 1 else None
+    if partial:
+        console.print(f"[dim]{partial}[/dim]")
     note = collective_note(batch)
     if note:
         console.print(f"[dim]{note}[/dim]")

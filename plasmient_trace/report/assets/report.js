@@ -121,7 +121,11 @@
   document.getElementById("bill-note").textContent =
     "spend/day = GPUs × price × 24; idle/day = spend × (1 − util.resident); wasted/day = spend × max(0, 1 − MFU / baseline); " +
     "year = 365 days. util and MFU are the device-time weighted values measured over " + fmtSeconds(bill.device_s) +
-    " of GPU time in this trace; the price " +
+    " of GPU time in this trace" +
+    (!bad(bill.mfu) && bill.mfu_device_s < bill.device_s
+      ? " (MFU over the " + fmtSeconds(bill.mfu_device_s) + " of it whose steps have one, " +
+        fmtPct(bill.mfu_device_s / bill.device_s) + ")" : "") +
+    "; the price " +
     (bill.price_source === "trace" ? "is the one the trace was costed with" :
      bill.price_source === "argument" ? "was given when the report was built" : "is assumed (none in the trace): edit it") + "." +
     (bad(bill.mfu) ? " MFU is n/a because the GPU's peak FLOP/s is unknown, so the waste cannot be priced." : "");
