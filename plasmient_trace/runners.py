@@ -26,6 +26,7 @@ import multiprocessing
 import os
 import pickle
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -123,6 +124,48 @@ def _ray_parse(path: str, index: int, options: IngestOptions) -> tuple[RankDiges
     return digest, records
 
 
+# How long the head of a Ray cluster named by --ray has to accept a connection and greet it.
+RAY_CONNECT_TIMEOUT_S = 10.0
+# An HTTP/2 client's first bytes (the connection preface and an empty SETTINGS frame): Ray's GCS and its
+# client server speak gRPC, so they answer with a SETTINGS frame of their own.
+_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_WHAT_RAY_TAKES = ("--ray takes the head's GCS address, host:port (6379 unless `ray start --port` named another), "
+                   "or ray://host:10001; not the dashboard's URL (8265)")
+
+
+def _unreachable(address: str, timeout: float = RAY_CONNECT_TIMEOUT_S) -> str | None:
+    """Why no Ray head answers at ``address`` (None: one does, or the address is one Ray resolves itself,
+    "auto" or "local"). ray.init would retry for some 12 minutes (20 tries of a ~36 s connect), printing
+    its own log lines, at an address where nothing listens or something else (an HTTP server) does."""
+    if address in ("auto", "local"):
+        return None
+    client = address.startswith("ray://")
+    target = address.removeprefix("ray://")
+    host, _, port = target.rpartition(":")
+    if "://" in target or not host or not port.isdigit():
+        return f"not a Ray address: {_WHAT_RAY_TAKES}"
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        # as ray.init does: a loopback host becomes this node's address
+        target = target if client else (canonicalize_bootstrap_address(target) or target)
+        host, _, port = target.rpartition(":")
+    except Exception:
+        pass  # a private helper that moved: the address as given
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as conn:
+            conn.settimeout(timeout)
+            conn.sendall(_HTTP2_HELLO)
+            greeting = conn.recv(9)
+    except TimeoutError:
+        return f"no answer from {target} within {timeout:g}s"
+    except OSError as err:
+        return f"nothing answers at {target} ({err.strerror or type(err).__name__})"
+    if len(greeting) == 9 and greeting[3] == 4:  # a SETTINGS frame
+        return None
+    return f"{target} answers, but not as a Ray head does (gRPC): {_WHAT_RAY_TAKES}"
+
+
 class RayRunner:
     """The same tasks as Ray remote functions, on the cluster at ``address`` ("" = a local Ray started
     here with ``cpus`` CPUs). A Ray this runner started is stopped on exit; one already running is left."""
@@ -135,6 +178,9 @@ class RayRunner:
         self.ray = ray
         self.started = False
         if not ray.is_initialized():
+            unreachable = _unreachable(address) if address else None
+            if unreachable:
+                raise TraceFormatError(f"--ray {address}: {unreachable}")
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                       "logging_level": logging.ERROR}
             try:

@@ -169,6 +169,64 @@ class _Collect(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+def _ingest_ray(address: str, tmp_path) -> subprocess.CompletedProcess:
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "ingest", *map(str, map(trace_path, REAL)),
+                           "--ray", address, "--quiet", "--out", str(out)],
+                          check=False, capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
+    assert not out.exists()
+    return proc
+
+
+def test_ray_at_an_address_where_no_head_answers_is_one_line(tmp_path):
+    # ray.init alone retries such an address for some 12 minutes, printing its own log lines all along
+    pytest.importorskip("ray", reason="Ray is the optional [ray] extra: pip install 'plasmient-trace[ray]'")
+    import http.server
+    import socket
+    import threading
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    proc = _ingest_ray(f"127.0.0.1:{closed}", tmp_path)
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr[-2000:]
+    assert f"--ray 127.0.0.1:{closed}: nothing answers at " in proc.stderr and "Connection refused" in proc.stderr
+    # the dashboard's HTTP port, a likely mix-up (Ray's job CLI takes http://head:8265): it answers, not as Ray
+    web = http.server.ThreadingHTTPServer(("0.0.0.0", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        for address in (f"127.0.0.1:{web.server_port}", f"http://127.0.0.1:{web.server_port}"):
+            proc = _ingest_ray(address, tmp_path)
+            assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr[-2000:]
+            assert f"--ray {address}: " in proc.stderr and "not the dashboard's URL (8265)" in proc.stderr
+    finally:
+        web.shutdown()
+
+
+def test_the_ray_head_check_knows_a_head_from_a_silent_port(local_ray):
+    from plasmient_trace.runners import _unreachable
+
+    assert _unreachable(local_ray.get_runtime_context().gcs_address) is None  # a real GCS greets in gRPC
+    with socket_listening() as port:  # accepts, never says a word
+        assert _unreachable(f"127.0.0.1:{port}", timeout=0.5).startswith("no answer from ")
+    assert _unreachable("auto") is None and _unreachable("local") is None  # Ray finds those itself
+
+
+def socket_listening():
+    import contextlib
+    import socket
+
+    @contextlib.contextmanager
+    def listening():
+        with socket.socket() as s:
+            s.bind(("0.0.0.0", 0))
+            s.listen(4)
+            yield s.getsockname()[1]
+
+    return listening()
+
+
 def test_ray_flag_without_ray_says_how_to_install(monkeypatch, tmp_path, capsys):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
