@@ -514,6 +514,25 @@ def test_non_retryable_failure_raises_at_once(receiver: OtlpReceiver, protocol: 
     assert "1 attempt " in str(err.value)  # no retry: the count says it, not a clock on a loaded machine
 
 
+def test_a_generic_endpoint_ending_in_v1_traces_fails_with_what_to_change(receiver: OtlpReceiver) -> None:
+    # the spec appends /v1/traces to OTEL_EXPORTER_OTLP_ENDPOINT whatever its path: a signal URL there
+    # doubles it, and the collector answers 404 (here, the receiver, on any path it does not serve)
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint.rstrip("/") + "/v1/traces",
+           "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_TIMEOUT": "10000"}
+    with pytest.raises(ExportError) as err:
+        send_spans(small_batch(), OtlpConfig.from_env(env))
+    assert "/v1/traces/v1/traces" in str(err.value) and "HTTP 404" in str(err.value)
+    assert "drop the /v1/... from it, or give the full URL as OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" in str(err.value)
+    # the same URL as the signal's own endpoint is used as is, and works
+    stats = send_spans(small_batch(), OtlpConfig.from_env({**env, "OTEL_EXPORTER_OTLP_ENDPOINT": "",
+                                                           "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": env["OTEL_EXPORTER_OTLP_ENDPOINT"]}))
+    assert stats.spans == len(small_batch())
+    receiver.fail_next(1, http_status=404)  # a 404 for another reason carries no such hint
+    with pytest.raises(ExportError) as other:
+        send_spans(small_batch(), OtlpConfig.from_env({}, endpoint=receiver.http_endpoint, protocol="http/protobuf"))
+    assert "HTTP 404" in str(other.value) and "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" not in str(other.value)
+
+
 def test_partial_success_is_counted_not_raised(receiver: OtlpReceiver) -> None:
     receiver.reject_next(1, rejected=2, message="span too old")
     stats = send_spans(small_batch(), OtlpConfig.from_env({}, endpoint=receiver.grpc_endpoint))

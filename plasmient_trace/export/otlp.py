@@ -32,6 +32,7 @@ import socket
 import threading
 import logging
 import math
+import re
 import ssl
 import time
 import urllib.parse
@@ -67,6 +68,19 @@ _SERVICES = {
 }
 # Field of PartialSuccess holding the rejected count, in OTLP/JSON spelling.
 _REJECTED_JSON = {"traces": "rejectedSpans", "metrics": "rejectedDataPoints", "logs": "rejectedLogRecords"}
+
+
+def _doubled_path_hint(cfg: OtlpConfig) -> str:
+    """What went wrong when OTEL_EXPORTER_OTLP_ENDPOINT held a signal's full URL: the spec makes it the
+    base, so ``/v1/<signal>`` was appended to the ``/v1/traces`` it ended with (as every OTel SDK does)."""
+    if not (cfg.generic_endpoint and cfg.protocol.startswith("http")):
+        return ""
+    base = urllib.parse.urlsplit(cfg.generic_endpoint).path.rstrip("/")
+    derived = urllib.parse.urlsplit(cfg.endpoint).path == f"{base}/v1/{cfg.signal}"  # not a signal's own URL
+    if not (derived and re.search(r"/v1/(traces|metrics|logs)$", base)):
+        return ""
+    return ("; OTEL_EXPORTER_OTLP_ENDPOINT is the collector's base URL, to which /v1/<signal> is appended: drop the "
+            f"/v1/... from it, or give the full URL as OTEL_EXPORTER_OTLP_{cfg.signal.upper()}_ENDPOINT")
 
 
 class ExportError(RuntimeError):
@@ -226,6 +240,7 @@ class OtlpClient:
         return redact(one_line(
             f"OTLP export to {self.display_endpoint} ({cfg.protocol}) failed for {cfg.signal}: {what} "
             f"[{attempts} attempt{'s' if attempts != 1 else ''} in {time.monotonic() - start:.1f}s, timeout {cfg.timeout_s:g}s]"
+            + _doubled_path_hint(cfg)
         ), cfg)
 
     def _partial(self, response_bytes: bytes) -> tuple[int, str]:
