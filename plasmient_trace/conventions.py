@@ -186,7 +186,8 @@ RESOURCE_ATTRIBUTES: dict[str, str] = {
     "k8s.pod.name": "Kubernetes downward API (POD_NAME / K8S_POD_NAME)",
     "k8s.node.name": "Kubernetes downward API (NODE_NAME / K8S_NODE_NAME)",
     "plasmient.job.id": "--job-id / PLASMIENT_JOB_ID, else SLURM_JOB_ID with .SLURM_STEP_ID and -restartN "
-                        "(SLURM_RESTART_COUNT) when set, else TORCHELASTIC_RUN_ID unless torchrun's default 'none'; "
+                        "(SLURM_RESTART_COUNT) when set, else TORCHELASTIC_RUN_ID unless torchrun's default 'none' "
+                        "(-restartN after TORCHELASTIC_RESTART_COUNT restarts); "
                         "live, with none of these: rank 0's host-pid-time, shared with the other ranks through the "
                         "process group's store",
     "plasmient.rank": "global rank (distributedInfo.rank, RANK, SLURM_PROCID)",

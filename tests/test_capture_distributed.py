@@ -136,6 +136,20 @@ def test_ranks_without_a_job_id_take_rank_0s():
     assert (leader, got[0]) == ("host-a-1-T", "host-a-1-T")
 
 
+def test_a_restarted_attempt_never_reads_the_job_id_an_earlier_one_left_in_the_store():
+    # torchrun's restarted workers share their agent's store with the attempt before: its key is still there
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    lead = [distributed.Group(store=store, rank=r, world_size=2, backend="gloo") for r in (0, 1)]
+    assert distributed.shared_job_id("run", 5, lead[0], attempt="0") == "run"
+    assert distributed.shared_job_id("run", 5, lead[1], attempt="0") == "run"
+    # attempt 1: rank 1 comes first and must wait for rank 0 of this attempt, not take attempt 0's
+    assert distributed.shared_job_id("run-restart1", 0.1, lead[1], attempt="1") is None
+    assert distributed.shared_job_id("run-restart1", 5, lead[0], attempt="1") == "run-restart1"
+    assert distributed.shared_job_id("run-restart1", 5, lead[1], attempt="1") == "run-restart1"
+
+
 def test_a_rank_whose_leader_never_publishes_keeps_its_own_id_and_says_so(monkeypatch):
     import torch.distributed as dist
 

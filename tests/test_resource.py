@@ -87,6 +87,14 @@ def test_torchruns_default_rendezvous_id_names_no_job():
     assert job_id_from_env({"TORCHELASTIC_RUN_ID": "3f2a-uuid"}) == "3f2a-uuid"  # --standalone, --rdzv-id
 
 
+def test_torchruns_restarted_workers_get_a_job_id_of_their_own():
+    # they resume from a checkpoint and run the same step numbers again, under the same run id
+    env = {"TORCHELASTIC_RUN_ID": "exp", "TORCHELASTIC_RESTART_COUNT": "0"}
+    assert job_id_from_env(env) == "exp"
+    assert job_id_from_env({**env, "TORCHELASTIC_RESTART_COUNT": "1"}) == "exp-restart1"
+    assert job_id_from_env({**env, "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "1"}) is None
+
+
 def test_plasmient_job_id_is_taken_as_given():
     env = {"PLASMIENT_JOB_ID": "exp-7", "SLURM_JOB_ID": "1", "SLURM_STEP_ID": "3", "SLURM_RESTART_COUNT": "1"}
     assert job_id_from_env(env) == "exp-7"

@@ -126,11 +126,12 @@ def agree_job_id(session: CaptureSession) -> None:
     if session.job_id_shared or not distributed.active():
         return
     wait = distributed.wait_s(session.config.environ)
-    shared = distributed.shared_job_id(session.job_id, wait)
+    attempt = (session.config.environ.get("TORCHELASTIC_RESTART_COUNT") or "0").strip()
+    shared = distributed.shared_job_id(session.job_id, wait, attempt=attempt)
     session.job_id_shared = True  # one try: a later batch must not wait again
     if shared is None:
         say_once("job-id-not-shared", f"rank 0's job id did not arrive within {wait:g}s: this rank's traces carry its own "
-                                      f"({session.job_id!r}), apart from the job's; set PLASMIENT_JOB_ID to name the job")
+                                      f"({session.job_id!r}); set PLASMIENT_JOB_ID to name the job")
         return
     session.job_id = shared
     session.resource["plasmient.job.id"] = shared

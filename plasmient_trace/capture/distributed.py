@@ -112,23 +112,27 @@ def wait_s(environ: Any = os.environ) -> float:
     return value if 0 <= value < float("inf") else DEFAULT_WAIT_S  # NaN fails too: never wait forever
 
 
-# The job id rank 0 publishes for ranks whose environment named none. One process group, one store, one
-# run: a later run has a store of its own, so the key needs no job in it.
-JOB_ID_KEY = f"{_PREFIX}/job_id"
+def job_id_key(attempt: str) -> str:
+    """Where rank 0 publishes the job id for ranks whose environment named none (or only torchrun's run).
+    A new run has a store of its own, but torchrun's restarted workers share their agent's store with the
+    attempts before them: the key names the attempt (TORCHELASTIC_RESTART_COUNT), so no rank reads a
+    job id an earlier attempt left there."""
+    return f"{_PREFIX}/job_id/attempt{attempt}"
 
 
-def shared_job_id(own: str, wait: float, group: Group | None = None) -> str | None:
+def shared_job_id(own: str, wait: float, group: Group | None = None, attempt: str = "0") -> str | None:
     """The job id of the run as rank 0 names it: rank 0 publishes ``own``, the other ranks wait for it at
     most ``wait`` seconds. None without a multi-rank group, or when it did not arrive (or the store failed)."""
     g = group or _group
     if g is None:
         return None
+    key = job_id_key(attempt)
     try:
         if g.rank == 0:
-            g.store.set(JOB_ID_KEY, own)
+            g.store.set(key, own)
             return own
-        if _wait_keys(g.store, [JOB_ID_KEY], time.monotonic() + wait):
-            return bytes(g.store.get(JOB_ID_KEY)).decode("utf-8", "replace")
+        if _wait_keys(g.store, [key], time.monotonic() + wait):
+            return bytes(g.store.get(key)).decode("utf-8", "replace")
     except Exception:
         pass  # a store that went away: this rank keeps its own id (the caller says so)
     return None

@@ -67,8 +67,9 @@ def job_id_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
     PLASMIENT_JOB_ID as given. Else Slurm's job, qualified by what tells two runs under one job id apart
     and is the same on every task of a run: the job step (``12345.0``, each ``srun`` of a batch script its
     own) and the requeue count (``12345.0-restart1``, a requeued job keeps its id and starts its steps
-    again). Else torchrun's rendezvous id, unless it is torchrun's default ``none``. A trace id shared by
-    two runs merges their steps into one trace, with duplicate span ids."""
+    again). Else torchrun's rendezvous id, unless it is torchrun's default ``none``, with its restart count
+    (``-restart1``: restarted workers resume from a checkpoint and run the same steps again). A trace id
+    shared by two runs merges their steps into one trace, with duplicate span ids."""
     own = (environ.get("PLASMIENT_JOB_ID") or "").strip()
     if own:
         return own
@@ -78,7 +79,13 @@ def job_id_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
         restarts = (environ.get("SLURM_RESTART_COUNT") or "").strip()
         return job + (f".{step}" if step else "") + (f"-restart{restarts}" if restarts not in ("", "0") else "")
     run = (environ.get("TORCHELASTIC_RUN_ID") or "").strip()
-    return run if run and run != TORCHRUN_DEFAULT_RUN_ID else None
+    if not run or run == TORCHRUN_DEFAULT_RUN_ID:
+        return None
+    # torchrun restarts the workers under the same run id. Each node's agent counts its own restarts: a
+    # node whose workers were only restarted to let another node join counts none, and its ranks' traces
+    # then part from the others' (PLASMIENT_JOB_ID set per attempt avoids it)
+    restarts = (environ.get("TORCHELASTIC_RESTART_COUNT") or "").strip()
+    return run + (f"-restart{restarts}" if restarts not in ("", "0") else "")
 
 
 def resource_from_env(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
