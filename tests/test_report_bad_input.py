@@ -118,3 +118,30 @@ def test_spans_of_other_services_are_left_out_and_a_file_of_only_theirs_is_one_l
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].endswith(f"{theirs}: none of its 1 span(s) is plasmient's (no plasmient.level): "
                                                  "not a plasmient trace"), err
+
+
+def test_a_span_delivered_twice_counts_once_and_another_run_under_the_same_ids_is_refused(good_jsonl, tmp_path, capsys):
+    # OTLP is at-least-once: a retried request the collector had taken writes its spans again
+    ours, twice = tmp_path / "ours.jsonl", tmp_path / "twice.jsonl"
+    ours.write_bytes(good_jsonl)
+    twice.write_bytes(good_jsonl + good_jsonl)
+    spans = sum(len(s["spans"]) for line in good_jsonl.splitlines() for rs in json.loads(line)["resourceSpans"]
+                for s in rs["scopeSpans"])
+    assert main(["report", str(ours)]) == 0
+    alone = capsys.readouterr().err
+    assert main(["report", str(twice)]) == 0
+    note, rest = capsys.readouterr().err.split("\n", 1)
+    assert note == (f"plasmient report: {twice}: {spans} span(s) appeared twice with the same ids and times "
+                    "(a delivery retried): counted once")
+    assert rest == alone  # the numbers of the file alone, not doubled
+    # a second run under the same job id: the same trace and span ids, other times
+    other = tmp_path / "other.jsonl"
+    other.write_bytes(re.sub(rb'"(start|end)TimeUnixNano":"(\d+)"',
+                             lambda m: b'"%sTimeUnixNano":"%d"' % (m.group(1), int(m.group(2)) + 60 * 10**9), good_jsonl))
+    both = tmp_path / "both.jsonl"
+    both.write_bytes(good_jsonl + other.read_bytes())
+    for command in (["report", str(both)], ["diff", str(ours), str(both)]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{both}: {spans} span id(s) appear again with other times: two runs wrote the same " \
+                                 "trace ids" in err[0] and "PLASMIENT_JOB_ID" in err[0], err

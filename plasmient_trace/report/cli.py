@@ -11,6 +11,7 @@ import sys
 import zlib
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -66,10 +67,12 @@ def _problem(exc: BaseException) -> str:
     return str(exc)
 
 
-def read_span_files(files: list[str]) -> SpanBatch:
+def read_span_files(files: list[str], notes: list[str] | None = None) -> SpanBatch:
     """Read and merge span files, refusing what would draw a wrong report: every failure is one line.
     Only plasmient's spans (those with a ``plasmient.level``) are kept: a Collector's file exporter
-    writes every service's spans into one file, and an HTTP handler's span is no step."""
+    writes every service's spans into one file, and an HTTP handler's span is no step. A span that
+    appears again with the same ids and times (a delivery retried) is counted once, and ``notes`` gets
+    a line saying so; the same ids with other times (two runs under one job id) are refused."""
     from plasmient_trace.export.otlp_json import read_jsonl
 
     batches = []
@@ -92,7 +95,39 @@ def read_span_files(files: list[str]) -> SpanBatch:
     batch = merge_batches(batches)
     if len(batch) == 0:
         raise ReportInputError(f"{', '.join(files)}: no spans to report")
-    return batch
+    return _once_each(batch, ", ".join(files), notes)
+
+
+def _once_each(batch: SpanBatch, name: str, notes: list[str] | None) -> SpanBatch:
+    """The batch with each (trace id, span id) once. Repeats with the first one's start and end are the
+    same span delivered twice (OTLP is at-least-once: a retried request the collector had taken); other
+    times under the same ids are another run that computed the same trace ids, whose numbers would be
+    added to this one's."""
+    t = batch.table
+    trace = t.column("trace_id").combine_chunks()
+    words = np.frombuffer(trace.buffers()[1], np.uint64)[2 * trace.offset: 2 * (trace.offset + len(trace))].reshape(-1, 2)
+    span = t.column("span_id").to_numpy()
+    order = np.lexsort((span, words[:, 1], words[:, 0]))
+    repeat = np.zeros(len(order), bool)
+    repeat[1:] = (span[order[1:]] == span[order[:-1]]) & (words[order[1:]] == words[order[:-1]]).all(axis=1)
+    if not repeat.any():
+        return batch
+    first = order[np.flatnonzero(~repeat)[np.cumsum(~repeat) - 1]]  # each sorted row's first occurrence
+    rows, of = order[repeat], first[repeat]
+    start, end = t.column("start_ns").to_numpy(), t.column("end_ns").to_numpy()
+    differ = (start[rows] != start[of]) | (end[rows] != end[of])
+    if differ.any():
+        job = t.column("plasmient.job.id").combine_chunks()[int(rows[differ][0])].as_py()
+        raise ReportInputError(
+            f"{name}: {int(differ.sum())} span id(s) appear again with other times: two runs wrote the same trace ids "
+            f"(job id {job!r}) and their numbers would be added up; give each run its own PLASMIENT_JOB_ID, or "
+            "report each run's lines apart")
+    if notes is not None:
+        notes.append(f"{name}: {len(rows)} span(s) appeared twice with the same ids and times (a delivery retried): "
+                     "counted once")
+    keep = np.ones(len(span), bool)
+    keep[rows] = False
+    return SpanBatch(table=t.filter(pa.array(keep)), resources=batch.resources, summaries=batch.summaries)
 
 
 def _check_times(name: str, batch: SpanBatch) -> None:
@@ -116,12 +151,15 @@ def run_report(args: argparse.Namespace) -> int:
     try:
         if args.html:
             check_output_path(args.html)  # before the reading and the summary, not after them
-        batch = read_span_files(list(args.files))
+        notes: list[str] = []
+        batch = read_span_files(list(args.files), notes)
     except (ReportInputError, OutputError) as exc:
         # Plain print, not the rich console: rich wraps long lines, and this must stay one line.
         print(f"plasmient report: error: {exc}", file=sys.stderr)
         return 2
     if not args.quiet:
+        for note in notes:
+            print(f"plasmient report: {note}", file=sys.stderr)
         render_summary(batch, console=console, top=args.top)
     if args.html:
         title = args.title or "plasmient-trace: " + ", ".join(Path(f).name for f in args.files[:4]) + (" …" if len(args.files) > 4 else "")

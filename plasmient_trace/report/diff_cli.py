@@ -107,7 +107,10 @@ def load_side(path_text: str, args: argparse.Namespace) -> SpanBatch:
         if path.is_dir() or path.suffix == ".parquet" or head[:4] == b"PAR1":
             batch = _read_parquet(path)
         elif b'"resourceSpans"' in head:
-            batch = read_span_files([path_text])
+            notes: list[str] = []
+            batch = read_span_files([path_text], notes)
+            for note in notes if not getattr(args, "quiet", False) else ():
+                print(f"plasmient diff: {note}", file=sys.stderr)
         else:
             from plasmient_trace.cli import stitch_options_from_args
             from plasmient_trace.pipeline import ingest_paths
