@@ -128,7 +128,12 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         if Path(args.ray).is_file():
             # `--ray rank-0.json rank-1.json`: argparse took the first file for the address.
             args.paths, args.ray = [args.ray, *args.paths], ""
-    console = None if args.quiet else _console()
+    from .export.sinks import is_stdout
+
+    if args.out == "-":
+        args.out = "/dev/stdout"  # the usual spelling of "write it to stdout"
+    # the summary and the progress bar go where the spans do not
+    console = None if args.quiet else _console(stderr=args.out is not None and is_stdout(args.out))
     job_id = args.job_id or Path(args.paths[0]).name.split(".")[0]
     try:
         options = stitch_options_from_args(args, job_id)
@@ -294,10 +299,11 @@ def _naming_hint(gpu_model: str | None) -> str:
     return f"--gpu-model {gpu_model!r} is none of {', '.join(SPECS)}; name one of them or set --peak-tflops"
 
 
-def _console() -> Any:
+def _console(stderr: bool = False) -> Any:
     from rich.console import Console
 
-    return Console(stderr=False)
+    return Console(stderr=stderr)
+
 
 
 def _cmd_link(args: argparse.Namespace) -> int:
@@ -324,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ingest = sub.add_parser("ingest", help="stitch Kineto trace files (one per rank) into one OTel trace per step")
     ingest.add_argument("paths", nargs="+", help="Kineto Chrome-trace files (.json or .json.gz), one per rank")
-    ingest.add_argument("--out", help="write OTLP/JSON lines here (default traces.jsonl when no endpoint is configured)")
+    ingest.add_argument("--out", help="write OTLP/JSON lines here ('-': stdout; default traces.jsonl when no endpoint is configured)")
     ingest.add_argument("--endpoint", help="OTLP endpoint (default $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / $OTEL_EXPORTER_OTLP_ENDPOINT)")
     ingest.add_argument("--protocol", choices=("grpc", "http/protobuf", "http/json"), help="OTLP protocol (default $OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
     ingest.add_argument("--parquet", metavar="DIR", help="also write every record table and the spans as Parquet")

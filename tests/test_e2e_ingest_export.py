@@ -117,6 +117,25 @@ def test_embedded_default_writes_collector_file_format(tmp_path):
     assert "MFU" in proc.stdout or "mfu" in proc.stdout.lower()
 
 
+def test_out_dash_streams_the_spans_to_stdout_and_the_summary_elsewhere(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_EXPORTER_OTLP")}
+    cmd = [sys.executable, "-m", "plasmient_trace.cli", "ingest", str(trace_path(TRACE)), "--job-id", "demo"]
+    to_file = subprocess.run([*cmd, "--out", str(tmp_path / "file.jsonl"), "--quiet"], cwd=tmp_path, env=env,
+                             capture_output=True, timeout=120)
+    assert to_file.returncode == 0
+    piped = subprocess.run([*cmd, "--out", "-"], cwd=tmp_path, env=env, capture_output=True, timeout=120)
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout == (tmp_path / "file.jsonl").read_bytes()  # the spans alone, as the file holds them
+    assert b"MFU" in piped.stderr and b"to /dev/stdout" in piped.stderr  # the summary went to stderr
+    assert not (tmp_path / "-").exists()
+    # `>> all.jsonl`: appended where the shell's redirection points, not renamed over the file
+    collected = tmp_path / "all.jsonl"
+    collected.write_bytes(b'{"resourceSpans":[]}\n')
+    with open(collected, "ab") as out:
+        assert subprocess.run([*cmd, "--out", "-", "--quiet"], cwd=tmp_path, env=env, stdout=out, timeout=120).returncode == 0
+    assert collected.read_bytes() == b'{"resourceSpans":[]}\n' + piped.stdout
+
+
 def test_parquet_holds_every_record_even_when_spans_are_folded(tmp_path, capsys):
     out = tmp_path / "pq"
     code = main(["ingest", str(trace_path(MULTI)), "--job-id", "p", "--out", str(tmp_path / "t.jsonl"),

@@ -178,12 +178,26 @@ class FileSink:
 
 
     def _open(self) -> None:
-        if _is_special(self.path):  # /dev/null, /dev/stdout -> /proc/self/fd/1, a FIFO
+        if is_stdout(self.path):
+            # written as any program writes its stdout: at the offset the shell gave it (`>> file` appends),
+            # not renamed over a redirected file, nor opened again (which would truncate it)
+            self._tmp, self._file = None, os.fdopen(os.dup(1), "wb", buffering=1 << 20)
+        elif _is_special(self.path):  # /dev/null, a FIFO
             self._tmp, self._file = None, open(self.path, "wb", buffering=1 << 20)
         else:
             fd, tmp = _temp_beside_target(self.path)
             # a large output leaves the page cache as it goes (it is fsynced at the end all the same)
             self._tmp, self._file = tmp, DropBehindFile(os.fdopen(fd, "wb", buffering=1 << 20))
+
+
+def is_stdout(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` names this process's stdout (/dev/stdout, /proc/self/fd/1, or the file, pipe or
+    terminal it is redirected to)."""
+    try:
+        here, there = os.fstat(1), os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _is_special(path: Path) -> bool:
