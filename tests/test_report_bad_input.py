@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ingested
+from conftest import ALL_TRACES, ingested, trace_path
 
 from plasmient_trace.cli import main
 from plasmient_trace.export.otlp_json import write_jsonl
@@ -145,3 +145,23 @@ def test_a_span_delivered_twice_counts_once_and_another_run_under_the_same_ids_i
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"{both}: {spans} span id(s) appear again with other times: two runs wrote the same " \
                                  "trace ids" in err[0] and "PLASMIENT_JOB_ID" in err[0], err
+
+
+@pytest.mark.parametrize("trace", ALL_TRACES)
+def test_a_kineto_trace_given_to_report_says_to_ingest_it(trace, capsys):
+    path = trace_path(trace)
+    assert main(["report", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"plasmient report: error: {path}: a Kineto trace, not a span file: turn it into spans with "
+                   f"`plasmient ingest {path} --out spans.jsonl` and report those (`plasmient diff` takes traces as they are)"]
+
+
+def test_a_span_file_given_to_ingest_says_to_report_it(good_jsonl, tmp_path, capsys):
+    many, one = tmp_path / "spans.jsonl", tmp_path / "one-line.jsonl"
+    many.write_bytes(good_jsonl + good_jsonl)
+    one.write_bytes(good_jsonl.splitlines(keepends=True)[0])
+    for path in (many, one):
+        assert main(["ingest", str(path), "--quiet", "--out", str(tmp_path / "out.jsonl")]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"plasmient: error: {path}: a span file (OTLP JSON lines, what plasmient writes), not a trace: "
+            "read it with `plasmient report`"]

@@ -7,6 +7,7 @@ the whole job. Wired into the top-level parser by plasmient_trace/cli.py.
 from __future__ import annotations
 
 import argparse
+import gzip
 import sys
 import zlib
 from pathlib import Path
@@ -80,6 +81,13 @@ def read_span_files(files: list[str], notes: list[str] | None = None) -> SpanBat
         if not Path(f).is_file():
             raise ReportInputError(f"{f}: no such file")
         try:
+            head = file_head(Path(f), 1 << 16)
+        except _READ_ERRORS:
+            head = b""  # the read below says what is wrong
+        if b'"resourceSpans"' not in head and any(k in head for k in (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"')):
+            raise ReportInputError(f"{f}: a Kineto trace, not a span file: turn it into spans with `plasmient ingest {f} "
+                                   "--out spans.jsonl` and report those (`plasmient diff` takes traces as they are)")
+        try:
             batch = read_jsonl(f)
         except _READ_ERRORS as exc:
             text = _problem(exc)
@@ -128,6 +136,16 @@ def _once_each(batch: SpanBatch, name: str, notes: list[str] | None) -> SpanBatc
     keep = np.ones(len(span), bool)
     keep[rows] = False
     return SpanBatch(table=t.filter(pa.array(keep)), resources=batch.resources, summaries=batch.summaries)
+
+
+def file_head(path: Path, size: int = 4096) -> bytes:
+    """The first ``size`` bytes of the file, decompressed when it is gzip."""
+    with open(path, "rb") as f:
+        head = f.read(size)
+    if head[:2] == b"\x1f\x8b":
+        with gzip.open(path, "rb") as g:
+            head = g.read(size)
+    return head
 
 
 def _check_times(name: str, batch: SpanBatch) -> None:

@@ -10,7 +10,6 @@ the file), including a gate that cannot be judged because a side has no MFU. The
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 import zlib
@@ -69,15 +68,6 @@ def register(sub: Any) -> None:
 # ---- inputs -------------------------------------------------------------------------------------
 
 
-def _head(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        head = f.read(4096)
-    if head[:2] == b"\x1f\x8b":
-        with gzip.open(path, "rb") as g:
-            head = g.read(4096)
-    return head
-
-
 def _read_parquet(path: Path) -> SpanBatch:
     import pyarrow.parquet as pq
 
@@ -96,14 +86,14 @@ def _read_parquet(path: Path) -> SpanBatch:
 
 def load_side(path_text: str, args: argparse.Namespace) -> SpanBatch:
     """One input as a SpanBatch; every failure is a DiffInputError naming the file."""
-    from plasmient_trace.report.cli import ReportInputError, read_span_files
+    from plasmient_trace.report.cli import ReportInputError, file_head, read_span_files
     from plasmient_trace.sources.kineto import TraceFormatError
 
     path = Path(path_text)
     if not path.exists():
         raise DiffInputError(f"{path}: no such file")
     try:
-        head = b"" if path.is_dir() else _head(path)
+        head = b"" if path.is_dir() else file_head(path)
         if path.is_dir() or path.suffix == ".parquet" or head[:4] == b"PAR1":
             batch = _read_parquet(path)
         elif b'"resourceSpans"' in head:

@@ -65,7 +65,7 @@ def _decode(path: Path, raw: bytes) -> tuple[list[msgspec.Raw], dict[str, Any]]:
         head = bytes(raw[:65536]).lstrip()[:1]
         if head not in (b"{", b"["):
             raise TraceFormatError(f"{path}: not JSON (a Kineto Chrome trace starts with '{{')") from None
-        raise TraceFormatError(f"{path}: invalid or truncated JSON ({err})") from None
+        raise TraceFormatError(f"{path}: {_span_file(raw) or f'invalid or truncated JSON ({err})'}") from None
     except MemoryError:
         raise TraceFormatError(f"{path}: not enough memory to decode the trace") from None
     except RecursionError:
@@ -74,10 +74,18 @@ def _decode(path: Path, raw: bytes) -> tuple[list[msgspec.Raw], dict[str, Any]]:
         return doc, {}
     if doc.traceEvents is msgspec.UNSET:
         keys = ", ".join(list(TOP_LEVEL_KEYS.decode(raw))[:5]) or "none"
-        raise TraceFormatError(f"{path}: not a Chrome trace (no 'traceEvents'; top-level keys: {keys})")
+        not_chrome = f"not a Chrome trace (no 'traceEvents'; top-level keys: {keys})"
+        raise TraceFormatError(f"{path}: {_span_file(raw) or not_chrome}")
     meta = {"deviceProperties": doc.deviceProperties, "baseTimeNanoseconds": doc.baseTimeNanoseconds,
             "distributedInfo": doc.distributedInfo}
     return doc.traceEvents, meta
+
+
+def _span_file(raw: bytes) -> str | None:
+    """What to say when the input is plasmient's own output (OTLP JSON lines) rather than a trace."""
+    if bytes(raw[:4096]).lstrip().startswith(b'{"resourceSpans"'):
+        return "a span file (OTLP JSON lines, what plasmient writes), not a trace: read it with `plasmient report`"
+    return None
 
 
 _JSON_TYPES = {"int": "int", "float": "float", "str": "str", "bool": "bool", "null": "None"}
