@@ -234,22 +234,32 @@ def test_a_run_against_itself_changes_nothing(spans_dir: Path, tmp_path: Path) -
 # ---- the CI gate ----------------------------------------------------------------------------------
 
 
-def _scale_step_mfu(src: Path, dst: Path, factor: float) -> float:
-    """A copy with the step spans' MFU scaled; returns the original step MFU (one step, one GPU)."""
-    lines, mfu = [], None
+def _edit_step_spans(src: Path, dst: Path, edit) -> None:
+    """A copy of a span file with ``edit(span)`` applied to each step span's raw OTLP JSON, in file order."""
+    lines = []
     for line in src.read_text().splitlines():
         doc = json.loads(line)
         for rs in doc["resourceSpans"]:
             for ss in rs["scopeSpans"]:
-                for s in ss["spans"]:
-                    attrs = {a["key"]: a["value"] for a in s["attributes"]}
-                    if attrs["plasmient.level"]["stringValue"] == "step":
-                        mfu = attrs["plasmient.mfu"]["doubleValue"]
-                        attrs["plasmient.mfu"]["doubleValue"] = mfu * factor
+                for span in ss["spans"]:
+                    if {"key": "plasmient.level", "value": {"stringValue": "step"}} in span["attributes"]:
+                        edit(span)
         lines.append(json.dumps(doc))
     dst.write_text("\n".join(lines) + "\n")
-    assert mfu is not None
-    return mfu
+
+
+def _scale_step_mfu(src: Path, dst: Path, factor: float) -> float:
+    """A copy with the step spans' MFU scaled; returns the original step MFU (one step, one GPU)."""
+    found = []
+
+    def scale(span: dict) -> None:
+        value = next(a["value"] for a in span["attributes"] if a["key"] == "plasmient.mfu")
+        found.append(value["doubleValue"])
+        value["doubleValue"] *= factor
+
+    _edit_step_spans(src, dst, scale)
+    assert found
+    return found[-1]
 
 
 def test_fail_if_mfu_drops(spans_dir: Path, tmp_path: Path, capsys) -> None:
@@ -269,21 +279,17 @@ def test_the_gate_says_when_a_sides_mfu_leaves_out_steps_that_have_none(tmp_path
     # a live run whose new input shape could not be measured has steps without MFU: B's step-weighted MFU
     # is over the others only, and the gate's line says so
     a = _ingest("v100/resnet50_training.json.gz", tmp_path / "a.jsonl")
-    lines, left_out = [], None
-    for line in a.read_text().splitlines():
-        doc = json.loads(line)
-        for rs in doc["resourceSpans"]:
-            for ss in rs["scopeSpans"]:
-                for span in ss["spans"]:
-                    keys = [x["key"] for x in span["attributes"]]
-                    if left_out is None and {"key": "plasmient.level", "value": {"stringValue": "step"}} in span["attributes"]:
-                        left_out = span["spanId"]
-                        del span["attributes"][keys.index("plasmient.mfu")]
-        lines.append(json.dumps(doc))
+    left_out: list[str] = []
+
+    def drop_the_first_mfu(span: dict) -> None:
+        if not left_out:
+            left_out.append(span["spanId"])
+            span["attributes"] = [x for x in span["attributes"] if x["key"] != "plasmient.mfu"]
+
     b = tmp_path / "b.jsonl"
-    b.write_text("\n".join(lines) + "\n")
+    _edit_step_spans(a, b, drop_the_first_mfu)
     steps = [x for x in raw_spans(b) if x["attrs"].get("plasmient.level") == "step"]
-    kept = [x for x in steps if x["raw"]["spanId"] != left_out]
+    kept = [x for x in steps if x["raw"]["spanId"] != left_out[0]]
     assert len(kept) == len(steps) - 1 and all(x["attrs"].get("plasmient.mfu") is not None for x in kept)
 
     def device_s(x: dict) -> float:  # the report's weight: the device window the MFU divides by, times its GPUs

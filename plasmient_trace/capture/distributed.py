@@ -113,10 +113,10 @@ def wait_s(environ: Any = os.environ) -> float:
 
 
 def job_id_key(attempt: str) -> str:
-    """Where rank 0 publishes the job id for ranks whose environment named none (or only torchrun's run).
-    A new run has a store of its own, but torchrun's restarted workers share their agent's store with the
-    attempts before them: the key names the attempt (TORCHELASTIC_RESTART_COUNT), so no rank reads a
-    job id an earlier attempt left there."""
+    """Where rank 0 publishes the job id for ranks whose environment named none. A new run has a store of
+    its own, but torchrun's restarted workers share their agent's store with the attempts before them:
+    the key names the attempt (TORCHELASTIC_RESTART_COUNT), so no rank reads a job id an earlier attempt
+    left there."""
     return f"{_PREFIX}/job_id/attempt{attempt}"
 
 

@@ -198,7 +198,7 @@ def gate(result: dict[str, Any], threshold: float | None) -> tuple[int, str | No
 
 
 def _partial_mfu(result: dict[str, Any]) -> str:
-    """", over N of M steps on A/B" for a side whose MFU leaves out steps that have none; else ""."""
+    """The gate line's ending for a side whose MFU leaves out steps that have none ("" when neither does)."""
     t = result["totals"]
     parts = [f"{side.upper()} over {t['mfu_steps'][side]} of {t['steps'][side]} steps" for side in ("a", "b")
              if t["mfu_steps"][side] < t["steps"][side]]
