@@ -24,7 +24,8 @@ from .sources.graph_capture import (
     launch_kernel_names,
     pair_graph_capture,
 )
-from .sources.kineto import read_kineto
+from .sources.kineto import TraceFormatError, read_kineto
+from .sources.rawinput import repeated_input
 from .sources.parallel import read_many
 from .stitch.align import apply_offsets, estimate_alignment
 from .stitch.fleet import merge_span_batches
@@ -245,6 +246,9 @@ def ingest_stream(
     paths = [Path(p) for p in paths]
     if options.graph_capture is not None and len(paths) != 1:
         raise ValueError("--graph-capture pairs one replay trace with its capture: pass a single input")
+    repeated = repeated_input(paths) if len(paths) > 1 else None
+    if repeated:
+        raise TraceFormatError(f"{repeated}: each rank's trace once, or its numbers count twice")
     # A calibrated CPU spec is raised rank after rank (rank_input), an order only one process keeps.
     if options.cpu_spec is None and (options.ray is not None or (options.workers > 1 and len(paths) > 1)):
         from .ranks import ingest_ranks

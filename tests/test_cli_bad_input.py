@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -69,6 +70,37 @@ def test_missing_file_and_directory(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
     assert main(["ingest", str(tmp_path), "--quiet"]) == 2
     assert "is a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_one_trace_given_as_two_ranks_is_refused(workers, tmp_path, capsys):
+    # overlapping shell globs, a link, a downloaded copy: stitched, one rank twice, every number doubled
+    real = trace_path("h100/vit_image_classification.json.gz")
+    link, copy = tmp_path / "link.json.gz", tmp_path / "copy.json.gz"
+    link.symlink_to(real)
+    copy.write_bytes(real.read_bytes())
+    out = tmp_path / "out.jsonl"
+    for twice, why in ([real, real], "one file given twice"), ([real, link], "one file given twice"), \
+                      ([real, copy], "a byte-for-byte copy"):
+        assert main(["ingest", *map(str, twice), "--quiet", "--workers", workers, "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"plasmient: error: {twice[1]}: the same trace as {twice[0]} ({why}): each rank's trace once, "
+                       "or its numbers count twice"]
+        assert not out.exists()
+    # two ranks of one job, of the same size or not, are two ranks
+    ranks = [trace_path(f"a100_multirank/rank-{r}.json.gz") for r in (0, 1)]
+    assert main(["ingest", *map(str, ranks), "--quiet", "--workers", workers, "--out", str(out)]) == 0
+    # files of one size and one first MiB are read whole before they are called copies
+    from plasmient_trace.sources.rawinput import repeated_input
+
+    body = bytearray(os.urandom(3 << 20))
+    a, b, c = tmp_path / "a.bin", tmp_path / "b.bin", tmp_path / "c.bin"
+    a.write_bytes(bytes(body))
+    body[-1] ^= 1
+    b.write_bytes(bytes(body))
+    c.write_bytes(a.read_bytes())
+    assert repeated_input([a, b]) is None
+    assert repeated_input([a, b, c]) == f"{c}: the same trace as {a} (a byte-for-byte copy)"
 
 
 def test_console_script_reports_bad_input_without_traceback(tmp_path):

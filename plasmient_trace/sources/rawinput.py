@@ -13,6 +13,7 @@ C parser under a cgroup limit) into a one-line error that says which limit to ra
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import zlib
@@ -58,6 +59,50 @@ def _mb(n: float) -> str:
 
 def is_gzip(data: bytes) -> bool:
     return data[:2] == b"\x1f\x8b"
+
+
+def repeated_input(paths: list[Path]) -> str | None:
+    """"<b>: the same trace as <a>" when two of the inputs are one trace: one path twice (overlapping shell
+    globs), a link to another input, or a byte-for-byte copy. Stitched, they would be two ranks of one job,
+    every number counted twice. Copies are told apart by size, then by their first MiB, and read whole
+    only when those agree."""
+    first_of: dict[tuple[int, int], Path] = {}
+    by_size: dict[int, list[Path]] = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue  # reading it says what is wrong
+        same = first_of.setdefault((st.st_dev, st.st_ino), path)
+        if same is not path:
+            return f"{path}: the same trace as {same} (one file given twice)"
+        if stat.S_ISREG(st.st_mode):
+            by_size.setdefault(st.st_size, []).append(path)
+    for group in by_size.values():
+        by_head: dict[bytes, list[Path]] = {}
+        for path in group if len(group) > 1 else ():
+            by_head.setdefault(_digest(path, whole=False), []).append(path)
+        for candidates in by_head.values():
+            whole: dict[bytes, Path] = {}
+            for path in candidates if len(candidates) > 1 else ():
+                same = whole.setdefault(_digest(path, whole=True), path)
+                if same is not path:
+                    return f"{path}: the same trace as {same} (a byte-for-byte copy)"
+    return None
+
+
+def _digest(path: Path, whole: bool) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    try:
+        with open(path, "rb") as f:
+            if not whole:
+                h.update(f.read(_MEASURE_CHUNK))
+            else:
+                for block in iter(lambda: f.read(_MEASURE_CHUNK), b""):
+                    h.update(block)
+    except OSError:
+        h.update(str(path).encode())  # unreadable: reading it says what is wrong
+    return h.digest()
 
 
 def read_file_bytes(path: Path) -> bytes:
