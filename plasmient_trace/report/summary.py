@@ -395,6 +395,12 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
             style="bold",
         )
     console.print(steps)
+    jobs = list(dict.fromkeys(r["job_id"] for r in rows if r.get("job_id")))
+    if len(jobs) > 1:
+        # several runs appended to one file (each live run has its own job id): step numbers repeat
+        named = ", ".join(f"{j} ({sum(r.get('job_id') == j for r in rows)} steps)" for j in jobs[:4])
+        console.print(f"[dim]{len(jobs)} jobs in these spans: {named}{', …' if len(jobs) > 4 else ''}; "
+                      "rows are in the order read, and the all row adds them all up[/dim]")
     partial = partial_totals_note(totals(rows)) if len(rows) > 1 else None
     if partial:
         console.print(f"[dim]{partial}[/dim]")
