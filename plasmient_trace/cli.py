@@ -128,10 +128,16 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         if Path(args.ray).is_file():
             # `--ray rank-0.json rank-1.json`: argparse took the first file for the address.
             args.paths, args.ray = [args.ray, *args.paths], ""
-    from .export.sinks import is_stdout
+    from .export.sinks import OutputError, check_not_an_input, is_stdout
 
     if args.out == "-":
         args.out = "/dev/stdout"  # the usual spelling of "write it to stdout"
+    if args.out:
+        try:
+            check_not_an_input(args.out, [*args.paths, getattr(args, "graph_capture", None)])
+        except OutputError as err:
+            print(f"plasmient: error: {err}", file=sys.stderr)
+            return EXIT_BAD_INPUT
     # the summary and the progress bar go where the spans do not
     console = None if args.quiet else _console(stderr=args.out is not None and is_stdout(args.out))
     job_id = args.job_id or Path(args.paths[0]).name.split(".")[0]

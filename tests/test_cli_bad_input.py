@@ -167,3 +167,25 @@ def test_an_unknown_gpu_model_names_the_models_that_would_work(tmp_path, capsys)
     # one of the names it lists is taken
     assert main(["ingest", trace, "--out", str(tmp_path / "t.jsonl"), "--gpu-model", "H100 SXM"]) == 0
     assert "unknown device" not in capsys.readouterr().err
+
+
+def test_an_output_that_is_one_of_the_inputs_is_refused_and_the_input_kept(tmp_path, capsys):
+    # `--out trace.json.gz` on the trace itself replaced the profile with its spans, exit 0
+    trace = tmp_path / "trace.json.gz"
+    trace.write_bytes(trace_path("h100/vit_image_classification.json.gz").read_bytes())
+    link = tmp_path / "link.json.gz"
+    link.symlink_to(trace)
+    spans = tmp_path / "spans.jsonl"
+    assert main(["ingest", str(trace), "--out", str(spans), "--quiet"]) == 0
+    kept = {p: p.read_bytes() for p in (trace, spans)}
+    commands = [
+        (["ingest", str(trace), "--out", str(trace), "--quiet"], "plasmient: error: ", trace, trace),
+        (["ingest", str(trace), "--out", str(link), "--quiet"], "plasmient: error: ", link, trace),
+        (["report", str(spans), "--html", str(spans), "--quiet"], "plasmient report: error: ", spans, spans),
+        (["diff", str(trace), str(spans), "--json", str(spans), "--quiet"], "plasmient diff: error: ", spans, spans),
+    ]
+    for argv, prefix, out, source in commands:
+        assert main(argv) == 2, argv
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"{prefix}{out}: is the input {source}; writing there would destroy it"], argv
+        assert {p: p.read_bytes() for p in kept} == kept

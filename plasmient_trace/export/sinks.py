@@ -65,6 +65,24 @@ def check_output_path(path: str | os.PathLike[str]) -> None:
         raise OutputError(f"{p}: permission denied")
 
 
+def check_not_an_input(path: str | os.PathLike[str], inputs: list[Any]) -> None:
+    """Raise OutputError when the output ``path`` is one of the ``inputs`` (the same file, by any name):
+    the output would replace it, and a profile is often the only copy there is."""
+    try:
+        out = os.stat(path)
+    except (OSError, ValueError):
+        return  # not there yet, so none of the inputs
+    if not stat.S_ISREG(out.st_mode):
+        return  # /dev/stdout, /dev/null, a FIFO: written in place, never renamed over
+    for source in inputs:
+        try:
+            st = os.stat(source)
+        except (OSError, ValueError, TypeError):
+            continue
+        if (st.st_dev, st.st_ino) == (out.st_dev, out.st_ino):
+            raise OutputError(f"{path}: is the input {source}; writing there would destroy it")
+
+
 def check_output_dir(path: str | os.PathLike[str]) -> None:
     """Raise OutputError when ``path`` cannot be an output folder (a file, below a file, unwritable)."""
     p = Path(path)

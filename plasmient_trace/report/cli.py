@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from plasmient_trace.cli import _fraction, _positive_float, _positive_int
 from plasmient_trace.conventions import DEFAULT_BASELINE_MFU, SpanBatch
-from plasmient_trace.export.sinks import OutputError, check_output_path
+from plasmient_trace.export.sinks import OutputError, check_not_an_input, check_output_path
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -169,6 +169,7 @@ def run_report(args: argparse.Namespace) -> int:
     try:
         if args.html:
             check_output_path(args.html)  # before the reading and the summary, not after them
+            check_not_an_input(args.html, list(args.files))
         notes: list[str] = []
         batch = read_span_files(list(args.files), notes)
     except (ReportInputError, OutputError) as exc:

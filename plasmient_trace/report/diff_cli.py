@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from plasmient_trace.conventions import SpanBatch
-from plasmient_trace.export.sinks import OutputError, check_output_path, write_output_file
+from plasmient_trace.export.sinks import OutputError, check_not_an_input, check_output_path, write_output_file
 from plasmient_trace.report import diff as D
 from plasmient_trace.report.summary import _ellipsize, fmt_pct, fmt_seconds, fmt_usd
 
@@ -212,6 +212,7 @@ def run_diff(args: argparse.Namespace) -> int:
         for out in (args.json, args.parquet, args.html):
             if out:
                 check_output_path(out)  # before the reading and the tables, not after them
+                check_not_an_input(out, [args.a, args.b])
         a = D.side_from_batch(load_side(args.a, args), args.a)
         batch_b = load_side(args.b, args)
         b = D.side_from_batch(batch_b, args.b)
