@@ -236,3 +236,21 @@ def test_lines_replay_cannot_send_are_kept_counted_and_said_never_deleted_unseen
     assert "2 line(s) could not be sent (1 not OTLP/JSON, 1 cut short by a failed write)" in proc.stderr
     assert (spill.path / "bad.jsonl").read_bytes() == b"not json at all\n" + torn + b"\n"
     assert not spill.pending()
+
+
+def test_replay_of_a_run_directory_leaves_the_runs_own_traces_file_alone(tmp_path: Path) -> None:
+    # replay renames what it sends and deletes it once sent: `plasmient replay .` where a live run wrote
+    # its default traces.jsonl would have taken that file, the run's only output
+    run_dir = tmp_path / "run"
+    SpillDir(tmp_path / "real").append("traces", [b'{"resourceSpans":[]}'])
+    run_dir.mkdir()
+    (run_dir / "traces.jsonl").write_bytes((tmp_path / "real" / "traces.jsonl").read_bytes())
+    before = sorted(p.name for p in run_dir.iterdir())
+    proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "replay", str(run_dir), "--endpoint",
+                           "http://127.0.0.1:9"], env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"plasmient: error: {run_dir}: not a spill directory (plasmient leaves a .lock in the ones it spills to); "
+        "replay deletes what it sends, so it does not touch other files"]
+    assert sorted(p.name for p in run_dir.iterdir()) == before == ["traces.jsonl"]
+    assert (tmp_path / "real" / ".lock").is_file()  # what the spiller leaves: replay takes that directory

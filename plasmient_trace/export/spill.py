@@ -143,6 +143,11 @@ class SpillDir:
             return []
         return sorted(p for p in self.path.glob(f"{signal_name}.*-*.jsonl") if p.is_file())
 
+    def is_spill_dir(self) -> bool:
+        """Whether a spiller wrote here (it takes the lock file before its first line), as opposed to a
+        folder that merely holds a traces.jsonl: a live run's own output, say."""
+        return (self.path / ".lock").is_file()
+
     def pending(self) -> bool:
         return any(self.segments(s) or (self.live(s).exists() and self.live(s).stat().st_size) for s in SIGNALS)
 
@@ -294,6 +299,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     spill = SpillDir(Path(args.spill))
     if not spill.pending():
         print(f"plasmient: error: {args.spill}: no spilled spans there (a spill directory holds traces*.jsonl)", file=sys.stderr)
+        return 2
+    if not spill.is_spill_dir():
+        # replay renames what it sends and deletes it once sent: never a run's own traces.jsonl
+        print(f"plasmient: error: {args.spill}: not a spill directory (plasmient leaves a .lock in the ones it spills "
+              "to); replay deletes what it sends, so it does not touch other files", file=sys.stderr)
         return 2
     try:
         config = otlp.OtlpConfig.from_env(endpoint=args.endpoint, protocol=args.protocol)
