@@ -132,6 +132,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
     if args.out == "-":
         args.out = "/dev/stdout"  # the usual spelling of "write it to stdout"
+    args.paths = ["/dev/stdin" if p == "-" else p for p in args.paths]  # and of "read stdin"
     if args.out:
         try:
             check_not_an_input(args.out, [*args.paths, getattr(args, "graph_capture", None)])
@@ -335,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     ingest = sub.add_parser("ingest", help="stitch Kineto trace files (one per rank) into one OTel trace per step")
-    ingest.add_argument("paths", nargs="+", help="Kineto Chrome-trace files (.json or .json.gz), one per rank")
+    ingest.add_argument("paths", nargs="+", help="Kineto Chrome-trace files (.json or .json.gz), one per rank; - reads stdin")
     ingest.add_argument("--out", help="write OTLP/JSON lines here ('-': stdout; default traces.jsonl when no endpoint is configured)")
     ingest.add_argument("--endpoint", help="OTLP endpoint (default $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / $OTEL_EXPORTER_OTLP_ENDPOINT)")
     ingest.add_argument("--protocol", choices=("grpc", "http/protobuf", "http/json"), help="OTLP protocol (default $OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")

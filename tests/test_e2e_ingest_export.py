@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -128,6 +129,14 @@ def test_out_dash_streams_the_spans_to_stdout_and_the_summary_elsewhere(tmp_path
     assert piped.stdout == (tmp_path / "file.jsonl").read_bytes()  # the spans alone, as the file holds them
     assert b"MFU" in piped.stderr and b"to /dev/stdout" in piped.stderr  # the summary went to stderr
     assert not (tmp_path / "-").exists()
+    # `-` as the input reads stdin, gzip'd or not: `zcat trace.json.gz | plasmient ingest - --out -`
+    for data in (trace_path(TRACE).read_bytes(), gzip.decompress(trace_path(TRACE).read_bytes())):
+        both = subprocess.run([*cmd[:4], "-", *cmd[5:], "--out", "-", "--quiet"], input=data, cwd=tmp_path, env=env,
+                              capture_output=True, timeout=120)
+        assert both.returncode == 0, both.stderr
+        (tmp_path / "stdin.jsonl").write_bytes(both.stdout)
+        assert otlp_json.read_jsonl(tmp_path / "stdin.jsonl").table.equals(otlp_json.read_jsonl(tmp_path / "file.jsonl").table)
+        assert b'"plasmient.source","value":{"stringValue":"/dev/stdin"}' in both.stdout  # where it came from
     # `>> all.jsonl`: appended where the shell's redirection points, not renamed over the file
     collected = tmp_path / "all.jsonl"
     collected.write_bytes(b'{"resourceSpans":[]}\n')
