@@ -179,6 +179,19 @@ def test_a_new_shape_that_could_not_be_measured_is_unknown_without_mfu():
     assert sorted(_exemplar_steps(rows, _mfu_points(sink), "rank")) == [0, 1, 2]
 
 
+def test_the_report_shows_the_coverage_a_carried_step_carries(run):
+    from plasmient_trace.report.cli import merge_batches
+    from plasmient_trace.report.summary import summary_rows
+
+    rows, sink, _ = run
+    fleets = _by_step(rows, "fleet")
+    by_step = {r["step"]: r for r in summary_rows(merge_batches(sink.batches))}
+    carried = [s for s, f in fleets.items() if f["plasmient.flops.source"] == "carried"]
+    assert carried and all(fleets[s]["plasmient.busy_s"] is None for s in carried)  # CPU step depth: no busy time
+    for s, fleet in fleets.items():
+        assert by_step[s]["coverage"] == pytest.approx(fleet["plasmient.flops.coverage"]), s
+
+
 def test_the_reports_all_row_says_its_mfu_covers_only_the_measured_steps():
     import io
 

@@ -279,6 +279,6 @@ def test_spans_of_several_runs_say_how_many_jobs_the_rows_belong_to():
     runs = [ingest_paths([trace], IngestOptions(job_id=job)).batch for job in ("run-a", "run-b")]
     steps = sum(1 for s in spans(runs[0]) if s["plasmient.level"] == "step")
     text = rendered(merge_batches(runs))
-    assert f"2 jobs in these spans: run-a ({steps} steps), run-b ({steps} steps); rows are in the order read, and the " \
-           "all row adds them all up" in " ".join(text.split())
+    assert f"2 jobs in these spans: run-a ({steps} steps), run-b ({steps} steps); rows are sorted by job, then step, " \
+           "and the all row adds them all up" in " ".join(text.split())
     assert "jobs in these spans" not in rendered(runs[0])

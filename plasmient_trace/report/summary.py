@@ -261,7 +261,9 @@ def rows_from_frame(frame: SpanFrame, top: int = 5) -> list[dict[str, Any]]:
                 "cost_usd": total(cost),
                 "wasted_usd": total(wasted_usd),
                 "wasted_s": total(wasted_s),
-                "coverage": weighted_mean(coverage[idx], np.nan_to_num(busy[idx])),
+                # over busy time; a live step-depth step carries its coverage but has no busy time of its
+                # own (CPU), so its device time weighs it instead of hiding a known number
+                "coverage": weighted_mean(coverage[idx], np.where(np.nan_to_num(busy[idx]) > 0, busy[idx], dev)),
                 "device_type": dtypes[first],
                 "sampled_depth": ",".join(depths) or None,
                 "suggestion": suggestion,
@@ -400,7 +402,7 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
         # several runs appended to one file (each live run has its own job id): step numbers repeat
         named = ", ".join(f"{j} ({sum(r.get('job_id') == j for r in rows)} steps)" for j in jobs[:4])
         console.print(f"[dim]{len(jobs)} jobs in these spans: {named}{', …' if len(jobs) > 4 else ''}; "
-                      "rows are in the order read, and the all row adds them all up[/dim]")
+                      "rows are sorted by job, then step, and the all row adds them all up[/dim]")
     partial = partial_totals_note(totals(rows)) if len(rows) > 1 else None
     if partial:
         console.print(f"[dim]{partial}[/dim]")
