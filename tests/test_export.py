@@ -533,6 +533,19 @@ def test_a_generic_endpoint_ending_in_v1_traces_fails_with_what_to_change(receiv
     assert "HTTP 404" in str(other.value) and "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" not in str(other.value)
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf", "http/json"])
+def test_the_other_transports_port_fails_at_once_saying_which_protocol_to_set(receiver: OtlpReceiver, protocol: str) -> None:
+    # the Collector takes gRPC on 4317 and HTTP on 4318: the two are easily swapped, and retrying never helps
+    other = receiver.http_endpoint if protocol == "grpc" else receiver.grpc_endpoint
+    with pytest.raises(ExportError) as err:
+        send_spans(small_batch(), OtlpConfig.from_env({}, endpoint=other, protocol=protocol, timeout_s=10))
+    text = str(err.value)
+    assert "1 attempt " in text and text.isprintable()  # no retries, and none of the peer's binary bytes
+    want = "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf" if protocol == "grpc" else "OTEL_EXPORTER_OTLP_PROTOCOL=grpc"
+    assert want in text, text
+    assert receiver.span_count() == 0
+
+
 def test_partial_success_is_counted_not_raised(receiver: OtlpReceiver) -> None:
     receiver.reject_next(1, rejected=2, message="span too old")
     stats = send_spans(small_batch(), OtlpConfig.from_env({}, endpoint=receiver.grpc_endpoint))

@@ -70,6 +70,28 @@ _SERVICES = {
 _REJECTED_JSON = {"traces": "rejectedSpans", "metrics": "rejectedDataPoints", "logs": "rejectedLogRecords"}
 
 
+# What to do when the endpoint speaks the other OTLP transport (by default the Collector takes gRPC on 4317
+# and HTTP on 4318, and the two are easily swapped).
+_WRONG_PROTOCOL_HINT = {
+    "grpc": "; the endpoint answers in HTTP/1.1, not gRPC: if it is an OTLP/HTTP port (4318 by default), set "
+            "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf, or name the gRPC port (4317)",
+    "http": "; the endpoint answers in gRPC (HTTP/2): if it is an OTLP/gRPC port (4317 by default), set "
+            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc, or name the HTTP port (4318)",
+}
+
+
+def _looks_like_http2(status_line: str) -> bool:
+    """Whether what came back instead of an HTTP/1.1 status line is an HTTP/2 frame header (a length, then
+    type 4 = SETTINGS, which a gRPC server sends first): http.client reports it as the line it read."""
+    raw = status_line.encode("latin-1", "replace").lstrip(b"'\"")
+    return len(raw) >= 4 and raw[3:4] == b"\x04" and not raw.startswith(b"HTTP/")
+
+
+def _printable(text: str) -> str:
+    """Text a server sent, with the bytes a terminal would misread (control characters, binary) escaped."""
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)[:200]
+
+
 def _doubled_path_hint(cfg: OtlpConfig) -> str:
     """What went wrong when OTEL_EXPORTER_OTLP_ENDPOINT held a signal's full URL: the spec makes it the
     base, so ``/v1/<signal>`` was appended to the ``/v1/traces`` it ended with (as every OTel SDK does)."""
@@ -321,6 +343,9 @@ class OtlpClient:
             code = exc.code() if hasattr(exc, "code") else None
             details = exc.details() if hasattr(exc, "details") else str(exc)
             what = f"{code.name if code else 'UNKNOWN'}: {details}"
+            if "Expected SETTINGS frame" in str(details):
+                # an HTTP/1.1 server answered the gRPC client: a protocol mix-up, not an outage
+                raise _Fail(f"{what}{_WRONG_PROTOCOL_HINT['grpc']}") from None
             retryable = {
                 grpc.StatusCode.CANCELLED,
                 grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -393,7 +418,11 @@ class OtlpClient:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
-            what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            if isinstance(exc, http.client.BadStatusLine) and _looks_like_http2(str(exc)):
+                # an HTTP/2 (gRPC) server answered with its SETTINGS frame: a protocol mix-up, not an outage
+                raise _Fail(f"{type(exc).__name__}: an HTTP/2 frame, not an HTTP/1.1 status line"
+                            f"{_WRONG_PROTOCOL_HINT['http']}") from None
+            what = f"{type(exc).__name__}: {_printable(str(exc))}" if str(exc) else type(exc).__name__
             if watchdog.fired:
                 what = "stopped by shutdown" if stop.is_set() else f"timed out: no complete answer within the deadline ({what})"
                 raise _Fail(what) from None
