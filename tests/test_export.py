@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import socket
+import re
 import sys
 import time
 from pathlib import Path
@@ -702,6 +703,35 @@ def test_headers_are_parsed_per_spec() -> None:
 def test_invalid_settings_are_rejected_with_the_variable_named(env: dict[str, str], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         OtlpConfig.from_env(env)
+
+
+def test_tls_files_that_are_missing_or_not_pem_are_named_before_any_export(tmp_path: Path, capsys, monkeypatch) -> None:
+    # they used to fail every export alike, after the work: '[Errno 2] No such file ...' with no variable,
+    # or an SSLError retried five times
+    pem = tmp_path / "ca.pem"
+    pem.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    text = tmp_path / "notes.txt"
+    text.write_text("not a certificate\n")
+    missing = tmp_path / "nope.pem"
+    assert OtlpConfig.from_env({"OTEL_EXPORTER_OTLP_CERTIFICATE": str(pem)}).certificate == str(pem)
+    for var in ("OTEL_EXPORTER_OTLP_CERTIFICATE", "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"):
+        with pytest.raises(ValueError, match=re.escape(f"{var}='{missing}': No such file or directory")):
+            OtlpConfig.from_env({var: str(missing)})
+        with pytest.raises(ValueError, match=re.escape(f"{var}='{text}': not a PEM file")):
+            OtlpConfig.from_env({var: str(text)})
+    with pytest.raises(ValueError, match=re.escape(f"certificate argument='{missing}'")):
+        OtlpConfig.from_env({}, certificate=str(missing))
+    from conftest import trace_path
+
+    from plasmient_trace.cli import main as cli_main
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:9")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_CERTIFICATE", str(missing))
+    monkeypatch.chdir(tmp_path)  # a spill directory, had it got that far, lands here
+    assert cli_main(["ingest", str(trace_path("h100/vit_image_classification.json.gz")), "--quiet"]) == 2
+    assert not (tmp_path / "plasmient-spill").exists()
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"plasmient: error: OTEL_EXPORTER_OTLP_CERTIFICATE='{missing}': No such file or directory"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -87,6 +87,19 @@ def _env_number(env: Mapping[str, str], name: str) -> float | None:
     return value
 
 
+def _pem_file(source: str, path: str) -> str:
+    """``path`` when it is a readable PEM file; else ValueError naming the variable: a TLS file that is
+    missing or not PEM fails every export the same way, so it is said once, before any is tried."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 20)
+    except OSError as err:
+        raise ValueError(f"{source}={path!r}: {err.strerror or type(err).__name__}") from None
+    if b"-----BEGIN " not in head:
+        raise ValueError(f"{source}={path!r}: not a PEM file (no '-----BEGIN' line)")
+    return path
+
+
 def _http_signal_url(base: str, signal: str) -> str:
     """Generic endpoint + ``v1/<signal>`` (spec: relative to the endpoint's path)."""
     parts = urllib.parse.urlsplit(base)
@@ -237,9 +250,9 @@ class OtlpConfig:
 
         def path_var(key: str, name: str) -> str | None:
             if key in given:
-                return str(given[key])
+                return _pem_file(f"{key} argument", str(given[key]))
             v = var(name)
-            return v[1] if v else None
+            return _pem_file(*v) if v else None
 
         kwargs: dict[str, Any] = {
             k: given[k] for k in ("max_request_bytes", "retry_initial_s", "retry_max_s", "backpressure_s") if k in given
