@@ -22,12 +22,14 @@ from __future__ import annotations
 import base64
 import gzip
 import socket
+import ssl
 import sys
 import threading
 import time
 from concurrent import futures
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -141,8 +143,9 @@ class OtlpReceiver:
     """gRPC + HTTP OTLP receiver on 127.0.0.1; a context manager (start on enter, stop on exit)."""
 
     def __init__(self, host: str = "127.0.0.1", max_receive_bytes: int = 64 * 1024 * 1024,
-                 signals: tuple[str, ...] = ("traces", "metrics")) -> None:
+                 signals: tuple[str, ...] = ("traces", "metrics"), tls: tuple[Path, Path] | None = None) -> None:
         self.host = host
+        self.tls = tls  # (certificate chain PEM, private key PEM): both ports speak TLS
         self.max_receive_bytes = max_receive_bytes
         self.signals = signals
         self.refused: list[str] = []  # "signal: why" per request refused for size or signal
@@ -162,13 +165,17 @@ class OtlpReceiver:
     # -- endpoints ---------------------------------------------------------------------------
 
     @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    @property
     def grpc_endpoint(self) -> str:
-        return f"http://{self.host}:{self.grpc_port}"
+        return f"{self.scheme}://{self.host}:{self.grpc_port}"
 
     @property
     def http_endpoint(self) -> str:
         """Base URL (the generic OTEL_EXPORTER_OTLP_ENDPOINT form; /v1/traces is appended by clients)."""
-        return f"http://{self.host}:{self.http_port}"
+        return f"{self.scheme}://{self.host}:{self.http_port}"
 
     @property
     def running(self) -> bool:
@@ -331,7 +338,11 @@ class OtlpReceiver:
             trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), server)
         if "metrics" in self.signals:  # absent: gRPC itself answers UNIMPLEMENTED
             metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), server)
-        port = server.add_insecure_port(f"{self.host}:{self.grpc_port}")
+        if self.tls:
+            chain, key = (Path(p).read_bytes() for p in self.tls)
+            port = server.add_secure_port(f"{self.host}:{self.grpc_port}", grpc.ssl_server_credentials([(key, chain)]))
+        else:
+            port = server.add_insecure_port(f"{self.host}:{self.grpc_port}")
         if not port or (self.grpc_port and port != self.grpc_port):
             raise OSError(f"test OTLP receiver could not bind gRPC port {self.host}:{self.grpc_port}")
         self.grpc_port = port
@@ -440,6 +451,10 @@ class OtlpReceiver:
                 receiver.http_errors.append(f"{client_address}: {sys.exc_info()[1]!r}")
 
         server = Server((self.host, self.http_port), Handler)
+        if self.tls:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*map(str, self.tls))
+            server.socket = ctx.wrap_socket(server.socket, server_side=True)
         self.http_port = server.server_address[1]
         thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="otlp-rx-http", daemon=True)
         thread.start()

@@ -547,6 +547,65 @@ def test_the_other_transports_port_fails_at_once_saying_which_protocol_to_set(re
     assert receiver.span_count() == 0
 
 
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A private CA and a certificate it signed for 127.0.0.1, made with the openssl command."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command to make a test CA with")
+    d = tmp_path_factory.mktemp("tls")
+    (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    for cmd in (
+        "req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=plasmient-test-CA",
+        "req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=127.0.0.1",
+        "x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2 -extfile san.cnf",
+    ):
+        subprocess.run(["openssl", *cmd.split()], cwd=d, check=True, capture_output=True, timeout=60)
+    return {name: d / f"{name}.pem" if name != "key" else d / "server.key" for name in ("ca", "server", "key")}
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf", "http/json"])
+def test_tls_export_trusts_the_ca_it_is_given_and_no_other(tls_files: dict[str, Path], protocol: str) -> None:
+    with OtlpReceiver(tls=(tls_files["server"], tls_files["key"])) as rx:
+        endpoint = rx.grpc_endpoint if protocol == "grpc" else rx.http_endpoint
+        assert endpoint.startswith("https://")
+        env = {"OTEL_EXPORTER_OTLP_CERTIFICATE": str(tls_files["ca"])}
+        stats = send_spans(small_batch(), OtlpConfig.from_env(env, endpoint=endpoint, protocol=protocol, timeout_s=10))
+        assert stats.spans == rx.span_count() == len(small_batch())
+        # the system's trust store does not know this CA: refused, not sent in the clear, not retried
+        with pytest.raises(ExportError) as err:
+            send_spans(small_batch(), OtlpConfig.from_env({}, endpoint=endpoint, protocol=protocol, timeout_s=10))
+        assert "1 attempt " in str(err.value) and "set OTEL_EXPORTER_OTLP_CERTIFICATE" in str(err.value), str(err.value)
+        assert rx.span_count() == len(small_batch())
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_https_to_a_port_without_tls_fails_at_once_saying_so(receiver: OtlpReceiver, protocol: str) -> None:
+    endpoint = (receiver.grpc_endpoint if protocol == "grpc" else receiver.http_endpoint).replace("http://", "https://")
+    with pytest.raises(ExportError) as err:
+        send_spans(small_batch(), OtlpConfig.from_env({}, endpoint=endpoint, protocol=protocol, timeout_s=10))
+    assert "1 attempt " in str(err.value) and "does not speak TLS: name it with http://" in str(err.value), str(err.value)
+
+
+def test_a_refused_tls_handshake_leaves_one_line_in_stderr_not_grpcs_logs(tls_files: dict[str, Path], tmp_path: Path) -> None:
+    # gRPC's core logged every failed handshake at INFO into the process's stderr (a traced job's, live)
+    import os
+    import subprocess
+
+    from conftest import trace_path
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GRPC_"))}
+    with OtlpReceiver(tls=(tls_files["server"], tls_files["key"])) as rx:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = rx.grpc_endpoint
+        proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "ingest",
+                               str(trace_path("h100/vit_image_classification.json.gz")), "--quiet"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1 and "set OTEL_EXPORTER_OTLP_CERTIFICATE" in lines[0], proc.stderr
+
+
 def test_partial_success_is_counted_not_raised(receiver: OtlpReceiver) -> None:
     receiver.reject_next(1, rejected=2, message="span too old")
     stats = send_spans(small_batch(), OtlpConfig.from_env({}, endpoint=receiver.grpc_endpoint))

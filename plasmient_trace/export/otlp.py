@@ -32,8 +32,10 @@ import socket
 import threading
 import logging
 import math
+import os
 import re
 import ssl
+import sys
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable
@@ -78,6 +80,11 @@ _WRONG_PROTOCOL_HINT = {
     "http": "; the endpoint answers in gRPC (HTTP/2): if it is an OTLP/gRPC port (4317 by default), set "
             "OTEL_EXPORTER_OTLP_PROTOCOL=grpc, or name the HTTP port (4318)",
 }
+
+
+_NOT_TLS_HINT = "; the endpoint does not speak TLS: name it with http://, not https://"
+_UNTRUSTED_HINT = ("; the collector's certificate is not signed by a CA this process trusts: set "
+                   "OTEL_EXPORTER_OTLP_CERTIFICATE to the PEM file of the CA that signed it")
 
 
 def _looks_like_http2(status_line: str) -> bool:
@@ -277,6 +284,11 @@ class OtlpClient:
     # -- gRPC --------------------------------------------------------------------------------
 
     def _open_grpc(self) -> None:
+        if "grpc" not in sys.modules:
+            # gRPC's core logs a failed TLS handshake (and more) at INFO to the process's stderr, the
+            # traced job's; the failure reaches the user as our one line instead. Its documented default,
+            # unless the job chose a level (or imported gRPC first, and with it its own settings).
+            os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
         import grpc
 
         cfg = self.config
@@ -346,6 +358,10 @@ class OtlpClient:
             if "Expected SETTINGS frame" in str(details):
                 # an HTTP/1.1 server answered the gRPC client: a protocol mix-up, not an outage
                 raise _Fail(f"{what}{_WRONG_PROTOCOL_HINT['grpc']}") from None
+            if "CERTIFICATE_VERIFY_FAILED" in str(details):
+                raise _Fail(f"{what}{_UNTRUSTED_HINT}") from None
+            if "WRONG_VERSION_NUMBER" in str(details):
+                raise _Fail(f"{what}{_NOT_TLS_HINT}") from None
             retryable = {
                 grpc.StatusCode.CANCELLED,
                 grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -412,6 +428,12 @@ class OtlpClient:
             data = resp.read()
         except (OSError, http.client.HTTPException, ValueError) as exc:
             watchdog.cancel()
+            if isinstance(exc, ssl.SSLCertVerificationError):  # (a ValueError too)
+                raise _Fail(f"{type(exc).__name__}: {exc.verify_message or exc}{_UNTRUSTED_HINT}") from None
+            if isinstance(exc, ssl.SSLError) and not isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
+                # a TLS mismatch (a plain-HTTP port, a protocol version) is the same at every attempt
+                hint = _NOT_TLS_HINT if "WRONG_VERSION_NUMBER" in str(exc) else ""
+                raise _Fail(f"{type(exc).__name__}: {_printable(str(exc))}{hint}") from None
             if isinstance(exc, ValueError):  # http.client refuses a header value (e.g. a newline)
                 raise _Fail(f"invalid request: {type(exc).__name__}") from None
             # Refused, reset, timed out or a half-closed keep-alive connection: reconnect and retry.
