@@ -822,6 +822,27 @@ def test_gpu_path_wiring_with_a_stand_in_cupti(monkeypatch, op_hook):
     assert addmm["plasmient.flops"] > 0 and addmm["plasmient.mfu"] is not None
 
 
+def test_a_second_start_with_other_settings_says_they_are_ignored(tmp_path, capsys, monkeypatch):
+    from plasmient_trace import capture
+    from plasmient_trace.capture import config as capture_config
+
+    monkeypatch.setattr(capture_config, "_said", set())  # say_once's memory: this process may have said it
+    first = capture.start(CaptureConfig(out=str(tmp_path / "first.jsonl"), peak_tflops=0.05, environ={}))
+    try:
+        assert capture.start() is first and capsys.readouterr().err == ""  # no settings asked for: nothing to say
+        again = capture.start(out=str(tmp_path / "second.jsonl"))
+        assert again is first
+        assert capsys.readouterr().err.splitlines() == [
+            "plasmient-trace: start() while already tracing (started earlier, e.g. by PLASMIENT_TRACE=1 or plasmient "
+            "run): its settings stay and these are ignored; stop() first"]
+        model = torch.nn.Linear(4, 4)
+        with capture.step():
+            model(torch.randn(2, 4)).sum().backward()
+    finally:
+        capture.stop(timeout=30)
+    assert (tmp_path / "first.jsonl").exists() and not (tmp_path / "second.jsonl").exists()
+
+
 def test_uninstrument_undoes_instrument_and_patches_keep_wrapped():
     from plasmient_trace import capture
     from plasmient_trace.capture import autostart

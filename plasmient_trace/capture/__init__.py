@@ -43,6 +43,12 @@ def start(config: Any = None, exporters: list | None = None, **overrides: Any) -
     global _session
     with _lock:
         if _session is not None and not _session.closed:
+            if config is not None or exporters is not None or overrides:
+                # the settings asked for now are not the running session's: say so, not take them silently
+                from .config import say_once
+
+                say_once("start-again", "start() while already tracing (started earlier, e.g. by PLASMIENT_TRACE=1 "
+                                        "or plasmient run): its settings stay and these are ignored; stop() first")
             return _session
         try:
             from .session import CaptureConfig, CaptureSession
