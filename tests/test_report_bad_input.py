@@ -165,3 +165,20 @@ def test_a_span_file_given_to_ingest_says_to_report_it(good_jsonl, tmp_path, cap
         assert capsys.readouterr().err.strip().splitlines() == [
             f"plasmient: error: {path}: a span file (OTLP JSON lines, what plasmient writes), not a trace: "
             "read it with `plasmient report`"]
+
+
+def test_a_byte_order_mark_is_read_past_in_a_span_file_and_a_trace(good_jsonl, tmp_path, capsys):
+    # Windows editors save UTF-8 with a BOM; JSON parsers may ignore it, and these two said "not JSON"
+    plain, marked = tmp_path / "plain.jsonl", tmp_path / "marked.jsonl"
+    plain.write_bytes(good_jsonl)
+    marked.write_bytes(b"\xef\xbb\xbf" + good_jsonl)
+    assert main(["report", str(plain)]) == 0
+    alone = capsys.readouterr().err
+    assert main(["report", str(marked)]) == 0 and capsys.readouterr().err == alone
+    trace = gzip.decompress(trace_path("h100/bert_small_inference.json.gz").read_bytes())
+    for name, data in (("plain.json", trace), ("marked.json", b"\xef\xbb\xbf" + trace)):
+        (tmp_path / name).write_bytes(data)
+        assert main(["ingest", str(tmp_path / name), "--job-id", "j", "--quiet", "--out", str(tmp_path / f"{name}.jsonl")]) == 0
+    from plasmient_trace.export.otlp_json import read_jsonl
+
+    assert read_jsonl(tmp_path / "marked.json.jsonl").table.equals(read_jsonl(tmp_path / "plain.json.jsonl").table)

@@ -257,6 +257,8 @@ def read_jsonl(path: str | os.PathLike[str] | IO[bytes]) -> SpanBatch:
     acc = _SpanAccumulator()
     with _open_lines(path) as (name, f):
         for lineno, line in enumerate(f, start=1):
+            if lineno == 1 and line.startswith(b"\xef\xbb\xbf"):
+                line = line[3:]  # a UTF-8 byte order mark, as Windows editors save files; JSON allows ignoring it
             if not line.strip():
                 continue
             try:

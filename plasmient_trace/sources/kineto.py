@@ -57,6 +57,8 @@ def _decode(path: Path, raw: bytes) -> tuple[list[msgspec.Raw], dict[str, Any]]:
     """Split the document into per-event Raw views and the metadata; failures are one line each."""
     if len(raw) == 0 or (not bytes(raw[:65536]).strip() and not raw.strip()):
         raise TraceFormatError(f"{path}: file is empty")
+    if bytes(raw[:3]) == b"\xef\xbb\xbf":
+        raw = raw[3:]  # a UTF-8 byte order mark (a trace saved by a Windows editor): JSON allows ignoring it
     try:
         doc = DOCUMENT.decode(raw)
     except msgspec.ValidationError as err:
