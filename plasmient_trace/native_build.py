@@ -22,7 +22,7 @@ __all__ = ["cache_dir", "compile_cached", "find_compiler"]
 def cache_dir() -> Path:
     root = os.environ.get("PLASMIENT_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "plasmient-trace")
-    return Path(root) / "native"
+    return Path(root).expanduser() / "native"
 
 
 def find_compiler(variable: str, names: tuple[str, ...]) -> str | None:

@@ -254,3 +254,17 @@ def test_replay_of_a_run_directory_leaves_the_runs_own_traces_file_alone(tmp_pat
         "replay deletes what it sends, so it does not touch other files"]
     assert sorted(p.name for p in run_dir.iterdir()) == before == ["traces.jsonl"]
     assert (tmp_path / "real" / ".lock").is_file()  # what the spiller leaves: replay takes that directory
+
+
+def test_paths_from_the_environment_expand_a_leading_tilde(monkeypatch, tmp_path: Path) -> None:
+    # an env file or a pod spec passes "~/..." as it is: no shell expands it, and a folder named "~" appeared
+    from plasmient_trace.capture.config import CaptureConfig
+    from plasmient_trace.export.spill import default_spill_dir
+    from plasmient_trace.metrics.cpu_peak import _cache_dir
+    from plasmient_trace.native_build import cache_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert CaptureConfig.from_env({"PLASMIENT_OUT": "~/runs/t.jsonl"}).out == str(tmp_path / "runs" / "t.jsonl")
+    assert default_spill_dir(None, {"PLASMIENT_SPILL_DIR": "~/spill"}) == tmp_path / "spill"
+    monkeypatch.setenv("PLASMIENT_CACHE_DIR", "~/cache")
+    assert _cache_dir(None) == tmp_path / "cache" and cache_dir() == tmp_path / "cache" / "native"

@@ -172,7 +172,8 @@ class CaptureConfig:
         env = dict(os.environ if environ is None else environ)
         job = job_id_from_env(env)
         cfg = cls(
-            out=env.get("PLASMIENT_OUT") or None,
+            # "~/t.jsonl" from an env file or a pod spec, where no shell expands it: a folder named "~" else
+            out=os.path.expanduser(env["PLASMIENT_OUT"]) if env.get("PLASMIENT_OUT") else None,
             every=_env_int(env, "PLASMIENT_EVERY", 10),
             overhead=_overhead(env),
             mfu_threshold=_env_float(env, "PLASMIENT_MFU_THRESHOLD", upper=1.0),

@@ -66,7 +66,7 @@ def default_spill_dir(out: str | None, environ: Any = os.environ) -> Path:
     """``PLASMIENT_SPILL_DIR``, else ``plasmient-spill`` beside ``out``, else in the working directory."""
     named = (environ.get("PLASMIENT_SPILL_DIR") or "").strip()
     if named:
-        return Path(named)
+        return Path(named).expanduser()  # as PLASMIENT_OUT: no shell expands "~" in an env file
     base = Path(out).resolve().parent if out else Path.cwd()
     return base / "plasmient-spill"
 
@@ -329,7 +329,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     """Add ``plasmient replay [DIR] [--endpoint URL] [--protocol P]`` to the CLI."""
     p = subparsers.add_parser("replay", help="resend what a collector outage left in a spill directory, exactly once")
-    p.add_argument("spill", metavar="DIR", nargs="?", default=os.environ.get("PLASMIENT_SPILL_DIR") or "plasmient-spill",
+    p.add_argument("spill", metavar="DIR", nargs="?", default=str(default_spill_dir(None)) if os.environ.get("PLASMIENT_SPILL_DIR") else "plasmient-spill",
                    help="spill directory (default $PLASMIENT_SPILL_DIR, else ./plasmient-spill)")
     p.add_argument("--endpoint", help="OTLP endpoint (default $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / $OTEL_EXPORTER_OTLP_ENDPOINT)")
     p.add_argument("--protocol", choices=("grpc", "http/protobuf", "http/json"), help="OTLP protocol (default $OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")

@@ -65,7 +65,7 @@ def _cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
     if cache_dir is not None:
         return Path(cache_dir)
     env = os.environ.get("PLASMIENT_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "plasmient-trace"
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "plasmient-trace"
 
 
 def _best_time(fn: Any, runs: int) -> float:
