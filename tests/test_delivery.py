@@ -153,6 +153,70 @@ def test_a_dead_collector_is_reported_once_and_probed_not_hammered(tmp_path: Pat
     assert SpillDir(tmp_path / "spill").live("metrics").exists()
 
 
+class Broken:
+    """A sink whose export raises what no exporter should (a library's bug) the first ``times`` calls."""
+
+    signal = "traces"
+    name = "broken collector"
+
+    def __init__(self, times: int) -> None:
+        self.times = times
+        self.got: list[int] = []
+
+    def export(self, batch: SpanBatch, stop: threading.Event) -> None:
+        if self.times:
+            self.times -= 1
+            raise KeyError("a bug in a library")
+        self.got.append(len(batch))
+
+    def reset(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_unexpected_error_in_an_export_spills_the_batch_and_the_thread_goes_on(tmp_path: Path) -> None:
+    # it used to end the delivery thread with a traceback: every later batch waited in a queue no one read
+    said: list[tuple[str, str]] = []
+    sink = Broken(times=1)
+    d = Delivery([], [sink], SpillDir(tmp_path / "spill"), probe_interval_s=0, say=lambda k, m: said.append((k, m)))
+    d.submit(small_batch())
+    d.submit(small_batch())
+    stats = d.shutdown(30)
+    assert stats.spilled == {"traces": len(small_batch())} and sink.got == [len(small_batch())]
+    assert [k for k, _ in said] == ["down", "up"] and "KeyError" in said[0][1] and "broken collector" in said[0][1]
+
+
+def test_a_200_whose_body_is_no_otlp_answer_counts_as_taken() -> None:
+    # a proxy in front of the collector answering its own page: the spans were taken, nothing is said about
+    # partial success; the protobuf reader raised DecodeError out of the delivery thread
+    import http.server
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            body = b"<html>OK, proxied</html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:  # noqa: ANN002 - quiet
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for protocol in ("http/protobuf", "http/json"):
+            config = OtlpConfig.from_env({}, endpoint=f"http://127.0.0.1:{server.server_address[1]}", protocol=protocol)
+            stats = send_spans(small_batch(), config)
+            assert stats.spans == len(small_batch()) and stats.rejected == 0, protocol
+    finally:
+        server.shutdown()
+
+
 def test_a_forked_child_starts_with_an_empty_queue_and_its_own_thread(tmp_path: Path) -> None:
     blocked = Blocked()
     d = Delivery([], [blocked], SpillDir(tmp_path / "spill"), say=lambda k, m: None)

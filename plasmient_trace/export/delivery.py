@@ -205,7 +205,9 @@ class Delivery:
             self.say(f"unsupported-{sink.signal}", f"{sink.name} takes no {sink.signal} ({err}); "
                                                    f"{sink.signal} are not sent (set {off} to stop trying)")
             return
-        except (ExportError, OSError, ValueError) as err:
+        except Exception as err:  # an ExportError, or a bug of ours or a library's: never the thread's end
+            if not isinstance(err, (ExportError, OSError, ValueError)):
+                err = ExportError(f"export to {sink.name} failed for {sink.signal}: {type(err).__name__}: {err}")
             outage_known = bool(self._down)
             self._down[key] = time.monotonic()
             self.stats.errors.setdefault(sink.signal, str(err))

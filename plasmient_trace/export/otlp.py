@@ -275,8 +275,15 @@ class OtlpClient:
     def _partial(self, response_bytes: bytes) -> tuple[int, str]:
         import importlib
 
+        from google.protobuf.message import DecodeError
+
         cls = getattr(importlib.import_module(self._response_module), self._response_name)
-        resp = cls.FromString(response_bytes or b"")
+        try:
+            resp = cls.FromString(response_bytes or b"")
+        except DecodeError:
+            # a 200 whose body is no OTLP response (a proxy's page): taken, with nothing said about
+            # partial success, as the JSON answer is read
+            return 0, ""
         ps = resp.partial_success
         rejected = next((v for f, v in ps.ListFields() if f.name.startswith("rejected_")), 0)
         return int(rejected), ps.error_message
