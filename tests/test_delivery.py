@@ -188,33 +188,51 @@ def test_an_unexpected_error_in_an_export_spills_the_batch_and_the_thread_goes_o
     assert [k for k, _ in said] == ["down", "up"] and "KeyError" in said[0][1] and "broken collector" in said[0][1]
 
 
+class Answering:
+    """An HTTP peer that answers every POST with one fixed status, headers and body (a proxy, say)."""
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes = b"") -> None:
+        import http.server
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.send_response(status)
+                for key, value in {**headers, "Content-Length": str(len(body))}.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:  # noqa: ANN002 - quiet
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def __enter__(self) -> Answering:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+
+
 def test_a_200_whose_body_is_no_otlp_answer_counts_as_taken() -> None:
     # a proxy in front of the collector answering its own page: the spans were taken, nothing is said about
     # partial success; the protobuf reader raised DecodeError out of the delivery thread
-    import http.server
-
-    class Page(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            body = b"<html>OK, proxied</html>"
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args) -> None:  # noqa: ANN002 - quiet
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with Answering(200, {"Content-Type": "text/html"}, b"<html>OK, proxied</html>") as peer:
         for protocol in ("http/protobuf", "http/json"):
-            config = OtlpConfig.from_env({}, endpoint=f"http://127.0.0.1:{server.server_address[1]}", protocol=protocol)
-            stats = send_spans(small_batch(), config)
+            stats = send_spans(small_batch(), OtlpConfig.from_env({}, endpoint=peer.endpoint, protocol=protocol))
             assert stats.spans == len(small_batch()) and stats.rejected == 0, protocol
-    finally:
-        server.shutdown()
+
+
+def test_a_redirect_names_where_it_points_and_is_not_followed() -> None:
+    with Answering(308, {"Location": "https://user:pw@collector.example.com/v1/traces"}) as peer:
+        with pytest.raises(ExportError) as err:
+            send_spans(small_batch(), OtlpConfig.from_env({}, endpoint=peer.endpoint, protocol="http/protobuf"))
+    text = str(err.value)
+    assert "HTTP 308 Permanent Redirect to https://" in text and "collector.example.com/v1/traces: name that endpoint" in text
+    assert "1 attempt " in text and "user:pw" not in text  # credentials in the target are not printed
 
 
 def test_a_forked_child_starts_with_an_empty_queue_and_its_own_thread(tmp_path: Path) -> None:

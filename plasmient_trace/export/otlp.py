@@ -467,6 +467,10 @@ class OtlpClient:
             ctype = resp.getheader("Content-Type", "")
             return self._partial_json(data) if "json" in ctype else self._partial(data)
         what = f"HTTP {status} {resp.reason}{http_error_detail(data, resp.getheader('Content-Type', ''))}"
+        if 300 <= status < 400 and resp.getheader("Location"):
+            # not followed: the spans and the auth headers would go to a host nobody named
+            what += (f" to {redact_url(_printable(resp.getheader('Location')))}: name that endpoint (an OTLP "
+                     "exporter does not follow redirects)")
         if status in _RETRYABLE_HTTP:
             raise _Retry(what, retry_after(resp.getheader("Retry-After")), busy=status in _BUSY_HTTP)
         if status in _UNSUPPORTED_HTTP:
