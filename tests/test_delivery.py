@@ -512,3 +512,26 @@ def test_the_output_file_has_the_mode_any_new_file_gets(tmp_path: Path) -> None:
     umask = os.umask(0)
     os.umask(umask)
     assert out.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_an_output_named_gz_is_gzip_and_every_reader_takes_it(tmp_path: Path, capsys) -> None:
+    # it used to be plain JSON lines under a .gz name, which `plasmient report` then refused as "not gzipped"
+    import gzip
+
+    trace = str(trace_path("h100/vit_image_classification.json.gz"))
+    plain, packed = tmp_path / "spans.jsonl", tmp_path / "spans.jsonl.gz"
+    assert main(["ingest", trace, "--job-id", "j", "--out", str(plain), "--quiet"]) == 0
+    assert main(["ingest", trace, "--job-id", "j", "--out", str(packed), "--quiet"]) == 0
+    assert packed.read_bytes()[:2] == b"\x1f\x8b" and gzip.decompress(packed.read_bytes()) == plain.read_bytes()
+    assert packed.stat().st_size * 5 < plain.stat().st_size
+    # live: every line its own gzip member, so processes appending to one file still never interleave
+    live = FileSink(tmp_path / "live.jsonl.gz", append=True)
+    live.write(small_batch())
+    live.write(small_batch())
+    text = gzip.decompress((tmp_path / "live.jsonl.gz").read_bytes()).splitlines()
+    assert len(text) == live.lines and all(line.startswith(b'{"resourceSpans"') for line in text)
+    assert len(read_jsonl(tmp_path / "live.jsonl.gz")) == 2 * len(small_batch())
+    # read by their bytes, not their names: plain lines under a .gz name from an older run still read
+    (tmp_path / "old.jsonl.gz").write_bytes(plain.read_bytes())
+    assert read_jsonl(tmp_path / "old.jsonl.gz").table.equals(read_jsonl(packed).table)
+    assert main(["report", str(packed), "--quiet"]) == 0

@@ -244,7 +244,9 @@ def _open_lines(path: str | os.PathLike[str] | IO[bytes]) -> Iterator[tuple[str,
         yield getattr(path, "name", "<stream>"), path
         return
     p = Path(path)
-    with gzip.open(p, "rb") if p.suffix == ".gz" else open(p, "rb") as f:
+    with open(p, "rb") as raw:
+        gzipped = raw.read(2) == b"\x1f\x8b"  # by its bytes, not its name: a .gz may hold plain lines
+    with gzip.open(p, "rb") if gzipped else open(p, "rb") as f:
         yield str(p), f
 
 
