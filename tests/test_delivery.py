@@ -30,10 +30,21 @@ from plasmient_trace.export.spill import SpillDir
 TRACE = "cpu_only/rank-34.json.gz"
 
 
-class Blocked:
-    """A network sink that hangs until released (a collector that never answers)."""
+class _RemoteSink:
+    """What a network sink has besides export: nothing to reset or close here."""
 
     signal = "traces"
+
+    def reset(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Blocked(_RemoteSink):
+    """A network sink that hangs until released (a collector that never answers)."""
+
     name = "blocked collector"
 
     def __init__(self) -> None:
@@ -47,12 +58,6 @@ class Blocked:
             if stop.is_set():
                 raise ExportError("stopped by shutdown")
         self.got.append(len(batch))
-
-    def reset(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 class Trickle:
@@ -153,10 +158,9 @@ def test_a_dead_collector_is_reported_once_and_probed_not_hammered(tmp_path: Pat
     assert SpillDir(tmp_path / "spill").live("metrics").exists()
 
 
-class Broken:
+class Broken(_RemoteSink):
     """A sink whose export raises what no exporter should (a library's bug) the first ``times`` calls."""
 
-    signal = "traces"
     name = "broken collector"
 
     def __init__(self, times: int) -> None:
@@ -168,12 +172,6 @@ class Broken:
             self.times -= 1
             raise KeyError("a bug in a library")
         self.got.append(len(batch))
-
-    def reset(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def test_an_unexpected_error_in_an_export_spills_the_batch_and_the_thread_goes_on(tmp_path: Path) -> None:
