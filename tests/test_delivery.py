@@ -332,6 +332,24 @@ def test_secrets_never_reach_an_error_line(tmp_path: Path, monkeypatch, capsys) 
     assert code == 2 and len(err.strip().splitlines()) == 1 and "authorization" in err and "hunter2" not in err
 
 
+def test_a_header_entry_without_key_value_is_named_on_the_failure_never_shown(caplog) -> None:
+    # "Authorization Bearer <token>" (a space, not '=') is skipped, as the spec allows: the collector then
+    # answers 401 with no clue why; and the skipped entry, token and all, went to the logging warning
+    import logging
+
+    import grpc
+
+    env = {"OTEL_EXPORTER_OTLP_HEADERS": "Authorization Bearer tok-hunter2,x-tenant=a"}
+    with OtlpReceiver() as rx, caplog.at_level(logging.WARNING):
+        for protocol, endpoint in (("grpc", rx.grpc_endpoint), ("http/protobuf", rx.http_endpoint)):
+            rx.fail_next(1, grpc_code=grpc.StatusCode.UNAUTHENTICATED, http_status=401)
+            with pytest.raises(ExportError) as err:
+                send_spans(small_batch(), OtlpConfig.from_env(env, endpoint=endpoint, protocol=protocol, timeout_s=10))
+            assert "1 entry of OTEL_EXPORTER_OTLP_HEADERS had no key=value and was not sent" in str(err.value)
+            assert "hunter2" not in str(err.value)
+    assert caplog.messages and not any("hunter2" in m for m in caplog.messages), caplog.messages
+
+
 def test_redact_covers_the_escaped_forms_messages_quote() -> None:
     config = OtlpConfig(headers={"authorization": "Bearer tok-hunter2"})
     for text in ("Bearer tok-hunter2", "b'Bearer tok-hunter2'", "Bearer%20tok-hunter2", "tok-hunter2"):

@@ -99,6 +99,15 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)[:200]
 
 
+def _ignored_headers_note(count: int) -> str:
+    """Why a collector may have refused the request: header entries that were not sent (never their text)."""
+    if not count:
+        return ""
+    one = count == 1
+    return (f"; {count} entr{'y' if one else 'ies'} of OTEL_EXPORTER_OTLP_HEADERS had no key=value and "
+            f"{'was' if one else 'were'} not sent")
+
+
 def _doubled_path_hint(cfg: OtlpConfig) -> str:
     """What went wrong when OTEL_EXPORTER_OTLP_ENDPOINT held a signal's full URL: the spec makes it the
     base, so ``/v1/<signal>`` was appended to the ``/v1/traces`` it ended with (as every OTel SDK does)."""
@@ -270,6 +279,7 @@ class OtlpClient:
             f"OTLP export to {self.display_endpoint} ({cfg.protocol}) failed for {cfg.signal}: {what} "
             f"[{attempts} attempt{'s' if attempts != 1 else ''} in {time.monotonic() - start:.1f}s, timeout {cfg.timeout_s:g}s]"
             + _doubled_path_hint(cfg)
+            + _ignored_headers_note(cfg.ignored_headers)
         ), cfg)
 
     def _partial(self, response_bytes: bytes) -> tuple[int, str]:

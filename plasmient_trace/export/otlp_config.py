@@ -52,16 +52,27 @@ def parse_headers(value: str) -> dict[str, str]:
     without '=' or with an empty key are skipped with a warning, as the spec allows.
     """
     headers: dict[str, str] = {}
+    ignored = malformed_header_entries(value)
     for item in value.split(","):
-        if not item.strip():
-            continue
         key, sep, val = item.partition("=")
         key = urllib.parse.unquote(key).strip().lower()
-        if not sep or not key:
-            log.warning("ignoring malformed OTLP header entry %r (expected key=value)", item.strip())
-            continue
-        headers[key] = urllib.parse.unquote(val).strip()
+        if item.strip() and sep and key:
+            headers[key] = urllib.parse.unquote(val).strip()
+    if ignored:
+        # never the entry itself: "Authorization Bearer <token>" is the usual one
+        log.warning("ignoring %d OTLP header entr%s without key=value (not shown: it may hold a secret)",
+                    ignored, "y" if ignored == 1 else "ies")
     return headers
+
+
+def malformed_header_entries(value: str) -> int:
+    """Entries of an ``OTEL_EXPORTER_OTLP_HEADERS`` value that are not ``key=value`` (and are not sent)."""
+    count = 0
+    for item in value.split(","):
+        key, sep, _ = item.partition("=")
+        if item.strip() and (not sep or not urllib.parse.unquote(key).strip()):
+            count += 1
+    return count
 
 
 def _parse_bool(name: str, value: str) -> bool:
@@ -143,6 +154,8 @@ class OtlpConfig:
     # The generic endpoint (OTEL_EXPORTER_OTLP_ENDPOINT or the ``endpoint`` override), so the other
     # signals' URLs can be derived from the same configuration (see for_signal).
     generic_endpoint: str | None = None
+    # Header entries that were not key=value and so were not sent: named on a failure (a 401 without them)
+    ignored_headers: int = 0
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -217,10 +230,13 @@ class OtlpConfig:
 
         if "headers" in given:
             h = given["headers"]
+            headers_text = h if isinstance(h, str) else ""
             headers = parse_headers(h) if isinstance(h, str) else {str(k).lower(): str(v) for k, v in dict(h).items()}
         else:
             hv = var("HEADERS")
-            headers = parse_headers(hv[1]) if hv else {}
+            headers_text = hv[1] if hv else ""
+            headers = parse_headers(headers_text)
+        ignored_headers = malformed_header_entries(headers_text)
 
         if "timeout_s" in given:
             timeout_s = float(given["timeout_s"])
@@ -274,6 +290,7 @@ class OtlpConfig:
             signal=signal,
             explicit=explicit,
             generic_endpoint=generic,
+            ignored_headers=ignored_headers,
             **kwargs,
         )
 
