@@ -170,7 +170,7 @@ class Broken(_RemoteSink):
     def export(self, batch: SpanBatch, stop: threading.Event) -> None:
         if self.times:
             self.times -= 1
-            raise KeyError("a bug in a library")
+            raise KeyError("a bug in a library, quoting http://bob:s3cret-hunter2@collector:4318")
         self.got.append(len(batch))
 
 
@@ -184,6 +184,7 @@ def test_an_unexpected_error_in_an_export_spills_the_batch_and_the_thread_goes_o
     stats = d.shutdown(30)
     assert stats.spilled == {"traces": len(small_batch())} and sink.got == [len(small_batch())]
     assert [k for k, _ in said] == ["down", "up"] and "KeyError" in said[0][1] and "broken collector" in said[0][1]
+    assert "hunter2" not in said[0][1] and "***@collector" in said[0][1]  # redacted as our own messages are
 
 
 class Answering:

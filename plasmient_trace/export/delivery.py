@@ -183,7 +183,7 @@ class Delivery:
                     self._cond.notify_all()
 
     def _export(self, sink: Any, batch: SpanBatch) -> None:
-        from plasmient_trace.export.otlp import ExportError, UnsupportedSignal
+        from plasmient_trace.export.otlp import ExportError, UnsupportedSignal, redact
 
         if sink.signal in self.stats.unsupported:
             return
@@ -207,7 +207,10 @@ class Delivery:
             return
         except Exception as err:  # an ExportError, or a bug of ours or a library's: never the thread's end
             if not isinstance(err, (ExportError, OSError, ValueError)):
-                err = ExportError(f"export to {sink.name} failed for {sink.signal}: {type(err).__name__}: {err}")
+                # what a library put in its message may quote a URL or a header: redacted as ours are
+                text = redact(f"export to {sink.name} failed for {sink.signal}: {type(err).__name__}: {err}",
+                              getattr(sink, "config", None))
+                err = ExportError(text)
             outage_known = bool(self._down)
             self._down[key] = time.monotonic()
             self.stats.errors.setdefault(sink.signal, str(err))
