@@ -51,13 +51,7 @@ def parse_headers(value: str) -> dict[str, str]:
     Keys are lower-cased (gRPC metadata requires it; HTTP headers are case-insensitive). Entries
     without '=' or with an empty key are skipped with a warning, as the spec allows.
     """
-    headers: dict[str, str] = {}
-    ignored = malformed_header_entries(value)
-    for item in value.split(","):
-        key, sep, val = item.partition("=")
-        key = urllib.parse.unquote(key).strip().lower()
-        if item.strip() and sep and key:
-            headers[key] = urllib.parse.unquote(val).strip()
+    headers, ignored = _split_headers(value)
     if ignored:
         # never the entry itself: "Authorization Bearer <token>" is the usual one
         log.warning("ignoring %d OTLP header entr%s without key=value (not shown: it may hold a secret)",
@@ -67,12 +61,23 @@ def parse_headers(value: str) -> dict[str, str]:
 
 def malformed_header_entries(value: str) -> int:
     """Entries of an ``OTEL_EXPORTER_OTLP_HEADERS`` value that are not ``key=value`` (and are not sent)."""
-    count = 0
+    return _split_headers(value)[1]
+
+
+def _split_headers(value: str) -> tuple[dict[str, str], int]:
+    """The ``key=value`` entries (keys lower-cased, both percent-decoded) and how many others there were."""
+    headers: dict[str, str] = {}
+    ignored = 0
     for item in value.split(","):
-        key, sep, _ = item.partition("=")
-        if item.strip() and (not sep or not urllib.parse.unquote(key).strip()):
-            count += 1
-    return count
+        if not item.strip():
+            continue
+        key, sep, val = item.partition("=")
+        key = urllib.parse.unquote(key).strip().lower()
+        if not sep or not key:
+            ignored += 1
+            continue
+        headers[key] = urllib.parse.unquote(val).strip()
+    return headers, ignored
 
 
 def _parse_bool(name: str, value: str) -> bool:

@@ -28,6 +28,7 @@ from plasmient_trace.conventions import (
     span_table_from_columns,
 )
 from plasmient_trace.export.span_columns import attribute_kind
+from plasmient_trace.sources.rawinput import is_gzip
 
 __all__ = ["any_value_py", "batch_from_otlp_dicts", "read_jsonl"]
 
@@ -245,9 +246,10 @@ def _open_lines(path: str | os.PathLike[str] | IO[bytes]) -> Iterator[tuple[str,
         return
     p = Path(path)
     with open(p, "rb") as raw:
-        gzipped = raw.read(2) == b"\x1f\x8b"  # by its bytes, not its name: a .gz may hold plain lines
-    with gzip.open(p, "rb") if gzipped else open(p, "rb") as f:
-        yield str(p), f
+        gzipped = is_gzip(raw.read(2))  # by its bytes, not its name: a .gz may hold plain lines
+        raw.seek(0)
+        with gzip.GzipFile(fileobj=raw) if gzipped else contextlib.nullcontext(raw) as f:
+            yield str(p), f
 
 
 def read_jsonl(path: str | os.PathLike[str] | IO[bytes]) -> SpanBatch:

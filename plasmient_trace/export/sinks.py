@@ -18,7 +18,7 @@ from typing import Any, BinaryIO, Protocol
 
 from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.export.page_cache import DropBehind, DropBehindFile
-from plasmient_trace.export.spill import append_lines
+from plasmient_trace.export.spill import append_lines, write_whole
 
 __all__ = [
     "CallableSink",
@@ -158,8 +158,8 @@ class FileSink:
                     # line still one write.
                     for line in encode_jsonl_lines(batch):
                         if self.gzip:
-                            _write_whole(fd, gzip.compress(line if line.endswith(b"\n") else line + b"\n",
-                                                           compresslevel=_GZIP_LEVEL, mtime=0))
+                            write_whole(fd, gzip.compress(line if line.endswith(b"\n") else line + b"\n",
+                                                          compresslevel=_GZIP_LEVEL, mtime=0))
                         else:
                             append_lines(fd, (line,))
                         self.lines += 1
@@ -224,13 +224,6 @@ class FileSink:
 # gzip's fastest level: the JSON lines shrink about as much as at the default level's, at several times
 # the speed, and the encoder, not the disk, is what an ingest waits on
 _GZIP_LEVEL = 1
-
-
-def _write_whole(fd: int, data: bytes) -> None:
-    """One write of all of ``data`` (O_APPEND: other writers' lines land before or after it, never inside)."""
-    n = os.write(fd, data)
-    if n != len(data):
-        raise OSError(f"short write ({n} of {len(data)} bytes): disk full?")
 
 
 def is_stdout(path: str | os.PathLike[str]) -> bool:

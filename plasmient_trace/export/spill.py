@@ -37,7 +37,7 @@ import orjson
 from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.export.otlp_json import batch_from_otlp_dicts
 
-__all__ = ["SIGNALS", "SpillDir", "SpillFull", "append_lines", "default_spill_dir", "replay", "register"]
+__all__ = ["SIGNALS", "SpillDir", "SpillFull", "append_lines", "default_spill_dir", "replay", "register", "write_whole"]
 
 SIGNALS = ("traces", "metrics")
 DEFAULT_MAX_BYTES = 1024 * 1024 * 1024
@@ -53,13 +53,17 @@ def append_lines(fd: int, lines: Iterable[bytes]) -> int:
     line, however long); returns the bytes written. A short write (disk full) raises OSError."""
     total = 0
     for line in lines:
-        if not line.endswith(b"\n"):
-            line += b"\n"
-        n = os.write(fd, line)
-        if n != len(line):
-            raise OSError(f"short write ({n} of {len(line)} bytes): disk full?")
-        total += n
+        total += write_whole(fd, line if line.endswith(b"\n") else line + b"\n")
     return total
+
+
+def write_whole(fd: int, data: bytes) -> int:
+    """One ``write`` of all of ``data`` (O_APPEND: other writers' data lands before or after it, never
+    inside); a short write (disk full) raises OSError."""
+    n = os.write(fd, data)
+    if n != len(data):
+        raise OSError(f"short write ({n} of {len(data)} bytes): disk full?")
+    return n
 
 
 def default_spill_dir(out: str | None, environ: Any = os.environ) -> Path:

@@ -140,11 +140,13 @@ def _once_each(batch: SpanBatch, name: str, notes: list[str] | None) -> SpanBatc
 
 def file_head(path: Path, size: int = 4096) -> bytes:
     """The first ``size`` bytes of the file, decompressed when it is gzip."""
+    from plasmient_trace.sources.rawinput import is_gzip
+
     with open(path, "rb") as f:
         head = f.read(size)
-    if head[:2] == b"\x1f\x8b":
-        with gzip.open(path, "rb") as g:
-            head = g.read(size)
+        if is_gzip(head):
+            f.seek(0)
+            head = gzip.GzipFile(fileobj=f).read(size)
     return head
 
 

@@ -76,16 +76,20 @@ def job_id_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
     job = (environ.get("SLURM_JOB_ID") or "").strip()
     if job:
         step = (environ.get("SLURM_STEP_ID") or "").strip()
-        restarts = (environ.get("SLURM_RESTART_COUNT") or "").strip()
-        return job + (f".{step}" if step else "") + (f"-restart{restarts}" if restarts not in ("", "0") else "")
+        return job + (f".{step}" if step else "") + _restarts(environ, "SLURM_RESTART_COUNT")
     run = (environ.get("TORCHELASTIC_RUN_ID") or "").strip()
     if not run or run == TORCHRUN_DEFAULT_RUN_ID:
         return None
     # torchrun restarts the workers under the same run id. Each node's agent counts its own restarts: a
     # node whose workers were only restarted to let another node join counts none, and its ranks' traces
     # then part from the others' (PLASMIENT_JOB_ID set per attempt avoids it)
-    restarts = (environ.get("TORCHELASTIC_RESTART_COUNT") or "").strip()
-    return run + (f"-restart{restarts}" if restarts not in ("", "0") else "")
+    return run + _restarts(environ, "TORCHELASTIC_RESTART_COUNT")
+
+
+def _restarts(environ: Mapping[str, str], variable: str) -> str:
+    """"-restartN" when the launcher's restart counter is past 0, else ""."""
+    count = (environ.get(variable) or "").strip()
+    return f"-restart{count}" if count not in ("", "0") else ""
 
 
 def resource_from_env(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
