@@ -22,6 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from test_export import free_port
+
 from plasmient_trace import pipeline
 from plasmient_trace.capture import distributed
 from plasmient_trace.export.otlp_json import read_jsonl
@@ -264,17 +266,10 @@ def test_torchrun_ranks_sharing_one_out_file_never_tear_a_line(env, tmp_path):
 def test_torchrun_without_a_rendezvous_id_still_gives_each_run_its_own_traces(env, tmp_path):
     # torchrun's static rendezvous (--master-port, as on several nodes) sets TORCHELASTIC_RUN_ID=none for
     # every job: taken as the job id, every such run would write its step N into the same trace
-    port = _free_port()
+    port = free_port()
     batches = _torchrun([str(ROOT / "examples" / "ddp_tiny.py"), "--steps", "2"], env, tmp_path,
                         launch=("--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={port}"))
     _, _, ranks = _check_one_tree_per_step(batches, steps=2, hosts=1)  # the ranks agreed on one id
     rank0_pid = next(r["process.pid"] for r in batches[0].resources if r.get("plasmient.rank") == 0)
     assert f"-{rank0_pid}-" in ranks[0]["plasmient.job.id"]  # rank 0's own host-pid-time, not "none"
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -7,15 +7,18 @@ benchmarks/simulated_ranks.py (own rank ids, host clocks shifted by known amount
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import gzip
 import importlib.util
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -183,12 +186,11 @@ def test_ray_at_an_address_where_no_head_answers_is_one_line(tmp_path):
     # ray.init alone retries such an address for some 12 minutes, printing its own log lines all along
     pytest.importorskip("ray", reason="Ray is the optional [ray] extra: pip install 'plasmient-trace[ray]'")
     import http.server
-    import socket
     import threading
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
+    from test_export import free_port
+
+    closed = free_port()
     proc = _ingest_ray(f"127.0.0.1:{closed}", tmp_path)
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr[-2000:]
     assert f"--ray 127.0.0.1:{closed}: nothing answers at " in proc.stderr and "Connection refused" in proc.stderr
@@ -213,18 +215,13 @@ def test_the_ray_head_check_knows_a_head_from_a_silent_port(local_ray):
     assert _unreachable("auto") is None and _unreachable("local") is None  # Ray finds those itself
 
 
-def socket_listening():
-    import contextlib
-    import socket
-
-    @contextlib.contextmanager
-    def listening():
-        with socket.socket() as s:
-            s.bind(("0.0.0.0", 0))
-            s.listen(4)
-            yield s.getsockname()[1]
-
-    return listening()
+@contextlib.contextmanager
+def socket_listening() -> Iterator[int]:
+    """A port that accepts connections and never says a word."""
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen(4)
+        yield s.getsockname()[1]
 
 
 def test_ray_flag_without_ray_says_how_to_install(monkeypatch, tmp_path, capsys):
