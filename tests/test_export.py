@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import socket
 import re
@@ -19,6 +20,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from conftest import ingested  # noqa: E402
 from otlp_receiver import OtlpReceiver, otlp_json_to_proto, trace_request_to_dict  # noqa: E402
 
 from plasmient_trace import records  # noqa: E402
@@ -193,6 +195,67 @@ def test_read_jsonl_round_trips_the_span_table(tmp_path: Path) -> None:
     assert back.table.schema.equals(batch.table.schema)
     assert canonical(back).equals(expected_after_export(batch))
     assert sorted(back.resources, key=str) == sorted(RESOURCES, key=str)
+
+
+def test_a_real_trace_read_back_in_parts_is_the_table_that_was_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The reader turns its Python values into an Arrow part every PART_SPANS spans, so a large file never
+    # holds them all as Python objects. Parts of one line each must give the table read whole, and the
+    # spans the stitcher wrote (the v100 trace: 6 lines of about 5,400 spans).
+    from plasmient_trace.export import otlp_json_read
+
+    batch = ingested("v100/resnet50_training.json.gz").batch
+    path = tmp_path / "v100.jsonl"
+    lines = otlp_json.write_jsonl(batch, path)
+    assert lines == 6
+    monkeypatch.setattr(otlp_json_read, "PART_SPANS", 1)
+    in_parts = otlp_json.read_jsonl(path)
+    assert in_parts.table.column("name").num_chunks == lines
+    monkeypatch.setattr(otlp_json_read, "PART_SPANS", 10**9)
+    whole = otlp_json.read_jsonl(path)
+    assert whole.table.column("name").num_chunks == 1
+    assert in_parts.table.equals(whole.table) and in_parts.resources == whole.resources
+    assert canonical(in_parts).equals(expected_after_export(batch))
+    # a bad value in a later part is still named by its line
+    monkeypatch.setattr(otlp_json_read, "PART_SPANS", 1)
+    good = path.read_bytes().splitlines(keepends=True)
+    bad = good[3].replace(b'{"key":"plasmient.step","value":{"intValue":"', b'{"key":"plasmient.step","value":{"intValue":"x', 1)
+    assert bad != good[3]
+    path.write_bytes(b"".join(good[:3] + [bad]))
+    with pytest.raises(ValueError, match=r"v100.jsonl:4: attribute 'plasmient.step': expected an integer, got 'x"):
+        otlp_json.read_jsonl(path)
+
+
+class _LinesSeeingTheGc:
+    """An open span file that notes, line by line, whether the cyclic GC is on while it is read."""
+
+    def __init__(self, lines: list[bytes]) -> None:
+        self.lines, self.gc_on, self.name = lines, [], "lines"
+
+    def __iter__(self):
+        for line in self.lines:
+            self.gc_on.append(gc.isenabled())
+            yield line
+
+
+@pytest.mark.parametrize("last_line", [b"", b"{not json\n"])
+def test_reading_spans_pauses_the_cyclic_gc_and_restores_it(last_line: bytes) -> None:
+    # A line of ours is a whole trace: a few hundred thousand dicts and lists that the cyclic GC would
+    # rescan again and again for cycles they never have (3/4 of the parse time on the v100 trace's lines).
+    lines = list(otlp_json.encode_jsonl_lines(small_batch())) + ([last_line] if last_line else [])
+    source = _LinesSeeingTheGc(lines)
+    assert gc.isenabled()
+    try:
+        otlp_json.read_jsonl(source)
+    except ValueError:
+        assert last_line
+    assert source.gc_on == [False] * len(lines)
+    assert gc.isenabled()  # restored, also after a bad line
+    gc.disable()
+    try:
+        otlp_json.read_jsonl(_LinesSeeingTheGc(lines[:1]))
+        assert not gc.isenabled()  # left as the caller had it
+    finally:
+        gc.enable()
 
 
 def test_write_jsonl_appends_and_writes_to_open_files(tmp_path: Path) -> None:

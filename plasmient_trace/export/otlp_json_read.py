@@ -28,11 +28,15 @@ from plasmient_trace.conventions import (
     span_table_from_columns,
 )
 from plasmient_trace.export.span_columns import attribute_kind
+from plasmient_trace.memory import cyclic_gc_paused
 from plasmient_trace.sources.rawinput import is_gzip
 
 __all__ = ["any_value_py", "batch_from_otlp_dicts", "read_jsonl"]
 
 _CORE_NAMES = frozenset(CORE_COLUMNS.names)
+# Spans read into Python lists before they become an Arrow table part: a few lines of ours, whose values as
+# Python objects take some 4x their table's memory.
+PART_SPANS = 20_000
 
 
 def _decode_id(value: Any, nbytes: int) -> bytes:
@@ -156,11 +160,34 @@ class _SpanAccumulator:
     """Column lists filled span by span while reading OTLP/JSON requests."""
 
     def __init__(self) -> None:
+        self.resources: list[dict[str, Any]] = []
+        self._resource_keys: dict[str, int] = {}
+        self._parts: list[pa.Table] = []
+        self._start_part()
+
+    def _start_part(self) -> None:
         self.core: dict[str, list[Any]] = {name: [] for name in CORE_COLUMNS.names}
         self.columns = {f.name: _Column(f.name, f.type) for f in SPAN_TABLE_SCHEMA if f.name not in _CORE_NAMES}
         self.origin: list[int] = []  # where each span came from (line or request number)
-        self.resources: list[dict[str, Any]] = []
-        self._resource_keys: dict[str, int] = {}
+
+    @property
+    def pending(self) -> int:
+        """Spans read since the last part was built."""
+        return len(self.origin)
+
+    def end_part(self, locate: Callable[[int], str]) -> None:
+        """Turn the spans read so far into an Arrow table: as Python values they take some 4x the memory."""
+        n = len(self.core["name"])
+        if n == 0:
+            return
+        columns: dict[str, Any] = dict(self.core)
+        for name, col in self.columns.items():
+            if not col.rows:
+                continue
+            values = col.array(lambda row: locate(self.origin[row]))
+            columns[name] = scatter_rows(values, np.asarray(col.rows, dtype=np.int64), n)  # rows in read order
+        self._parts.append(span_table_from_columns(columns, n))
+        self._start_part()
 
     def resource_index(self, attributes: dict[str, Any]) -> int:
         key = repr(sorted(attributes.items()))
@@ -213,14 +240,12 @@ class _SpanAccumulator:
                     self.origin.append(origin)
 
     def batch(self, locate: Callable[[int], str]) -> SpanBatch:
-        n = len(self.core["name"])
-        columns: dict[str, Any] = dict(self.core)
-        for name, col in self.columns.items():
-            if not col.rows:
-                continue
-            values = col.array(lambda row: locate(self.origin[row]))
-            columns[name] = scatter_rows(values, np.asarray(col.rows, dtype=np.int64), n)  # rows in read order
-        return SpanBatch(span_table_from_columns(columns, n), self.resources)
+        self.end_part(locate)
+        if not self._parts:
+            return SpanBatch(span_table_from_columns({name: [] for name in CORE_COLUMNS.names}, 0), self.resources)
+        table = self._parts[0] if len(self._parts) == 1 else pa.concat_tables(self._parts)
+        self._parts = []
+        return SpanBatch(table, self.resources)
 
 
 def batch_from_otlp_dicts(requests: Iterable[dict[str, Any]]) -> SpanBatch:
@@ -259,7 +284,12 @@ def read_jsonl(path: str | os.PathLike[str] | IO[bytes]) -> SpanBatch:
     or not an ExportTraceServiceRequest raises ValueError naming the file and line number.
     """
     acc = _SpanAccumulator()
-    with _open_lines(path) as (name, f):
+    # a line holds a whole trace: some 5,000 spans, a few hundred thousand dicts and lists
+    with _open_lines(path) as (name, f), cyclic_gc_paused():
+
+        def locate(line: int) -> str:
+            return f"{name}:{line}"
+
         for lineno, line in enumerate(f, start=1):
             if lineno == 1 and line.startswith(b"\xef\xbb\xbf"):
                 line = line[3:]  # a UTF-8 byte order mark, as Windows editors save files; JSON allows ignoring it
@@ -277,4 +307,7 @@ def read_jsonl(path: str | os.PathLike[str] | IO[bytes]) -> SpanBatch:
                 acc.add_request(request, lineno)
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
                 raise ValueError(f"{name}:{lineno}: invalid ExportTraceServiceRequest: {exc}") from None
-    return acc.batch(lambda line: f"{name}:{line}")
+            del request
+            if acc.pending >= PART_SPANS:
+                acc.end_part(locate)
+        return acc.batch(locate)
