@@ -7,21 +7,29 @@ correlation and External ids and step numbers offset), written as one gzip'd Kin
 file's sizes, the child's wall time and peak RSS (ru_maxrss), the spans and bytes it wrote. Target
 (issue 12): <= 2 GB peak RSS at 10^6 kernels. Needs about 40 MB of disk per 10^4 kernels (the JSONL).
 
-    .venv/bin/python benchmarks/bench_ingest_file.py [--kernels 1000000] [--base v100/resnet50_training.json.gz]
+With ``--report``, `plasmient report OUT --html PAGE --quiet` then reads the spans back in a child: its
+wall time, spans a second and peak RSS, and its wall time as a ratio to the floor of any Python reader of
+these lines (``orjson.loads`` of every line, the cyclic GC paused, in this process; the floor is timed
+before and after the report and the faster kept).
+
+    .venv/bin/python benchmarks/bench_ingest_file.py [--kernels 1000000] [--base v100/resnet50_training.json.gz] [--report]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import gzip
 import json
+import os
 import re
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import orjson
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "traces"
@@ -73,29 +81,61 @@ def write_replicated(base: Path, kernels: int, out: Path) -> tuple[int, int]:
     return copies, copies * per_copy
 
 
+def run_child(args: list[str]) -> tuple[float, float]:
+    """(wall s, peak RSS MiB) of one child command; exits with its stderr if it fails."""
+    t = time.perf_counter()
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    stderr = proc.stderr.read() if proc.stderr else b""
+    _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage, not the max over every child
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - t
+    if proc.returncode:
+        sys.exit(f"{' '.join(args[2:4])} failed ({proc.returncode}): {stderr.decode(errors='replace').strip()[-500:]}")
+    return wall, usage.ru_maxrss / 1024
+
+
+def parse_floor(path: Path) -> float:
+    """Seconds to orjson.loads every line of a span file, the cyclic GC paused (as plasmient's reader does)."""
+    gc.disable()
+    try:
+        t = time.perf_counter()
+        with open(path, "rb") as f:
+            for line in f:
+                orjson.loads(line)
+        return time.perf_counter() - t
+    finally:
+        gc.enable()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kernels", type=int, default=1_000_000)
     p.add_argument("--base", default="v100/resnet50_training.json.gz")
+    p.add_argument("--report", action="store_true", help="then time `plasmient report --html` on the spans written")
     args = p.parse_args()
+    cli = [sys.executable, "-m", "plasmient_trace.cli"]
     with tempfile.TemporaryDirectory() as tmp:
         trace, out = Path(tmp) / "replicated.json.gz", Path(tmp) / "out.jsonl"
         t = time.perf_counter()
         copies, kernels = write_replicated(TRACES / args.base, args.kernels, trace)
         print(f"{args.base} x{copies}: {kernels:,} kernels, {trace.stat().st_size / 1e6:,.0f} MB gzip "
               f"(written in {time.perf_counter() - t:.0f} s)")
-        t = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "ingest", str(trace), "--out", str(out), "--quiet"],
-                              cwd=REPO, capture_output=True, text=True, check=False)
-        wall = time.perf_counter() - t
-        peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # the only child waited for
-        if proc.returncode:
-            sys.exit(f"plasmient ingest failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
+        wall, peak_mib = run_child([*cli, "ingest", str(trace), "--out", str(out), "--quiet"])
         with open(out, "rb") as f:
             lines = sum(1 for _ in f)
         print(f"plasmient ingest: {wall:.0f} s wall, peak RSS {peak_mib:,.0f} MiB "
               f"({'within' if peak_mib * 2**20 <= 2e9 else 'over'} the 2 GB target), "
               f"{lines:,} traces, {out.stat().st_size / 1e9:.1f} GB of JSONL")
+        if args.report:
+            trace.unlink()
+            floor = parse_floor(out)
+            wall, peak_mib = run_child([*cli, "report", str(out), "--html", str(Path(tmp) / "page.html"), "--quiet"])
+            floor = min(floor, parse_floor(out))
+            with open(out, "rb") as f:
+                spans = sum(line.count(b'"spanId"') for line in f)
+            print(f"plasmient report --html: {wall:.1f} s wall ({wall / floor:.2f}x orjson.loads of every line, "
+                  f"{floor:.1f} s), {spans / wall / 1e3:,.0f}k spans/s, peak RSS {peak_mib:,.0f} MiB "
+                  f"({peak_mib * 2**20 / out.stat().st_size:.2f}x the JSONL)")
 
 
 if __name__ == "__main__":
