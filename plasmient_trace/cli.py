@@ -19,6 +19,9 @@ from .stitch import ids
 
 EXIT_BAD_INPUT = 2
 EXIT_EXPORT_FAILED = 1
+# The reader of our stdout went away (`| head`): what a shell reports for a program SIGPIPE ended (128 + 13),
+# as `cat` gives; never 1, which `diff` uses for "MFU dropped", nor 0, which would pass a gate not evaluated.
+EXIT_PIPE_CLOSED = 141
 
 
 def _positive_int(text: str) -> int:
@@ -151,7 +154,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     options.keep_records = bool(args.parquet)  # else each rank's tables stay in the worker that read them
     bar = None
     try:
-        if console is not None:
+        if console is not None and console.is_terminal:  # into a log, a transient bar leaves only a blank line
             from rich.progress import Progress
 
             bar = Progress(transient=True, console=console)
@@ -244,6 +247,8 @@ def _deliver(args: argparse.Namespace, stream: Any, bar: Any = None) -> tuple[in
         # no partial output; the caller reports what is not ours to report (bad input mid-stream, Ctrl-C)
         sink.close_local(commit=False)
         sink.shutdown(0)
+        if isinstance(err, sinks.OutputClosed):
+            raise BrokenPipeError(str(err)) from None  # main() ends quietly
         if not isinstance(err, sinks.OutputError):
             raise
         print(f"plasmient: error: cannot write {err}", file=sys.stderr)
@@ -307,9 +312,16 @@ def _naming_hint(gpu_model: str | None) -> str:
 
 
 def _console(stderr: bool = False) -> Any:
+    """A rich console whose closed pipe ends the command as any other write to it does (main() says
+    nothing and exits EXIT_PIPE_CLOSED); rich's own handling exits 1."""
     from rich.console import Console
 
-    return Console(stderr=stderr)
+    class _PipeAwareConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError("stdout closed")
+
+    return _PipeAwareConsole(stderr=stderr)
 
 
 
@@ -395,7 +407,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("plasmient: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        return 0
+        # what is still buffered would fail again at exit, with a message: send it nowhere
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+            except (OSError, ValueError, AttributeError):
+                pass
+        return EXIT_PIPE_CLOSED
 
 
 if __name__ == "__main__":

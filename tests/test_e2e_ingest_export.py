@@ -145,6 +145,37 @@ def test_out_dash_streams_the_spans_to_stdout_and_the_summary_elsewhere(tmp_path
     assert collected.read_bytes() == b'{"resourceSpans":[]}\n' + piped.stdout
 
 
+def _into_a_closed_pipe(cmd: list[str], cwd) -> subprocess.CompletedProcess:
+    """Run a command whose stdout is a pipe nobody reads any more, as `plasmient ... | head -1` leaves it
+    once head has its line."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_EXPORTER_OTLP")}
+        return subprocess.run(cmd, cwd=cwd, env=env, stdout=write_end, stderr=subprocess.PIPE, timeout=180)
+    finally:
+        os.close(write_end)
+
+
+@pytest.mark.parametrize("command", ["ingest --out -", "ingest --out out.jsonl", "diff"])
+def test_a_reader_that_stops_reading_ends_the_command_quietly_with_sigpipes_status(tmp_path, command):
+    # `plasmient ingest t.json.gz --out - | head -1`, or `plasmient diff a b | head`: the reader took what
+    # it wanted. Not an error line, and not exit 1, which diff uses for "MFU dropped" (rich's own handling
+    # of a closed pipe): 141, as a shell reports for a program SIGPIPE ended.
+    trace = str(trace_path(TRACE))
+    cli = [sys.executable, "-m", "plasmient_trace.cli"]
+    argv = {"ingest --out -": ["ingest", trace, "--out", "-"],
+            "ingest --out out.jsonl": ["ingest", trace, "--out", "out.jsonl"],  # the summary on a closed stdout
+            "diff": ["diff", trace, trace]}[command]
+    proc = _into_a_closed_pipe([*cli, *argv], tmp_path)
+    if command == "ingest --out out.jsonl":  # the spans were written before the summary found no reader
+        spans = len(ingested(TRACE).batch)
+        assert len(otlp_json.read_jsonl(tmp_path / "out.jsonl")) == spans
+        assert (proc.returncode, proc.stderr) == (141, f"plasmient: wrote 1 trace(s), {spans} spans to out.jsonl\n".encode())
+    else:
+        assert (proc.returncode, proc.stderr) == (141, b"")
+
+
 def test_parquet_holds_every_record_even_when_spans_are_folded(tmp_path, capsys):
     out = tmp_path / "pq"
     code = main(["ingest", str(trace_path(MULTI)), "--job-id", "p", "--out", str(tmp_path / "t.jsonl"),

@@ -41,6 +41,16 @@ class OutputError(OSError):
     """A local output cannot be written: one line naming the path and the problem."""
 
 
+class OutputClosed(OutputError):
+    """The output is a pipe whose reader has gone (``--out - | head``): not a failure to report, the
+    reader took what it wanted."""
+
+
+def _output_failed(path: Path, err: OSError) -> OutputError:
+    return OutputClosed(f"{path}: its reader closed it") if isinstance(err, BrokenPipeError) else \
+        OutputError(output_problem(path, err))
+
+
 class LocalSink(Protocol):
     name: str
 
@@ -172,7 +182,7 @@ class FileSink:
             self.lines += write_jsonl(batch, self._gzip or self._file)
         except OSError as err:
             self.close(commit=False)
-            raise OutputError(output_problem(self.path, err)) from None
+            raise _output_failed(self.path, err) from None
 
     def close(self, commit: bool = True) -> None:
         """Ingest: move the written file into place (commit) or remove it. Nothing written: nothing to do,
@@ -203,7 +213,7 @@ class FileSink:
                 if tmp is not None:
                     tmp.unlink(missing_ok=True)  # gone already once moved into place
         except OSError as err:
-            raise OutputError(output_problem(self.path, err)) from None
+            raise _output_failed(self.path, err) from None
 
 
     def _open(self) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plasmient_trace.cli import _fraction, _positive_float, _positive_int
+from plasmient_trace.cli import _console, _fraction, _positive_float, _positive_int
 from plasmient_trace.conventions import DEFAULT_BASELINE_MFU, SpanBatch
 from plasmient_trace.export.sinks import OutputError, check_not_an_input, check_output_path
 
@@ -165,9 +165,8 @@ def _check_times(name: str, batch: SpanBatch) -> None:
 def run_report(args: argparse.Namespace) -> int:
     from plasmient_trace.report.html import write_report
     from plasmient_trace.report.summary import render_summary
-    from rich.console import Console
 
-    console = Console(stderr=True)
+    console = _console(stderr=True)
     try:
         if args.html:
             check_output_path(args.html)  # before the reading and the summary, not after them

@@ -206,7 +206,7 @@ def _partial_mfu(result: dict[str, Any]) -> str:
 
 
 def run_diff(args: argparse.Namespace) -> int:
-    from rich.console import Console
+    from plasmient_trace.cli import _console
 
     try:
         for out in (args.json, args.parquet, args.html):
@@ -221,7 +221,7 @@ def run_diff(args: argparse.Namespace) -> int:
         return D.EXIT_BAD_INPUT
     result = D.diff(a, b, per_step=args.per_step)
     if not args.quiet:
-        render(result, Console(), max(args.top, 1))
+        render(result, _console(), max(args.top, 1))
     try:
         if args.json:
             text = json.dumps(result, indent=1, allow_nan=False).encode()
