@@ -652,6 +652,61 @@ def test_https_to_a_port_without_tls_fails_at_once_saying_so(receiver: OtlpRecei
     assert "1 attempt " in str(err.value) and "does not speak TLS: name it with http://" in str(err.value), str(err.value)
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf", "http/json"])
+def test_http_to_a_tls_port_fails_at_once_saying_to_name_it_https(tls_files: dict[str, Path], protocol: str) -> None:
+    # A TLS port drops a plain request without a word (a reset, a closed socket), as a collector that is
+    # down does: it was retried for the whole timeout, then reported as "Connection reset by peer".
+    with OtlpReceiver(tls=(tls_files["server"], tls_files["key"])) as rx:
+        endpoint = (rx.grpc_endpoint if protocol == "grpc" else rx.http_endpoint).replace("https://", "http://")
+        with pytest.raises(ExportError) as err:
+            send_spans(small_batch(), OtlpConfig.from_env({}, endpoint=endpoint, protocol=protocol, timeout_s=10))
+        text = str(err.value)
+        assert "1 attempt " in text and "the endpoint speaks TLS: name it with https://, not http://" in text, text
+        if protocol == "grpc":  # a bare host:port with OTEL_EXPORTER_OTLP_INSECURE=true is the same mistake
+            bare = endpoint.removeprefix("http://")
+            env = {"OTEL_EXPORTER_OTLP_INSECURE": "true"}
+            with pytest.raises(ExportError) as err:
+                send_spans(small_batch(), OtlpConfig.from_env(env, endpoint=bare, protocol=protocol, timeout_s=10))
+            assert "1 attempt " in str(err.value) and "unset OTEL_EXPORTER_OTLP_INSECURE" in str(err.value), str(err.value)
+        assert rx.span_count() == 0
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_plain_port_that_resets_connections_is_retried_not_called_tls(protocol: str) -> None:
+    # A collector being restarted resets connections too; it does not complete a TLS handshake, so it is
+    # an outage, retried until the deadline, and no hint about https:// is given.
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    stop = threading.Event()
+
+    def reset_every_connection() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            conn.recv(1)  # the first bytes of the request (or of the ClientHello), then an abortive close
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            conn.close()
+
+    thread = threading.Thread(target=reset_every_connection, daemon=True)
+    thread.start()
+    try:
+        config = OtlpConfig.from_env({}, endpoint=f"http://127.0.0.1:{port}", protocol=protocol, timeout_s=3,
+                                     retry_initial_s=0.05)
+        with pytest.raises(ExportError) as err:
+            send_spans(small_batch(), config)
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+    text = str(err.value)
+    assert "1 attempt " not in text and "TLS" not in text, text
+
+
 def test_a_refused_tls_handshake_leaves_one_line_in_stderr_not_grpcs_logs(tls_files: dict[str, Path], tmp_path: Path) -> None:
     # gRPC's core logged every failed handshake at INFO into the process's stderr (a traced job's, live)
     import os

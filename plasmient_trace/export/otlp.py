@@ -46,7 +46,14 @@ import orjson
 
 from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.export.otlp_json import encode_jsonl_lines, package_version
-from plasmient_trace.export.otlp_answers import backoff_wait, grpc_retry_delay, http_error_detail, one_line, retry_after
+from plasmient_trace.export.otlp_answers import (
+    backoff_wait,
+    grpc_retry_delay,
+    http_error_detail,
+    one_line,
+    retry_after,
+    speaks_tls,
+)
 from plasmient_trace.export.otlp_config import DEFAULT_PROTOCOL, PROTOCOLS, OtlpConfig, parse_headers, redact, redact_url
 from plasmient_trace.export.otlp_proto import encode_requests
 
@@ -83,6 +90,9 @@ _WRONG_PROTOCOL_HINT = {
 
 
 _NOT_TLS_HINT = "; the endpoint does not speak TLS: name it with http://, not https://"
+_TLS_PORT_HINT = {True: "; the endpoint speaks TLS: name it with https://, not http://",
+                  False: "; the endpoint speaks TLS: unset OTEL_EXPORTER_OTLP_INSECURE (or name it with https://)"}
+_TLS_PROBE_S = 2.0  # at most this long to ask a port that dropped a plain request whether it speaks TLS
 _UNTRUSTED_HINT = ("; the collector's certificate is not signed by a CA this process trusts: set "
                    "OTEL_EXPORTER_OTLP_CERTIFICATE to the PEM file of the CA that signed it")
 
@@ -92,6 +102,14 @@ def _looks_like_http2(status_line: str) -> bool:
     type 4 = SETTINGS, which a gRPC server sends first): http.client reports it as the line it read."""
     raw = status_line.encode("latin-1", "replace").lstrip(b"'\"")
     return len(raw) >= 4 and raw[3:4] == b"\x04" and not raw.startswith(b"HTTP/")
+
+
+def _host_port(netloc: str, named_http: bool) -> tuple[str, int, bool] | None:
+    """(host, port, named_http) of a host:port or [v6]:port; None when it is no such thing."""
+    host, sep, port = netloc.rpartition("@")[2].rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return None
+    return host.strip("[]"), int(port), named_http
 
 
 def _printable(text: str) -> str:
@@ -187,6 +205,9 @@ class OtlpClient:
         self._user_agent = f"plasmient-trace/{package_version()}"
         self.last_sent_bytes = 0
         self.pace_s = 0.0  # wait before the next request, set by a backend that pushed back
+        # a plain-text endpoint's (host, port, named with http://), asked once whether it speaks TLS
+        # when it drops a request; None: nothing to ask (TLS already, a unix socket, asked before)
+        self._plain_port: tuple[str, int, bool] | None = None
         if config.protocol == "grpc":
             self._open_grpc()
         else:
@@ -195,6 +216,8 @@ class OtlpClient:
                 raise ValueError(f"OTLP/HTTP endpoint {config.endpoint!r} must be an http:// or https:// URL")
             self._url = url
             self._path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+            if url.scheme == "http":
+                self._plain_port = _host_port(url.netloc, True)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -346,6 +369,7 @@ class OtlpClient:
             self._channel = grpc.secure_channel(target, creds, options=options)
         else:
             self._channel = grpc.insecure_channel(target, options=options)
+            self._plain_port = _host_port(target, "://" in endpoint)
         # Bytes in, bytes out: the request is already serialized.
         self._grpc_call = self._channel.unary_unary(self._method_path, request_serializer=None, response_deserializer=None)
         self._metadata = tuple(cfg.headers.items())
@@ -388,6 +412,10 @@ class OtlpClient:
                 grpc.StatusCode.UNAVAILABLE,
                 grpc.StatusCode.DATA_LOSS,
             }
+            if code == grpc.StatusCode.UNAVAILABLE and ("Socket closed" in str(details) or "reset" in str(details)):
+                hint = self._tls_port_hint(timeout)
+                if hint:
+                    raise _Fail(f"{what}{hint}") from None
             if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in str(details):
                 # The receiver's size limit, not a full queue: the same request will never fit.
                 raise _Fail(f"{what}{_TOO_LARGE_HINT}") from None
@@ -397,6 +425,15 @@ class OtlpClient:
                 raise _Unsupported(what) from None
             raise _Fail(what) from None
         return self._partial(response)
+
+    def _tls_port_hint(self, timeout: float) -> str:
+        """The hint for a plain-text request the endpoint dropped, if it did so because it speaks TLS
+        (asked once per client; a collector that is down is asked nothing more)."""
+        plain, self._plain_port = self._plain_port, None
+        if plain is None:
+            return ""
+        host, port, named_http = plain
+        return _TLS_PORT_HINT[named_http] if speaks_tls(host, port, min(timeout, _TLS_PROBE_S)) else ""
 
     # -- HTTP --------------------------------------------------------------------------------
 
@@ -462,6 +499,11 @@ class OtlpClient:
                 raise _Fail(f"{type(exc).__name__}: an HTTP/2 frame, not an HTTP/1.1 status line"
                             f"{_WRONG_PROTOCOL_HINT['http']}") from None
             what = f"{type(exc).__name__}: {_printable(str(exc))}" if str(exc) else type(exc).__name__
+            if isinstance(exc, (ConnectionResetError, http.client.RemoteDisconnected, http.client.BadStatusLine)) \
+                    and not watchdog.fired:
+                hint = self._tls_port_hint(timeout)
+                if hint:
+                    raise _Fail(f"{what}{hint}") from None
             if watchdog.fired:
                 what = "stopped by shutdown" if stop.is_set() else f"timed out: no complete answer within the deadline ({what})"
                 raise _Fail(what) from None

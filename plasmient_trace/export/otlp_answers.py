@@ -1,5 +1,6 @@
 """What an OTLP backend's answer asks of the sender: how long to wait before the next attempt (gRPC
-RetryInfo, HTTP Retry-After, never below the jittered backoff) and the one-line reason an error body gives.
+RetryInfo, HTTP Retry-After, never below the jittered backoff), the one-line reason an error body gives,
+and whether a port that dropped a plain request speaks TLS.
 
 Hints are advisory: a malformed one reads as none, never as an error of the export.
 """
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import math
 import random
+import socket
+import ssl
 import time
 from typing import Any
 
@@ -80,3 +83,20 @@ def http_error_detail(data: bytes, content_type: str) -> str:
     if not message:
         message = data[:200].decode("utf-8", "replace")
     return f": {one_line(message)}"
+
+
+def speaks_tls(host: str, port: int, timeout: float) -> bool:
+    """Whether the server at host:port completes a TLS handshake, or refuses one with a TLS alert: a TLS port
+    drops a plain-text request without a word (a reset, a closed socket), as a collector that is down
+    does, and retrying never helps. Nothing is sent but the handshake, and no certificate is judged: this
+    asks what the port speaks, not whether to trust it."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock, ctx.wrap_socket(sock, server_hostname=host):
+            return True
+    except ssl.SSLError as exc:
+        return "ALERT" in str(exc.reason or "")  # e.g. TLSV13_ALERT_CERTIFICATE_REQUIRED: TLS, wanting a client certificate
+    except (OSError, ValueError):
+        return False
