@@ -11,6 +11,7 @@ import base64
 import binascii
 import contextlib
 import gzip
+import io
 import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -31,7 +32,7 @@ from plasmient_trace.export.span_columns import attribute_kind
 from plasmient_trace.memory import cyclic_gc_paused
 from plasmient_trace.sources.rawinput import is_gzip
 
-__all__ = ["any_value_py", "batch_from_otlp_dicts", "read_jsonl"]
+__all__ = ["any_value_py", "batch_from_otlp_dicts", "open_span_file", "read_jsonl"]
 
 _CORE_NAMES = frozenset(CORE_COLUMNS.names)
 # Spans read into Python lists before they become an Arrow table part: a few lines of ours, whose values as
@@ -264,17 +265,28 @@ def batch_from_otlp_dicts(requests: Iterable[dict[str, Any]]) -> SpanBatch:
 
 
 @contextlib.contextmanager
+def open_span_file(path: str | os.PathLike[str]) -> Iterator[tuple[str, IO[bytes]]]:
+    """(name, binary lines) of a span file, gzip'd or not by its bytes (not its name: a .gz may hold plain
+    lines), read in one pass: a pipe (``<(zcat spans.jsonl.gz)``) or stdin works as a file does. The
+    stream's ``peek`` shows its first (decompressed) bytes without consuming them."""
+    p = Path(path)
+    with open(p, "rb", buffering=1 << 16) as raw:
+        if not is_gzip(raw.peek(2)[:2]):
+            yield str(p), raw
+            return
+        # buffered, so a peek sees a block of inflated bytes (a GzipFile's own peek may give a few)
+        with gzip.GzipFile(fileobj=raw) as inflated, io.BufferedReader(inflated, 1 << 16) as f:  # type: ignore[arg-type]
+            yield str(p), f
+
+
+@contextlib.contextmanager
 def _open_lines(path: str | os.PathLike[str] | IO[bytes]) -> Iterator[tuple[str, IO[bytes]]]:
-    """(name, binary lines) of a path (.gz or plain, closed afterwards) or an open file (left open)."""
+    """(name, binary lines) of a path (closed afterwards) or an open file (left open)."""
     if not isinstance(path, (str, os.PathLike)):
         yield getattr(path, "name", "<stream>"), path
         return
-    p = Path(path)
-    with open(p, "rb") as raw:
-        gzipped = is_gzip(raw.read(2))  # by its bytes, not its name: a .gz may hold plain lines
-        raw.seek(0)
-        with gzip.GzipFile(fileobj=raw) if gzipped else contextlib.nullcontext(raw) as f:
-            yield str(p), f
+    with open_span_file(path) as opened:
+        yield opened
 
 
 def read_jsonl(path: str | os.PathLike[str] | IO[bytes]) -> SpanBatch:

@@ -22,7 +22,7 @@ from plasmient_trace.export.sinks import OutputError, check_not_an_input, check_
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("files", nargs="+", metavar="FILE.jsonl", help="OTLP JSON lines span files (.gz allowed); several are merged")
+    parser.add_argument("files", nargs="+", metavar="FILE.jsonl", help="OTLP JSON lines span files (.gz allowed; - or a pipe reads a stream); several are merged")
     parser.add_argument("--html", metavar="OUT.html", help="write the self-contained HTML report here")
     parser.add_argument("--title", default=None, help="page title (default: the input file names)")
     parser.add_argument("--fleet-gpus", type=_positive_int, default=None, help="fleet size the bill starts with (default: the GPUs in the data; editable in the page)")
@@ -74,21 +74,22 @@ def read_span_files(files: list[str], notes: list[str] | None = None) -> SpanBat
     writes every service's spans into one file, and an HTTP handler's span is no step. A span that
     appears again with the same ids and times (a delivery retried) is counted once, and ``notes`` gets
     a line saying so; the same ids with other times (two runs under one job id) are refused."""
-    from plasmient_trace.export.otlp_json import read_jsonl
+    from plasmient_trace.export.otlp_json_read import open_span_file, read_jsonl
 
     batches = []
     for f in files:
-        if not Path(f).is_file():
+        if Path(f).is_dir():
+            raise ReportInputError(f"{f}: is a directory, expected a span file")
+        if not Path(f).exists():
             raise ReportInputError(f"{f}: no such file")
         try:
-            head = file_head(Path(f), 1 << 16)
-        except _READ_ERRORS:
-            head = b""  # the read below says what is wrong
-        if b'"resourceSpans"' not in head and any(k in head for k in (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"')):
-            raise ReportInputError(f"{f}: a Kineto trace, not a span file: turn it into spans with `plasmient ingest {f} "
-                                   "--out spans.jsonl` and report those (`plasmient diff` takes traces as they are)")
-        try:
-            batch = read_jsonl(f)
+            # one pass, so a pipe or stdin reads as a file does: the head is peeked, not consumed
+            with open_span_file(f) as (_, stream):
+                head = stream.peek(1 << 16)[: 1 << 16]
+                if b'"resourceSpans"' not in head and any(k in head for k in (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"')):
+                    raise ReportInputError(f"{f}: a Kineto trace, not a span file: turn it into spans with `plasmient ingest "
+                                           f"{f} --out spans.jsonl` and report those (`plasmient diff` takes traces as they are)")
+                batch = read_jsonl(stream)
         except _READ_ERRORS as exc:
             text = _problem(exc)
             raise ReportInputError(text if text.startswith(str(f)) else f"{f}: {text}") from None
@@ -167,6 +168,7 @@ def run_report(args: argparse.Namespace) -> int:
     from plasmient_trace.report.summary import render_summary
 
     console = _console(stderr=True)
+    args.files = ["/dev/stdin" if f == "-" else f for f in args.files]  # `zcat spans.jsonl.gz | plasmient report -`
     try:
         if args.html:
             check_output_path(args.html)  # before the reading and the summary, not after them

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import tempfile
 import zlib
 from pathlib import Path
 from typing import Any
@@ -44,7 +46,7 @@ def parse_percent(text: str) -> float:
 def add_diff_arguments(parser: argparse.ArgumentParser) -> None:
     from plasmient_trace.cli import _positive_int, add_stitch_arguments
 
-    parser.add_argument("a", metavar="A", help="the baseline: span file (.jsonl[.gz], spans.parquet or its directory) or a trace")
+    parser.add_argument("a", metavar="A", help="the baseline: span file (.jsonl[.gz], spans.parquet or its directory) or a trace; - or a pipe reads a stream")
     parser.add_argument("b", metavar="B", help="the run compared with it, in any of the same forms")
     parser.add_argument("--fail-if-mfu-drops", metavar="PCT", type=parse_percent, default=None,
                         help="exit 1 when B's step-weighted MFU is more than PCT (relative, e.g. 5%%) below A's")
@@ -85,11 +87,30 @@ def _read_parquet(path: Path) -> SpanBatch:
 
 
 def load_side(path_text: str, args: argparse.Namespace) -> SpanBatch:
-    """One input as a SpanBatch; every failure is a DiffInputError naming the file."""
+    """One input as a SpanBatch; every failure is a DiffInputError naming the file. A pipe or stdin (``-``)
+    is read once into a private temporary file, since what it holds is known only from its bytes, and
+    the reader of that kind then opens it again."""
+    path = Path("/dev/stdin" if path_text == "-" else path_text)
+    if not path.exists() or path.is_dir() or path.is_file():
+        return _load_file(path, args)
+    with tempfile.TemporaryDirectory(prefix="plasmient-diff-") as tmp:
+        copy = Path(tmp) / "stream"
+        try:
+            with open(path, "rb") as src, open(copy, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        except OSError as err:
+            raise DiffInputError(f"{path}: cannot read ({err.strerror or err})") from None
+        try:
+            return _load_file(copy, args, job_id=path.name.split(".")[0])
+        except DiffInputError as err:
+            raise DiffInputError(str(err).replace(str(copy), str(path))) from None
+
+
+def _load_file(path: Path, args: argparse.Namespace, job_id: str | None = None) -> SpanBatch:
     from plasmient_trace.report.cli import ReportInputError, file_head, read_span_files
     from plasmient_trace.sources.kineto import TraceFormatError
 
-    path = Path(path_text)
+    path_text = str(path)
     if not path.exists():
         raise DiffInputError(f"{path}: no such file")
     try:
@@ -105,7 +126,7 @@ def load_side(path_text: str, args: argparse.Namespace) -> SpanBatch:
             from plasmient_trace.cli import stitch_options_from_args
             from plasmient_trace.pipeline import ingest_paths
 
-            options = stitch_options_from_args(args, args.job_id or path.name.split(".")[0])
+            options = stitch_options_from_args(args, args.job_id or job_id or path.name.split(".")[0])
             batch = ingest_paths([path], options).batch
     except (ReportInputError, TraceFormatError, DiffInputError) as err:
         raise DiffInputError(str(err) if str(err).startswith(str(path)) else f"{path}: {err}") from None
