@@ -33,7 +33,6 @@ import threading
 import logging
 import math
 import os
-import re
 import ssl
 import sys
 import time
@@ -42,15 +41,26 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.export.otlp_json import encode_jsonl_lines, package_version
 from plasmient_trace.export.otlp_answers import (
+    NOT_TLS_HINT,
+    TLS_PORT_HINT,
+    TLS_PROBE_S,
+    TOO_LARGE_HINT,
+    UNTRUSTED_HINT,
+    WRONG_PROTOCOL_HINT,
     backoff_wait,
+    doubled_path_hint,
     grpc_retry_delay,
+    host_port,
     http_error_detail,
+    ignored_headers_note,
+    looks_like_http2,
     one_line,
+    partial_success_json,
+    partial_success_proto,
+    printable,
     retry_after,
     speaks_tls,
 )
@@ -65,7 +75,6 @@ log = logging.getLogger(__name__)
 _RETRYABLE_HTTP = frozenset({429, 502, 503, 504})
 _BUSY_HTTP = frozenset({429, 503})  # answered by a live server that asks the sender to slow down
 _UNSUPPORTED_HTTP = frozenset({404, 405})  # no handler for this signal's path
-_TOO_LARGE_HINT = " (the request is larger than the backend accepts: lower PLASMIENT_OTLP_MAX_REQUEST_MIB)"
 _STOP_POLL_S = 0.05  # how often an in-flight request looks at its stop event
 _GZIP_LEVEL = 5  # gzip -5: most of -9's ratio on OTLP payloads at a fraction of its CPU time
 
@@ -75,68 +84,6 @@ _SERVICES = {
     "metrics": ("opentelemetry.proto.collector.metrics.v1.MetricsService", "opentelemetry.proto.collector.metrics.v1.metrics_service_pb2", "ExportMetricsServiceResponse"),
     "logs": ("opentelemetry.proto.collector.logs.v1.LogsService", "opentelemetry.proto.collector.logs.v1.logs_service_pb2", "ExportLogsServiceResponse"),
 }
-# Field of PartialSuccess holding the rejected count, in OTLP/JSON spelling.
-_REJECTED_JSON = {"traces": "rejectedSpans", "metrics": "rejectedDataPoints", "logs": "rejectedLogRecords"}
-
-
-# What to do when the endpoint speaks the other OTLP transport (by default the Collector takes gRPC on 4317
-# and HTTP on 4318, and the two are easily swapped).
-_WRONG_PROTOCOL_HINT = {
-    "grpc": "; the endpoint answers in HTTP/1.1, not gRPC: if it is an OTLP/HTTP port (4318 by default), set "
-            "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf, or name the gRPC port (4317)",
-    "http": "; the endpoint answers in gRPC (HTTP/2): if it is an OTLP/gRPC port (4317 by default), set "
-            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc, or name the HTTP port (4318)",
-}
-
-
-_NOT_TLS_HINT = "; the endpoint does not speak TLS: name it with http://, not https://"
-_TLS_PORT_HINT = {True: "; the endpoint speaks TLS: name it with https://, not http://",
-                  False: "; the endpoint speaks TLS: unset OTEL_EXPORTER_OTLP_INSECURE (or name it with https://)"}
-_TLS_PROBE_S = 2.0  # at most this long to ask a port that dropped a plain request whether it speaks TLS
-_UNTRUSTED_HINT = ("; the collector's certificate is not signed by a CA this process trusts: set "
-                   "OTEL_EXPORTER_OTLP_CERTIFICATE to the PEM file of the CA that signed it")
-
-
-def _looks_like_http2(status_line: str) -> bool:
-    """Whether what came back instead of an HTTP/1.1 status line is an HTTP/2 frame header (a length, then
-    type 4 = SETTINGS, which a gRPC server sends first): http.client reports it as the line it read."""
-    raw = status_line.encode("latin-1", "replace").lstrip(b"'\"")
-    return len(raw) >= 4 and raw[3:4] == b"\x04" and not raw.startswith(b"HTTP/")
-
-
-def _host_port(netloc: str, named_http: bool) -> tuple[str, int, bool] | None:
-    """(host, port, named_http) of a host:port or [v6]:port; None when it is no such thing."""
-    host, sep, port = netloc.rpartition("@")[2].rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        return None
-    return host.strip("[]"), int(port), named_http
-
-
-def _printable(text: str) -> str:
-    """Text a server sent, with the bytes a terminal would misread (control characters, binary) escaped."""
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)[:200]
-
-
-def _ignored_headers_note(count: int) -> str:
-    """Why a collector may have refused the request: header entries that were not sent (never their text)."""
-    if not count:
-        return ""
-    one = count == 1
-    return (f"; {count} entr{'y' if one else 'ies'} of OTEL_EXPORTER_OTLP_HEADERS had no key=value and "
-            f"{'was' if one else 'were'} not sent")
-
-
-def _doubled_path_hint(cfg: OtlpConfig) -> str:
-    """What went wrong when OTEL_EXPORTER_OTLP_ENDPOINT held a signal's full URL: the spec makes it the
-    base, so ``/v1/<signal>`` was appended to the ``/v1/traces`` it ended with (as every OTel SDK does)."""
-    if not (cfg.generic_endpoint and cfg.protocol.startswith("http")):
-        return ""
-    base = urllib.parse.urlsplit(cfg.generic_endpoint).path.rstrip("/")
-    derived = urllib.parse.urlsplit(cfg.endpoint).path == f"{base}/v1/{cfg.signal}"  # not a signal's own URL
-    if not (derived and re.search(r"/v1/(traces|metrics|logs)$", base)):
-        return ""
-    return ("; OTEL_EXPORTER_OTLP_ENDPOINT is the collector's base URL, to which /v1/<signal> is appended: drop the "
-            f"/v1/... from it, or give the full URL as OTEL_EXPORTER_OTLP_{cfg.signal.upper()}_ENDPOINT")
 
 
 class ExportError(RuntimeError):
@@ -217,7 +164,7 @@ class OtlpClient:
             self._url = url
             self._path = (url.path or "/") + (f"?{url.query}" if url.query else "")
             if url.scheme == "http":
-                self._plain_port = _host_port(url.netloc, True)
+                self._plain_port = host_port(url.netloc, True)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -301,25 +248,12 @@ class OtlpClient:
         return redact(one_line(
             f"OTLP export to {self.display_endpoint} ({cfg.protocol}) failed for {cfg.signal}: {what} "
             f"[{attempts} attempt{'s' if attempts != 1 else ''} in {time.monotonic() - start:.1f}s, timeout {cfg.timeout_s:g}s]"
-            + _doubled_path_hint(cfg)
-            + _ignored_headers_note(cfg.ignored_headers)
+            + doubled_path_hint(cfg)
+            + ignored_headers_note(cfg.ignored_headers)
         ), cfg)
 
     def _partial(self, response_bytes: bytes) -> tuple[int, str]:
-        import importlib
-
-        from google.protobuf.message import DecodeError
-
-        cls = getattr(importlib.import_module(self._response_module), self._response_name)
-        try:
-            resp = cls.FromString(response_bytes or b"")
-        except DecodeError:
-            # a 200 whose body is no OTLP response (a proxy's page): taken, with nothing said about
-            # partial success, as the JSON answer is read
-            return 0, ""
-        ps = resp.partial_success
-        rejected = next((v for f, v in ps.ListFields() if f.name.startswith("rejected_")), 0)
-        return int(rejected), ps.error_message
+        return partial_success_proto(self._response_module, self._response_name, response_bytes)
 
     # -- gRPC --------------------------------------------------------------------------------
 
@@ -369,7 +303,7 @@ class OtlpClient:
             self._channel = grpc.secure_channel(target, creds, options=options)
         else:
             self._channel = grpc.insecure_channel(target, options=options)
-            self._plain_port = _host_port(target, "://" in endpoint)
+            self._plain_port = host_port(target, "://" in endpoint)
         # Bytes in, bytes out: the request is already serialized.
         self._grpc_call = self._channel.unary_unary(self._method_path, request_serializer=None, response_deserializer=None)
         self._metadata = tuple(cfg.headers.items())
@@ -398,11 +332,11 @@ class OtlpClient:
             what = f"{code.name if code else 'UNKNOWN'}: {details}"
             if "Expected SETTINGS frame" in str(details):
                 # an HTTP/1.1 server answered the gRPC client: a protocol mix-up, not an outage
-                raise _Fail(f"{what}{_WRONG_PROTOCOL_HINT['grpc']}") from None
+                raise _Fail(f"{what}{WRONG_PROTOCOL_HINT['grpc']}") from None
             if "CERTIFICATE_VERIFY_FAILED" in str(details):
-                raise _Fail(f"{what}{_UNTRUSTED_HINT}") from None
+                raise _Fail(f"{what}{UNTRUSTED_HINT}") from None
             if "WRONG_VERSION_NUMBER" in str(details):
-                raise _Fail(f"{what}{_NOT_TLS_HINT}") from None
+                raise _Fail(f"{what}{NOT_TLS_HINT}") from None
             retryable = {
                 grpc.StatusCode.CANCELLED,
                 grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -418,7 +352,7 @@ class OtlpClient:
                     raise _Fail(f"{what}{hint}") from None
             if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in str(details):
                 # The receiver's size limit, not a full queue: the same request will never fit.
-                raise _Fail(f"{what}{_TOO_LARGE_HINT}") from None
+                raise _Fail(f"{what}{TOO_LARGE_HINT}") from None
             if code in retryable:
                 raise _Retry(what, grpc_retry_delay(exc), busy=code == grpc.StatusCode.RESOURCE_EXHAUSTED) from None
             if code == grpc.StatusCode.UNIMPLEMENTED:
@@ -433,7 +367,7 @@ class OtlpClient:
         if plain is None:
             return ""
         host, port, named_http = plain
-        return _TLS_PORT_HINT[named_http] if speaks_tls(host, port, min(timeout, _TLS_PROBE_S)) else ""
+        return TLS_PORT_HINT[named_http] if speaks_tls(host, port, min(timeout, TLS_PROBE_S)) else ""
 
     # -- HTTP --------------------------------------------------------------------------------
 
@@ -483,22 +417,22 @@ class OtlpClient:
         except (OSError, http.client.HTTPException, ValueError) as exc:
             watchdog.cancel()
             if isinstance(exc, ssl.SSLCertVerificationError):  # (a ValueError too)
-                raise _Fail(f"{type(exc).__name__}: {exc.verify_message or exc}{_UNTRUSTED_HINT}") from None
+                raise _Fail(f"{type(exc).__name__}: {exc.verify_message or exc}{UNTRUSTED_HINT}") from None
             if isinstance(exc, ssl.SSLError) and not isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
                 # a TLS mismatch (a plain-HTTP port, a protocol version) is the same at every attempt
-                hint = _NOT_TLS_HINT if "WRONG_VERSION_NUMBER" in str(exc) else ""
-                raise _Fail(f"{type(exc).__name__}: {_printable(str(exc))}{hint}") from None
+                hint = NOT_TLS_HINT if "WRONG_VERSION_NUMBER" in str(exc) else ""
+                raise _Fail(f"{type(exc).__name__}: {printable(str(exc))}{hint}") from None
             if isinstance(exc, ValueError):  # http.client refuses a header value (e.g. a newline)
                 raise _Fail(f"invalid request: {type(exc).__name__}") from None
             # Refused, reset, timed out or a half-closed keep-alive connection: reconnect and retry.
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
-            if isinstance(exc, http.client.BadStatusLine) and _looks_like_http2(str(exc)):
+            if isinstance(exc, http.client.BadStatusLine) and looks_like_http2(str(exc)):
                 # an HTTP/2 (gRPC) server answered with its SETTINGS frame: a protocol mix-up, not an outage
                 raise _Fail(f"{type(exc).__name__}: an HTTP/2 frame, not an HTTP/1.1 status line"
-                            f"{_WRONG_PROTOCOL_HINT['http']}") from None
-            what = f"{type(exc).__name__}: {_printable(str(exc))}" if str(exc) else type(exc).__name__
+                            f"{WRONG_PROTOCOL_HINT['http']}") from None
+            what = f"{type(exc).__name__}: {printable(str(exc))}" if str(exc) else type(exc).__name__
             if isinstance(exc, (ConnectionResetError, http.client.RemoteDisconnected, http.client.BadStatusLine)) \
                     and not watchdog.fired:
                 hint = self._tls_port_hint(timeout)
@@ -521,26 +455,16 @@ class OtlpClient:
         what = f"HTTP {status} {resp.reason}{http_error_detail(data, resp.getheader('Content-Type', ''))}"
         if 300 <= status < 400 and resp.getheader("Location"):
             # not followed: the spans and the auth headers would go to a host nobody named
-            what += (f" to {redact_url(_printable(resp.getheader('Location')))}: name that endpoint (an OTLP "
+            what += (f" to {redact_url(printable(resp.getheader('Location')))}: name that endpoint (an OTLP "
                      "exporter does not follow redirects)")
         if status in _RETRYABLE_HTTP:
             raise _Retry(what, retry_after(resp.getheader("Retry-After")), busy=status in _BUSY_HTTP)
         if status in _UNSUPPORTED_HTTP:
             raise _Unsupported(what)
-        raise _Fail(f"{what}{_TOO_LARGE_HINT}" if status == 413 else what)
+        raise _Fail(f"{what}{TOO_LARGE_HINT}" if status == 413 else what)
 
     def _partial_json(self, data: bytes) -> tuple[int, str]:
-        if not data.strip():
-            return 0, ""
-        try:
-            doc = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return 0, ""
-        if not isinstance(doc, dict):
-            return 0, ""
-        ps = doc.get("partialSuccess") or doc.get("partial_success") or {}
-        rejected = ps.get(_REJECTED_JSON[self.config.signal]) or 0
-        return int(rejected), str(ps.get("errorMessage") or "")
+        return partial_success_json(self.config.signal, data)
 
 
 class _Watchdog:
