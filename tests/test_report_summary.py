@@ -232,6 +232,39 @@ def test_progress_draws_on_a_terminal_and_quiet_silences_it():
     assert out_q.getvalue() == ""
 
 
+def test_reading_span_files_reports_its_progress_in_mib_of_the_files_as_stored(tmp_path, monkeypatch):
+    # `plasmient report` on 3 GB of spans read for a minute with nothing on the screen. The bar counts
+    # MiB of the files as stored (a .gz by its compressed bytes), over every file given.
+    import gzip as gz
+
+    from conftest import ingested
+    from plasmient_trace.export import otlp_json_read
+    from plasmient_trace.export.otlp_json import write_jsonl
+    from plasmient_trace.report.cli import read_span_files
+
+    plain = tmp_path / "v100.jsonl"
+    write_jsonl(ingested("v100/resnet50_training.json.gz").batch, plain)
+    packed = tmp_path / "v100-again.jsonl.gz"
+    packed.write_bytes(gz.compress(plain.read_bytes(), compresslevel=1))  # the same spans: counted once, noted
+    monkeypatch.setattr(otlp_json_read, "_PROGRESS_EVERY_S", 0.0)
+    seen: list[tuple[str, int, int]] = []
+    batch = read_span_files([str(plain)], progress=lambda *a: seen.append(a))
+    sizes = plain.stat().st_size >> 20
+    assert len(batch) and seen and {total for _, _, total in seen} == {sizes} and sizes >= 60
+    done = [d for _, d, _ in seen]
+    assert done == sorted(done) and 0 <= done[0] and done[-1] <= sizes and done[-1] >= sizes - 16
+    assert {label for label, _, _ in seen} == {"reading v100.jsonl (MiB)"}
+    # a gzip'd file counts its stored bytes; two files add up under one total
+    seen.clear()
+    notes: list[str] = []
+    read_span_files([str(plain), str(packed)], notes, progress=lambda *a: seen.append(a))
+    assert len(notes) == 1 and "counted once" in notes[0]
+    total = sizes + (packed.stat().st_size >> 20)
+    assert {t for _, _, t in seen} == {total}
+    second = [d for label, d, _ in seen if "again" in label]
+    assert second and second[0] >= sizes and second[-1] <= total and second == sorted(second)
+
+
 # ---- real traces through the real pipeline ----------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ import contextlib
 import gzip
 import io
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -289,11 +290,26 @@ def _open_lines(path: str | os.PathLike[str] | IO[bytes]) -> Iterator[tuple[str,
         yield opened
 
 
-def read_jsonl(path: str | os.PathLike[str] | IO[bytes]) -> SpanBatch:
+_PROGRESS_EVERY_S = 0.2
+
+
+def _position_of(stream: IO[bytes]) -> Callable[[], int] | None:
+    """How far into its file a stream (plain, or gzip'd over one) has read; None for a pipe."""
+    try:
+        fd = stream.fileno()
+        os.lseek(fd, 0, os.SEEK_CUR)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return None
+    return lambda: os.lseek(fd, 0, os.SEEK_CUR)
+
+
+def read_jsonl(path: str | os.PathLike[str] | IO[bytes], progress: Callable[[int], None] | None = None) -> SpanBatch:
     """Read an OTLP/JSON lines file (ours or a Collector file exporter's) into a SpanBatch.
 
     Lines holding other signals (resourceMetrics/resourceLogs) are skipped; a line that is not JSON
     or not an ExportTraceServiceRequest raises ValueError naming the file and line number.
+    ``progress`` is called, at most a few times a second, with the bytes of the file (as stored: gzip'd
+    bytes for a .gz) read so far; never for a pipe, whose position is not known.
     """
     acc = _SpanAccumulator()
     # a line holds a whole trace: some 5,000 spans, a few hundred thousand dicts and lists
@@ -302,7 +318,12 @@ def read_jsonl(path: str | os.PathLike[str] | IO[bytes]) -> SpanBatch:
         def locate(line: int) -> str:
             return f"{name}:{line}"
 
+        position = _position_of(f) if progress is not None else None
+        shown = time.monotonic()
         for lineno, line in enumerate(f, start=1):
+            if position is not None and time.monotonic() - shown > _PROGRESS_EVERY_S:
+                shown = time.monotonic()
+                progress(position())  # type: ignore[misc]
             if lineno == 1 and line.startswith(b"\xef\xbb\xbf"):
                 line = line[3:]  # a UTF-8 byte order mark, as Windows editors save files; JSON allows ignoring it
             if not line.strip():

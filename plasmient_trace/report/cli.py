@@ -11,6 +11,7 @@ import gzip
 import sys
 import zlib
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -68,7 +69,8 @@ def _problem(exc: BaseException) -> str:
     return str(exc)
 
 
-def read_span_files(files: list[str], notes: list[str] | None = None) -> SpanBatch:
+def read_span_files(files: list[str], notes: list[str] | None = None,
+                    progress: Callable[[str, int, int], None] | None = None) -> SpanBatch:
     """Read and merge span files, refusing what would draw a wrong report: every failure is one line.
     Only plasmient's spans (those with a ``plasmient.level``) are kept: a Collector's file exporter
     writes every service's spans into one file, and an HTTP handler's span is no step. A span that
@@ -77,6 +79,9 @@ def read_span_files(files: list[str], notes: list[str] | None = None) -> SpanBat
     from plasmient_trace.export.otlp_json_read import open_span_file, read_jsonl
 
     batches = []
+    # the bar counts MiB of the regular files as stored; a pipe's size is not known
+    total = sum(Path(f).stat().st_size for f in files if Path(f).is_file()) >> 20
+    before = 0
     for f in files:
         if Path(f).is_dir():
             raise ReportInputError(f"{f}: is a directory, expected a span file")
@@ -89,7 +94,9 @@ def read_span_files(files: list[str], notes: list[str] | None = None) -> SpanBat
                 if b'"resourceSpans"' not in head and any(k in head for k in (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"')):
                     raise ReportInputError(f"{f}: a Kineto trace, not a span file: turn it into spans with `plasmient ingest "
                                            f"{f} --out spans.jsonl` and report those (`plasmient diff` takes traces as they are)")
-                batch = read_jsonl(stream)
+                shown = f"reading {Path(f).name} (MiB)"
+                batch = read_jsonl(stream, None if progress is None else
+                                   lambda done: progress(shown, before + (done >> 20), total))
         except _READ_ERRORS as exc:
             text = _problem(exc)
             raise ReportInputError(text if text.startswith(str(f)) else f"{f}: {text}") from None
@@ -101,6 +108,7 @@ def read_span_files(files: list[str], notes: list[str] | None = None) -> SpanBat
             batch = SpanBatch(table=batch.table.filter(ours), resources=batch.resources, summaries=batch.summaries)
         _check_times(f, batch)
         batches.append(batch)
+        before += Path(f).stat().st_size >> 20 if Path(f).is_file() else 0
     batch = merge_batches(batches)
     if len(batch) == 0:
         raise ReportInputError(f"{', '.join(files)}: no spans to report")
@@ -165,7 +173,7 @@ def _check_times(name: str, batch: SpanBatch) -> None:
 
 def run_report(args: argparse.Namespace) -> int:
     from plasmient_trace.report.html import write_report
-    from plasmient_trace.report.summary import render_summary
+    from plasmient_trace.report.summary import progress, render_summary
 
     console = _console(stderr=True)
     args.files = ["/dev/stdin" if f == "-" else f for f in args.files]  # `zcat spans.jsonl.gz | plasmient report -`
@@ -174,7 +182,8 @@ def run_report(args: argparse.Namespace) -> int:
             check_output_path(args.html)  # before the reading and the summary, not after them
             check_not_an_input(args.html, list(args.files))
         notes: list[str] = []
-        batch = read_span_files(list(args.files), notes)
+        with progress(quiet=args.quiet, console=console) as update:
+            batch = read_span_files(list(args.files), notes, progress=update)
     except (ReportInputError, OutputError) as exc:
         # Plain print, not the rich console: rich wraps long lines, and this must stay one line.
         print(f"plasmient report: error: {exc}", file=sys.stderr)
