@@ -27,12 +27,13 @@ def _start_times(text: bytes, value: bytes, count: int = 3) -> bytes:
 
 
 DAMAGE = {
-    "truncated mid-line": (lambda t: t[: len(t) // 2], "not valid JSON"),
+    "cut in its first line": (lambda t: t[: t.index(b"\n") // 2], "its first line is incomplete"),
+    "a bad line that is not the last": (lambda t: t[: t.index(b"\n") // 2] + b"\n" + t, "not valid JSON"),
     "timestamp past int64": (lambda t: _start_times(t, b'"99999999999999999999999"'), "out of the int64 range"),
     "timestamp 1e30": (lambda t: _start_times(t, b"1e30"), "out of the int64 range"),
     "negative end": (lambda t: re.sub(rb'"endTimeUnixNano":"\d+"', b'"endTimeUnixNano":"-5"', t, count=2),
                      "end before they start"),
-    "gzip cut short": (lambda t: gzip.compress(t)[:4000], "truncated gzip"),
+    "gzip cut short in its first line": (lambda t: gzip.compress(t)[:4000], "its first line is incomplete"),
     "empty": (lambda t: b"", "no spans"),
 }
 
@@ -222,3 +223,29 @@ def test_a_pipe_reads_as_the_file_it_carries(form, good_jsonl, tmp_path, capsys)
     assert "a Kineto trace, not a span file" in capsys.readouterr().err
     assert main(["report", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == f"plasmient report: error: {tmp_path}: is a directory, expected a span file"
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_file_still_being_written_is_reported_up_to_its_last_whole_line(packed, tmp_path, capsys):
+    # `plasmient report traces.jsonl` while the job still runs: the live writer appends each trace's line
+    # in one write (a .gz one gzip member per line), so a reader can meet the last one half written. The
+    # whole lines are reported, and a note says what was left out, instead of refusing the file.
+    write_jsonl(ingested("mi250/minitoy_train.json.gz").batch, tmp_path / "two-steps.jsonl")
+    lines = (tmp_path / "two-steps.jsonl").read_bytes().splitlines(keepends=True)
+    assert len(lines) == 2
+    whole, partial = b"".join(lines[:-1]), lines[-1][: len(lines[-1]) // 2]
+    if packed:  # as the live sink writes a .gz: one member per line, the last one cut
+        members = [gzip.compress(line, mtime=0) for line in lines]
+        data, name = b"".join(members[:-1]) + members[-1][: len(members[-1]) // 2], "live.jsonl.gz"
+    else:
+        data, name = whole + partial, "live.jsonl"
+    (tmp_path / name).write_bytes(data)
+    (tmp_path / "whole.jsonl").write_bytes(whole)
+    assert main(["report", str(tmp_path / "whole.jsonl"), "--html", str(tmp_path / "whole.html"), "--title", "t"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / name), "--html", str(tmp_path / "live.html"), "--title", "t"]) == 0
+    err = capsys.readouterr().err
+    n = len(lines) - 1
+    assert (f"plasmient report: {tmp_path / name}: the line after line {n} is incomplete (a run still writing the "
+            f"file, or the file cut short): left out; the {n} line(s) before it are read") in err
+    assert (tmp_path / "live.html").read_bytes() == (tmp_path / "whole.html").read_bytes()

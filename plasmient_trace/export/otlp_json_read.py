@@ -275,9 +275,43 @@ def open_span_file(path: str | os.PathLike[str]) -> Iterator[tuple[str, IO[bytes
         if not is_gzip(raw.peek(2)[:2]):
             yield str(p), raw
             return
-        # buffered, so a peek sees a block of inflated bytes (a GzipFile's own peek may give a few)
-        with gzip.GzipFile(fileobj=raw) as inflated, io.BufferedReader(inflated, 1 << 16) as f:  # type: ignore[arg-type]
+        with gzip.GzipFile(fileobj=raw) as inflated, io.BufferedReader(_MemberByMember(inflated), 1 << 16) as f:
             yield str(p), f
+
+
+class _MemberByMember(io.RawIOBase):
+    """A gzip stream whose end, if cut off (EOFError), is raised only after every byte inflated before it
+    was handed on: the live sink writes one gzip member per line, so the lines before a member still being
+    written are all read, where a buffer filled past the cut would have lost them with it."""
+
+    def __init__(self, inflated: gzip.GzipFile) -> None:
+        self._inflated = inflated
+        self._cut: EOFError | None = None
+        self.name = inflated.name
+
+    def readable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._inflated.fileno()
+
+    def readinto(self, buffer: Any) -> int:
+        if self._cut is not None:
+            raise self._cut
+        filled = 0
+        while filled < len(buffer):
+            try:
+                data = self._inflated.read1(len(buffer) - filled)
+            except EOFError as cut:
+                if not filled:
+                    raise
+                self._cut = cut  # raised at the next read, after what came before it
+                break
+            if not data:
+                break
+            buffer[filled: filled + len(data)] = data
+            filled += len(data)
+        return filled
 
 
 @contextlib.contextmanager
@@ -303,13 +337,17 @@ def _position_of(stream: IO[bytes]) -> Callable[[], int] | None:
     return lambda: os.lseek(fd, 0, os.SEEK_CUR)
 
 
-def read_jsonl(path: str | os.PathLike[str] | IO[bytes], progress: Callable[[int], None] | None = None) -> SpanBatch:
+def read_jsonl(path: str | os.PathLike[str] | IO[bytes], progress: Callable[[int], None] | None = None,
+               notes: list[str] | None = None) -> SpanBatch:
     """Read an OTLP/JSON lines file (ours or a Collector file exporter's) into a SpanBatch.
 
     Lines holding other signals (resourceMetrics/resourceLogs) are skipped; a line that is not JSON
     or not an ExportTraceServiceRequest raises ValueError naming the file and line number.
     ``progress`` is called, at most a few times a second, with the bytes of the file (as stored: gzip'd
     bytes for a .gz) read so far; never for a pipe, whose position is not known.
+    With ``notes``, an incomplete last line (a live run still writing the file, or a file cut short: a
+    line with no newline that does not parse, or a gzip member cut off) is left out and a note says so;
+    without, it raises as any bad line does.
     """
     acc = _SpanAccumulator()
     # a line holds a whole trace: some 5,000 spans, a few hundred thousand dicts and lists
@@ -318,9 +356,26 @@ def read_jsonl(path: str | os.PathLike[str] | IO[bytes], progress: Callable[[int
         def locate(line: int) -> str:
             return f"{name}:{line}"
 
+        def incomplete(after: int) -> None:
+            assert notes is not None
+            which = f"the line after line {after}" if after else "its first line"
+            notes.append(f"{name}: {which} is incomplete (a run still writing the file, or the file cut short): "
+                         f"left out{f'; the {after} line(s) before it are read' if after else ''}")
+
         position = _position_of(f) if progress is not None else None
         shown = time.monotonic()
-        for lineno, line in enumerate(f, start=1):
+        lines = enumerate(f, start=1)
+        lineno = 0
+        while True:
+            try:
+                lineno, line = next(lines)
+            except StopIteration:
+                break
+            except EOFError:  # a gzip member cut off
+                if notes is None:
+                    raise
+                incomplete(lineno)
+                break
             if position is not None and time.monotonic() - shown > _PROGRESS_EVERY_S:
                 shown = time.monotonic()
                 progress(position())  # type: ignore[misc]
@@ -331,6 +386,9 @@ def read_jsonl(path: str | os.PathLike[str] | IO[bytes], progress: Callable[[int
             try:
                 request = orjson.loads(line)
             except orjson.JSONDecodeError as exc:
+                if notes is not None and not line.endswith(b"\n"):  # only the last line can lack its newline
+                    incomplete(lineno - 1)
+                    break
                 raise ValueError(f"{name}:{lineno}: not valid JSON ({exc})") from None
             if not isinstance(request, dict) or "resourceSpans" not in request:
                 if isinstance(request, dict) and ({"resourceMetrics", "resourceLogs", "resourceProfiles"} & request.keys()):

@@ -82,6 +82,8 @@ def read_span_files(files: list[str], notes: list[str] | None = None,
     # the bar counts MiB of the regular files as stored; a pipe's size is not known
     total = sum(Path(f).stat().st_size for f in files if Path(f).is_file()) >> 20
     before = 0
+    tail_notes = notes if notes is not None else []  # a live run's file is read up to the line being written
+    noted = len(tail_notes)
     for f in files:
         if Path(f).is_dir():
             raise ReportInputError(f"{f}: is a directory, expected a span file")
@@ -90,13 +92,16 @@ def read_span_files(files: list[str], notes: list[str] | None = None,
         try:
             # one pass, so a pipe or stdin reads as a file does: the head is peeked, not consumed
             with open_span_file(f) as (_, stream):
-                head = stream.peek(1 << 16)[: 1 << 16]
+                try:  # a file's head is read apart; a pipe's is peeked at (a block of it), not consumed
+                    head = file_head(Path(f), 1 << 16) if Path(f).is_file() else stream.peek(1 << 16)[: 1 << 16]
+                except _READ_ERRORS:
+                    head = b""  # cut off or damaged in its first block: the read says so
                 if b'"resourceSpans"' not in head and any(k in head for k in (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"')):
                     raise ReportInputError(f"{f}: a Kineto trace, not a span file: turn it into spans with `plasmient ingest "
                                            f"{f} --out spans.jsonl` and report those (`plasmient diff` takes traces as they are)")
                 shown = f"reading {Path(f).name} (MiB)"
                 batch = read_jsonl(stream, None if progress is None else
-                                   lambda done: progress(shown, before + (done >> 20), total))
+                                   lambda done: progress(shown, before + (done >> 20), total), notes=tail_notes)
         except _READ_ERRORS as exc:
             text = _problem(exc)
             raise ReportInputError(text if text.startswith(str(f)) else f"{f}: {text}") from None
@@ -106,6 +111,9 @@ def read_span_files(files: list[str], notes: list[str] | None = None,
                                    "not a plasmient trace")
         if not pc.all(ours).as_py():
             batch = SpanBatch(table=batch.table.filter(ours), resources=batch.resources, summaries=batch.summaries)
+        if len(batch) == 0 and len(tail_notes) > noted:
+            raise ReportInputError(tail_notes.pop())  # nothing but a cut line: that is the problem to name
+        noted = len(tail_notes)
         _check_times(f, batch)
         batches.append(batch)
         before += Path(f).stat().st_size >> 20 if Path(f).is_file() else 0
