@@ -26,12 +26,15 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..memory import cyclic_gc_paused
 from ..metrics import flops as flops_model
 from ..metrics.flops.context import step_annotations
 from ..metrics.flops.vendor import VLLM_ATTENTION_OPS, vllm_attention_cost
 from ..records import RecordSet
 from ..stitch.joins import join_rank
 from ..stitch.nesting import innermost_enclosing_points
+from .kineto import TraceFormatError
+from .rawinput import InputError, inflate_whole, read_file_bytes
 
 __all__ = ["capture_trace_for", "launch_kernel_names", "pair_graph_capture"]
 
@@ -68,12 +71,13 @@ def launch_kernel_names(path: str | Path) -> dict[int, str]:
     """Correlation id -> kernel name of every launch in a Kineto trace (the launch's ``kernel`` arg).
     Needed while records.LAUNCHES has no kernel-name column: a captured launch runs no kernel, so its
     name exists only on the launch."""
-    import gzip
-
-    raw = Path(path).read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    doc = orjson.loads(raw)
+    path = Path(path)
+    try:  # under the same size and expansion caps as the trace's own read
+        raw = inflate_whole(path, read_file_bytes(path))
+    except InputError as err:
+        raise TraceFormatError(str(err)) from None
+    with cyclic_gc_paused():  # a whole trace of dicts: the GC would rescan them for cycles they never have
+        doc = orjson.loads(raw)
     events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
     out: dict[int, str] = {}
     for e in events:
