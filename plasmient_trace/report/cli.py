@@ -75,22 +75,23 @@ def read_span_files(files: list[str], notes: list[str] | None = None,
     Only plasmient's spans (those with a ``plasmient.level``) are kept: a Collector's file exporter
     writes every service's spans into one file, and an HTTP handler's span is no step. A span that
     appears again with the same ids and times (a delivery retried) is counted once, and ``notes`` gets
-    a line saying so; the same ids with other times (two runs under one job id) are refused."""
+    a line saying so; the same ids with other times (two runs under one job id) are refused. With
+    ``notes``, a file's incomplete last line (a live run still writing it) is left out with a note;
+    without, it is refused as any bad line is."""
     from plasmient_trace.export.otlp_json_read import open_span_file, read_jsonl
 
     batches = []
     # the bar counts MiB of the regular files as stored; a pipe's size is not known
     total = sum(Path(f).stat().st_size for f in files if Path(f).is_file()) >> 20
     before = 0
-    tail_notes = notes if notes is not None else []  # a live run's file is read up to the line being written
-    noted = len(tail_notes)
+    noted = len(notes) if notes is not None else 0
     for f in files:
         if Path(f).is_dir():
             raise ReportInputError(f"{f}: is a directory, expected a span file")
         if not Path(f).exists():
             raise ReportInputError(f"{f}: no such file")
         try:
-            # one pass, so a pipe or stdin reads as a file does: the head is peeked, not consumed
+            # one pass over the stream, so a pipe or stdin reads as a file does
             with open_span_file(f) as (_, stream):
                 try:  # a file's head is read apart; a pipe's is peeked at (a block of it), not consumed
                     head = file_head(Path(f), 1 << 16) if Path(f).is_file() else stream.peek(1 << 16)[: 1 << 16]
@@ -101,7 +102,7 @@ def read_span_files(files: list[str], notes: list[str] | None = None,
                                            f"{f} --out spans.jsonl` and report those (`plasmient diff` takes traces as they are)")
                 shown = f"reading {Path(f).name} (MiB)"
                 batch = read_jsonl(stream, None if progress is None else
-                                   lambda done: progress(shown, before + (done >> 20), total), notes=tail_notes)
+                                   lambda done: progress(shown, before + (done >> 20), total), notes=notes)
         except _READ_ERRORS as exc:
             text = _problem(exc)
             raise ReportInputError(text if text.startswith(str(f)) else f"{f}: {text}") from None
@@ -111,9 +112,10 @@ def read_span_files(files: list[str], notes: list[str] | None = None,
                                    "not a plasmient trace")
         if not pc.all(ours).as_py():
             batch = SpanBatch(table=batch.table.filter(ours), resources=batch.resources, summaries=batch.summaries)
-        if len(batch) == 0 and len(tail_notes) > noted:
-            raise ReportInputError(tail_notes.pop())  # nothing but a cut line: that is the problem to name
-        noted = len(tail_notes)
+        if notes is not None:  # a live run's file is read up to the line being written, and a note says so
+            if len(batch) == 0 and len(notes) > noted:
+                raise ReportInputError(notes.pop())  # nothing but a cut line: that is the problem to name
+            noted = len(notes)
         _check_times(f, batch)
         batches.append(batch)
         before += Path(f).stat().st_size >> 20 if Path(f).is_file() else 0
