@@ -275,11 +275,11 @@ def open_span_file(path: str | os.PathLike[str]) -> Iterator[tuple[str, IO[bytes
         if not is_gzip(raw.peek(2)[:2]):
             yield str(p), raw
             return
-        with gzip.GzipFile(fileobj=raw) as inflated, io.BufferedReader(_MemberByMember(inflated), 1 << 16) as f:
+        with gzip.GzipFile(fileobj=raw) as inflated, io.BufferedReader(_InflatedUpToACut(inflated), 1 << 16) as f:
             yield str(p), f
 
 
-class _MemberByMember(io.RawIOBase):
+class _InflatedUpToACut(io.RawIOBase):
     """A gzip stream whose end, if cut off (EOFError), is raised only after every byte inflated before it
     was handed on: the live sink writes one gzip member per line, so the lines before a member still being
     written are all read, where a buffer filled past the cut would have lost them with it."""
