@@ -36,6 +36,7 @@ import orjson
 
 from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.export.otlp_json import batch_from_otlp_dicts
+from plasmient_trace.memory import cyclic_gc_paused
 
 __all__ = ["SIGNALS", "SpillDir", "SpillFull", "append_lines", "default_spill_dir", "replay", "register", "write_whole"]
 
@@ -274,7 +275,8 @@ def _replay_segment(spill: SpillDir, segment: Path, send: Callable[[SpanBatch], 
                 stats.torn_lines += 1
                 break
             try:
-                batch = batch_from_otlp_dicts([orjson.loads(line)])
+                with cyclic_gc_paused():  # a line is a whole trace: the GC would rescan its dicts for no cycle
+                    batch = batch_from_otlp_dicts([orjson.loads(line)])
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                 _keep_bad(spill, line)
                 stats.bad_lines += 1
