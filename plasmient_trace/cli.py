@@ -24,6 +24,14 @@ EXIT_EXPORT_FAILED = 1
 EXIT_PIPE_CLOSED = 141
 
 
+def stdin_for_dash(paths: Sequence[str], example: str) -> list[str]:
+    """``-`` as /dev/stdin. A terminal there would wait, with nothing on the screen, for a trace to be typed:
+    that is refused in one line (ValueError), naming the pipe that was meant (``example``)."""
+    if "-" in paths and sys.stdin is not None and sys.stdin.isatty():
+        raise ValueError(f"-: stdin is a terminal, not a file: pipe one in ({example}) or name the file")
+    return ["/dev/stdin" if p == "-" else p for p in paths]
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
@@ -135,7 +143,11 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
     if args.out == "-":
         args.out = "/dev/stdout"  # the usual spelling of "write it to stdout"
-    args.paths = ["/dev/stdin" if p == "-" else p for p in args.paths]  # and of "read stdin"
+    try:
+        args.paths = stdin_for_dash(args.paths, "zcat trace.json.gz | plasmient ingest - --out spans.jsonl")
+    except ValueError as err:
+        print(f"plasmient: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.out:
         try:
             check_not_an_input(args.out, [*args.paths, getattr(args, "graph_capture", None)])

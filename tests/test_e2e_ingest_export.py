@@ -209,3 +209,20 @@ def test_resource_comes_from_the_trace_and_on_request_from_the_environment(tmp_p
     assert main(["ingest", str(trace_path(MULTI)), "--job-id", "r", "--out", str(out2), "--quiet"]) == 0
     plain = next(r for r in read_jsonl(out2).resources if "plasmient.rank" in r)
     assert "k8s.pod.name" not in plain and plain["team"] == "ml"
+
+
+@pytest.mark.parametrize("argv", [["ingest", "-", "--out", "o.jsonl"], ["report", "-"], ["diff", str(trace_path(TRACE)), "-"]])
+def test_dash_on_a_terminal_is_refused_in_one_line_instead_of_waiting_for_typed_json(tmp_path, argv):
+    # `plasmient report -` typed without the pipe: it read the terminal, waiting with nothing on the screen
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", *argv], cwd=tmp_path, stdin=follower,
+                              capture_output=True, timeout=120)
+    finally:
+        os.close(follower)
+        os.close(leader)
+    lines = proc.stderr.decode().strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "-: stdin is a terminal, not a file: pipe one in (" in lines[0], lines

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plasmient_trace.cli import _console, _fraction, _positive_float, _positive_int
+from plasmient_trace.cli import _console, _fraction, _positive_float, _positive_int, stdin_for_dash
 from plasmient_trace.conventions import DEFAULT_BASELINE_MFU, SpanBatch
 from plasmient_trace.export.sinks import OutputError, check_not_an_input, check_output_path
 
@@ -186,15 +186,15 @@ def run_report(args: argparse.Namespace) -> int:
     from plasmient_trace.report.summary import progress, render_summary
 
     console = _console(stderr=True)
-    args.files = ["/dev/stdin" if f == "-" else f for f in args.files]  # `zcat spans.jsonl.gz | plasmient report -`
     try:
+        args.files = stdin_for_dash(args.files, "zcat spans.jsonl.gz | plasmient report -")
         if args.html:
             check_output_path(args.html)  # before the reading and the summary, not after them
             check_not_an_input(args.html, list(args.files))
         notes: list[str] = []
         with progress(quiet=args.quiet, console=console) as update:
             batch = read_span_files(list(args.files), notes, progress=update)
-    except (ReportInputError, OutputError) as exc:
+    except (ReportInputError, OutputError, ValueError) as exc:
         # Plain print, not the rich console: rich wraps long lines, and this must stay one line.
         print(f"plasmient report: error: {exc}", file=sys.stderr)
         return 2

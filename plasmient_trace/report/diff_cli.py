@@ -227,9 +227,10 @@ def _partial_mfu(result: dict[str, Any]) -> str:
 
 
 def run_diff(args: argparse.Namespace) -> int:
-    from plasmient_trace.cli import _console
+    from plasmient_trace.cli import _console, stdin_for_dash
 
     try:
+        stdin_for_dash([args.a, args.b], "plasmient diff before.jsonl - < after.jsonl")
         for out in (args.json, args.parquet, args.html):
             if out:
                 check_output_path(out)  # before the reading and the tables, not after them
@@ -237,7 +238,7 @@ def run_diff(args: argparse.Namespace) -> int:
         a = D.side_from_batch(load_side(args.a, args), args.a)
         batch_b = load_side(args.b, args)
         b = D.side_from_batch(batch_b, args.b)
-    except (DiffInputError, OutputError) as err:
+    except (DiffInputError, OutputError, ValueError) as err:
         print(f"plasmient diff: error: {err}", file=sys.stderr)  # plain print: rich would wrap the one line
         return D.EXIT_BAD_INPUT
     result = D.diff(a, b, per_step=args.per_step)
