@@ -26,7 +26,10 @@ EXIT_PIPE_CLOSED = 141
 
 def stdin_for_dash(paths: Sequence[str], example: str) -> list[str]:
     """``-`` as /dev/stdin. A terminal there would wait, with nothing on the screen, for a trace to be typed:
-    that is refused in one line (ValueError), naming the pipe that was meant (``example``)."""
+    that is refused in one line (ValueError), naming the pipe that was meant (``example``); so is ``-`` twice
+    (the second would read what the first left: nothing)."""
+    if list(paths).count("-") > 1:
+        raise ValueError("-: given twice, but stdin can be read only once")
     if "-" in paths and sys.stdin is not None and sys.stdin.isatty():
         raise ValueError(f"-: stdin is a terminal, not a file: pipe one in ({example}) or name the file")
     return ["/dev/stdin" if p == "-" else p for p in paths]

@@ -226,3 +226,13 @@ def test_dash_on_a_terminal_is_refused_in_one_line_instead_of_waiting_for_typed_
     lines = proc.stderr.decode().strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert "-: stdin is a terminal, not a file: pipe one in (" in lines[0], lines
+
+
+@pytest.mark.parametrize("argv", [["ingest", "-", "-", "--out", "o.jsonl"], ["report", "-", "-"], ["diff", "-", "-"]])
+def test_dash_twice_is_refused_in_one_line(tmp_path, argv):
+    # stdin can be read once: the second '-' would get nothing, or (stdin a file) the same trace again
+    with open(trace_path(TRACE), "rb") as stdin:
+        proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", *argv], cwd=tmp_path, stdin=stdin,
+                              capture_output=True, timeout=120)
+    lines = proc.stderr.decode().strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].endswith("-: given twice, but stdin can be read only once"), lines
