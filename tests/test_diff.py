@@ -490,3 +490,20 @@ def test_a_trace_and_a_span_file_through_pipes_compare_as_the_files_do(spans_dir
     bad = subprocess.run([*cli, str(fifo), str(trace), "--quiet"], cwd=tmp_path, capture_output=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.decode().startswith(f"plasmient diff: error: {fifo}: "), bad.stderr
     assert b"plasmient-diff-" not in bad.stderr
+
+
+def test_loading_a_side_reports_progress_for_a_span_file_and_for_a_trace(spans_dir: Path, monkeypatch) -> None:
+    # diff reads two inputs that can each take minutes: the same bar as report and ingest (on a terminal)
+    import argparse
+
+    from plasmient_trace.export import otlp_json_read
+    from plasmient_trace.report.diff_cli import add_diff_arguments, load_side
+
+    parser = argparse.ArgumentParser()
+    add_diff_arguments(parser)
+    monkeypatch.setattr(otlp_json_read, "_PROGRESS_EVERY_S", 0.0)
+    for side, want in ((spans_dir / "vit.jsonl", "reading vit.jsonl (MiB)"), (trace_path("h100/bert_small_inference.json.gz"), "stitch")):
+        seen: list[tuple[str, int, int]] = []
+        args = parser.parse_args([str(side), str(side)])
+        assert len(load_side(str(side), args, lambda *a: seen.append(a)))
+        assert any(want in label for label, _, _ in seen), (side, seen)

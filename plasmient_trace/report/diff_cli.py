@@ -16,14 +16,14 @@ import sys
 import tempfile
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 
 from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.export.sinks import OutputError, check_not_an_input, check_output_path, write_output_file
 from plasmient_trace.report import diff as D
-from plasmient_trace.report.summary import _ellipsize, fmt_pct, fmt_seconds, fmt_usd
+from plasmient_trace.report.summary import _ellipsize, fmt_pct, fmt_seconds, fmt_usd, progress
 
 NAME_WIDTH = 70
 
@@ -86,13 +86,14 @@ def _read_parquet(path: Path) -> SpanBatch:
     return SpanBatch(table, [])
 
 
-def load_side(path_text: str, args: argparse.Namespace) -> SpanBatch:
+def load_side(path_text: str, args: argparse.Namespace,
+              progress: Callable[[str, int, int], None] | None = None) -> SpanBatch:
     """One input as a SpanBatch; every failure is a DiffInputError naming the file. A pipe or stdin (``-``)
     is read once into a private temporary file, since what it holds is known only from its bytes, and
     the reader of that kind then opens it again."""
     path = Path("/dev/stdin" if path_text == "-" else path_text)
     if not path.exists() or path.is_dir() or path.is_file():
-        return _load_file(path, args)
+        return _load_file(path, args, progress=progress)
     with tempfile.TemporaryDirectory(prefix="plasmient-diff-") as tmp:
         copy = Path(tmp) / "stream"
         try:
@@ -101,12 +102,13 @@ def load_side(path_text: str, args: argparse.Namespace) -> SpanBatch:
         except OSError as err:
             raise DiffInputError(f"{path}: cannot read ({err.strerror or err})") from None
         try:
-            return _load_file(copy, args, job_id=path.name.split(".")[0])
+            return _load_file(copy, args, job_id=path.name.split(".")[0], progress=progress)
         except DiffInputError as err:
             raise DiffInputError(str(err).replace(str(copy), str(path))) from None
 
 
-def _load_file(path: Path, args: argparse.Namespace, job_id: str | None = None) -> SpanBatch:
+def _load_file(path: Path, args: argparse.Namespace, job_id: str | None = None,
+               progress: Callable[[str, int, int], None] | None = None) -> SpanBatch:
     from plasmient_trace.report.cli import ReportInputError, file_head, read_span_files
     from plasmient_trace.sources.kineto import TraceFormatError
 
@@ -119,7 +121,7 @@ def _load_file(path: Path, args: argparse.Namespace, job_id: str | None = None) 
             batch = _read_parquet(path)
         elif b'"resourceSpans"' in head:
             notes: list[str] = []
-            batch = read_span_files([path_text], notes)
+            batch = read_span_files([path_text], notes, progress=progress)
             for note in notes if not getattr(args, "quiet", False) else ():
                 print(f"plasmient diff: {note}", file=sys.stderr)
         else:
@@ -127,7 +129,7 @@ def _load_file(path: Path, args: argparse.Namespace, job_id: str | None = None) 
             from plasmient_trace.pipeline import ingest_paths
 
             options = stitch_options_from_args(args, args.job_id or job_id or path.name.split(".")[0])
-            batch = ingest_paths([path], options).batch
+            batch = ingest_paths([path], options, progress=progress).batch
     except (ReportInputError, TraceFormatError, DiffInputError) as err:
         raise DiffInputError(str(err) if str(err).startswith(str(path)) else f"{path}: {err}") from None
     except (ValueError, IndexError, TypeError, ArithmeticError, MemoryError, OSError, EOFError, zlib.error,
@@ -235,9 +237,10 @@ def run_diff(args: argparse.Namespace) -> int:
             if out:
                 check_output_path(out)  # before the reading and the tables, not after them
                 check_not_an_input(out, [args.a, args.b])
-        a = D.side_from_batch(load_side(args.a, args), args.a)
-        batch_b = load_side(args.b, args)
-        b = D.side_from_batch(batch_b, args.b)
+        with progress(quiet=args.quiet, console=_console(stderr=True)) as update:  # drawn on a terminal only
+            a = D.side_from_batch(load_side(args.a, args, update), args.a)
+            batch_b = load_side(args.b, args, update)
+            b = D.side_from_batch(batch_b, args.b)
     except (DiffInputError, OutputError, ValueError) as err:
         print(f"plasmient diff: error: {err}", file=sys.stderr)  # plain print: rich would wrap the one line
         return D.EXIT_BAD_INPUT
