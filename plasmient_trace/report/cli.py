@@ -7,7 +7,6 @@ the whole job. Wired into the top-level parser by plasmient_trace/cli.py.
 from __future__ import annotations
 
 import argparse
-import gzip
 import sys
 import zlib
 from pathlib import Path
@@ -93,8 +92,8 @@ def read_span_files(files: list[str], notes: list[str] | None = None,
         try:
             # one pass over the stream, so a pipe or stdin reads as a file does
             with open_span_file(f) as (_, stream):
-                try:  # a file's head is read apart; a pipe's is peeked at (a block of it), not consumed
-                    head = file_head(Path(f), 1 << 16) if Path(f).is_file() else stream.peek(1 << 16)[: 1 << 16]
+                try:  # peeked at, not consumed: a pipe cannot be read twice
+                    head = stream.peek(1 << 16)[: 1 << 16]
                 except _READ_ERRORS:
                     head = b""  # cut off or damaged in its first block: the read says so
                 if b'"resourceSpans"' not in head and any(k in head for k in (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"')):
@@ -159,14 +158,10 @@ def _once_each(batch: SpanBatch, name: str, notes: list[str] | None) -> SpanBatc
 
 def file_head(path: Path, size: int = 4096) -> bytes:
     """The first ``size`` bytes of the file, decompressed when it is gzip."""
-    from plasmient_trace.sources.rawinput import is_gzip
+    from plasmient_trace.export.otlp_json_read import open_span_file
 
-    with open(path, "rb") as f:
-        head = f.read(size)
-        if is_gzip(head):
-            f.seek(0)
-            head = gzip.GzipFile(fileobj=f).read(size)
-    return head
+    with open_span_file(path) as (_, f):
+        return f.read(size)
 
 
 def _check_times(name: str, batch: SpanBatch) -> None:
