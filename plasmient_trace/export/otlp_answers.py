@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from plasmient_trace.export.otlp_config import OtlpConfig
 
 
-
 def one_line(text: str) -> str:
     """``text`` with every run of whitespace, newlines included, as one space: an error line stays one line."""
     return " ".join(str(text).split())
@@ -120,13 +119,12 @@ WRONG_PROTOCOL_HINT = {
             "OTEL_EXPORTER_OTLP_PROTOCOL=grpc, or name the HTTP port (4318)",
 }
 
-
 NOT_TLS_HINT = "; the endpoint does not speak TLS: name it with http://, not https://"
 TLS_PORT_HINT = {True: "; the endpoint speaks TLS: name it with https://, not http://",
-                  False: "; the endpoint speaks TLS: unset OTEL_EXPORTER_OTLP_INSECURE (or name it with https://)"}
+                 False: "; the endpoint speaks TLS: unset OTEL_EXPORTER_OTLP_INSECURE (or name it with https://)"}
 TLS_PROBE_S = 2.0  # at most this long to ask a port that dropped a plain request whether it speaks TLS
 UNTRUSTED_HINT = ("; the collector's certificate is not signed by a CA this process trusts: set "
-                   "OTEL_EXPORTER_OTLP_CERTIFICATE to the PEM file of the CA that signed it")
+                  "OTEL_EXPORTER_OTLP_CERTIFICATE to the PEM file of the CA that signed it")
 
 
 def looks_like_http2(status_line: str) -> bool:
