@@ -96,6 +96,24 @@ def raw_trace(name: str) -> dict:
     return doc if isinstance(doc, dict) else {"traceEvents": doc}
 
 
+def fifo_fed(directory: Path, name: str, data: bytes) -> Path:
+    """A named pipe that a thread fills with ``data``, as `<(zcat spans.jsonl.gz)` gives a command."""
+    import threading
+
+    fifo = directory / name
+    os.mkfifo(fifo)
+
+    def feed() -> None:
+        with open(fifo, "wb") as w:  # blocks until the command opens it
+            try:
+                w.write(data)
+            except BrokenPipeError:
+                pass  # the reader stopped early: the test's assertions say whether that was right
+
+    threading.Thread(target=feed, daemon=True).start()
+    return fifo
+
+
 @lru_cache(maxsize=None)
 def ingested(name: str, max_spans: int | None = None):
     from plasmient_trace.pipeline import IngestOptions, ingest_paths

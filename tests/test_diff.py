@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ALL_TRACES, ingested, trace_path
+from conftest import ALL_TRACES, fifo_fed, ingested, trace_path
 from plasmient_trace.cli import main
 from plasmient_trace.report.summary import fmt_seconds
 
@@ -458,10 +458,8 @@ def test_gate_on_two_real_ranks_ingested_from_their_traces(tmp_path: Path) -> No
 def test_a_trace_and_a_span_file_through_pipes_compare_as_the_files_do(spans_dir: Path, tmp_path: Path) -> None:
     # `plasmient diff <(zcat a.json.gz) -`: A pipe was "no such file", and stdin was refused. What a stream
     # holds is known only from its bytes, so it is read once into a private file: the same rows.
-    import os
     import subprocess
     import sys
-    import threading
 
     trace = trace_path("h100/bert_small_inference.json.gz")
     cli = [sys.executable, "-m", "plasmient_trace.cli", "diff"]
@@ -469,15 +467,11 @@ def test_a_trace_and_a_span_file_through_pipes_compare_as_the_files_do(spans_dir
         files = subprocess.run([*cli, str(a), str(b), "--json", str(tmp_path / "files.json"), "--quiet"], cwd=tmp_path,
                                capture_output=True, timeout=300)
         assert files.returncode == 0, files.stderr
-        fifo = tmp_path / "a.pipe"
-        fifo.unlink(missing_ok=True)
-        os.mkfifo(fifo)
-        feeder = threading.Thread(target=lambda: fifo.write_bytes(a.read_bytes()), daemon=True)
-        feeder.start()
+        (tmp_path / "a.pipe").unlink(missing_ok=True)
+        fifo = fifo_fed(tmp_path, "a.pipe", a.read_bytes())
         with open(b, "rb") as stdin:
             streams = subprocess.run([*cli, str(fifo), "-", "--json", str(tmp_path / "streams.json"), "--quiet"],
                                      cwd=tmp_path, stdin=stdin, capture_output=True, timeout=300)
-        feeder.join(timeout=60)
         assert streams.returncode == 0, streams.stderr
         got, want = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("streams", "files"))
         assert (got.pop("a"), got.pop("b")) == (str(fifo), "-")
@@ -485,8 +479,7 @@ def test_a_trace_and_a_span_file_through_pipes_compare_as_the_files_do(spans_dir
         assert got == want
     # a bad stream is named as the pipe, not as the private copy
     fifo.unlink()
-    os.mkfifo(fifo)
-    threading.Thread(target=lambda: fifo.write_bytes(b"garbage\n"), daemon=True).start()
+    fifo = fifo_fed(tmp_path, "a.pipe", b"garbage\n")
     bad = subprocess.run([*cli, str(fifo), str(trace), "--quiet"], cwd=tmp_path, capture_output=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.decode().startswith(f"plasmient diff: error: {fifo}: "), bad.stderr
     assert b"plasmient-diff-" not in bad.stderr

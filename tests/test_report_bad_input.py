@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ALL_TRACES, ingested, trace_path
+from conftest import ALL_TRACES, fifo_fed, ingested, trace_path
 
 from plasmient_trace.cli import main
 from plasmient_trace.export.otlp_json import write_jsonl
@@ -185,25 +185,6 @@ def test_a_byte_order_mark_is_read_past_in_a_span_file_and_a_trace(good_jsonl, t
     assert read_jsonl(tmp_path / "marked.json.jsonl").table.equals(read_jsonl(tmp_path / "plain.json.jsonl").table)
 
 
-def _fifo_fed(tmp_path: Path, name: str, data: bytes) -> Path:
-    """A named pipe that a thread fills with ``data``, as `<(zcat spans.jsonl.gz)` gives a command."""
-    import os
-    import threading
-
-    fifo = tmp_path / name
-    os.mkfifo(fifo)
-
-    def feed() -> None:
-        with open(fifo, "wb") as w:  # blocks until the command opens it
-            try:
-                w.write(data)
-            except BrokenPipeError:
-                pass  # the reader stopped early: the test's assertions say whether that was right
-
-    threading.Thread(target=feed, daemon=True).start()
-    return fifo
-
-
 @pytest.mark.parametrize("form", ["pipe", "gzip'd pipe"])
 def test_a_pipe_reads_as_the_file_it_carries(form, good_jsonl, tmp_path, capsys):
     # `plasmient report <(zcat spans.jsonl.gz)` was "no such file": a pipe is no regular file, and the
@@ -212,13 +193,13 @@ def test_a_pipe_reads_as_the_file_it_carries(form, good_jsonl, tmp_path, capsys)
     assert main(["report", str(tmp_path / "bert.jsonl"), "--html", str(tmp_path / "file.html"), "--title", "t"]) == 0
     from_file = capsys.readouterr().err
     data = gzip.compress(good_jsonl) if form == "gzip'd pipe" else good_jsonl
-    fifo = _fifo_fed(tmp_path, "spans", data)
+    fifo = fifo_fed(tmp_path, "spans", data)
     assert main(["report", str(fifo), "--html", str(tmp_path / "pipe.html"), "--title", "t"]) == 0
     from_pipe = capsys.readouterr().err
     assert (tmp_path / "pipe.html").read_bytes() == (tmp_path / "file.html").read_bytes()
     assert from_pipe.replace("pipe.html", "file.html") == from_file
     # a Kineto trace through a pipe is still told apart by its first bytes
-    fifo = _fifo_fed(tmp_path, "trace", trace_path("h100/bert_small_inference.json.gz").read_bytes())
+    fifo = fifo_fed(tmp_path, "trace", trace_path("h100/bert_small_inference.json.gz").read_bytes())
     assert main(["report", str(fifo)]) == 2
     assert "a Kineto trace, not a span file" in capsys.readouterr().err
     assert main(["report", str(tmp_path)]) == 2
