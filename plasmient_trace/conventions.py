@@ -161,6 +161,21 @@ SPAN_ATTRIBUTES: tuple[SpanAttribute, ...] = (
 
 ATTRIBUTE_BY_NAME = {a.name: a for a in SPAN_ATTRIBUTES}
 
+# Shares (unit "1") that are not capped at 1: bus bandwidth over the link peak exceeds it where a rank arrived
+# last and found its peers' data already sent.
+UNCAPPED_SHARES = frozenset({"plasmient.comm.busbw_fraction"})
+
+
+def value_range(attribute: SpanAttribute) -> tuple[float, float] | None:
+    """The values a numeric attribute can take as plasmient computes it: a share (unit "1") lies in [0, 1],
+    every other amount with a unit is at least 0; None where the sign carries meaning (a clock offset, an
+    epoch time in ns) or the value is a label or id (no unit)."""
+    if attribute.type == _S or attribute.unit in ("", "ns"):
+        return None
+    if attribute.unit == "1" and attribute.name not in UNCAPPED_SHARES:
+        return (0.0, 1.0)
+    return (0.0, float("inf"))
+
 # Columns of the span table that are not attributes.
 CORE_COLUMNS = pa.schema(
     [

@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .conventions import CORE_COLUMNS, RESOURCE_ATTRIBUTES, SPAN_ATTRIBUTES
+from .conventions import CORE_COLUMNS, RESOURCE_ATTRIBUTES, SPAN_ATTRIBUTES, SpanAttribute, value_range
 from .records import TABLE_SCHEMAS
 
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schemas"
@@ -35,13 +35,25 @@ def records_document() -> dict[str, Any]:
     }
 
 
+def _range_fields(attribute: SpanAttribute) -> dict[str, float]:
+    """JSON Schema's minimum/maximum for a numeric attribute (value_range); none for an unbounded side."""
+    bounds = value_range(attribute)
+    if bounds is None:
+        return {}
+    low, high = bounds
+    if pa.types.is_integer(attribute.type):
+        return {"minimum": int(low)}  # integer amounts are counts: no share is an int
+    return {"minimum": low} if high == float("inf") else {"minimum": low, "maximum": high}
+
+
 def spans_document() -> dict[str, Any]:
     return {
         "description": "Span attribute conventions of plasmient-trace (plasmient_trace/conventions.py). "
                        "Every span carries the metric attributes; level-specific ones are listed with their levels.",
         "span_table_core_columns": [_field(f) for f in CORE_COLUMNS],
         "attributes": [
-            {"name": a.name, "type": str(a.type), "unit": a.unit, "levels": list(a.levels), "description": a.description}
+            {"name": a.name, "type": str(a.type), "unit": a.unit, "levels": list(a.levels), "description": a.description,
+             **_range_fields(a)}
             for a in SPAN_ATTRIBUTES
         ],
         "resource_attributes": [{"name": k, "source": v} for k, v in RESOURCE_ATTRIBUTES.items()],

@@ -26,6 +26,13 @@ def _start_times(text: bytes, value: bytes, count: int = 3) -> bytes:
     return re.sub(rb'"startTimeUnixNano":"\d+"', b'"startTimeUnixNano":' + value, text, count=count)
 
 
+def _attribute_set(text: bytes, key: bytes, value: bytes, count: int = 3) -> bytes:
+    pattern = rb'"key":"' + key.replace(b".", rb"\.") + rb'","value":\{"doubleValue":[^}]*\}'
+    out, done = re.subn(pattern, b'"key":"' + key + b'","value":{"doubleValue":' + value + b"}", text, count=count)
+    assert done == count
+    return out
+
+
 DAMAGE = {
     "cut in its first line": (lambda t: t[: t.index(b"\n") // 2], "its first line is incomplete"),
     "a bad line that is not the last": (lambda t: t[: t.index(b"\n") // 2] + b"\n" + t, "not valid JSON"),
@@ -35,6 +42,11 @@ DAMAGE = {
                      "end before they start"),
     "gzip cut short in its first line": (lambda t: gzip.compress(t)[:4000], "its first line is incomplete"),
     "empty": (lambda t: b"", "no spans"),
+    # numbers out of the range plasmient computes them in would be drawn as measured ones
+    "MFU above 1": (lambda t: _attribute_set(t, b"plasmient.mfu", b"7.5"),
+                    "plasmient.mfu = 7.5 on 3 span(s), outside [0, 1]"),
+    "a negative cost": (lambda t: _attribute_set(t, b"plasmient.cost.wasted_usd", b"-1e308", count=2),
+                        "plasmient.cost.wasted_usd = -1e+308 on 2 span(s), outside [0, inf)"),
 }
 
 

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from plasmient_trace.cli import _console, _fraction, _positive_float, _positive_int, stdin_for_dash
+from plasmient_trace import conventions as cv
 from plasmient_trace.conventions import DEFAULT_BASELINE_MFU, SpanBatch
 from plasmient_trace.export.sinks import OutputError, check_not_an_input, check_output_path
 
@@ -116,6 +117,7 @@ def read_span_files(files: list[str], notes: list[str] | None = None,
                 raise ReportInputError(notes.pop())  # nothing but a cut line: that is the problem to name
             noted = len(notes)
         _check_times(f, batch)
+        _check_ranges(f, batch)
         batches.append(batch)
         before += Path(f).stat().st_size >> 20 if Path(f).is_file() else 0
     batch = merge_batches(batches)
@@ -174,6 +176,35 @@ def _check_times(name: str, batch: SpanBatch) -> None:
     if bad.any():
         raise ReportInputError(f"{name}: {int(bad.sum())} span(s) end before they start or have negative "
                                "timestamps")
+
+
+# Floating-point slack on a share's upper bound: a ratio of sums can land a few ulps above 1.
+_SHARE_SLACK = 1e-9
+
+
+def _check_ranges(name: str, batch: SpanBatch) -> None:
+    """Every numeric attribute within the range plasmient computes it in (conventions.value_range): a
+    share in [0, 1], an amount at least 0. A value outside it (an edited file, another producer's
+    attribute of the same name) would be drawn as if measured, so the file is refused, naming it."""
+    for f in batch.table.schema:
+        attribute = cv.ATTRIBUTE_BY_NAME.get(f.name)
+        bounds = None if attribute is None else cv.value_range(attribute)
+        if bounds is None:
+            continue
+        column = batch.table.column(f.name)
+        if column.null_count == len(column):
+            continue
+        low, high = bounds
+        extremes = pc.min_max(column)
+        least, most = extremes["min"].as_py(), extremes["max"].as_py()
+        if least >= low and most <= high + _SHARE_SLACK:
+            continue
+        outside = pc.or_(pc.less(column, low), pc.greater(column, high + _SHARE_SLACK))
+        count = pc.sum(pc.cast(outside, pa.int64())).as_py()
+        example = least if least < low else most
+        span = "[0, 1]" if high == 1.0 else "[0, inf)"
+        raise ReportInputError(f"{name}: {f.name} = {example!r} on {count} span(s), outside {span} where plasmient "
+                               "writes it: an edited file, or another producer's attribute of that name")
 
 
 def run_report(args: argparse.Namespace) -> int:
