@@ -182,8 +182,11 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
             stream = ingest_stream(args.paths, options, progress=progress)
         else:
             stream = ingest_stream(args.paths, options)
-        for source in stream.stats.get("unknown_devices", []):
-            _say(args, f"plasmient: unknown device in {source}: no MFU on its spans ({_naming_hint(args.gpu_model)})")
+        unknown = stream.stats.get("unknown_devices", [])
+        if unknown:  # one line, whatever the number of ranks: a thousand ranks used to print a thousand
+            where = unknown[0] if len(unknown) == 1 else f"{len(unknown)} of {len(args.paths)} inputs ({_first_few(unknown)})"
+            _say(args, f"plasmient: unknown device in {where}: no MFU on {'its' if len(unknown) == 1 else 'their'} "
+                       f"spans ({_naming_hint(args.gpu_model)})")
         for note in stream.stats.get("notes", []):
             _say(args, f"plasmient: {note}")
         status, summary = _deliver(args, stream, bar)
@@ -210,6 +213,12 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
         render_summary(summary, console=console)
     return status
+
+
+def _first_few(names: list[str], shown: int = 3) -> str:
+    """'a, b, c and 997 more'."""
+    head = ", ".join(str(n) for n in names[:shown])
+    return head if len(names) <= shown else f"{head} and {len(names) - shown} more"
 
 
 def _deliver(args: argparse.Namespace, stream: Any, bar: Any = None) -> tuple[int, Any]:

@@ -100,6 +100,17 @@ def test_cli_workers_write_the_same_lines(simulated, tmp_path, capsys):
     assert outs["1"] == outs["2"] and len(outs["1"]) >= 1
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_ranks_of_an_unknown_device_are_named_in_one_line(simulated, tmp_path, capsys, workers):
+    # the a100_multirank traces carry no deviceProperties; 1,000 such ranks printed 1,000 lines
+    out = tmp_path / "out.jsonl"
+    assert main(["ingest", *map(str, simulated.paths), *SIM_ARGS, "--workers", workers, "--out", str(out)]) == 0
+    note = [line for line in capsys.readouterr().err.splitlines() if "unknown device" in line]
+    assert len(note) == 1, note
+    assert f"in 6 of 6 inputs ({simulated.paths[0]}, {simulated.paths[1]}, {simulated.paths[2]} and 3 more)" in note[0]
+    assert "no MFU on their spans" in note[0]
+
+
 def test_a_bad_rank_among_many_is_one_line_naming_it(simulated, tmp_path, capsys):
     bad = tmp_path / "rank-9.json.gz"
     bad.write_bytes(simulated.paths[1].read_bytes()[:4000])
