@@ -139,15 +139,22 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         if importlib.util.find_spec("ray") is None:
             print("plasmient: error: --ray needs Ray: pip install 'plasmient-trace[ray]'", file=sys.stderr)
             return EXIT_BAD_INPUT
-        if Path(args.ray).is_file():
-            # `--ray rank-0.json rank-1.json`: argparse took the first file for the address.
+        if args.ray and (Path(args.ray).is_file() or Path(args.ray).is_dir()):  # "" is the local Ray, not "."
+            # `--ray rank-0.json rank-1.json` or `--ray traces/`: argparse took the first input for the address.
             args.paths, args.ray = [args.ray, *args.paths], ""
+    if not args.paths:
+        print("plasmient: error: no trace given: name the trace files, a directory of them, or - (stdin)", file=sys.stderr)
+        return EXIT_BAD_INPUT
     from .export.sinks import OutputError, check_not_an_input, is_stdout
+    from .sources.rawinput import traces_in
 
     if args.out == "-":
         args.out = "/dev/stdout"  # the usual spelling of "write it to stdout"
     try:
         args.paths = stdin_for_dash(args.paths, "zcat trace.json.gz | plasmient ingest - --out spans.jsonl")
+        # a directory of rank traces is named after the job: its name is the default job id, not its first file's
+        job_id = args.job_id or Path(args.paths[0]).name.split(".")[0]
+        args.paths = traces_in(args.paths)
     except ValueError as err:
         print(f"plasmient: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -159,7 +166,6 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
             return EXIT_BAD_INPUT
     # the summary and the progress bar go where the spans do not
     console = None if args.quiet else _console(stderr=args.out is not None and is_stdout(args.out))
-    job_id = args.job_id or Path(args.paths[0]).name.split(".")[0]
     try:
         options = stitch_options_from_args(args, job_id)
     except ModelConfigError as err:
@@ -372,7 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     ingest = sub.add_parser("ingest", help="stitch Kineto trace files (one per rank) into one OTel trace per step")
-    ingest.add_argument("paths", nargs="+", help="Kineto Chrome-trace files (.json or .json.gz), one per rank; - reads stdin")
+    # "*", not "+": `--ray logdir/` leaves no positional, and the input argparse gave --ray is put back below
+    ingest.add_argument("paths", nargs="*", help="Kineto Chrome-trace files (.json or .json.gz), one per rank, or a directory of them; - reads stdin")
     ingest.add_argument("--out", help="write OTLP/JSON lines here ('-': stdout; default traces.jsonl when no endpoint is configured)")
     ingest.add_argument("--endpoint", help="OTLP endpoint (default $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / $OTEL_EXPORTER_OTLP_ENDPOINT)")
     ingest.add_argument("--protocol", choices=("grpc", "http/protobuf", "http/json"), help="OTLP protocol (default $OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")

@@ -68,8 +68,12 @@ def test_bad_input_gives_one_clear_line_and_exit_2(case, tmp_path, capsys):
 def test_missing_file_and_directory(tmp_path, capsys):
     assert main(["ingest", str(tmp_path / "nope.json.gz"), "--quiet"]) == 2
     assert "no such file" in capsys.readouterr().err
+    (tmp_path / "notes.txt").write_text("not a trace")
     assert main(["ingest", str(tmp_path), "--quiet"]) == 2
-    assert "is a directory" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert err == f"plasmient: error: {tmp_path}: a directory with no trace in it (no file ending in .json or .json.gz)"
+    assert main(["ingest", "--quiet"]) == 2
+    assert capsys.readouterr().err.startswith("plasmient: error: no trace given")
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])

@@ -100,6 +100,27 @@ def test_cli_workers_write_the_same_lines(simulated, tmp_path, capsys):
     assert outs["1"] == outs["2"] and len(outs["1"]) >= 1
 
 
+def test_a_directory_of_ranks_ingests_as_its_traces_in_rank_order(simulated, tmp_path, capsys):
+    # a thousand ranks are one argument (tensorboard_trace_handler writes one file per rank into a directory);
+    # rank-10 after rank-9, not after rank-1, and the directory's name is the job id
+    job = tmp_path / "sim"
+    job.mkdir()
+    names = {}
+    for i, path in zip((0, 1, 2, 9, 10, 11), simulated.paths):
+        names[path] = job / f"rank-{i}.json.gz"
+        names[path].symlink_to(path)
+    (job / "README.txt").write_text("not a trace")
+    args = ["--ranks-per-node", str(RANKS_PER_NODE), "--max-spans", str(MAX_SPANS), "--quiet"]
+    from_files, from_dir = tmp_path / "files.jsonl", tmp_path / "dir.jsonl"
+    assert main(["ingest", *map(str, names.values()), "--job-id", "sim", *args, "--out", str(from_files)]) == 0
+    assert main(["ingest", str(job), *args, "--out", str(from_dir)]) == 0
+    assert from_dir.read_bytes() == from_files.read_bytes()
+
+    from plasmient_trace.sources.rawinput import traces_in
+
+    assert traces_in([str(job)]) == [str(p) for p in names.values()]
+
+
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_ranks_of_an_unknown_device_are_named_in_one_line(simulated, tmp_path, capsys, workers):
     # the a100_multirank traces carry no deviceProperties; 1,000 such ranks printed 1,000 lines
@@ -150,6 +171,16 @@ def test_cli_ray_takes_files_after_the_flag(simulated, single, local_ray, tmp_pa
     want = tmp_path / "single.jsonl"
     assert main(["ingest", *map(str, simulated.paths), *SIM_ARGS, "--quiet", "--out", str(want)]) == 0
     assert sorted(out.read_text().splitlines()) == sorted(want.read_text().splitlines())
+    # `--ray DIR`: the same for a directory of ranks (the files' paths are on the spans: the same paths)
+    job = tmp_path / "job"
+    job.mkdir()
+    links = [job / path.name for path in simulated.paths]
+    for link, path in zip(links, simulated.paths):
+        link.symlink_to(path)
+    from_dir, from_links = tmp_path / "dir.jsonl", tmp_path / "links.jsonl"
+    assert main(["ingest", "--ray", str(job), *SIM_ARGS, "--quiet", "--out", str(from_dir)]) == 0
+    assert main(["ingest", *map(str, links), *SIM_ARGS, "--quiet", "--out", str(from_links)]) == 0
+    assert sorted(from_dir.read_text().splitlines()) == sorted(from_links.read_text().splitlines())
 
 
 def test_ray_bad_rank_is_one_line_naming_it(simulated, local_ray, tmp_path, capfd):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 import zlib
 from collections.abc import Iterator
@@ -103,6 +104,33 @@ def _digest(path: Path, whole: bool) -> bytes:
     except OSError:
         h.update(str(path).encode())  # unreadable: reading it says what is wrong
     return h.digest()
+
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+def _natural_key(name: str) -> list[object]:
+    """rank-2 before rank-10: the digit runs compared as numbers."""
+    parts = re.split(r"(\d+)", name)
+    return [int(p) if p.isdigit() else p for p in parts]
+
+
+def traces_in(paths: list[str]) -> list[str]:
+    """The inputs with each directory replaced by the traces directly in it (``*.json`` and ``*.json.gz``, as
+    torch.profiler's ``tensorboard_trace_handler`` writes one per rank), in natural order, so a job of a
+    thousand ranks is one argument. A directory with none is an InputError naming it."""
+    out: list[str] = []
+    for text in paths:
+        path = Path(text)
+        if not path.is_dir():
+            out.append(text)
+            continue
+        found = sorted((f.name for f in path.iterdir() if f.name.endswith(TRACE_SUFFIXES) and f.is_file()),
+                       key=_natural_key)
+        if not found:
+            raise InputError(f"{text}: a directory with no trace in it (no file ending in .json or .json.gz)")
+        out.extend(str(path / name) for name in found)
+    return out
 
 
 def read_file_bytes(path: Path) -> bytes:
