@@ -20,12 +20,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conftest import ingested  # noqa: E402
+from conftest import ingested, raw_trace, trace_path  # noqa: E402
 from otlp_receiver import OtlpReceiver, otlp_json_to_proto, trace_request_to_dict  # noqa: E402
 
 from plasmient_trace import records  # noqa: E402
 from plasmient_trace.conventions import SCOPE_NAME, SPAN_TABLE_SCHEMA, SpanBatch, span_table_from_columns  # noqa: E402
 from plasmient_trace.export import otlp_json, otlp_proto, parquet  # noqa: E402
+from plasmient_trace.pipeline import IngestOptions, ingest_paths  # noqa: E402
+from plasmient_trace.stitch import ids  # noqa: E402
 from plasmient_trace.export.otlp import ExportError, OtlpConfig, parse_headers, send_spans  # noqa: E402
 
 TRACE_A = bytes.fromhex("0af7651916cd43dd8448eb211c80319c")
@@ -371,6 +373,22 @@ def test_unsorted_input_is_grouped_without_losing_the_stitchers_order() -> None:
     ids = [int(s["spanId"], 16) for s in doc["resourceSpans"][0]["scopeSpans"][0]["spans"]]
     order = {int(v): i for i, v in enumerate(shuffled.column("span_id").to_pylist())}
     assert [order[i] for i in ids] == sorted(order[i] for i in ids)
+
+
+@pytest.mark.parametrize("name", ["mi250/minitoy_train.json.gz", "v100/resnet50_training.json.gz"])
+def test_a_files_lines_follow_the_steps_of_the_trace(name: str) -> None:
+    # they came out in trace-id order (a hash): mi250's step 2 was the first line, and a pool's file
+    # differed from one process's by its line order
+    raw = raw_trace(name)
+    profiler_steps = sorted((e["ts"], e["name"]) for e in raw["traceEvents"]
+                            if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("ph") == "X")
+    expected = list(dict.fromkeys(int(step.split("#")[1]) for _, step in profiler_steps))
+    job = "minitoy_train"  # a job id whose trace ids do not sort as its steps (asserted below)
+    assert sorted(expected, key=lambda step: ids.trace_id(job, step)) != expected
+    batch = ingest_paths([trace_path(name)], IngestOptions(job_id=job)).batch
+    lines = list(otlp_json.encode_jsonl_lines(batch))
+    steps = [int(re.search(rb'"name":"fleet step (\d+)"', line).group(1)) for line in lines]
+    assert steps == expected and len(steps) >= 2
 
 
 def test_extra_bool_and_narrow_int_columns_are_exported() -> None:

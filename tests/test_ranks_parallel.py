@@ -14,6 +14,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from ingest_checks import assert_same_trace
 
 from plasmient_trace.cli import main
 from plasmient_trace.pipeline import IngestOptions, IngestResult, ingest_paths
+from plasmient_trace.stitch import ids
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from simulated_ranks import SimulatedRanks, write_simulated_ranks
@@ -95,9 +97,15 @@ def test_cli_workers_write_the_same_lines(simulated, tmp_path, capsys):
     outs = {}
     for workers in ("1", "2"):
         out = tmp_path / f"w{workers}.jsonl"
-        assert main(["ingest", *map(str, simulated.paths), *SIM_ARGS, "--workers", workers, "--quiet", "--out", str(out)]) == 0
-        outs[workers] = sorted(out.read_text().splitlines())
-    assert outs["1"] == outs["2"] and len(outs["1"]) >= 1
+        # "test-job": a job id whose trace ids do not sort as its steps (551, 552)
+        assert main(["ingest", *map(str, simulated.paths), *SIM_ARGS, "--job-id", "test-job", "--workers", workers,
+                     "--quiet", "--out", str(out)]) == 0
+        outs[workers] = out.read_bytes()
+    # byte for byte: the same spans, and the same lines in the same (step) order
+    assert outs["1"] == outs["2"] and len(outs["1"].splitlines()) >= 2
+    steps = [int(m) for m in re.findall(rb'"name":"fleet step (\d+)"', outs["1"])]
+    assert steps == sorted(steps)
+    assert sorted(steps, key=lambda step: ids.trace_id("test-job", step)) != steps
 
 
 def test_a_directory_of_ranks_ingests_as_its_traces_in_rank_order(simulated, tmp_path, capsys):

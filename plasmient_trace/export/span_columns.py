@@ -101,6 +101,22 @@ def _is_grouped(hi: np.ndarray, lo: np.ndarray, res: np.ndarray) -> bool:
     return len(np.unique(traces, axis=0)) == len(traces) and len(np.unique(groups, axis=0)) == len(groups)
 
 
+def _grouped_order(hi: np.ndarray, lo: np.ndarray, res: np.ndarray) -> np.ndarray:
+    """Row order that makes each trace, and each resource within it, contiguous: traces in the order of
+    their first row, resources by index, rows of one group in their own order."""
+    rows = np.lexsort((res, lo, hi))  # stable: rows of one group keep their order
+    h, l_ = hi[rows], lo[rows]
+    change = np.empty(len(rows), dtype=bool)
+    change[0] = True
+    change[1:] = (h[1:] != h[:-1]) | (l_[1:] != l_[:-1])
+    first_row = rows[change]  # each trace's first row: stable sort, so the smallest index of its run
+    if len(first_row) < 2 or (np.diff(first_row) > 0).all():
+        return rows  # trace ids happen to sort as the traces appear
+    appearance = np.empty(len(first_row), np.int64)
+    appearance[np.argsort(first_row)] = np.arange(len(first_row))
+    return rows[np.argsort(appearance[np.cumsum(change) - 1], kind="stable")]
+
+
 def span_layout(batch: SpanBatch) -> SpanLayout:
     """Group the batch into (trace, resource) runs, keeping the stitcher's order inside a group.
 
@@ -131,13 +147,14 @@ def span_layout(batch: SpanBatch) -> SpanLayout:
     res = table.column("resource_index").to_numpy().astype(np.int64)
 
     # A table whose traces, and (trace, resource) groups within them, are already contiguous (the
-    # stitcher's output) is used in its own order; anything else is sorted by (trace id, resource).
-    # The stitcher puts every step's fleet and node spans first, so its tables are usually not grouped.
-    # Either way the table is not copied: the columns keep their chunks and each encoded chunk
-    # gathers (or combines) only its own rows.
+    # stitcher's output) is used in its own order; anything else is grouped by (trace, resource), the
+    # traces in the order they first appear. The stitcher puts every step's fleet and node spans first, so
+    # its tables are usually not grouped, and its traces first appear in step order: the lines of a file
+    # follow the steps, whatever engine stitched them. Either way the table is not copied: the columns
+    # keep their chunks and each encoded chunk gathers (or combines) only its own rows.
     rows = None
     if not _is_grouped(hi, lo, res):
-        rows = np.lexsort((res, lo, hi))  # stable: rows of one group keep their order
+        rows = _grouped_order(hi, lo, res)
         hi, lo, res = hi[rows], lo[rows], res[rows]
 
     trace_change = np.empty(n, dtype=bool)
