@@ -140,6 +140,21 @@ def test_ranks_of_an_unknown_device_are_named_in_one_line(simulated, tmp_path, c
     assert "no MFU on their spans" in note[0]
 
 
+def test_several_ranks_go_to_a_process_pool_unless_workers_says_otherwise(monkeypatch):
+    from plasmient_trace.cli import _workers_for, build_parser
+    from plasmient_trace.sources import parallel
+
+    monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+
+    def workers(*argv: str) -> int:
+        return _workers_for(build_parser().parse_args(["ingest", *argv]))
+
+    assert workers("a.json") == 1                        # one rank: nothing to spread
+    assert workers("a.json", "b.json") == 2              # one process per rank...
+    assert workers(*(f"r{i}.json" for i in range(9))) == 4  # ...at most one per CPU
+    assert workers("a.json", "b.json", "--workers", "1") == 1  # 1 stitches in this process
+
+
 def test_a_bad_rank_among_many_is_one_line_naming_it(simulated, tmp_path, capsys):
     bad = tmp_path / "rank-9.json.gz"
     bad.write_bytes(simulated.paths[1].read_bytes()[:4000])
