@@ -455,6 +455,22 @@ def test_gate_on_two_real_ranks_ingested_from_their_traces(tmp_path: Path) -> No
     assert run_diff(a, b, tmp_path, *gpu, "--quiet", "--fail-if-mfu-drops", f"{drop * 100 * 2:.3f}%")[0] == 0
 
 
+def test_a_directory_of_rank_traces_compares_as_its_ingested_span_file(tmp_path: Path) -> None:
+    """A multi-rank run is one argument: its directory of traces is stitched as `plasmient ingest DIR` would,
+    so comparing it with that ingest's span file changes nothing, and its MFU is the raw step spans'."""
+    run = trace_path(RANK0).parent
+    gpu = ["--gpu-model", "NVIDIA A100-SXM4-80GB"]
+    spans = tmp_path / "run.jsonl"
+    assert main(["ingest", str(run), "--out", str(spans), "--quiet", *gpu]) == 0
+    rc, result = run_diff(run, spans, tmp_path, *gpu, "--quiet", "--fail-if-mfu-drops", "0%")
+    assert rc == 0
+    assert result["totals"]["mfu"]["a"] == pytest.approx(_step_weighted_mfu(raw_spans(spans)), rel=1e-9)
+    for q in ("busy_s", "wasted_s", "flops"):
+        assert result["totals"][q]["a"] == pytest.approx(result["totals"][q]["b"], rel=1e-12), q
+        assert result["totals"][q]["a"] > 0
+    assert result["totals"]["steps"]["a"] == result["totals"]["steps"]["b"] == 4  # 2 ranks x 2 steps
+
+
 def test_a_trace_and_a_span_file_through_pipes_compare_as_the_files_do(spans_dir: Path, tmp_path: Path) -> None:
     # `plasmient diff <(zcat a.json.gz) -`: A pipe was "no such file", and stdin was refused. What a stream
     # holds is known only from its bytes, so it is read once into a private file: the same rows.

@@ -46,7 +46,8 @@ def parse_percent(text: str) -> float:
 def add_diff_arguments(parser: argparse.ArgumentParser) -> None:
     from plasmient_trace.cli import _positive_int, add_stitch_arguments
 
-    parser.add_argument("a", metavar="A", help="the baseline: span file (.jsonl[.gz], spans.parquet or its directory) or a trace; - or a pipe reads a stream")
+    parser.add_argument("a", metavar="A", help="the baseline: span file (.jsonl[.gz], spans.parquet or its directory), a trace, or a directory of a run's "
+                             "rank traces; - or a pipe reads a stream")
     parser.add_argument("b", metavar="B", help="the run compared with it, in any of the same forms")
     parser.add_argument("--fail-if-mfu-drops", metavar="PCT", type=parse_percent, default=None,
                         help="exit 1 when B's step-weighted MFU is more than PCT (relative, e.g. 5%%) below A's")
@@ -86,6 +87,29 @@ def _read_parquet(path: Path) -> SpanBatch:
     return SpanBatch(table, [])
 
 
+def _rank_traces(directory: Path) -> list[Path]:
+    """The traces directly in a directory of a run's ranks (as ``plasmient ingest DIR`` reads them)."""
+    from plasmient_trace.sources.rawinput import InputError, traces_in
+
+    try:
+        return [Path(p) for p in traces_in([str(directory)])]
+    except InputError:
+        return []
+
+
+def _ingest(paths: list[Path], args: argparse.Namespace, job_id: str,
+            progress: Callable[[str, int, int], None] | None) -> SpanBatch:
+    """A run's traces (one per rank) as spans, stitched as `plasmient ingest` stitches them."""
+    from plasmient_trace.cli import stitch_options_from_args
+    from plasmient_trace.pipeline import ingest_paths
+    from plasmient_trace.sources.parallel import default_workers
+
+    options = stitch_options_from_args(args, job_id)
+    if getattr(args, "workers", None) is None and len(paths) > 1:
+        options.workers = default_workers(len(paths))  # several ranks: a process pool, as ingest's default
+    return ingest_paths(paths, options, progress=progress).batch
+
+
 def load_side(path_text: str, args: argparse.Namespace,
               progress: Callable[[str, int, int], None] | None = None) -> SpanBatch:
     """One input as a SpanBatch; every failure is a DiffInputError naming the file. A pipe or stdin (``-``)
@@ -117,7 +141,9 @@ def _load_file(path: Path, args: argparse.Namespace, job_id: str | None = None,
         raise DiffInputError(f"{path}: no such file")
     try:
         head = b"" if path.is_dir() else file_head(path)
-        if path.is_dir() or path.suffix == ".parquet" or head[:4] == b"PAR1":
+        if path.is_dir() and not (path / "spans.parquet").is_file() and _rank_traces(path):
+            batch = _ingest(_rank_traces(path), args, args.job_id or job_id or path.name, progress)
+        elif path.is_dir() or path.suffix == ".parquet" or head[:4] == b"PAR1":
             batch = _read_parquet(path)
         elif b'"resourceSpans"' in head:
             notes: list[str] = []
@@ -125,11 +151,7 @@ def _load_file(path: Path, args: argparse.Namespace, job_id: str | None = None,
             for note in notes if not getattr(args, "quiet", False) else ():
                 print(f"plasmient diff: {note}", file=sys.stderr)
         else:
-            from plasmient_trace.cli import stitch_options_from_args
-            from plasmient_trace.pipeline import ingest_paths
-
-            options = stitch_options_from_args(args, args.job_id or job_id or path.name.split(".")[0])
-            batch = ingest_paths([path], options, progress=progress).batch
+            batch = _ingest([path], args, args.job_id or job_id or path.name.split(".")[0], progress)
     except (ReportInputError, TraceFormatError, DiffInputError) as err:
         raise DiffInputError(str(err) if str(err).startswith(str(path)) else f"{path}: {err}") from None
     except (ValueError, IndexError, TypeError, ArithmeticError, MemoryError, OSError, EOFError, zlib.error,
