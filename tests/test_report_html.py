@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from conftest import ingest_batch
@@ -142,6 +144,28 @@ def test_bill_inputs_come_from_the_fleet_spans():
     assert bill["util"] == pytest.approx(device_weighted(fleet, "plasmient.util.resident"))
     assert report_data(make_job(price=None))["bill"]["price_source"] == "assumed"
     assert report_data(batch, price_per_gpu_hour=3.0)["bill"]["price_per_gpu_hour"] == 3.0
+
+
+@pytest.mark.parametrize("name", ["v100/resnet50_training.json.gz", "a100/cuda_graphs_rank0_of16.json.gz"])
+def test_the_header_counts_the_kernels_the_span_budget_folded_too(name):
+    # a 1,000-rank page said "500 kernels": the kernel spans left by the budget, not the kernels run
+    from conftest import ingested, raw_activities, raw_trace
+
+    in_steps = sum(1 for a in raw_activities(raw_trace(name)) if a["step"] is not None)
+    whole = report_data(ingested(name, max_spans=10**9).batch)["meta"]
+    budget = report_data(ingested(name, max_spans=1500).batch)["meta"]
+    assert whole["kernels"] == whole["kernel_spans"] == budget["kernels"] == in_steps
+    assert budget["kernel_spans"] < in_steps
+
+
+def test_the_header_leaves_the_kernel_total_unknown_when_a_step_lacks_its_count():
+    batch = ingest_batch([TRACES / "h100" / "bert_small_inference.json.gz"], "bert")
+    table = batch.table
+    col = table.schema.get_field_index("plasmient.kernels")
+    steps = pc.equal(table.column("plasmient.level"), "step")
+    nulled = pc.if_else(steps, pa.scalar(None, pa.int64()), table.column("plasmient.kernels"))
+    meta = report_data(SpanBatch(table.set_column(col, "plasmient.kernels", nulled), batch.resources))["meta"]
+    assert meta["kernels"] is None and meta["kernel_spans"] > 0
 
 
 def test_cli_reads_span_files_and_writes_the_report(tmp_path, capsys):

@@ -76,6 +76,14 @@ def _bill(frame: SpanFrame, fleet_gpus: int | None, price: float | None, baselin
 # ---- page --------------------------------------------------------------------------------------
 
 
+def _kernels_covered(frame: SpanFrame) -> int | None:
+    """Kernels the traces hold, the ones the span budget folded into their ops included: each counts once, in
+    its step span's plasmient.kernels. None (unknown) when a step span lacks the count; a page that said
+    "500 kernels" of a 1,000-rank job with millions read as if the job had run 500."""
+    counts = frame.num("plasmient.kernels")[frame.is_level("step")]
+    return int(counts.sum()) if len(counts) and np.isfinite(counts).all() else None
+
+
 def report_data(
     batch: SpanBatch,
     title: str = "plasmient-trace report",
@@ -102,7 +110,8 @@ def report_data(
         "hosts": sorted({str(r["host.name"]) for r in res if r.get("host.name") is not None}),
         "ranks": int(np.unique(frame.rank[frame.rank >= 0]).size),
         "gpu_models": sorted({str(r["plasmient.gpu.model"]) for r in res if r.get("plasmient.gpu.model")}),
-        "kernels": int(frame.is_level("kernel").sum()),
+        "kernel_spans": int(frame.is_level("kernel").sum()),
+        "kernels": _kernels_covered(frame),
     }
     empty_tree = {"root": -1, "names": [], "name": [], "parent": [], "level": [], "spans_total": 0, "spans_shown": 0, "folded_cells": 0, "max_nodes": max_nodes}
     return {

@@ -75,6 +75,12 @@
   function boundName(code) { return code >= 0 ? D.bounds[code] : "unknown"; }
 
   // ---- header --------------------------------------------------------------------------------------
+  function kernelsText(m) {
+    if (m.kernels === null) return m.kernel_spans + " kernel spans";  // a step without its count: the total is unknown
+    if (m.kernels > m.kernel_spans) return m.kernels + " kernels (" + m.kernel_spans + " drawn as spans, the rest folded into their ops)";
+    return m.kernels + " kernels";
+  }
+
   (function meta() {
     var m = D.meta, box = document.getElementById("meta");
     var parts = [
@@ -83,7 +89,7 @@
       m.ranks + (m.ranks === 1 ? " rank" : " ranks"),
       m.hosts.length ? m.hosts.length + (m.hosts.length === 1 ? " node" : " nodes") : null,
       m.gpu_models.length ? m.gpu_models.join(", ") : "GPU model unknown",
-      m.spans + " spans", m.kernels + " kernels"
+      m.spans + " spans", kernelsText(m)
     ];
     parts.forEach(function (p) { if (p) box.appendChild(el("span", null, p)); });
   })();
