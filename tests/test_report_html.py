@@ -416,6 +416,19 @@ def test_real_h100_trace_page_from_the_span_file(browser, tmp_path):
     browser.screenshot(ARTIFACTS / "report-h100-bert.png")
 
 
+def test_a_page_says_how_many_kernels_the_span_budget_folded(browser, tmp_path):
+    from conftest import ingested, raw_activities, raw_trace
+
+    name = "v100/resnet50_training.json.gz"
+    in_steps = sum(1 for a in raw_activities(raw_trace(name)) if a["step"] is not None)
+    data = open_page(browser, ingested(name, max_spans=1500).batch, tmp_path / "budget.html")
+    drawn = data["meta"]["kernel_spans"]
+    header = browser.eval("document.getElementById('meta').innerText")
+    assert f"{in_steps} kernels ({drawn} drawn as spans" in header
+    note = browser.eval("document.getElementById('timeline-note').innerText")
+    assert f"All {drawn} kernel spans drawn one by one. The other {in_steps - drawn} kernels were folded" in note
+
+
 def test_a_tiny_known_mfu_reads_as_in_the_terminal_not_as_zero(browser, tmp_path):
     # the MI250 toy trains at an MFU near 1e-6: the page and the terminal both give its digits
     batch = ingest([TRACES / "mi250" / "minitoy_train.json.gz"], "minitoy")

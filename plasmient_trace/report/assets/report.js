@@ -559,7 +559,11 @@
     (TL.mode === "binned"
       ? TL.kernels_total + " kernels: " + TL.drawn + " at least one bin (" + fmtUs(TL.bin_us) + ") long are drawn one by one; the shorter ones are merged into " +
         TL.bins_per_lane + " bins per lane, coloured by the bound holding most time in the bin, opacity = occupancy."
-      : "All " + TL.kernels_total + " " + (TL.item === "ops" ? "ops (the CPU's kernels)" : "kernels") + " drawn one by one.") +
+      : "All " + TL.kernels_total + " " + (TL.item === "ops" ? "ops (the CPU's kernels)" : "kernel spans") + " drawn one by one.") +
+    (D.meta.kernels !== null && D.meta.kernels > D.meta.kernel_spans
+      ? " The other " + (D.meta.kernels - D.meta.kernel_spans) + " kernels were folded into their ops by the span budget " +
+        "(ingest with a larger --max-spans to draw them): a rank or stream with none left has no lane."
+      : "") +
     " Grey = idle: the host gap before a step's first kernel is that step's idle time. Times are relative to the start of the first step's device window.";
 
   // ---- (c) roofline ------------------------------------------------------------------------------------
