@@ -437,18 +437,43 @@ def build_parser() -> argparse.ArgumentParser:
 ARROW_HEAVY_COMMANDS = ("ingest", "report", "replay", "diff")
 
 
+# Commands that clean up behind them (a process pool, temporary files, an output renamed into place). SIGTERM's
+# default action skips that: a `kill` of a pooled ingest left its workers running and its spill directory
+# behind. replay defers SIGTERM itself, and run forwards it to the job.
+TERMINATED_CLEANLY = ("ingest", "report", "diff")
+EXIT_TERMINATED = 128 + 15
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised where the main thread is, so the ``finally`` blocks on the way out run."""
+
+
+def _raise_terminated(_signum: int, _frame: Any) -> None:
+    raise _Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import signal
+    import threading
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command in ARROW_HEAVY_COMMANDS:
         from .arrow_memory import use_offline_pool
 
         use_offline_pool()
+    previous = None
+    if args.command in TERMINATED_CLEANLY and threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("plasmient: interrupted", file=sys.stderr)
         return 130
+    except _Terminated:
+        print("plasmient: terminated", file=sys.stderr)
+        return EXIT_TERMINATED
     except BrokenPipeError:
         # what is still buffered would fail again at exit, with a message: send it nowhere
         for stream in (sys.stdout, sys.stderr):
@@ -457,6 +482,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             except (OSError, ValueError, AttributeError):
                 pass
         return EXIT_PIPE_CLOSED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -153,6 +154,50 @@ def test_several_ranks_go_to_a_process_pool_unless_workers_says_otherwise(monkey
     assert workers("a.json", "b.json") == 2              # one process per rank...
     assert workers(*(f"r{i}.json" for i in range(9))) == 4  # ...at most one per CPU
     assert workers("a.json", "b.json", "--workers", "1") == 1  # 1 stitches in this process
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (its pool's forkserver and workers), from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended while we looked
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
+def test_sigterm_stops_a_pooled_ingest_with_nothing_left_behind(tmp_path):
+    # SIGTERM's default action killed the parent alone: its pool's workers ran on, orphaned, holding its pipes,
+    # and the spill directory of pickled ranks stayed in $TMPDIR
+    job, spill = tmp_path / "job", tmp_path / "tmp"
+    write_simulated_ranks(job, 24, seed=5)
+    spill.mkdir()
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "plasmient_trace.cli", "ingest", str(job), "--workers", "2",
+                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "TMPDIR": str(spill)}, cwd=REPO)
+    deadline = time.monotonic() + 120
+    while len(_descendants(proc.pid)) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the ingest ended before its pool was seen"
+    pool = _descendants(proc.pid)
+    proc.terminate()
+    _, err = proc.communicate(timeout=60)  # orphaned workers holding its pipes made this wait forever
+    assert proc.returncode == 143, err.decode()
+    assert err.decode().strip().splitlines()[-1] == "plasmient: terminated"
+    assert not out.exists() and list(spill.iterdir()) == []
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() for pid in pool) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in pool if Path(f"/proc/{pid}").exists()], "pool processes outlived the ingest"
 
 
 def test_a_bad_rank_among_many_is_one_line_naming_it(simulated, tmp_path, capsys):
