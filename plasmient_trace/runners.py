@@ -61,17 +61,30 @@ def open_runner(options: IngestOptions, n_ranks: int) -> RankRunner:
 
 # -- local process pool ---------------------------------------------------------------------------------
 
+def _spill_failed(path: str, spill: str, err: OSError) -> TraceFormatError:
+    return TraceFormatError(f"{path}: cannot keep its parsed records in {Path(spill).parent} between the pool's two "
+                            f"steps ({err.strerror or err}): free space there, point TMPDIR elsewhere, or use --workers 1")
+
+
 def _parse_and_spill(path: str, index: int, options: IngestOptions, spill: str) -> tuple[RankDigest, str]:
     records, digest = parse_rank(path, index, options)
-    with open(spill, "wb") as f:
-        pickle.dump(records, f, protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        with open(spill, "wb") as f:
+            pickle.dump(records, f, protocol=pickle.HIGHEST_PROTOCOL)
+    except OSError as err:  # a full or read-only $TMPDIR: one line, not a worker's traceback
+        with contextlib.suppress(OSError):
+            os.unlink(spill)
+        raise _spill_failed(path, spill, err) from None
     return digest, spill
 
 
-def _load_and_stitch(spill: str, job: StitchJob, options: IngestOptions) -> RankPart:
-    with open(spill, "rb") as f:
-        records = pickle.load(f)
-    os.unlink(spill)
+def _load_and_stitch(spill: str, job: StitchJob, options: IngestOptions, path: str = "") -> RankPart:
+    try:
+        with open(spill, "rb") as f:
+            records = pickle.load(f)
+        os.unlink(spill)
+    except OSError as err:  # removed from under the pool (a $TMPDIR cleaner)
+        raise _spill_failed(path or spill, spill, err) from None
     return stitch_part(records, job, options)
 
 
@@ -96,7 +109,8 @@ class PoolRunner:
         return self._in_order(futures)
 
     def stitch(self, handles: list[Any], jobs: list[StitchJob], options: IngestOptions) -> Iterator[RankPart]:
-        return self._in_order([self.pool.submit(_load_and_stitch, h, job, options) for h, job in zip(handles, jobs)])
+        return self._in_order([self.pool.submit(_load_and_stitch, h, job, options, str(p))
+                               for h, job, p in zip(handles, jobs, self.paths)])
 
     def _in_order(self, futures: list[Future]) -> Iterator[Any]:
         try:

@@ -200,6 +200,25 @@ def test_sigterm_stops_a_pooled_ingest_with_nothing_left_behind(tmp_path):
     assert not [pid for pid in pool if Path(f"/proc/{pid}").exists()], "pool processes outlived the ingest"
 
 
+def test_a_spill_that_cannot_be_written_is_one_line_and_leaves_nothing(simulated, tmp_path):
+    # a full $TMPDIR: the worker's OSError came back as two tracebacks and exit 1. A file size limit stands in
+    # for the full disk here (root writes to a read-only directory regardless): EFBIG instead of ENOSPC.
+    import resource
+
+    spill = tmp_path / "tmp"
+    spill.mkdir()
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "ingest", *map(str, simulated.paths), "--workers", "2",
+                           "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=300,
+                          env={**os.environ, "TMPDIR": str(spill)},
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10)))
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1, proc.stderr
+    assert err[0].startswith(f"plasmient: error: {simulated.paths[0]}: cannot keep its parsed records in {spill}")
+    assert "File too large" in err[0] and "--workers 1" in err[0]
+    assert not out.exists() and list(spill.iterdir()) == []
+
+
 def test_a_bad_rank_among_many_is_one_line_naming_it(simulated, tmp_path, capsys):
     bad = tmp_path / "rank-9.json.gz"
     bad.write_bytes(simulated.paths[1].read_bytes()[:4000])
