@@ -74,7 +74,7 @@ def add_stitch_arguments(p: argparse.ArgumentParser) -> None:
     from .stitch.inputs import CHUNK_ROWS_CAP, CHUNK_ROWS_FLOOR, GROUPS_PER_INPUT
     from .stitch.tree import DEFAULT_MAX_SPANS
 
-    p.add_argument("--job-id", default=_default_job_id(), help="job id the trace ids derive from (default: $PLASMIENT_JOB_ID, $SLURM_JOB_ID.$SLURM_STEP_ID, $TORCHELASTIC_RUN_ID, else the first file's name)")
+    p.add_argument("--job-id", default=_default_job_id(), help="job id the trace ids derive from (default: $PLASMIENT_JOB_ID, $SLURM_JOB_ID.$SLURM_STEP_ID, $TORCHELASTIC_RUN_ID, else the first file's name, or the directory's)")
     p.add_argument("--max-spans", type=_positive_int, default=DEFAULT_MAX_SPANS, help=f"span budget per trace; above it the least wasteful kernels are folded into their op (default {DEFAULT_MAX_SPANS})")
     p.add_argument("--peak-tflops", type=_positive_float, help="override the device's dense peak, TFLOP/s")
     p.add_argument("--bandwidth-gbs", type=_positive_float, help="override the device's memory bandwidth, GB/s")
@@ -164,8 +164,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         args.out = "/dev/stdout"  # the usual spelling of "write it to stdout"
     try:
         args.paths = stdin_for_dash(args.paths, "zcat trace.json.gz | plasmient ingest - --out spans.jsonl")
-        # a directory of rank traces is named after the job: its name is the default job id, not its first file's
-        job_id = args.job_id or Path(args.paths[0]).name.split(".")[0]
+        job_id = args.job_id or _job_id_of_input(args.paths[0])
         args.paths = traces_in(args.paths)
     except ValueError as err:
         print(f"plasmient: error: {err}", file=sys.stderr)
@@ -231,6 +230,14 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
         render_summary(summary, console=console)
     return status
+
+
+def _job_id_of_input(first_input: str) -> str:
+    """The job id when --job-id and the environment name none: a directory of rank traces is named after the job (``.`` as the
+    directory it is), a file by its name up to the first dot."""
+    path = Path(first_input)
+    name = path.resolve().name if path.is_dir() else path.name.split(".")[0]
+    return name or "job"
 
 
 def _first_few(names: list[str], shown: int = 3) -> str:

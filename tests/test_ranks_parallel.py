@@ -109,7 +109,7 @@ def test_cli_workers_write_the_same_lines(simulated, tmp_path, capsys):
     assert sorted(steps, key=lambda step: ids.trace_id("test-job", step)) != steps
 
 
-def test_a_directory_of_ranks_ingests_as_its_traces_in_rank_order(simulated, tmp_path, capsys):
+def test_a_directory_of_ranks_ingests_as_its_traces_in_rank_order(simulated, tmp_path, capsys, monkeypatch):
     # a thousand ranks are one argument (tensorboard_trace_handler writes one file per rank into a directory);
     # rank-10 after rank-9, not after rank-1, and the directory's name is the job id
     job = tmp_path / "sim"
@@ -124,6 +124,11 @@ def test_a_directory_of_ranks_ingests_as_its_traces_in_rank_order(simulated, tmp
     assert main(["ingest", *map(str, names.values()), "--job-id", "sim", *args, "--out", str(from_files)]) == 0
     assert main(["ingest", str(job), *args, "--out", str(from_dir)]) == 0
     assert from_dir.read_bytes() == from_files.read_bytes()
+    # `.` is the directory it stands for, named as such (its name was "", the job id of every such run)
+    from_dot = tmp_path / "dot.jsonl"
+    monkeypatch.chdir(job)
+    assert main(["ingest", ".", *args, "--out", str(from_dot)]) == 0
+    assert b'{"key":"plasmient.job.id","value":{"stringValue":"sim"}}' in from_dot.read_bytes()
 
     from plasmient_trace.sources.rawinput import traces_in
 
