@@ -233,8 +233,8 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def _job_id_of_input(first_input: str) -> str:
-    """The job id when --job-id and the environment name none: a directory of rank traces is named after the job (``.`` as the
-    directory it is), a file by its name up to the first dot."""
+    """The job id when --job-id and the environment name none: a directory of rank traces is named after the
+    job (``.`` as the directory it is), a file by its name up to the first dot."""
     path = Path(first_input)
     name = path.resolve().name if path.is_dir() else path.name.split(".")[0]
     return name or "job"

@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plasmient_trace.cli import _console, _fraction, _positive_float, _positive_int, stdin_for_dash
 from plasmient_trace import conventions as cv
+from plasmient_trace.cli import _console, _fraction, _positive_float, _positive_int, stdin_for_dash
 from plasmient_trace.conventions import DEFAULT_BASELINE_MFU, SpanBatch
 from plasmient_trace.export.sinks import OutputError, check_not_an_input, check_output_path
 

@@ -141,8 +141,9 @@ def _load_file(path: Path, args: argparse.Namespace, job_id: str | None = None,
         raise DiffInputError(f"{path}: no such file")
     try:
         head = b"" if path.is_dir() else file_head(path)
-        if path.is_dir() and not (path / "spans.parquet").is_file() and _rank_traces(path):
-            batch = _ingest(_rank_traces(path), args, args.job_id or job_id or path.name, progress)
+        ranks = _rank_traces(path) if path.is_dir() and not (path / "spans.parquet").is_file() else []
+        if ranks:
+            batch = _ingest(ranks, args, args.job_id or job_id or path.resolve().name, progress)
         elif path.is_dir() or path.suffix == ".parquet" or head[:4] == b"PAR1":
             batch = _read_parquet(path)
         elif b'"resourceSpans"' in head:
