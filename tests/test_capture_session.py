@@ -470,6 +470,19 @@ def test_sink_choice_follows_the_otel_variables(tmp_path):
     assert spill.path == tmp_path / "plasmient-spill"  # documented: beside the output file
 
 
+def test_rank_in_the_out_path_gives_each_rank_its_own_file_and_spill(tmp_path):
+    # NFS does not keep O_APPEND writes from several machines apart: PLASMIENT_OUT=.../traces.rank{rank}.jsonl
+    from plasmient_trace.capture.session import build_delivery
+
+    env = {"PLASMIENT_OUT": str(tmp_path / "r{rank}" / "traces.rank{rank}.jsonl"),
+           "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}
+    d = build_delivery(CaptureConfig.from_env(env), {"plasmient.world_size": 4, "plasmient.rank": 3})
+    assert d.local[0].name == str(tmp_path / "r3" / "traces.rank3.jsonl")
+    assert d.spill.path == tmp_path / "r3" / "plasmient-spill"
+    # a process with no rank is rank 0, as torch.distributed numbers a lone process
+    assert build_delivery(CaptureConfig.from_env(env), {}).local[0].name == str(tmp_path / "r0" / "traces.rank0.jsonl")
+
+
 def test_config_reads_the_documented_variables_and_ignores_garbage(capsys):
     cfg = CaptureConfig.from_env({"PLASMIENT_EVERY": "5", "PLASMIENT_MFU_THRESHOLD": "0.2", "PLASMIENT_PEAK_TFLOPS": "312",
                                   "PLASMIENT_GPU_PRICE": "2.5", "PLASMIENT_JOB_ID": "j", "OTEL_SERVICE_NAME": "svc",

@@ -106,7 +106,8 @@ def _overhead(env: Mapping[str, str]) -> float | None:
 class CaptureConfig:
     """What the capture does; ``from_env`` reads the documented PLASMIENT_* and OTEL_* variables.
 
-    PLASMIENT_OUT           OTLP/JSON lines file (default traces.jsonl, traces.rank<R>.jsonl with ranks)
+    PLASMIENT_OUT           OTLP/JSON lines file (default traces.jsonl, traces.rank<R>.jsonl with ranks);
+                            {rank} in it is the process's rank (one file per rank, e.g. on NFS)
     PLASMIENT_EVERY         full depth every N-th step (default 10; 1 = every step)
     PLASMIENT_OVERHEAD      and no more often than keeps their background work under this share of
                             wall time (default 0.02 when PLASMIENT_EVERY is not set, else no limit;
@@ -210,6 +211,16 @@ def default_out_path(resource: Mapping[str, Any]) -> str:
     return "traces.jsonl"
 
 
+def out_path_of(out: str | None, resource: Mapping[str, Any]) -> str | None:
+    """PLASMIENT_OUT with ``{rank}`` replaced by the process's rank (0 when it has none). Ranks of one host
+    share a file safely (one ``write()`` per line with O_APPEND), but NFS does not keep appends from several
+    machines apart: ``/nfs/run/traces.rank{rank}.jsonl`` gives each rank its own file."""
+    if out is None or "{rank}" not in out:
+        return out
+    rank = resource.get("plasmient.rank")
+    return out.replace("{rank}", str(rank if isinstance(rank, int) else 0))
+
+
 def build_delivery(config: CaptureConfig, resource: Mapping[str, Any], extra: list[tuple[str, Exporter]] | None = None) -> Any:
     """The live run's :class:`..export.delivery.Delivery`, chosen as every OTel SDK does:
     OTEL_TRACES_EXPORTER, else OTLP when an endpoint is configured, else the embedded default (an
@@ -238,12 +249,12 @@ def build_delivery(config: CaptureConfig, resource: Mapping[str, Any], extra: li
         traces_off = choice.traces_off
         remote, console = sinks.chosen_sinks(choice, otlp_cfg)
         local += console
-        path = config.out
+        path = out_path_of(config.out, resource)
         if path is None and not remote and not local and not traces_off:
             path = default_out_path(resource)
         if path is not None:
             # The local file goes first and never waits for the network.
             local.insert(0, sinks.FileSink(os.path.abspath(path), append=True))
-    spill_dir = spill.SpillDir(spill.default_spill_dir(config.out, config.environ),
+    spill_dir = spill.SpillDir(spill.default_spill_dir(out_path_of(config.out, resource), config.environ),
                                max_bytes=int((_env_float(config.environ, "PLASMIENT_SPILL_MAX_MB") or 1024) * (1 << 20)))
     return delivery.Delivery(local, remote, spill_dir if remote else None, say=say_once, strict_local=False)
