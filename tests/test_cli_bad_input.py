@@ -74,6 +74,11 @@ def test_missing_file_and_directory(tmp_path, capsys):
     assert err == f"plasmient: error: {tmp_path}: a directory with no trace in it (no file ending in .json or .json.gz)"
     assert main(["ingest", "--quiet"]) == 2
     assert capsys.readouterr().err.startswith("plasmient: error: no trace given")
+    # a rank whose trace is a dangling link is named, not skipped: the fleet would be stitched without it
+    (tmp_path / "rank-0.json.gz").symlink_to(trace_path("h100/vit_image_classification.json.gz"))
+    (tmp_path / "rank-1.json.gz").symlink_to(tmp_path / "gone.json.gz")
+    assert main(["ingest", str(tmp_path), "--quiet", "--out", str(tmp_path / "out.jsonl")]) == 2
+    assert capsys.readouterr().err.strip() == f"plasmient: error: {tmp_path / 'rank-1.json.gz'}: no such file"
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])

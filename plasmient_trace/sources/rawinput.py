@@ -125,7 +125,9 @@ def traces_in(paths: list[str]) -> list[str]:
         if not path.is_dir():
             out.append(text)
             continue
-        found = sorted((f.name for f in path.iterdir() if f.name.endswith(TRACE_SUFFIXES) and f.is_file()),
+        # not is_file(): a dangling link named like a trace is a rank whose trace is missing, and reading it
+        # says so, where skipping it would stitch a fleet without that rank
+        found = sorted((f.name for f in path.iterdir() if f.name.endswith(TRACE_SUFFIXES) and not f.is_dir()),
                        key=_natural_key)
         if not found:
             raise InputError(f"{text}: a directory with no trace in it (no file ending in .json or .json.gz)")
