@@ -26,6 +26,7 @@ import multiprocessing
 import os
 import pickle
 import shutil
+import signal
 import socket
 import tempfile
 from collections.abc import Iterator
@@ -180,6 +181,16 @@ def _unreachable(address: str, timeout: float = RAY_CONNECT_TIMEOUT_S) -> str | 
     return f"{target} answers, but not as a Ray head does (gRPC): {_WHAT_RAY_TAKES}"
 
 
+def _caller_sigterm_handler() -> Any:
+    """The SIGTERM handler a caller set in the main thread (a Python callable), else None."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    handler = signal.getsignal(signal.SIGTERM)
+    return handler if callable(handler) else None
+
+
 class RayRunner:
     """The same tasks as Ray remote functions, on the cluster at ``address`` ("" = a local Ray started
     here with ``cpus`` CPUs). A Ray this runner started is stopped on exit; one already running is left."""
@@ -197,6 +208,7 @@ class RayRunner:
                 raise TraceFormatError(f"--ray {address}: {unreachable}")
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                       "logging_level": logging.ERROR}
+            sigterm = _caller_sigterm_handler()
             try:
                 try:
                     # No address: a new local Ray of `cpus` CPUs, unless ray.init finds one (RAY_ADDRESS, or a
@@ -209,6 +221,11 @@ class RayRunner:
             except (ConnectionError, RuntimeError, ValueError, TimeoutError) as err:
                 what = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
                 raise TraceFormatError(f"--ray {address or '(local)'}: cannot start or reach Ray: {what}") from None
+            finally:
+                if sigterm is not None:
+                    # ray.init replaces it with a handler that dumps a native stack and exits 15: the caller's
+                    # (the CLI's: stop through the cleanup, exit 143) stays in charge
+                    signal.signal(signal.SIGTERM, sigterm)
             self.started = True
         self._parse = ray.remote(num_returns=2)(_ray_parse)
         self._stitch = ray.remote(stitch_part)
@@ -242,6 +259,13 @@ class RayRunner:
                 done = i + 1
                 yield value, (handles[i] if handles is not None else None)
             finished = True
+        except BaseException as exc:
+            # Ctrl-C, SIGTERM, or the consumer gone, on a Ray this runner started: its shutdown stops every
+            # task. Cancelling them first raced Ray's own completion of one ("Tried to complete task that was
+            # not pending", a native check failure: exit 1 with a stack dump, 1 run in 3 here).
+            if not isinstance(exc, Exception) and self.started:
+                finished = True
+            raise
         finally:
             if not finished:
                 self._drain(refs[done:] + (handles[done:] if handles is not None else []))

@@ -205,6 +205,37 @@ def test_sigterm_stops_a_pooled_ingest_with_nothing_left_behind(tmp_path):
     assert not [pid for pid in pool if Path(f"/proc/{pid}").exists()], "pool processes outlived the ingest"
 
 
+def _cmdlines(pids: set[int]) -> list[str]:
+    out = []
+    for pid in pids:
+        try:
+            out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
+def test_sigterm_stops_an_ingest_on_its_own_local_ray_through_the_same_cleanup(tmp_path):
+    # ray.init put in its own SIGTERM handler: a native stack dump on stderr and exit 15
+    pytest.importorskip("ray", reason="Ray is the optional [ray] extra: pip install 'plasmient-trace[ray]'")
+    job = tmp_path / "job"
+    write_simulated_ranks(job, 24, seed=6)
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "plasmient_trace.cli", "ingest", "--ray", str(job), "--workers", "2",
+                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    deadline = time.monotonic() + 180
+    while proc.poll() is None and time.monotonic() < deadline and \
+            not any("ray::_ray_parse" in c or "ray::stitch_part" in c for c in _cmdlines(_descendants(proc.pid))):
+        time.sleep(0.05)  # until a task runs: Ray is up and its init is over
+    assert proc.poll() is None, "the ingest ended before its Ray tasks were seen"
+    proc.terminate()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err.decode()[-2000:]
+    assert err.decode().strip().splitlines()[-1] == "plasmient: terminated"
+    assert not out.exists()
+
+
 def test_a_spill_that_cannot_be_written_is_one_line_and_leaves_nothing(simulated, tmp_path):
     # a full $TMPDIR: the worker's OSError came back as two tracebacks and exit 1. A file size limit stands in
     # for the full disk here (root writes to a read-only directory regardless): EFBIG instead of ENOSPC.
