@@ -135,6 +135,24 @@ def test_a_directory_of_ranks_ingests_as_its_traces_in_rank_order(simulated, tmp
     assert traces_in([str(job)]) == [str(p) for p in names.values()]
 
 
+def test_one_process_and_a_pool_write_the_same_parquet_in_the_order_of_the_lines(simulated, tmp_path):
+    import pyarrow.parquet as pq
+
+    tables, lines = {}, {}
+    for workers in ("1", "2"):
+        out, parquet = tmp_path / f"w{workers}.jsonl", tmp_path / f"pq{workers}"
+        assert main(["ingest", *map(str, simulated.paths), *SIM_ARGS, "--job-id", "test-job", "--workers", workers,
+                     "--quiet", "--out", str(out), "--parquet", str(parquet)]) == 0
+        tables[workers] = {f.name: pq.read_table(f) for f in sorted(parquet.glob("*.parquet"))}
+        lines[workers] = out.read_bytes()
+    assert tables["1"].keys() == tables["2"].keys() and "spans.parquet" in tables["1"]
+    for name in tables["1"]:
+        assert tables["1"][name].equals(tables["2"][name]), name  # row order included
+    span_ids = [s["spanId"] for line in lines["1"].splitlines() for rs in json.loads(line)["resourceSpans"]
+                for ss in rs["scopeSpans"] for s in ss["spans"]]
+    assert tables["1"]["spans.parquet"].column("span_id").to_pylist() == span_ids
+
+
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_ranks_of_an_unknown_device_are_named_in_one_line(simulated, tmp_path, capsys, workers):
     # the a100_multirank traces carry no deviceProperties; 1,000 such ranks printed 1,000 lines

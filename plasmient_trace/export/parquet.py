@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from plasmient_trace.conventions import SPAN_TABLE_SCHEMA, SpanBatch
 from plasmient_trace.export.pieces import hex_matrix, u64_be_matrix
 from plasmient_trace.export.sinks import write_output_file
-from plasmient_trace.export.span_columns import id_matrix
+from plasmient_trace.export.span_columns import grouped_rows, id_matrix
 from plasmient_trace.records import TABLE_SCHEMAS, RecordSet
 
 __all__ = ["write_parquet", "spans_table", "resources_table"]
@@ -70,8 +70,12 @@ def _hex_ids(values: np.ndarray, width: int, valid: np.ndarray | None = None) ->
 
 
 def spans_table(batch: SpanBatch) -> pa.Table:
-    """The span table with hex-string ids (see module docstring)."""
+    """The span table with hex-string ids (see module docstring), its rows in the order the JSON lines
+    hold them, so one process and a pool write the same file."""
     table = batch.table
+    rows = grouped_rows(table)
+    if rows is not None:
+        table = table.take(pa.array(rows))
     trace = _hex_ids(id_matrix(table.column("trace_id"), 16), 16)
     span_ids = table.column("span_id").to_numpy().astype(np.uint64)
     parent_ids = table.column("parent_span_id").to_numpy().astype(np.uint64)

@@ -117,6 +117,19 @@ def _grouped_order(hi: np.ndarray, lo: np.ndarray, res: np.ndarray) -> np.ndarra
     return rows[np.argsort(appearance[np.cumsum(change) - 1], kind="stable")]
 
 
+def grouped_rows(table: pa.Table) -> np.ndarray | None:
+    """The row order in which a span table is exported (traces in order of first appearance, each
+    resource's spans together), or None when the table is in it already: what keeps a Parquet copy
+    of the spans in the order of the JSON lines, whatever engine stitched them."""
+    if table.num_rows == 0:
+        return None
+    tid = id_matrix(table.column("trace_id"), 16)
+    hi = np.ascontiguousarray(tid[:, :8]).view(">u8").ravel().astype(np.uint64)
+    lo = np.ascontiguousarray(tid[:, 8:]).view(">u8").ravel().astype(np.uint64)
+    res = table.column("resource_index").to_numpy().astype(np.int64)
+    return None if _is_grouped(hi, lo, res) else _grouped_order(hi, lo, res)
+
+
 def span_layout(batch: SpanBatch) -> SpanLayout:
     """Group the batch into (trace, resource) runs, keeping the stitcher's order inside a group.
 
