@@ -214,8 +214,25 @@ def test_a_pipe_reads_as_the_file_it_carries(form, good_jsonl, tmp_path, capsys)
     fifo = fifo_fed(tmp_path, "trace", trace_path("h100/bert_small_inference.json.gz").read_bytes())
     assert main(["report", str(fifo)]) == 2
     assert "a Kineto trace, not a span file" in capsys.readouterr().err
-    assert main(["report", str(tmp_path)]) == 2
-    assert capsys.readouterr().err.strip() == f"plasmient report: error: {tmp_path}: is a directory, expected a span file"
+
+
+def test_a_directory_reports_as_its_span_files(good_jsonl, tmp_path, capsys):
+    # the ranks of a live run write traces.rank<R>.jsonl side by side: their directory is one argument
+    run, other = tmp_path / "run", tmp_path / "other"
+    run.mkdir()
+    other.mkdir()
+    lines = good_jsonl.splitlines(keepends=True)
+    (run / "traces.rank0.jsonl").write_bytes(b"".join(lines[: len(lines) // 2]))
+    (run / "traces.rank1.jsonl.gz").write_bytes(gzip.compress(b"".join(lines[len(lines) // 2:])))
+    (run / "notes.txt").write_text("not spans")
+    files = [str(run / "traces.rank0.jsonl"), str(run / "traces.rank1.jsonl.gz")]
+    assert main(["report", *files, "--html", str(tmp_path / "files.html"), "--title", "t", "--quiet"]) == 0
+    assert main(["report", str(run), "--html", str(tmp_path / "dir.html"), "--title", "t", "--quiet"]) == 0
+    assert (tmp_path / "dir.html").read_bytes() == (tmp_path / "files.html").read_bytes()
+    capsys.readouterr()
+    assert main(["report", str(other)]) == 2
+    assert capsys.readouterr().err.strip() == (f"plasmient report: error: {other}: a directory with no span file in it "
+                                               "(no file ending in .jsonl or .jsonl.gz)")
 
 
 @pytest.mark.parametrize("packed", [False, True])

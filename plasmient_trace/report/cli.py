@@ -69,6 +69,9 @@ def _problem(exc: BaseException) -> str:
     return str(exc)
 
 
+SPAN_FILE_SUFFIXES = (".jsonl", ".jsonl.gz")
+
+
 def read_span_files(files: list[str], notes: list[str] | None = None,
                     progress: Callable[[str, int, int], None] | None = None) -> SpanBatch:
     """Read and merge span files, refusing what would draw a wrong report: every failure is one line.
@@ -79,15 +82,18 @@ def read_span_files(files: list[str], notes: list[str] | None = None,
     ``notes``, a file's incomplete last line (a live run still writing it) is left out with a note;
     without, it is refused as any bad line is."""
     from plasmient_trace.export.otlp_json_read import open_span_file, read_jsonl
+    from plasmient_trace.sources.rawinput import InputError, files_in
 
+    try:  # a directory: its span files, as the ranks of a live run write them (traces.rank<R>.jsonl)
+        files = files_in(files, SPAN_FILE_SUFFIXES, "span file")
+    except InputError as err:
+        raise ReportInputError(str(err)) from None
     batches = []
     # the bar counts MiB of the regular files as stored; a pipe's size is not known
     total = sum(Path(f).stat().st_size for f in files if Path(f).is_file()) >> 20
     before = 0
     noted = len(notes) if notes is not None else 0
     for f in files:
-        if Path(f).is_dir():
-            raise ReportInputError(f"{f}: is a directory, expected a span file")
         if not Path(f).exists():
             raise ReportInputError(f"{f}: no such file")
         try:

@@ -119,18 +119,24 @@ def traces_in(paths: list[str]) -> list[str]:
     """The inputs with each directory replaced by the traces directly in it (``*.json`` and ``*.json.gz``, as
     torch.profiler's ``tensorboard_trace_handler`` writes one per rank), in natural order, so a job of a
     thousand ranks is one argument. A directory with none is an InputError naming it."""
+    return files_in(paths, TRACE_SUFFIXES, "trace")
+
+
+def files_in(paths: list[str], suffixes: tuple[str, ...], kind: str) -> list[str]:
+    """The inputs with each directory replaced by its files ending in one of ``suffixes``, in natural order;
+    a directory with none is an InputError naming it and what was looked for."""
     out: list[str] = []
     for text in paths:
         path = Path(text)
         if not path.is_dir():
             out.append(text)
             continue
-        # not is_file(): a dangling link named like a trace is a rank whose trace is missing, and reading it
-        # says so, where skipping it would stitch a fleet without that rank
-        found = sorted((f.name for f in path.iterdir() if f.name.endswith(TRACE_SUFFIXES) and not f.is_dir()),
+        # not is_file(): a dangling link named like an input is one whose file is missing, and reading it
+        # says so, where skipping it would stitch (or report) a fleet without that rank
+        found = sorted((f.name for f in path.iterdir() if f.name.endswith(suffixes) and not f.is_dir()),
                        key=_natural_key)
         if not found:
-            raise InputError(f"{text}: a directory with no trace in it (no file ending in .json or .json.gz)")
+            raise InputError(f"{text}: a directory with no {kind} in it (no file ending in {' or '.join(suffixes)})")
         out.extend(str(path / name) for name in found)
     return out
 
