@@ -104,18 +104,21 @@ def add_stitch_arguments(p: argparse.ArgumentParser) -> None:
                         "(use when ingesting on the node that ran the job; the trace's own rank and world size win)")
 
 
-def _workers_for(args: argparse.Namespace) -> int:
-    """--workers, or by default a process pool for several ranks: one process holding every rank grew to
-    1.9 GB at 1,000 ranks (a pool's parent: 0.5 GB) and took twice as long on 2 CPUs."""
+def _workers_for(args: argparse.Namespace, inputs: int | None = None) -> int:
+    """--workers, or by default a process pool for several ranks (``inputs`` files; default: ``args.paths``):
+    one process holding every rank grew to 1.9 GB at 1,000 ranks (a pool's parent: 0.5 GB) and took twice as
+    long on 2 CPUs."""
     if getattr(args, "workers", None) is not None:
         return int(args.workers)
     from .sources.parallel import default_workers
 
-    paths = getattr(args, "paths", None) or []
-    return default_workers(len(paths)) if len(paths) > 1 else 1
+    if inputs is None:
+        inputs = len(getattr(args, "paths", None) or [])
+    return default_workers(inputs) if inputs > 1 else 1
 
 
-def stitch_options_from_args(args: argparse.Namespace, job_id: str) -> Any:
+def stitch_options_from_args(args: argparse.Namespace, job_id: str, inputs: int | None = None) -> Any:
+    """The stitch flags as IngestOptions, for ``inputs`` trace files (default: ``args.paths``)."""
     from .conventions import DEFAULT_BASELINE_MFU
     from .metrics.flops import load_model_config
     from .pipeline import IngestOptions
@@ -134,7 +137,7 @@ def stitch_options_from_args(args: argparse.Namespace, job_id: str) -> Any:
         job_id=job_id, max_spans=args.max_spans, extra_resource=extra, peak_tflops=args.peak_tflops, bandwidth_gbs=args.bandwidth_gbs,
         gpu_price=args.gpu_price, gpu_model=args.gpu_model,
         baseline_mfu=args.baseline_mfu or DEFAULT_BASELINE_MFU, ranks_per_node=args.ranks_per_node, host=host,
-        graph_capture=getattr(args, "graph_capture", None), workers=_workers_for(args),
+        graph_capture=getattr(args, "graph_capture", None), workers=_workers_for(args, inputs),
         chunk_rows=getattr(args, "chunk_rows", None),
         moe=load_model_config(args.model_config) if getattr(args, "model_config", None) else None,
     )

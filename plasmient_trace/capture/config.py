@@ -230,6 +230,7 @@ def build_delivery(config: CaptureConfig, resource: Mapping[str, Any], extra: li
     from ..export import delivery, sinks, spill
 
     local: list[Any] = [sinks.CallableSink(name, fn) for name, fn in extra or []]
+    out = out_path_of(config.out, resource)  # the file, and the spill directory beside it
     remote: list[Any] = []
     traces_off = False
     if extra is None:
@@ -249,12 +250,12 @@ def build_delivery(config: CaptureConfig, resource: Mapping[str, Any], extra: li
         traces_off = choice.traces_off
         remote, console = sinks.chosen_sinks(choice, otlp_cfg)
         local += console
-        path = out_path_of(config.out, resource)
+        path = out
         if path is None and not remote and not local and not traces_off:
             path = default_out_path(resource)
         if path is not None:
             # The local file goes first and never waits for the network.
             local.insert(0, sinks.FileSink(os.path.abspath(path), append=True))
-    spill_dir = spill.SpillDir(spill.default_spill_dir(out_path_of(config.out, resource), config.environ),
+    spill_dir = spill.SpillDir(spill.default_spill_dir(out, config.environ),
                                max_bytes=int((_env_float(config.environ, "PLASMIENT_SPILL_MAX_MB") or 1024) * (1 << 20)))
     return delivery.Delivery(local, remote, spill_dir if remote else None, say=say_once, strict_local=False)

@@ -117,16 +117,21 @@ def _grouped_order(hi: np.ndarray, lo: np.ndarray, res: np.ndarray) -> np.ndarra
     return rows[np.argsort(appearance[np.cumsum(change) - 1], kind="stable")]
 
 
+def _trace_keys(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per row: the trace id as a 16-byte matrix, its two halves as uint64, and the resource index."""
+    tid = id_matrix(table.column("trace_id"), 16)
+    hi = np.ascontiguousarray(tid[:, :8]).view(">u8").ravel().astype(np.uint64)
+    lo = np.ascontiguousarray(tid[:, 8:]).view(">u8").ravel().astype(np.uint64)
+    return tid, hi, lo, table.column("resource_index").to_numpy().astype(np.int64)
+
+
 def grouped_rows(table: pa.Table) -> np.ndarray | None:
     """The row order in which a span table is exported (traces in order of first appearance, each
     resource's spans together), or None when the table is in it already: what keeps a Parquet copy
     of the spans in the order of the JSON lines, whatever engine stitched them."""
     if table.num_rows == 0:
         return None
-    tid = id_matrix(table.column("trace_id"), 16)
-    hi = np.ascontiguousarray(tid[:, :8]).view(">u8").ravel().astype(np.uint64)
-    lo = np.ascontiguousarray(tid[:, 8:]).view(">u8").ravel().astype(np.uint64)
-    res = table.column("resource_index").to_numpy().astype(np.int64)
+    _, hi, lo, res = _trace_keys(table)
     return None if _is_grouped(hi, lo, res) else _grouped_order(hi, lo, res)
 
 
@@ -154,10 +159,7 @@ def span_layout(batch: SpanBatch) -> SpanLayout:
     if n == 0:
         return SpanLayout(table, None, np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), [], resources)
 
-    tid = id_matrix(table.column("trace_id"), 16)
-    hi = np.ascontiguousarray(tid[:, :8]).view(">u8").ravel().astype(np.uint64)
-    lo = np.ascontiguousarray(tid[:, 8:]).view(">u8").ravel().astype(np.uint64)
-    res = table.column("resource_index").to_numpy().astype(np.int64)
+    tid, hi, lo, res = _trace_keys(table)
 
     # A table whose traces, and (trace, resource) groups within them, are already contiguous (the
     # stitcher's output) is used in its own order; anything else is grouped by (trace, resource), the

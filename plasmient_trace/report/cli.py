@@ -90,10 +90,10 @@ def read_span_files(files: list[str], notes: list[str] | None = None,
         raise ReportInputError(str(err)) from None
     batches = []
     # the bar counts MiB of the regular files as stored; a pipe's size is not known
-    total = sum(Path(f).stat().st_size for f in files if Path(f).is_file()) >> 20
-    before = 0
+    mib = [Path(f).stat().st_size >> 20 if Path(f).is_file() else 0 for f in files]
+    total, before = sum(mib), 0
     noted = len(notes) if notes is not None else 0
-    for f in files:
+    for f, f_mib in zip(files, mib):
         if not Path(f).exists():
             raise ReportInputError(f"{f}: no such file")
         try:
@@ -125,7 +125,7 @@ def read_span_files(files: list[str], notes: list[str] | None = None,
         _check_times(f, batch)
         _check_ranges(f, batch)
         batches.append(batch)
-        before += Path(f).stat().st_size >> 20 if Path(f).is_file() else 0
+        before += f_mib
     batch = merge_batches(batches)
     if len(batch) == 0:
         raise ReportInputError(f"{', '.join(files)}: no spans to report")

@@ -102,12 +102,8 @@ def _ingest(paths: list[Path], args: argparse.Namespace, job_id: str,
     """A run's traces (one per rank) as spans, stitched as `plasmient ingest` stitches them."""
     from plasmient_trace.cli import stitch_options_from_args
     from plasmient_trace.pipeline import ingest_paths
-    from plasmient_trace.sources.parallel import default_workers
 
-    options = stitch_options_from_args(args, job_id)
-    if getattr(args, "workers", None) is None and len(paths) > 1:
-        options.workers = default_workers(len(paths))  # several ranks: a process pool, as ingest's default
-    return ingest_paths(paths, options, progress=progress).batch
+    return ingest_paths(paths, stitch_options_from_args(args, job_id, inputs=len(paths)), progress=progress).batch
 
 
 def load_side(path_text: str, args: argparse.Namespace,
@@ -133,6 +129,7 @@ def load_side(path_text: str, args: argparse.Namespace,
 
 def _load_file(path: Path, args: argparse.Namespace, job_id: str | None = None,
                progress: Callable[[str, int, int], None] | None = None) -> SpanBatch:
+    from plasmient_trace.cli import _job_id_of_input
     from plasmient_trace.report.cli import ReportInputError, file_head, read_span_files
     from plasmient_trace.sources.kineto import TraceFormatError
 
@@ -143,7 +140,7 @@ def _load_file(path: Path, args: argparse.Namespace, job_id: str | None = None,
         head = b"" if path.is_dir() else file_head(path)
         ranks = _rank_traces(path) if path.is_dir() and not (path / "spans.parquet").is_file() else []
         if ranks:
-            batch = _ingest(ranks, args, args.job_id or job_id or path.resolve().name, progress)
+            batch = _ingest(ranks, args, args.job_id or job_id or _job_id_of_input(path_text), progress)
         elif path.is_dir() or path.suffix == ".parquet" or head[:4] == b"PAR1":
             batch = _read_parquet(path)
         elif b'"resourceSpans"' in head:
@@ -152,7 +149,7 @@ def _load_file(path: Path, args: argparse.Namespace, job_id: str | None = None,
             for note in notes if not getattr(args, "quiet", False) else ():
                 print(f"plasmient diff: {note}", file=sys.stderr)
         else:
-            batch = _ingest([path], args, args.job_id or job_id or path.name.split(".")[0], progress)
+            batch = _ingest([path], args, args.job_id or job_id or _job_id_of_input(path_text), progress)
     except (ReportInputError, TraceFormatError, DiffInputError) as err:
         raise DiffInputError(str(err) if str(err).startswith(str(path)) else f"{path}: {err}") from None
     except (ValueError, IndexError, TypeError, ArithmeticError, MemoryError, OSError, EOFError, zlib.error,
