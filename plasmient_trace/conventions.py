@@ -190,6 +190,10 @@ CORE_COLUMNS = pa.schema(
 )
 
 SPAN_TABLE_SCHEMA = pa.schema(list(CORE_COLUMNS) + [pa.field(a.name, a.type) for a in SPAN_ATTRIBUTES])
+# Each span column's name, type, nullability and the number of its type among the distinct ones, read once:
+# every group of steps assembles two tables, and a pa.Field builds a new Python object per property read.
+_SPAN_TYPES = list(dict.fromkeys(f.type for f in SPAN_TABLE_SCHEMA))
+_SPAN_FIELDS = [(f.name, f.type, f.nullable, _SPAN_TYPES.index(f.type)) for f in SPAN_TABLE_SCHEMA]
 
 # Resource attribute keys we set. OTel semantic-convention names where they exist.
 RESOURCE_ATTRIBUTES: dict[str, str] = {
@@ -252,20 +256,20 @@ def span_table_from_columns(columns: dict[str, Any], length: int) -> pa.Table:
     arrays = []
     # one all-null array per type, shared by every absent column of that type (arrays are immutable): a
     # fresh one per column would allocate and zero its buffers, some 60 of them on a table of kernel spans
-    nulls: dict[pa.DataType, pa.Array] = {}
-    for f in SPAN_TABLE_SCHEMA:
-        value = columns.get(f.name)
+    nulls: list[pa.Array | None] = [None] * len(_SPAN_TYPES)
+    for name, type_, nullable, type_number in _SPAN_FIELDS:
+        value = columns.get(name)
         if value is None:
-            if not f.nullable:
-                raise ValueError(f"span column {f.name} is required")
-            if f.type not in nulls:
-                nulls[f.type] = pa.nulls(length, type=f.type)
-            arrays.append(nulls[f.type])
+            if not nullable:
+                raise ValueError(f"span column {name} is required")
+            if nulls[type_number] is None:
+                nulls[type_number] = pa.nulls(length, type=type_)
+            arrays.append(nulls[type_number])
         elif isinstance(value, (pa.Array, pa.ChunkedArray)):
-            value = value.cast(f.type) if value.type != f.type else value
+            value = value.cast(type_) if value.type != type_ else value
             arrays.append(value.combine_chunks() if isinstance(value, pa.ChunkedArray) else value)
         else:
-            arrays.append(pa.array(value, type=f.type))
+            arrays.append(pa.array(value, type=type_))
     return pa.Table.from_arrays(arrays, schema=SPAN_TABLE_SCHEMA)
 
 
@@ -310,6 +314,8 @@ def scatter_rows(values: pa.Array, rows: np.ndarray, n: int) -> pa.Array:
 
     Not ``values.take(index with nulls)``: for strings Arrow reserves the values' mean length times n
     bytes (126 MB for the few culprit lists of a 33k-span table)."""
+    if len(rows) == n:  # increasing rows on every row: the values are the column (a step's fleet and node spans)
+        return values
     valid = np.zeros(n, bool)
     valid[rows] = values.is_valid().to_numpy(zero_copy_only=False)
     if not (pa.types.is_string(values.type) or pa.types.is_binary(values.type)):

@@ -189,25 +189,24 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
         "plasmient.device.start_ns": w_start,
         "plasmient.flops": total("flops"),
         "plasmient.flops.self": np.zeros(n),
-        "plasmient.flops.coverage": cv.nan_to_null(coverage),
-        "plasmient.ideal_s": cv.nan_to_null(ideal),
+        "plasmient.flops.coverage": coverage,
+        "plasmient.ideal_s": ideal,
         "plasmient.busy_s": busy,
         "plasmient.busy_s.self": np.zeros(n),
         "plasmient.idle_s": total("idle_s"),
         "plasmient.util.resident": util,
-        "plasmient.mfu": cv.nan_to_null(mfu),
-        "plasmient.hfu": cv.nan_to_null(hfu),
+        "plasmient.mfu": mfu,
+        "plasmient.hfu": hfu,
         "plasmient.flops.recompute": cv.nan_to_null(np.where(total("recompute_flops") > 0, total("recompute_flops"), np.nan)),
-        "plasmient.stall_fraction": cv.nan_to_null(stall),
+        "plasmient.stall_fraction": stall,
         "plasmient.idle_fraction": 1.0 - util,
         "plasmient.bytes": total("bytes"),
         "plasmient.bytes.self": np.zeros(n),
-        "plasmient.arithmetic_intensity": cv.nan_to_null(intensity),
-        "plasmient.bound": pa.array([cv.BOUNDS[b] if b >= 0 else None for b in bound.tolist()], pa.string()),
+        "plasmient.arithmetic_intensity": intensity,
         "plasmient.cost.usd": cv.nan_to_null(cost),
         "plasmient.cost.usd.self": cv.nan_to_null(skew_usd),
-        "plasmient.cost.wasted_usd": cv.nan_to_null(wasted_usd),
-        "plasmient.cost.wasted_usd.self": cv.nan_to_null(skew_usd),
+        "plasmient.cost.wasted_usd": wasted_usd,
+        "plasmient.cost.wasted_usd.self": skew_usd,
         "plasmient.wasted_s": wasted,
         "plasmient.wasted_s.self": skew,
         "plasmient.kernels": kernels.astype(np.int64),
@@ -218,13 +217,14 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
     }
     # A rank whose step was not measured (a live step-level step: flops NaN) leaves the group's FLOP-derived
     # numbers, bound, waste and culprits absent: a partial sum would read as a measurement.
+    # These float columns are still numpy here: NaN (unknown) becomes null once, with the blanking.
     unmeasured = np.isnan(total("flops"))
     for name in ("plasmient.flops", "plasmient.ideal_s", "plasmient.mfu", "plasmient.hfu", "plasmient.stall_fraction", "plasmient.flops.coverage",
                  "plasmient.arithmetic_intensity", "plasmient.wasted_s", "plasmient.wasted_s.self",
                  "plasmient.cost.wasted_usd", "plasmient.cost.wasted_usd.self"):
-        cols[name] = cv.nan_to_null(np.where(unmeasured, np.nan, np.asarray(cols[name].to_numpy(zero_copy_only=False)
-                                                                          if isinstance(cols[name], pa.Array) else cols[name], np.float64)))
-    cols["plasmient.bound"] = pa.array([None if u else b for u, b in zip(unmeasured.tolist(), cols["plasmient.bound"].to_pylist())], pa.string())
+        cols[name] = cv.nan_to_null(np.where(unmeasured, np.nan, np.asarray(cols[name], np.float64)))
+    cols["plasmient.bound"] = pa.array([None if u or b < 0 else cv.BOUNDS[b] for u, b in zip(unmeasured.tolist(), bound.tolist())],
+                                       pa.string())
     # A fleet group and the node group of a one-host job have the same members: their rows are merged once.
     merged: dict[tuple[int, ...], list[dict[str, Any]]] = {}
     lists: dict[int, list[dict[str, Any]]] = {}
