@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from plasmient_trace.metrics.culprit import suggestion
@@ -24,3 +26,96 @@ def test_memory_bound_work_is_named_by_its_first_matching_family(kernel: str, op
 def test_a_compute_bound_gemm_gets_compute_advice_not_the_memory_family() -> None:
     text = suggestion("ampere_sgemm_128x64_tn", "aten::addmm", None, "compute", "kernel")
     assert text.startswith("compute-bound") and "GEMM" not in text
+
+
+# --- An unknown bound says what it lacks, from the trace's own evidence (read here from the raw JSON) ---
+
+RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver", "Runtime", "Driver"}
+
+
+def _unknown_rows(name: str) -> list[dict]:
+    """The culprit rows with an unknown bound, from every span that carries a culprit list."""
+    from conftest import ingested
+
+    rows = []
+    for text in ingested(name).batch.table.column("plasmient.culprits").drop_null().to_pylist():
+        rows += [r for r in json.loads(text) if r["bound"] == "unknown"]
+    return rows
+
+
+def _raw_ops(name: str) -> list[dict]:
+    from conftest import raw_trace
+
+    return [e for e in raw_trace(name)["traceEvents"] if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")]
+
+
+@pytest.mark.parametrize("name", ["h100/qwen1.5_0.5b_chat_inference.json.gz", "mi300x/resnet_act_checkpoint_rank0_of8.json.gz"])
+def test_a_kernel_with_no_launch_record_is_said_to_lack_one_not_shapes(name: str) -> None:
+    from conftest import raw_trace
+
+    events = raw_trace(name)["traceEvents"]
+    launched = {e["args"].get("correlation") for e in events if e.get("cat") in RUNTIME_CATS and "args" in e}
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    no_launch = {e["name"] for e in kernels if e["args"].get("correlation") not in launched}
+    assert no_launch, "the trace has kernels whose launch it did not record"
+    rows = [r for r in _unknown_rows(name) if r["op"] is None]
+    assert rows
+    for r in rows:
+        assert r["suggestion"].startswith("no launch record joins this kernel to an op"), r
+        assert "record_shapes" not in r["suggestion"]
+        assert any(k.startswith(r["kernel"].split("…")[0]) for k in no_launch), r["kernel"]
+    assert not [r for r in _unknown_rows(name) if r["op"] is not None and "no launch record" in r["suggestion"]]
+
+
+def test_ops_recorded_without_shapes_are_told_to_record_them() -> None:
+    name = "a100/alexnet.json.gz"
+    assert not [e for e in _raw_ops(name) if e.get("args", {}).get("Input Dims")], "no op of this trace has shapes"
+    rows = _unknown_rows(name)
+    assert {r["op"] for r in rows} >= {"aten::addmm", "aten::cudnn_convolution"}
+    for r in rows:
+        assert r["suggestion"].startswith(f"{r['op']} was recorded without input shapes"), r
+        assert "record_shapes=True" in r["suggestion"]
+
+
+def test_an_op_without_shapes_in_a_trace_that_recorded_them_lacks_a_formula() -> None:
+    """Optimizer.step#FusedAdam.step is an annotation: recording shapes would not give it any."""
+    name = "a100/cuda_graphs_rank0_of16.json.gz"
+    ops = _raw_ops(name)
+    assert any(e.get("args", {}).get("Input Dims") for e in ops)
+    assert not [e for e in ops if e["name"].startswith("Optimizer.step#") and e.get("args", {}).get("Input Dims")]
+    rows = [r for r in _unknown_rows(name) if (r["op"] or "").startswith("Optimizer.step#")]
+    assert rows
+    for r in rows:
+        assert r["suggestion"].startswith(f"no FLOP formula for {r['op']}"), r
+        assert "record_shapes" not in r["suggestion"]
+
+
+def test_known_flops_and_bytes_on_an_unknown_device_ask_for_its_peaks() -> None:
+    name = "a100_multirank/rank-0.json.gz"
+    from conftest import raw_trace
+
+    assert not raw_trace(name).get("deviceProperties"), "the trace does not say which GPU it ran on"
+    mm = [e for e in _raw_ops(name) if e["name"] == "aten::mm"]
+    assert all(e.get("args", {}).get("Input Dims") for e in mm), "every aten::mm has its shapes"
+    rows = [r for r in _unknown_rows(name) if r["op"] == "aten::mm"]
+    assert rows
+    for r in rows:
+        assert r["suggestion"].startswith("the device's peak FLOP/s or memory bandwidth is unknown"), r
+        assert "--gpu-model" in r["suggestion"]
+
+
+def test_every_unknown_bound_on_every_shared_trace_names_what_it_lacks() -> None:
+    from conftest import ALL_TRACES
+
+    generic = suggestion(None, None, None, "unknown", "kernel")
+    for name in ALL_TRACES:
+        for r in _unknown_rows(name):
+            assert r["suggestion"] != generic, (name, r)
+
+
+@pytest.mark.parametrize(("missing", "words"), [
+    ("launch", "no launch record"), ("op", "inside no op"), ("shapes", "record_shapes=True"),
+    ("formula", "register one"), ("bytes", "returns bytes"), ("peak", "--peak-tflops"), (None, "no FLOP model"),
+])
+def test_each_missing_piece_of_evidence_has_its_own_advice(missing: str | None, words: str) -> None:
+    assert words in suggestion("k", "my::op", "model.block", "unknown", "kernel", missing=missing)

@@ -39,8 +39,10 @@ def suggestion(
     device_type: str = "gpu",
     idle_row: bool = False,
     idle_host_share: float | None = None,
+    missing: str | None = None,
 ) -> str:
-    """A short, specific hint for one culprit row."""
+    """A short, specific hint for one culprit row. ``missing``: for an unknown bound, the first evidence it
+    lacks (``stitch.culprits.MISSING``), so the hint names what to record or supply, not a guess."""
     text = f"{kernel or ''} {op or ''}"
     where = f" in {module}" if module else ""
     cpu = device_type == "cpu"
@@ -64,8 +66,7 @@ def suggestion(
             return f"many tiny ops{mean}{where}: per-op overhead dominates; fuse them (torch.compile) or batch the work"
         return f"launch/latency-bound tiny kernels{mean}{where}: fuse them (torch.compile) or replay with CUDA graphs"
     if bound in (None, "unknown"):
-        return (f"no FLOP model for this work{where}: its efficiency is unknown; record shapes "
-                f"(record_shapes=True), or register a formula for its op (metrics.flops.register_flop_formula)")
+        return _unknown_bound(missing, op, where)
     if bound == "memory":
         family = _memory_family(text)
         if family == "attention":
@@ -83,3 +84,27 @@ def suggestion(
             return f"compute-bound below baseline{where}: check the BLAS threads (torch.set_num_threads) and use bf16 where the CPU has it"
         return f"compute-bound below baseline{where}: use bf16/fp8 tensor cores or a better-tuned kernel"
     return f"most wasted time{where}: inspect this kernel's launch configuration and input shapes"
+
+
+def _unknown_bound(missing: str | None, op: str | None, where: str) -> str:
+    """What an unknown bound lacks, and what supplies it."""
+    if missing == "launch":
+        return (f"no launch record joins this kernel to an op{where}, so its FLOPs are unknown: its launch came "
+                f"before the profiler started recording, or was dropped; synchronizing the device before the "
+                f"recorded steps keeps earlier kernels out of them")
+    if missing == "op":
+        return f"this kernel's launch is inside no op the profiler recorded{where}, so its FLOPs are unknown"
+    if missing == "shapes":
+        return (f"{op} was recorded without input shapes, so its FLOPs are unknown{where}: profile with "
+                f"record_shapes=True")
+    if missing == "formula":
+        return (f"no FLOP formula for {op}{where}: its efficiency is unknown; register one "
+                f"(metrics.flops.register_flop_formula)")
+    if missing == "bytes":
+        return (f"no byte count for {op or 'this kernel'}{where}, so its arithmetic intensity and bound are unknown; "
+                f"register a formula that returns bytes (metrics.flops.register_flop_formula)")
+    if missing == "peak":
+        return (f"the device's peak FLOP/s or memory bandwidth is unknown, so the bound is too{where}: name the GPU "
+                f"(--gpu-model) or give its peaks (--peak-tflops, --bandwidth-gbs)")
+    return (f"no FLOP model for this work{where}: its efficiency is unknown; record shapes "
+            f"(record_shapes=True), or register a formula for its op (metrics.flops.register_flop_formula)")

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import conventions as cv
+from ..metrics.compute import BOUND_EVIDENCE_COVERAGE
 from ..metrics.culprit import suggestion
 from .inputs import CULPRIT_ROWS, KINDS
 from .joins import JoinedRank
@@ -107,10 +108,11 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
     waste = tree.k_waste
     kernel_bound = met.bound[tree.base["kernel"] + kr]
     kind = tree.k_kind
+    missing = _missing_evidence(tree, j, met, oname >= 0, device_type)
     if not wanted.all():
         keep = (step < 0) | wanted[np.maximum(step, 0)]
-        kname, oname, mpat, mpath, step, waste, kernel_bound, kind = (
-            a[keep] for a in (kname, oname, mpat, mpath, step, waste, kernel_bound, kind))
+        kname, oname, mpat, mpath, step, waste, kernel_bound, kind, missing = (
+            a[keep] for a in (kname, oname, mpat, mpath, step, waste, kernel_bound, kind, missing))
     if len(step):
         groups, g = _group_rows((step, kname, oname, mpat))
         g_waste = np.bincount(g, weights=waste, minlength=len(groups))
@@ -140,6 +142,7 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
                 "wasted_s": float(g_waste[gi]),
                 "bound": cv.BOUNDS[bound_code] if bound_code >= 0 else None,
                 "kind": KINDS[int(kind[r])],
+                "missing": MISSING[int(missing[r])] if bound_code == cv.BOUNDS.index("unknown") else None,
             }
             candidates.append((s, row["wasted_s"], row))
         for s, _, row in candidates:
@@ -162,8 +165,46 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
         for r in out[s]:
             r["suggestion"] = suggestion(r["kernel"] if r["kernel"] != IDLE_LABEL else None, r["op"], r["module"],
                                          r["bound"], r["kind"], idle_fraction[s], device_type=device_type,
-                                         idle_row=r["kernel"] == IDLE_LABEL, idle_host_share=host_shares[s])
+                                         idle_row=r["kernel"] == IDLE_LABEL, idle_host_share=host_shares[s],
+                                         missing=r.pop("missing", None))
     return out
+
+
+# Why a kernel's bound is unknown, in the order the evidence is needed (see metrics.culprit.suggestion).
+MISSING = (None, "launch", "op", "shapes", "formula", "bytes", "peak")
+_MISSING_CODE = {name: code for code, name in enumerate(MISSING)}
+
+
+def _missing_evidence(tree: RankTree, j: JoinedRank, met: SpanMetrics, has_op: np.ndarray, device_type: str) -> np.ndarray:
+    """Per alive kernel (tree.k_rows order), the first thing its bound lacks, as a code into MISSING:
+    no launch record or no op to join it to, its op's shapes or FLOP formula, a byte count, or the device's
+    peak or bandwidth (FLOPs and bytes known, yet no bound: the ridge point is unknown). ``has_op``: the
+    culprit row names an op (a graph replay names the op its kernels were captured under)."""
+    kr = tree.k_rows
+    spans = tree.base["kernel"] + kr
+    flops_known = np.nan_to_num(met.coverage[spans]) >= BOUND_EVIDENCE_COVERAGE
+    bytes_known = tree.col("bytes")[spans] > 0
+    lop = tree.k_launch_op
+    code = np.full(len(kr), _MISSING_CODE["peak"], np.int8)
+    code[flops_known & ~bytes_known] = _MISSING_CODE["bytes"]
+    # Shapes were recorded when any op has them: then an op without them took no tensors the profiler
+    # lists (an annotation such as Optimizer.step#…), and what its kernels lack is a formula, not a recording.
+    dims = j.records.ops.column("input_dims") if tree.n_op else None
+    recorded_shapes = dims is not None and dims.null_count < len(dims)
+    no_flops = ~flops_known
+    # the op the row names is the launching op (not a graph replay's capture op)
+    own_op = has_op & (lop >= 0)
+    code[no_flops & own_op] = _MISSING_CODE["formula" if recorded_shapes else "shapes"]
+    code[no_flops & has_op & ~own_op] = 0  # a replayed graph's capture op: no more to say than "no FLOP model"
+    if device_type != "cpu":
+        n_k = tree.n_k
+        real = kr < n_k
+        launch = j.kernel_launch[np.minimum(kr, max(n_k - 1, 0))] if n_k else np.full(len(kr), -1)
+        code[no_flops & ~has_op & real & (launch < 0)] = _MISSING_CODE["launch"]
+        code[no_flops & ~has_op & real & (launch >= 0)] = _MISSING_CODE["op"]
+    else:
+        code[no_flops & ~has_op] = 0
+    return code
 
 
 def merge_culprits(lists: list[tuple[int, list[dict[str, Any]]]], rows: int | None = CULPRIT_ROWS) -> list[dict[str, Any]]:
