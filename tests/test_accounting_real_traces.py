@@ -218,6 +218,41 @@ def test_bounds_follow_evidence(name):
             assert "GPU" not in (r["plasmient.culprit.suggestion"] or "") and "tensor core" not in (r["plasmient.culprit.suggestion"] or "")
 
 
+FLOP_RATIOS = ("plasmient.mfu", "plasmient.hfu", "plasmient.stall_fraction", "plasmient.arithmetic_intensity")
+
+
+@pytest.mark.parametrize("name", ALL_TRACES)
+def test_a_flop_ratio_is_never_a_lower_bound_of_zero(name):
+    """MFU counts the known FLOPs only; where those are 0 and some busy time's FLOPs are unknown, the ratios
+    are absent (a bound of 0 is not a measurement), and wherever FLOPs are known and non-zero they are there."""
+    result = ingested(name, 10**7)
+    peak_known = not result.stats["unknown_devices"]
+    for r in result.batch.table.to_pylist():
+        coverage, busy = r["plasmient.flops.coverage"], r["plasmient.busy_s"]
+        executed = (r["plasmient.flops"] or 0.0) + (r["plasmient.flops.recompute"] or 0.0)
+        if r["plasmient.mfu"] is not None:
+            assert executed > 0 or coverage >= 1 - 1e-9, (r["name"], coverage)
+        if executed == 0 and coverage is not None and 0 < coverage < 1 - 1e-9:
+            assert all(r[k] is None for k in FLOP_RATIOS), (r["name"], coverage, [r[k] for k in FLOP_RATIOS])
+        if peak_known and executed > 0 and coverage and busy and r["plasmient.device.window_s"]:
+            assert r["plasmient.mfu"] is not None and r["plasmient.stall_fraction"] is not None, r["name"]
+
+
+def test_steps_whose_only_known_work_is_collectives_and_copies_have_no_mfu():
+    """a100/nccl_training was recorded without shapes: read from its raw JSON, no op has Input Dims, so its
+    compute kernels' FLOPs are unknown and the known part of each step is NCCL and copies (zero FLOPs)."""
+    name = "a100/nccl_training_rank0_of2.json.gz"
+    events = raw_trace(name)["traceEvents"]
+    assert not [e for e in events if e.get("cat") == "cpu_op" and e.get("args", {}).get("Input Dims")]
+    assert any(e.get("cat") == "kernel" and e["name"].startswith("nccl") for e in events)
+    steps = [r for r in _rows(name) if r["plasmient.level"] in ("step", "rank", "node", "fleet")]
+    assert steps
+    for r in steps:
+        assert r["plasmient.flops"] == 0 and 0 < r["plasmient.flops.coverage"] < 1
+        assert all(r[k] is None for k in FLOP_RATIOS), r["name"]
+        assert r["plasmient.util.resident"] is not None and r["plasmient.cost.usd"] is not None
+
+
 @pytest.mark.parametrize("budget", [1_000, 10_000, 100_000])
 @pytest.mark.parametrize("name", ALL_TRACES)
 def test_the_span_budget_is_held_and_keeps_the_worst_kernels(name, budget):

@@ -139,6 +139,47 @@ def test_every_table_partitions_the_fleet_totals_of_every_shared_trace(name: str
             assert sum(rows) == pytest.approx(ref, rel=1e-6, abs=1e-12), (q, dim)
 
 
+@pytest.mark.parametrize("name", ALL_TRACES)
+def test_a_rows_mfu_is_absent_where_it_would_only_be_a_lower_bound_of_zero(name: str) -> None:
+    """A row whose known FLOPs are 0 while part of its busy time has unknown FLOPs has no MFU (n/a, not 0.0%);
+    a row with known non-zero FLOPs and a known peak has one."""
+    from plasmient_trace.report.diff import diff, side_from_batch
+
+    result = ingested(name)
+    side = side_from_batch(result.batch, name)
+    out = diff(side, side)
+    for dim in ("module", "op", "kernel"):
+        for r in out[dim]:
+            coverage, flops = r["coverage_a"], r["flops_a"]
+            if coverage is None:
+                continue
+            if flops == 0 and coverage < 1 - 1e-9:
+                assert r["mfu_a"] is None, (dim, r[dim], coverage)
+            if r["mfu_a"] is not None:
+                assert flops > 0 or coverage >= 1 - 1e-9, (dim, r[dim])
+            if flops and flops > 0 and r["ideal_s_a"] is not None and r["busy_s_a"]:
+                assert r["mfu_a"] is not None, (dim, r[dim])
+
+
+def test_the_table_says_how_much_busy_time_its_flops_cover(tmp_path: Path, capsys) -> None:
+    """Beside the known FLOPs, the share of busy time they cover, per side: the fleet spans' coverage-weighted
+    busy seconds over their busy seconds (a trace recorded without shapes covers only its collectives and copies)."""
+    from plasmient_trace.report.summary import fmt_pct
+
+    a, b = trace_path("a100_multirank/rank-0.json.gz"), trace_path("a100/nccl_training_rank0_of2.json.gz")
+    rc, _ = run_diff(a, b, tmp_path)
+    printed = capsys.readouterr().out
+    assert rc == 0
+    (line,) = [x for x in printed.splitlines() if "busy time with known FLOPs" in x]
+    for path in (a, b):
+        fleet = [r for r in ingested(str(path.relative_to(path.parents[1]))).batch.table.to_pylist()
+                 if r["plasmient.level"] == "fleet"]
+        busy = sum(r["plasmient.busy_s"] for r in fleet)
+        covered = sum(r["plasmient.busy_s"] * r["plasmient.flops.coverage"] for r in fleet)
+        assert fmt_pct(covered / busy) in line, (path.name, line)
+    assert "MFU (step-weighted)" in printed and "0.0%" not in printed.split("by module")[0]
+
+
 # ---- a run against itself, and against itself slowed down ----------------------------------------
 
 

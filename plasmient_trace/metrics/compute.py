@@ -25,6 +25,18 @@ COMM_BOUND_SHARE = 0.5
 # compute/memory are only claimed when this share of the busy time has known FLOPs.
 BOUND_EVIDENCE_COVERAGE = 0.5
 BOUND_CODE = {name: i for i, name in enumerate(BOUNDS)}
+# Coverage at or above this is "every busy second's FLOPs are known" (sums of the same seconds, rounded).
+FULL_COVERAGE = 1.0 - 1e-9
+
+
+def flops_measured(flops: np.ndarray, coverage: np.ndarray) -> np.ndarray:
+    """Where the ratios built on known FLOPs (MFU, HFU, stall, arithmetic intensity) are measurements: some
+    busy time has known FLOPs, and either some of them are non-zero or every busy second's are known. Known
+    FLOPs of zero beside unknown ones (a step whose only modelled kernels are its collectives and copies)
+    bound MFU below by 0, which says nothing about it: the ratio is absent, not 0."""
+    flops, coverage = np.asarray(flops, np.float64), np.asarray(coverage, np.float64)
+    with np.errstate(invalid="ignore"):
+        return (coverage > 0) & ((flops > 0) | (coverage >= FULL_COVERAGE))
 
 
 def rollup(parent: np.ndarray, depth: np.ndarray, values: np.ndarray, levels: list[np.ndarray] | None = None) -> np.ndarray:

@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from plasmient_trace.conventions import SpanBatch
+from plasmient_trace.metrics.compute import flops_measured
 from plasmient_trace.report.frame import LEVEL_CODE, SpanFrame, weighted_mean
 from plasmient_trace.stitch.culprits import IDLE_LABEL, module_pattern
 
@@ -185,9 +186,11 @@ def compare(a: Side, b: Side, dimension: str) -> list[dict[str, Any]]:
     for s in ("a", "b"):
         busy, ideal, covered = col[f"busy_s_{s}"], col[f"ideal_s_{s}"], col[f"covered_s_{s}"]
         with np.errstate(divide="ignore", invalid="ignore"):
-            # No kernel of the row with known FLOPs: its MFU is unknown, not 0.
-            col[f"mfu_{s}"] = np.where((busy > 0) & (covered > 0), ideal / busy, np.nan)
-            col[f"coverage_{s}"] = np.where(busy > 0, covered / busy, np.nan)
+            coverage = np.where(busy > 0, covered / busy, np.nan)
+            # No kernel of the row with known FLOPs, or known FLOPs of zero beside unknown ones: its MFU is
+            # unknown, not 0 (the span rule, metrics.compute.flops_measured).
+            col[f"mfu_{s}"] = np.where((busy > 0) & flops_measured(col[f"flops_{s}"], coverage), ideal / busy, np.nan)
+            col[f"coverage_{s}"] = coverage
     col["mfu_delta"] = col["mfu_b"] - col["mfu_a"]
     col["coverage_delta"] = col["coverage_b"] - col["coverage_a"]
     key = np.abs(col["wasted_s_delta"])
@@ -239,7 +242,8 @@ _ROW_UNITS = {"busy_s": ("s", "exclusive busy device-seconds (sum of plasmient.b
               "wasted_usd": ("USD", "exclusive wasted dollars (sum of plasmient.cost.wasted_usd.self)"),
               "kernels": ("{kernel}", "kernel spans in the row (a count, never divided per step)"),
               "mfu": ("1", "ideal_s / busy_s of the row, a lower bound where coverage < 1; null without busy time, "
-                      "without a known peak or without any kernel whose FLOPs are known"),
+                      "without a known peak, without any kernel whose FLOPs are known, or where the known FLOPs are "
+                      "zero and coverage < 1"),
               "coverage": ("1", "covered_s / busy_s: the share of the row's busy time whose FLOPs are known")}
 
 

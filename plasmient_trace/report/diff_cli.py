@@ -175,6 +175,10 @@ def _pp(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:+.1f} pp" if x else "0"
 
 
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return None if num is None or not den else num / den
+
+
 def _flops(x: float | None) -> str:
     """FLOPs with an SI prefix and 3 significant digits (1.65 TFLOP), as the page's fmtSi writes them."""
     if x is None:
@@ -201,6 +205,10 @@ def render(result: dict[str, Any], console: Any, top: int) -> None:
     head.add_row("MFU (step-weighted)", fmt_pct(t["mfu"]["a"]), fmt_pct(t["mfu"]["b"]), _pp(t["mfu"]["delta"]))
     head.add_row("device time (busy)", fmt_seconds(t["busy_s"]["a"]), fmt_seconds(t["busy_s"]["b"]), _delta(fmt_seconds, t["busy_s"]["delta"]))
     head.add_row("FLOPs", _flops(t["flops"]["a"]), _flops(t["flops"]["b"]), _delta(_flops, t["flops"]["delta"]))
+    # the FLOPs are the known ones: how much of each side's busy time that is
+    cov = {side: _ratio(t["covered_s"][side], t["busy_s"][side]) for side in ("a", "b")}
+    head.add_row("  busy time with known FLOPs", fmt_pct(cov["a"]), fmt_pct(cov["b"]),
+                 _pp(None if None in cov.values() else cov["b"] - cov["a"]))
     head.add_row("wasted", fmt_seconds(t["wasted_s"]["a"]), fmt_seconds(t["wasted_s"]["b"]), _delta(fmt_seconds, t["wasted_s"]["delta"]))
     head.add_row("wasted $", fmt_usd(t["wasted_usd"]["a"]), fmt_usd(t["wasted_usd"]["b"]), _delta(fmt_usd, t["wasted_usd"]["delta"]))
     console.print(head)
@@ -221,7 +229,8 @@ def render(result: dict[str, Any], console: Any, top: int) -> None:
             table.add_row(*[""] * 5, f"… {len(rows) - top} more", style="dim")
         console.print(table)
     console.print(Text("time and wasted are exclusive (each kernel once, host gaps as [device idle]); a row's MFU "
-                       "counts its known FLOPs only (n/a where none is known; coverage per row in --json)", style="dim"))
+                       "counts its known FLOPs only (n/a where none is known, or only zeros beside unknown ones; coverage per row in "
+                       "--json)", style="dim"))
 
 
 def gate(result: dict[str, Any], threshold: float | None) -> tuple[int, str | None]:

@@ -141,11 +141,12 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
     with np.errstate(divide="ignore", invalid="ignore"):
         util = np.where(device_s > 0, np.minimum(total("union_s") / device_s, 1.0), 0.0)
         coverage = np.where(busy > 0, np.clip(known / busy, 0, 1), np.nan)
-        mfu = np.where((coverage > 0) & (device_s > 0), np.minimum(ideal / device_s, util), np.nan)
-        hfu = np.where((coverage > 0) & (device_s > 0), np.minimum((ideal + total("recompute_ideal_s")) / device_s, util), np.nan)
-        stall = np.where((coverage > 0) & (busy > 0), np.clip(1 - ideal / busy, 0, 1), np.nan)
         executed = total("flops") + total("recompute_flops")  # the roofline is about executed work
-        intensity = np.where((total("bytes") > 0) & (coverage > 0), executed / total("bytes"), np.nan)
+        measured = mc.flops_measured(executed, coverage)
+        mfu = np.where(measured & (device_s > 0), np.minimum(ideal / device_s, util), np.nan)
+        hfu = np.where(measured & (device_s > 0), np.minimum((ideal + total("recompute_ideal_s")) / device_s, util), np.nan)
+        stall = np.where(measured & (busy > 0), np.clip(1 - ideal / busy, 0, 1), np.nan)
+        intensity = np.where((total("bytes") > 0) & measured, executed / total("bytes"), np.nan)
         ridges = g.values("ridge")
         known_ridge = np.isfinite(ridges)
         ridge = total(ridges, known_ridge) / g.count(known_ridge)  # the mean of the known ones; NaN if none

@@ -288,11 +288,12 @@ def derive_metrics(tree: RankTree, ridge: float) -> SpanMetrics:
     with np.errstate(divide="ignore", invalid="ignore"):
         util = np.where(device_s > 0, np.minimum(t.union_s / device_s, 1.0), np.where(t.has_device, 0.0, np.nan))
         coverage = np.where(busy > 0, np.clip(known / busy, 0.0, 1.0), np.nan)
-        measurable = t.peak_known & (coverage > 0)
+        measured = mc.flops_measured(t.col("flops"), coverage)
+        measurable = t.peak_known & measured
         mfu = np.where(measurable & (device_s > 0), np.minimum(ideal / device_s, util), np.nan)
         hfu = np.where(measurable & (device_s > 0), np.minimum(ideal_hw / device_s, util), np.nan)
         stall = np.where(measurable & (busy > 0), np.clip(1.0 - ideal / busy, 0.0, 1.0), np.nan)
-        intensity = np.where((t.col("bytes") > 0) & (coverage > 0), t.col("flops") / t.col("bytes"), np.nan)
+        intensity = np.where((t.col("bytes") > 0) & measured, t.col("flops") / t.col("bytes"), np.nan)
     kernels = t.col("kernels")
     bound = mc.bound_codes(
         has_device=t.has_device, is_kernel=t.level == LEVEL_CODE["kernel"], util=np.nan_to_num(util), kernels=kernels,

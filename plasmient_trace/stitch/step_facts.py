@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..conventions import nan_to_null, numbers_on_rows, scatter_rows
+from ..metrics.compute import flops_measured
 
 FLOPS_SOURCES = ("measured", "carried", "unknown")
 MEASURED, CARRIED, UNKNOWN = range(3)
@@ -106,8 +107,9 @@ class StepFacts:
 
 
 def _work_of(step: int, flops: float, ideal: float, rc_flops: float, rc_ideal: float, coverage: float) -> CarriedWork | None:
-    """A measurement worth carrying: FLOPs known on some of its busy time."""
-    if not (np.isfinite(flops) and np.isfinite(coverage) and coverage > 0):
+    """A measurement worth carrying: FLOPs known on some of its busy time, and a measurement
+    (``metrics.compute.flops_measured``: not zero known FLOPs beside unknown ones)."""
+    if not (np.isfinite(flops) and np.isfinite(coverage) and bool(flops_measured(flops + np.nan_to_num(rc_flops), coverage))):
         return None
     return CarriedWork(step, float(flops), float(ideal), float(rc_flops), float(rc_ideal), float(coverage))
 
