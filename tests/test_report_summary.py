@@ -315,3 +315,21 @@ def test_spans_of_several_runs_say_how_many_jobs_the_rows_belong_to():
     assert f"2 jobs in these spans: run-a ({steps} steps), run-b ({steps} steps); rows are sorted by job, then step, " \
            "and the all row adds them all up" in " ".join(text.split())
     assert "jobs in these spans" not in rendered(runs[0])
+
+
+@pytest.mark.parametrize("name", ["a100/nccl_training_rank0_of2.json.gz", "a100/alexnet.json.gz"])
+def test_mfu_unknown_because_only_zero_flop_kernels_are_known_is_said_so_not_blamed_on_the_peak(name):
+    """Both traces were recorded without shapes (read from the raw JSON); the A100's peak is known. The only
+    kernels with known FLOPs are collectives and copies, so MFU is unknown, and the note gives that reason."""
+    from conftest import raw_trace
+
+    events = raw_trace(name)["traceEvents"]
+    assert not [e for e in events if e.get("cat") == "cpu_op" and e.get("args", {}).get("Input Dims")]
+    batch = ingest([TRACES / name], "no-shapes")
+    rows = summary_rows(batch)
+    assert rows and all(r["mfu"] is None and r["flops"] == 0 and 0 < r["coverage"] < 1 for r in rows)
+    text = " ".join(rendered(batch).split())
+    assert "the only kernels with known FLOPs do no math" in text
+    assert "peak FLOP/s is unknown" not in text
+    for r in rows:
+        assert fmt_pct(r["coverage"]) in text

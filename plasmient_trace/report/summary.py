@@ -183,6 +183,7 @@ def rows_from_frame(frame: SpanFrame, top: int = 5) -> list[dict[str, Any]]:
     util, mfu = frame.num("plasmient.util.resident"), frame.num("plasmient.mfu")
     coverage, busy = frame.num("plasmient.flops.coverage"), frame.num("plasmient.busy_s")
     cost, wasted_usd, wasted_s = frame.num("plasmient.cost.usd"), frame.num("plasmient.cost.wasted_usd"), frame.num("plasmient.wasted_s")
+    flops = frame.num("plasmient.flops")
     step_idx = frame.num("plasmient.step")
     steps = frame.is_level("step")
     # Only the top spans and the step spans are read as Python values; never the whole table.
@@ -261,6 +262,7 @@ def rows_from_frame(frame: SpanFrame, top: int = 5) -> list[dict[str, Any]]:
                 "cost_usd": total(cost),
                 "wasted_usd": total(wasted_usd),
                 "wasted_s": total(wasted_s),
+                "flops": total(flops),  # the known FLOPs
                 # over busy time; a live step-depth step carries its coverage but has no busy time of its
                 # own (CPU), so its device time weighs it instead of hiding a known number
                 "coverage": weighted_mean(coverage[idx], np.where(np.nan_to_num(busy[idx]) > 0, busy[idx], dev)),
@@ -410,9 +412,16 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
     if note:
         console.print(f"[dim]{note}[/dim]")
     if all(r["mfu"] is None for r in rows):
-        if all(not r.get("coverage") for r in rows) and any(r.get("coverage") is not None for r in rows):
+        covered = [r for r in rows if r.get("coverage")]
+        if not covered and any(r.get("coverage") is not None for r in rows):
             console.print("[yellow]MFU unknown: no kernel of these steps has a FLOP model (coverage 0%); "
                           "record shapes (record_shapes=True) so the ops can be costed.[/yellow]")
+        elif covered and all(r.get("flops") == 0 for r in covered):
+            shares = [r["coverage"] for r in covered]
+            span = fmt_pct(min(shares)) if min(shares) == max(shares) else f"{fmt_pct(min(shares))}-{fmt_pct(max(shares))}"
+            console.print(f"[yellow]MFU unknown: the only kernels with known FLOPs do no math (collectives, copies: "
+                          f"{span} of busy time), and the others' FLOPs are unknown; the culprits say what each "
+                          f"lacks.[/yellow]")
         else:
             console.print(f"[yellow]MFU n/a: the {device}'s peak FLOP/s is unknown (pass a peak override).[/yellow]")
     elif any(r.get("coverage") is not None and r["coverage"] < 0.95 for r in rows):
