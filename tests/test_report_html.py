@@ -146,6 +146,18 @@ def test_bill_inputs_come_from_the_fleet_spans():
     assert report_data(batch, price_per_gpu_hour=3.0)["bill"]["price_per_gpu_hour"] == 3.0
 
 
+def test_the_bill_says_why_its_mfu_is_unknown():
+    """The page's bill gives the terminal summary's reason: the A100's peak is known, but a trace recorded
+    without shapes knows only its collectives' and copies' FLOPs (zero); a job naming no GPU lacks the peak."""
+    no_shapes = ingest_batch([TRACES / "a100" / "nccl_training_rank0_of2.json.gz"], "no-shapes")
+    bill = report_data(no_shapes)["bill"]
+    assert bill["mfu"] is None and "do no math" in bill["mfu_unknown_why"] and "peak" not in bill["mfu_unknown_why"]
+    bill = report_data(make_job(steps=1, nodes=1, peak=None))["bill"]
+    assert bill["mfu"] is None and "peak FLOP/s is unknown" in bill["mfu_unknown_why"]
+    assert report_data(make_job(steps=1, nodes=1))["bill"]["mfu_unknown_why"] is None
+    assert "bill.mfu_unknown_why" in report_html._asset("report.js")
+
+
 @pytest.mark.parametrize("name", ["v100/resnet50_training.json.gz", "a100/cuda_graphs_rank0_of16.json.gz"])
 def test_the_header_counts_the_kernels_the_span_budget_folded_too(name):
     # a 1,000-rank page said "500 kernels": the kernel spans left by the budget, not the kernels run

@@ -24,7 +24,7 @@ from plasmient_trace.export.sinks import write_output_file
 from plasmient_trace.report.frame import SpanFrame, weighted_mean
 from plasmient_trace.report.html_views import (ICICLE_MAX_NODES, NAME_MAX, PAGE_LEVELS, ROOFLINE_MAX_POINTS, TIMELINE_BINS,
                                                TIMELINE_MAX_KERNELS, icicle_data, roofline_data, timeline_data)
-from plasmient_trace.report.summary import _top_spans, culprits_from_frame, rows_from_frame
+from plasmient_trace.report.summary import _top_spans, culprits_from_frame, mfu_unknown_reason, rows_from_frame
 
 DIFF_TOP_ROWS = 20  # rows per table of the diff section; the --json output of `plasmient diff` has them all
 # Used only when neither the caller nor the trace (plasmient.cost.usd) gives a price; the page says so.
@@ -38,7 +38,8 @@ def _asset(name: str) -> str:
 # ---- (d) the bill ------------------------------------------------------------------------------
 
 
-def _bill(frame: SpanFrame, fleet_gpus: int | None, price: float | None, baseline: float) -> dict[str, Any]:
+def _bill(frame: SpanFrame, rows: list[dict[str, Any]], fleet_gpus: int | None, price: float | None,
+          baseline: float) -> dict[str, Any]:
     top = _top_spans(frame)
     if fleet_gpus is None:
         # the fleet the data describes: the most GPUs any step's top spans were charged for
@@ -68,6 +69,8 @@ def _bill(frame: SpanFrame, fleet_gpus: int | None, price: float | None, baselin
         "device_s": float(dev.sum()),
         # the part of it whose MFU is known (a step with none, e.g. a live step with nothing to carry, is left out)
         "mfu_device_s": float(dev[~np.isnan(mfu) & (dev > 0)].sum()),
+        # why the MFU is unknown, when it is (the terminal summary's sentence)
+        "mfu_unknown_why": mfu_unknown_reason(rows) if rows and np.isnan(mfu).all() else None,
         "cost_usd": None if np.isnan(cost).all() else float(np.nansum(cost)),
         "wasted_usd": None if np.isnan(wasted).all() else float(np.nansum(wasted)),
     }
@@ -121,7 +124,7 @@ def report_data(
         "meta": meta,
         "steps": rows,
         "culprits": culprits_from_frame(frame) if frame.n else [],
-        "bill": _bill(frame, fleet_gpus, price_per_gpu_hour, baseline_mfu),
+        "bill": _bill(frame, rows, fleet_gpus, price_per_gpu_hour, baseline_mfu),
         "tree": icicle_data(frame, title, max_nodes) if frame.n else empty_tree,
         "timeline": timeline_data(frame, max_kernels, TIMELINE_BINS),
         "roofline": roofline_data(frame, max_points),

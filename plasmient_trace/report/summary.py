@@ -276,6 +276,21 @@ def rows_from_frame(frame: SpanFrame, top: int = 5) -> list[dict[str, Any]]:
     return rows
 
 
+def mfu_unknown_reason(rows: list[dict[str, Any]], device: str = "GPU") -> str:
+    """Why steps (summary rows) that all lack an MFU lack it, from their coverage and known FLOPs: no FLOP
+    model at all, only zero-FLOP kernels known (collectives, copies), or else the device's unknown peak."""
+    covered = [r for r in rows if r.get("coverage")]
+    if not covered and any(r.get("coverage") is not None for r in rows):
+        return ("no kernel of these steps has a FLOP model (coverage 0%); record shapes (record_shapes=True) so "
+                "the ops can be costed")
+    if covered and all(r.get("flops") == 0 for r in covered):
+        lo, hi = min(r["coverage"] for r in covered), max(r["coverage"] for r in covered)
+        share = fmt_pct(lo) if lo == hi else f"{fmt_pct(lo)}-{fmt_pct(hi)}"
+        return (f"the only kernels with known FLOPs do no math (collectives, copies: {share} of busy time) and "
+                f"the others' FLOPs are unknown; the culprits say what each lacks")
+    return f"the {device}'s peak FLOP/s is unknown (pass a peak override)"
+
+
 def _resource_job(batch: SpanBatch, frame: SpanFrame, i: int) -> str | None:
     ri = int(frame.resource_index[i])
     if 0 <= ri < len(batch.resources):
@@ -412,18 +427,7 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
     if note:
         console.print(f"[dim]{note}[/dim]")
     if all(r["mfu"] is None for r in rows):
-        covered = [r for r in rows if r.get("coverage")]
-        if not covered and any(r.get("coverage") is not None for r in rows):
-            console.print("[yellow]MFU unknown: no kernel of these steps has a FLOP model (coverage 0%); "
-                          "record shapes (record_shapes=True) so the ops can be costed.[/yellow]")
-        elif covered and all(r.get("flops") == 0 for r in covered):
-            shares = [r["coverage"] for r in covered]
-            span = fmt_pct(min(shares)) if min(shares) == max(shares) else f"{fmt_pct(min(shares))}-{fmt_pct(max(shares))}"
-            console.print(f"[yellow]MFU unknown: the only kernels with known FLOPs do no math (collectives, copies: "
-                          f"{span} of busy time), and the others' FLOPs are unknown; the culprits say what each "
-                          f"lacks.[/yellow]")
-        else:
-            console.print(f"[yellow]MFU n/a: the {device}'s peak FLOP/s is unknown (pass a peak override).[/yellow]")
+        console.print(f"[yellow]MFU n/a: {mfu_unknown_reason(rows, device)}.[/yellow]")
     elif any(r.get("coverage") is not None and r["coverage"] < 0.95 for r in rows):
         console.print("[dim]coverage = share of busy device time whose FLOPs are known; MFU counts only those FLOPs "
                       "(a lower bound where coverage is below 100%).[/dim]")

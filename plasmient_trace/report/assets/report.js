@@ -134,7 +134,7 @@
     "; the price " +
     (bill.price_source === "trace" ? "is the one the trace was costed with" :
      bill.price_source === "argument" ? "was given when the report was built" : "is assumed (none in the trace): edit it") + "." +
-    (bad(bill.mfu) ? " MFU is n/a because the GPU's peak FLOP/s is unknown, so the waste cannot be priced." : "");
+    (bad(bill.mfu) ? " MFU is n/a, so the waste cannot be priced: " + (bill.mfu_unknown_why || "it is unknown") + "." : "");
 
   // ---- diff (only on pages written by `plasmient diff --html`) -------------------------------------
   (function diffSection() {
