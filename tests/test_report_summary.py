@@ -333,3 +333,13 @@ def test_mfu_unknown_because_only_zero_flop_kernels_are_known_is_said_so_not_bla
     assert "peak FLOP/s is unknown" not in text
     for r in rows:
         assert fmt_pct(r["coverage"]) in text
+
+
+def test_a_fully_covered_step_without_mfu_blames_the_unknown_peak():
+    """cpu_only/rank-34 is a CPU trace whose ops' FLOPs are all known (coverage 100%); offline its CPU's peak
+    is unknown, which is the one reason its MFU is n/a."""
+    batch = ingest([TRACES / "cpu_only" / "rank-34.json.gz"], "cpu")
+    rows = summary_rows(batch)
+    assert rows and all(r["mfu"] is None and r["coverage"] == pytest.approx(1.0) for r in rows)
+    text = " ".join(rendered(batch).split())
+    assert "MFU n/a: the CPU's peak FLOP/s is unknown" in text and "do no math" not in text

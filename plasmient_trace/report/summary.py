@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from plasmient_trace.conventions import LEVELS, SpanBatch
+from plasmient_trace.metrics.compute import FULL_COVERAGE
 from plasmient_trace.report.frame import SpanFrame, weighted_mean
 from plasmient_trace.stitch.culprits import merge_culprits
 
@@ -283,7 +284,7 @@ def mfu_unknown_reason(rows: list[dict[str, Any]], device: str = "GPU") -> str:
     if not covered and any(r.get("coverage") is not None for r in rows):
         return ("no kernel of these steps has a FLOP model (coverage 0%); record shapes (record_shapes=True) so "
                 "the ops can be costed")
-    if covered and all(r.get("flops") == 0 for r in covered):
+    if covered and all(r.get("flops") == 0 and r["coverage"] < FULL_COVERAGE for r in covered):
         lo, hi = min(r["coverage"] for r in covered), max(r["coverage"] for r in covered)
         share = fmt_pct(lo) if lo == hi else f"{fmt_pct(lo)}-{fmt_pct(hi)}"
         return (f"the only kernels with known FLOPs do no math (collectives, copies: {share} of busy time) and "
