@@ -119,3 +119,23 @@ def test_every_unknown_bound_on_every_shared_trace_names_what_it_lacks() -> None
 ])
 def test_each_missing_piece_of_evidence_has_its_own_advice(missing: str | None, words: str) -> None:
     assert words in suggestion("k", "my::op", "model.block", "unknown", "kernel", missing=missing)
+
+
+def test_a_softmax_is_attention_only_inside_an_attention_module() -> None:
+    """A loss's log_softmax is elementwise work; the softmax of an unfused attention is attention."""
+    loss = suggestion("aten::_log_softmax_backward_data", "aten::_log_softmax_backward_data", None, "memory", "kernel")
+    assert "elementwise" in loss and "attention" not in loss
+    attn = suggestion("softmax_warp_forward", "aten::_softmax", "Bert.encoder.layer.*.attention.self", "memory", "kernel")
+    assert attn.startswith("memory-bound attention")
+
+
+def test_cpu_attention_advice_names_no_gpu_kernel() -> None:
+    text = suggestion("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::scaled_dot_product_attention",
+                      "TinyLM.layers.*.attn", "memory", "kernel", device_type="cpu")
+    assert text.startswith("memory-bound attention") and "flash-decoding" not in text and "paged" not in text
+
+
+def test_a_cpu_run_counts_its_gap_in_cpu_hours() -> None:
+    from plasmient_trace.report.summary import fmt_gpu_hours
+
+    assert fmt_gpu_hours(2.5e-6, "CPU") == "2.50e-6 CPU-h" and fmt_gpu_hours(2.5e-6) == "2.50e-6 GPU-h"

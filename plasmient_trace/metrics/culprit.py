@@ -12,16 +12,22 @@ from __future__ import annotations
 import functools
 import re
 
-_ATTENTION = re.compile(r"attention|attn|fmha|flash|sdpa|softmax", re.I)
+_ATTENTION = re.compile(r"attention|attn|fmha|flash|sdpa", re.I)
+# A softmax is attention's only inside an attention module (an unfused one); a loss's log_softmax is not.
+_SOFTMAX = re.compile(r"softmax", re.I)
 _GEMM = re.compile(r"gemm|matmul|\bmm\b|addmm|bmm|linear|cutlass|cublas|sm\d+_xmma|ampere_|hopper|wgmma|nvjet", re.I)
 _CONV = re.compile(r"conv|cudnn|implicit_convolve|winograd|igemm", re.I)
-_ELEMENTWISE = re.compile(r"elementwise|vectorized|unrolled|reduce|norm|layer_norm|rms|batch_norm|add|mul|copy|fill|cat", re.I)
+_ELEMENTWISE = re.compile(r"elementwise|vectorized|unrolled|reduce|norm|layer_norm|rms|batch_norm|add|mul|copy|fill|cat|softmax",
+                          re.I)
 
 
 @functools.lru_cache(maxsize=1 << 14)
-def _memory_family(text: str) -> str | None:
+def _memory_family(text: str, module: str = "") -> str | None:
     """Which kind of memory-bound work the kernel and op names say it is (cached: templated kernel names run
-    to hundreds of characters and every step's culprits repeat them)."""
+    to hundreds of characters and every step's culprits repeat them); a softmax is attention only in an
+    attention module."""
+    if _SOFTMAX.search(text) and _ATTENTION.search(module) and not _GEMM.search(text):
+        return "attention"
     for family, pattern in (("attention", _ATTENTION), ("gemm", _GEMM), ("conv", _CONV), ("elementwise", _ELEMENTWISE)):
         if pattern.search(text):
             return family
@@ -68,8 +74,10 @@ def suggestion(
     if bound in (None, "unknown"):
         return _unknown_bound(missing, op, where)
     if bound == "memory":
-        family = _memory_family(text)
+        family = _memory_family(text, module or "")
         if family == "attention":
+            if cpu:
+                return f"memory-bound attention{where}: raise the batch, or fuse it (scaled_dot_product_attention, torch.compile)"
             return f"memory-bound attention{where} (decode-like): raise the batch or use a flash-decoding/paged attention kernel"
         if family == "gemm":
             return f"GEMM with low arithmetic intensity{where}: raise batch x sequence so weights are reused, or fuse/group small GEMMs"

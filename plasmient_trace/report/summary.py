@@ -81,17 +81,19 @@ def fmt_seconds(x: float | None) -> str:
     return f"{x:,.0f} s"
 
 
-def fmt_gpu_hours(x: float | None) -> str:
+def fmt_gpu_hours(x: float | None, device: str = "GPU") -> str:
+    """Device-hours: GPU-h, or CPU-h for a CPU run."""
     if _bad(x):
         return "n/a"
     ax = abs(x)
+    unit = f"{device}-h"
     if ax >= 100:
-        return f"{x:,.1f} GPU-h"
+        return f"{x:,.1f} {unit}"
     if ax == 0:
-        return "0 GPU-h"
+        return f"0 {unit}"
     if ax >= 1e-3:
-        return f"{x:.{_sig_decimals(ax, 4)}f} GPU-h"
-    return f"{_exp(x)} GPU-h"
+        return f"{x:.{_sig_decimals(ax, 4)}f} {unit}"
+    return f"{_exp(x)} {unit}"
 
 
 # ---- rows ------------------------------------------------------------------------------------
@@ -395,7 +397,7 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
             fmt_pct(r["coverage"]),
             fmt_pct(r["util"]),
             Text(fmt_pct(r["mfu"]), style=_mfu_style(r["mfu"])),
-            fmt_gpu_hours(r["gap_gpu_hours"]),
+            fmt_gpu_hours(r["gap_gpu_hours"], device),
             fmt_usd(r["wasted_usd"]),
         )
     if len(rows) > len(shown):
@@ -410,7 +412,7 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
             "",
             fmt_pct(tot["util"]),
             Text(fmt_pct(tot["mfu"]), style=_mfu_style(tot["mfu"])),
-            fmt_gpu_hours(tot["gap_gpu_hours"]),
+            fmt_gpu_hours(tot["gap_gpu_hours"], device),
             fmt_usd(tot["wasted_usd"]),
             style="bold",
         )

@@ -37,13 +37,13 @@
     if (ax < 100) return x.toFixed(3) + " s";
     return fixedGrouped(x, 0) + " s";
   }
-  function fmtGpuHours(x) {
+  function fmtGpuHours(x, device) {
     if (bad(x)) return "n/a";
-    var ax = Math.abs(x);
-    if (ax >= 100) return fixedGrouped(x, 1) + " GPU-h";
-    if (ax === 0) return "0 GPU-h";
-    if (ax >= 1e-3) return x.toFixed(sigDecimals(ax, 4)) + " GPU-h";
-    return x.toExponential(2) + " GPU-h";
+    var ax = Math.abs(x), unit = " " + (device || "GPU") + "-h";
+    if (ax >= 100) return fixedGrouped(x, 1) + unit;
+    if (ax === 0) return "0" + unit;
+    if (ax >= 1e-3) return x.toFixed(sigDecimals(ax, 4)) + unit;
+    return x.toExponential(2) + unit;
   }
   function fmtSi(x, unit) {
     if (bad(x)) return "n/a";
@@ -203,7 +203,7 @@
       td("coverage", r.coverage, fmtPct(r.coverage));
       td("util", r.util, fmtPct(r.util));
       td("mfu", r.mfu, fmtPct(r.mfu));
-      td("gap", r.gap_gpu_hours, fmtGpuHours(r.gap_gpu_hours));
+      td("gap", r.gap_gpu_hours, fmtGpuHours(r.gap_gpu_hours, r.device_type === "cpu" ? "CPU" : "GPU"));
       td("wasted_usd", r.wasted_usd, fmtUsd(r.wasted_usd));
       var c = el("td", { "class": "chain", "data-field": "culprit" });
       if (r.culprits.length) {
