@@ -141,6 +141,15 @@ def test_opentelemetry_instrument_finds_our_instrumentor(env, tmp_path):
     assert all(s["attrs"]["plasmient.bound"] == "memory" for s in decode)
     ratio = min(s["attrs"]["plasmient.mfu"] for s in gemm) / max(s["attrs"]["plasmient.mfu"] for s in decode)
     assert ratio > 2, ratio
+    # A culprit wasted something: a GEMM at or above the baseline MFU (its op spans' own MFU) is none.
+    from plasmient_trace.conventions import DEFAULT_BASELINE_MFU
+
+    for spans in traces:
+        rows = orjson.loads(step_span(spans)["attrs"].get("plasmient.culprits") or "[]")
+        assert all(r["wasted_s"] > 0 for r in rows), rows
+        mm = [s["attrs"].get("plasmient.mfu") for s in spans if s["attrs"].get("plasmient.level") == "op" and s["name"] == "aten::mm"]
+        if mm and all(m is not None and m >= DEFAULT_BASELINE_MFU for m in mm):
+            assert not [r for r in rows if r["op"] == "aten::mm"], rows
 
 
 def test_the_readme_decode_command_gives_every_step_an_mfu_at_default_sampling(env, tmp_path):

@@ -130,7 +130,8 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
         starts = np.r_[0, np.nonzero(group_step[1:] != group_step[:-1])[0] + 1] if len(by) else np.zeros(0, np.int64)
         rank = np.arange(len(by)) - np.repeat(starts, np.diff(np.r_[starts, len(by)]))
         candidates: list[tuple[int, float, dict[str, Any]]] = []
-        for gi in by[rank < rows].tolist():
+        # a group that wasted nothing (every kernel at or above the baseline MFU) is no culprit
+        for gi in by[(rank < rows) & (g_waste[by] > 0)].tolist():
             s = int(groups[gi, 0])
             r = rep[gi]
             bound_code = int(kernel_bound[r])
