@@ -108,11 +108,11 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
     waste = tree.k_waste
     kernel_bound = met.bound[tree.base["kernel"] + kr]
     kind = tree.k_kind
-    missing = _missing_evidence(tree, j, met, oname >= 0, device_type)
+    alive = np.arange(len(kr))  # each row's position among the alive kernels (tree.k_rows)
     if not wanted.all():
         keep = (step < 0) | wanted[np.maximum(step, 0)]
-        kname, oname, mpat, mpath, step, waste, kernel_bound, kind, missing = (
-            a[keep] for a in (kname, oname, mpat, mpath, step, waste, kernel_bound, kind, missing))
+        kname, oname, mpat, mpath, step, waste, kernel_bound, kind, alive = (
+            a[keep] for a in (kname, oname, mpat, mpath, step, waste, kernel_bound, kind, alive))
     if len(step):
         groups, g = _group_rows((step, kname, oname, mpat))
         g_waste = np.bincount(g, weights=waste, minlength=len(groups))
@@ -143,8 +143,10 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
                 "wasted_s": float(g_waste[gi]),
                 "bound": cv.BOUNDS[bound_code] if bound_code >= 0 else None,
                 "kind": KINDS[int(kind[r])],
-                "missing": MISSING[int(missing[r])] if bound_code == cv.BOUNDS.index("unknown") else None,
+                "missing": None,
             }
+            if bound_code == UNKNOWN_BOUND:
+                row["missing"] = MISSING[int(_missing_evidence(tree, j, met, alive[[r]], oname[[r]] >= 0, device_type)[0])]
             candidates.append((s, row["wasted_s"], row))
         for s, _, row in candidates:
             out[s].append(row)
@@ -176,16 +178,21 @@ MISSING = (None, "launch", "op", "shapes", "formula", "bytes", "peak")
 _MISSING_CODE = {name: code for code, name in enumerate(MISSING)}
 
 
-def _missing_evidence(tree: RankTree, j: JoinedRank, met: SpanMetrics, has_op: np.ndarray, device_type: str) -> np.ndarray:
-    """Per alive kernel (tree.k_rows order), the first thing its bound lacks, as a code into MISSING:
-    no launch record or no op to join it to, its op's shapes or FLOP formula, a byte count, or the device's
-    peak or bandwidth (FLOPs and bytes known, yet no bound: the ridge point is unknown). ``has_op``: the
-    culprit row names an op (a graph replay names the op its kernels were captured under)."""
-    kr = tree.k_rows
+UNKNOWN_BOUND = cv.BOUNDS.index("unknown")
+
+
+def _missing_evidence(tree: RankTree, j: JoinedRank, met: SpanMetrics, alive: np.ndarray, has_op: np.ndarray,
+                      device_type: str) -> np.ndarray:
+    """For the alive kernels at positions ``alive`` (into tree.k_rows), the first thing each one's bound
+    lacks, as a code into MISSING: no launch record or no op to join it to, its op's shapes or FLOP formula,
+    a byte count, or the device's peak or bandwidth (FLOPs and bytes known, yet no bound: the ridge point is
+    unknown). ``has_op``: the culprit row names an op (a graph replay names the op its kernels were captured
+    under). Called for the few representative kernels of unknown-bound culprit rows."""
+    kr = tree.k_rows[alive]
     spans = tree.base["kernel"] + kr
     flops_known = np.nan_to_num(met.coverage[spans]) >= BOUND_EVIDENCE_COVERAGE
     bytes_known = tree.col("bytes")[spans] > 0
-    lop = tree.k_launch_op
+    lop = tree.k_launch_op[alive]
     code = np.full(len(kr), _MISSING_CODE["peak"], np.int8)
     code[flops_known & ~bytes_known] = _MISSING_CODE["bytes"]
     # Shapes were recorded when any op has them: then an op without them took no tensors the profiler
