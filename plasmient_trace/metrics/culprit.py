@@ -17,7 +17,9 @@ _ATTENTION = re.compile(r"attention|attn|fmha|flash|sdpa", re.I)
 _SOFTMAX = re.compile(r"softmax", re.I)
 _GEMM = re.compile(r"gemm|matmul|\bmm\b|addmm|bmm|linear|cutlass|cublas|sm\d+_xmma|ampere_|hopper|wgmma|nvjet", re.I)
 _CONV = re.compile(r"conv|cudnn|implicit_convolve|winograd|igemm", re.I)
-_ELEMENTWISE = re.compile(r"elementwise|vectorized|unrolled|reduce|norm|layer_norm|rms|batch_norm|add|mul|copy|fill|cat|softmax",
+_ELEMENTWISE = re.compile(r"elementwise|vectorized|unrolled|reduce|norm|layer_norm|rms|batch_norm|add|mul|copy|fill|cat|softmax"
+                          # aten's pointwise ops by name (on a CPU the op is the kernel: no kernel name says it)
+                          r"|aten::(gelu|silu|relu|sigmoid|tanh|sqrt|rsqrt|exp|div|sub|neg|abs|pow|clamp|where|lerp|addc)",
                           re.I)
 
 
