@@ -206,7 +206,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         if unknown:  # one line, whatever the number of ranks: a thousand ranks used to print a thousand
             where = unknown[0] if len(unknown) == 1 else f"{len(unknown)} of {len(args.paths)} inputs ({_first_few(unknown)})"
             _say(args, f"plasmient: unknown device in {where}: no MFU on {'its' if len(unknown) == 1 else 'their'} "
-                       f"spans ({_naming_hint(args.gpu_model)})")
+                       f"spans ({_naming_hint(args.gpu_model, stream.stats.get('unknown_device_types') == ['cpu'])})")
         for note in stream.stats.get("notes", []):
             _say(args, f"plasmient: {note}")
         status, summary = _deliver(args, stream, bar)
@@ -354,8 +354,11 @@ def _say(args: argparse.Namespace, line: str) -> None:
         print(line, file=sys.stderr)
 
 
-def _naming_hint(gpu_model: str | None) -> str:
-    """What to do about a device the hardware table does not know, given the --gpu-model the user passed."""
+def _naming_hint(gpu_model: str | None, cpu: bool = False) -> str:
+    """What to do about a device the hardware table does not know, given the --gpu-model the user passed;
+    a CPU trace names no peak at all (a live run calibrates one), so only --peak-tflops helps."""
+    if cpu and not gpu_model:
+        return "a CPU's peak is not in its trace: set --peak-tflops"
     if not gpu_model:
         return "name it with --gpu-model or set --peak-tflops"
     from .metrics.hardware import SPECS

@@ -197,6 +197,7 @@ def stream_records(record_sets: list[RecordSet], options: IngestOptions,
         stats["clock_alignment"] = alignment.method
     stats["unknown_devices"] = [r.source or f"rank {i}" for i, (r, inp) in enumerate(zip(record_sets, inputs))
                                 if inp.spec.source == "unknown"]
+    stats["unknown_device_types"] = sorted({inp.spec.device_type for inp in inputs if inp.spec.source == "unknown"})
     stream = IngestStream(parts=iter(()), records=record_sets, stats=stats)
 
     def parts() -> Iterator[SpanBatch]:

@@ -76,6 +76,7 @@ class RankPart:
     batch: SpanBatch            # rank span and below; batch.summaries: one RankSummary per step
     stats: dict[str, int]
     unknown_device: str | None  # the rank's source when its device is unknown (no MFU on its spans)
+    unknown_device_type: str | None = None  # "gpu" or "cpu" where unknown_device is set
     notes: list[str] = field(default_factory=list)
     records: RecordSet | None = None      # only when IngestOptions.keep_records
     worker: tuple[int, int | None, float] = (0, None, 0.0)  # worker_peak() of the process that stitched it
@@ -130,7 +131,8 @@ def stitch_part(records: RecordSet, job: StitchJob, options: IngestOptions) -> R
     stats = {**result.stats, "ops_outside_steps": result.joined.stats.ops_outside_steps,
              "kernels_outside_steps": result.joined.stats.kernels_outside_steps}
     unknown = (records.source or f"rank {job.index}") if inp.spec.source == "unknown" else None
-    return RankPart(index=job.index, batch=result.batch, stats=stats, unknown_device=unknown, notes=notes,
+    return RankPart(index=job.index, batch=result.batch, stats=stats, unknown_device=unknown,
+                    unknown_device_type=inp.spec.device_type if unknown else None, notes=notes,
                     records=records if options.keep_records else None, worker=worker_peak())
 
 
@@ -150,6 +152,7 @@ def finish(digests: list[RankDigest], plan: Plan, parts: list[RankPart], options
            for key in ("kernels", "kernels_folded", "ops_outside_steps", "kernels_outside_steps")},
         "notes": [d.note for d in digests if d.note] + [n for p in parts for n in p.notes],
         "unknown_devices": [p.unknown_device for p in parts if p.unknown_device],
+        "unknown_device_types": sorted({p.unknown_device_type for p in parts if p.unknown_device_type}),
         "worker_peak_rss_kib": _peaks(parts),
         "worker_cpu_s": _cpu(parts),
     }

@@ -178,6 +178,23 @@ def test_an_unknown_gpu_model_names_the_models_that_would_work(tmp_path, capsys)
     assert "unknown device" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_cpu_trace_is_told_only_a_peak_helps_not_a_gpu_model(tmp_path, capsys, workers):
+    """cpu_only/rank-34 is a CPU-only trace (read raw: no deviceProperties, no GPU activity): naming a GPU
+    model cannot give it a peak. A second rank with a GPU trace that names no GPU keeps both hints."""
+    from conftest import raw_trace
+
+    assert not raw_trace("cpu_only/rank-34.json.gz").get("deviceProperties")
+    cpu = str(trace_path("cpu_only/rank-34.json.gz"))
+    assert main(["ingest", cpu, "--out", str(tmp_path / "t.jsonl"), "--workers", workers]) == 0
+    (note,) = [line for line in capsys.readouterr().err.splitlines() if "unknown device" in line]
+    assert "set --peak-tflops" in note and "--gpu-model" not in note
+    gpu = str(trace_path("a100_multirank/rank-0.json.gz"))
+    assert main(["ingest", cpu, gpu, "--out", str(tmp_path / "t.jsonl"), "--workers", workers]) == 0
+    (note,) = [line for line in capsys.readouterr().err.splitlines() if "unknown device" in line]
+    assert "--gpu-model" in note and "--peak-tflops" in note
+
+
 def test_an_output_that_is_one_of_the_inputs_is_refused_and_the_input_kept(tmp_path, capsys):
     # `--out trace.json.gz` on the trace itself replaced the profile with its spans, exit 0
     trace = tmp_path / "trace.json.gz"
