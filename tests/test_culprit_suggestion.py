@@ -141,3 +141,29 @@ def test_a_cpu_run_counts_its_gap_in_cpu_hours() -> None:
     from plasmient_trace.report.summary import fmt_gpu_hours
 
     assert fmt_gpu_hours(2.5e-6, "CPU") == "2.50e-6 CPU-h" and fmt_gpu_hours(2.5e-6) == "2.50e-6 GPU-h"
+
+
+def _all_rows(batch) -> list[dict]:
+    return [r for t in batch.table.column("plasmient.culprits").drop_null().to_pylist() for r in json.loads(t)]
+
+
+def test_attention_is_called_a_decode_only_where_its_names_say_so() -> None:
+    """On the H200 recordings (training: a backward pass) and every shared trace, a memory-bound attention row
+    calls itself a decode only when a kernel or op name says split-KV, paged, decode or unified attention,
+    and a backward pass's attention is never one."""
+    import re
+
+    from conftest import ALL_TRACES, ingested
+    from plasmient_trace.pipeline import IngestOptions, stitch_records
+    from test_gpu_fixtures import WORKLOADS, records
+
+    rows = [r for w in WORKLOADS for r in _all_rows(stitch_records([records(w)], IngestOptions(job_id="g")).batch)]
+    backward = [r for r in rows if r["bound"] == "memory" and "attention_backward" in (r["op"] or "")]
+    assert backward, "the H200 training recordings have memory-bound attention backward rows"
+    assert all("decode" not in r["suggestion"] and "backward" in r["suggestion"] for r in backward)
+    for name in ALL_TRACES:
+        rows += _all_rows(ingested(name).batch)
+    decode = re.compile(r"splitkv|split_kv|paged|decode|unified_attention", re.I)
+    for r in rows:
+        if "(decode)" in r["suggestion"]:
+            assert decode.search(f"{r['kernel']} {r['op']}"), r

@@ -15,6 +15,9 @@ import re
 _ATTENTION = re.compile(r"attention|attn|fmha|flash|sdpa", re.I)
 # A softmax is attention's only inside an attention module (an unfused one); a loss's log_softmax is not.
 _SOFTMAX = re.compile(r"softmax", re.I)
+_BACKWARD = re.compile(r"backward|\[backward\]|bwd", re.I)
+# Names that say the attention is a decode (one query token against a KV cache): split-KV, paged, decode kernels.
+_DECODE = re.compile(r"splitkv|split_kv|paged|decode|unified_attention", re.I)
 _GEMM = re.compile(r"gemm|matmul|\bmm\b|addmm|bmm|linear|cutlass|cublas|sm\d+_xmma|ampere_|hopper|wgmma|nvjet", re.I)
 _CONV = re.compile(r"conv|cudnn|implicit_convolve|winograd|igemm", re.I)
 _ELEMENTWISE = re.compile(r"elementwise|vectorized|unrolled|reduce|norm|layer_norm|rms|batch_norm|add|mul|copy|fill|cat|softmax"
@@ -78,9 +81,7 @@ def suggestion(
     if bound == "memory":
         family = _memory_family(text, module or "")
         if family == "attention":
-            if cpu:
-                return f"memory-bound attention{where}: raise the batch, or fuse it (scaled_dot_product_attention, torch.compile)"
-            return f"memory-bound attention{where} (decode-like): raise the batch or use a flash-decoding/paged attention kernel"
+            return _attention_advice(text, module or "", where, cpu)
         if family == "gemm":
             return f"GEMM with low arithmetic intensity{where}: raise batch x sequence so weights are reused, or fuse/group small GEMMs"
         if family == "conv":
@@ -118,3 +119,15 @@ def _unknown_bound(missing: str | None, op: str | None, where: str) -> str:
                 f"(--gpu-model) or give its peaks (--peak-tflops, --bandwidth-gbs)")
     return (f"no FLOP model for this work{where}: its efficiency is unknown; record shapes "
             f"(record_shapes=True), or register a formula for its op (metrics.flops.register_flop_formula)")
+
+
+def _attention_advice(text: str, module: str, where: str, cpu: bool) -> str:
+    """Memory-bound attention: a decode only where the names say so; a backward pass is training's."""
+    if cpu:
+        return f"memory-bound attention{where}: raise the batch, or fuse it (scaled_dot_product_attention, torch.compile)"
+    if _BACKWARD.search(text) or _BACKWARD.search(module):
+        return f"memory-bound attention backward{where}: raise batch x sequence so each kernel reuses what it loads"
+    if _DECODE.search(text):
+        return f"memory-bound attention{where} (decode): raise the batch or use a flash-decoding/paged attention kernel"
+    return (f"memory-bound attention{where}: raise batch x sequence, or use a fused (flash) attention kernel if "
+            f"this one is not")
