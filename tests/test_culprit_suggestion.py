@@ -167,3 +167,16 @@ def test_attention_is_called_a_decode_only_where_its_names_say_so() -> None:
     for r in rows:
         if "(decode)" in r["suggestion"]:
             assert decode.search(f"{r['kernel']} {r['op']}"), r
+
+
+def test_cudnn_batch_norm_is_norm_work_not_a_convolution() -> None:
+    """v100/resnet50's cuDNN batch-norm kernels (bn_fw_tr_1C11…, bn_bw_1C11…: their raw names carry 'cudnn')
+    are memory-bound norm work, not convolutions."""
+    from conftest import ingested, raw_trace
+
+    name = "v100/resnet50_training.json.gz"
+    assert any(e.get("cat") in ("kernel", "Kernel") and e["name"].startswith("void cudnn::bn_") for e in raw_trace(name)["traceEvents"])
+    rows = [r for r in _all_rows(ingested(name).batch) if "batch_norm" in (r["op"] or "") and r["bound"] == "memory"]
+    assert rows
+    for r in rows:
+        assert "convolution" not in r["suggestion"] and "elementwise/norm" in r["suggestion"], r

@@ -15,6 +15,7 @@ import re
 _ATTENTION = re.compile(r"attention|attn|fmha|flash|sdpa", re.I)
 # A softmax is attention's only inside an attention module (an unfused one); a loss's log_softmax is not.
 _SOFTMAX = re.compile(r"softmax", re.I)
+_NORM = re.compile(r"batch_norm|layer_norm|group_norm|instance_norm|rms_?norm|cudnn::bn_", re.I)
 _BACKWARD = re.compile(r"backward|\[backward\]|bwd", re.I)
 # Names that say the attention is a decode (one query token against a KV cache): split-KV, paged, decode kernels.
 _DECODE = re.compile(r"splitkv|split_kv|paged|decode|unified_attention", re.I)
@@ -33,6 +34,8 @@ def _memory_family(text: str, module: str = "") -> str | None:
     attention module."""
     if _SOFTMAX.search(text) and _ATTENTION.search(module) and not _GEMM.search(text):
         return "attention"
+    if _NORM.search(text):  # cuDNN's batch norm kernels say "cudnn", which is not a convolution
+        return "elementwise"
     for family, pattern in (("attention", _ATTENTION), ("gemm", _GEMM), ("conv", _CONV), ("elementwise", _ELEMENTWISE)):
         if pattern.search(text):
             return family
