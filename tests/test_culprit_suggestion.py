@@ -180,3 +180,17 @@ def test_cudnn_batch_norm_is_norm_work_not_a_convolution() -> None:
     assert rows
     for r in rows:
         assert "convolution" not in r["suggestion"] and "elementwise/norm" in r["suggestion"], r
+
+
+def test_a_convolutions_layout_transposes_are_told_to_use_channels_last() -> None:
+    """mi300x's MIOpen convolutions launch batched_transpose kernels (raw JSON) that carry a duration share of
+    the convolution's FLOPs, hence 'compute'/'memory' bounds of their own: their rows name the layout fix."""
+    from conftest import ingested, raw_trace
+
+    name = "mi300x/resnet_act_checkpoint_rank0_of8.json.gz"
+    assert any(e.get("cat") == "kernel" and e["name"].startswith("batched_transpose") for e in raw_trace(name)["traceEvents"])
+    rows = [r for r in _all_rows(ingested(name).batch) if (r["kernel"] or "").startswith("batched_transpose")
+            and r["bound"] in ("compute", "memory", "latency")]
+    assert rows and all("convolution" in r["op"] for r in rows)
+    for r in rows:
+        assert r["suggestion"].startswith(f"layout transposes inside {r['op']}") and "channels_last" in r["suggestion"], r

@@ -15,6 +15,8 @@ import re
 _ATTENTION = re.compile(r"attention|attn|fmha|flash|sdpa", re.I)
 # A softmax is attention's only inside an attention module (an unfused one); a loss's log_softmax is not.
 _SOFTMAX = re.compile(r"softmax", re.I)
+# Kernels that only change a tensor's layout (cuDNN's nchwToNhwc, MIOpen's batched_transpose).
+_LAYOUT = re.compile(r"nchwToNhwc|nhwcToNchw|batched_transpose", re.I)
 _NORM = re.compile(r"batch_norm|layer_norm|group_norm|instance_norm|rms_?norm|cudnn::bn_", re.I)
 _BACKWARD = re.compile(r"backward|\[backward\]|bwd", re.I)
 # Names that say the attention is a decode (one query token against a KV cache): split-KV, paged, decode kernels.
@@ -74,6 +76,11 @@ def suggestion(
         return "communication-bound: overlap collectives with compute (DDP buckets, FSDP prefetch) or shard less"
     if kind in ("memcpy", "memset"):
         return "host/device copies on the critical path: pin memory, use non_blocking copies, keep tensors on device"
+    if not cpu and bound in ("compute", "memory", "latency") and _LAYOUT.search(kernel or "") and _CONV.search(op or ""):
+        # A convolution's own NCHW<->NHWC transposes carry a duration share of its FLOPs, hence its bound:
+        # what the kernel's name says is the fix.
+        return (f"layout transposes inside {op}{where}: use channels_last (model.to(memory_format="
+                f"torch.channels_last)) so the convolution runs without them")
     if bound == "latency":
         mean = f" (mean {mean_kernel_s * 1e6:.1f} us)" if mean_kernel_s else ""
         if cpu:
