@@ -125,7 +125,7 @@ SPAN_ATTRIBUTES: tuple[SpanAttribute, ...] = (
     SpanAttribute("plasmient.gpm.dram_bw_util", _F, "1", ("step",), "GPM DRAM bandwidth utilisation during the step"),
     SpanAttribute("plasmient.cupti.dropped_records", _I, "{record}", ("step",), "activity records CUPTI dropped during the step"),
     SpanAttribute("plasmient.sampled_depth", _S, "", ("step",), "full | step: whether the step carries its whole subtree"),
-    SpanAttribute("plasmient.culprit.module", _S, "", ABOVE_STEP, "module pattern of the first culprit row (layer numbers as *)"),
+    SpanAttribute("plasmient.culprit.module", _S, "", ABOVE_STEP, "module pattern of the first culprit row (layer numbers as *); outside every module, the optimizer step scope (Optimizer.step#…) that ran its op"),
     SpanAttribute("plasmient.culprit.op", _S, "", ABOVE_STEP, "launching op of the first culprit row"),
     SpanAttribute("plasmient.culprit.kernel", _S, "", ABOVE_STEP, "kernel name of the first culprit row ('[device idle]' for host gaps)"),
     SpanAttribute("plasmient.culprit.rank", _I, "", ("fleet", "node"), "rank losing the most time to the first culprit row"),

@@ -194,3 +194,27 @@ def test_a_convolutions_layout_transposes_are_told_to_use_channels_last() -> Non
     assert rows and all("convolution" in r["op"] for r in rows)
     for r in rows:
         assert r["suggestion"].startswith(f"layout transposes inside {r['op']}") and "channels_last" in r["suggestion"], r
+
+
+def test_an_optimizers_per_parameter_ops_are_named_under_its_step_and_told_to_batch() -> None:
+    """v100/resnet50's SGD runs one aten::add_ per parameter inside each Optimizer.step#SGD.step scope (read
+    from the raw JSON): outside every module, the culprit row names that scope as its context, counts those
+    calls, and advises foreach/fused."""
+    from collections import Counter
+
+    from conftest import ingested, raw_trace
+
+    name = "v100/resnet50_training.json.gz"
+    events = [e for e in raw_trace(name)["traceEvents"] if e.get("ph") == "X"]
+    scopes = [e for e in events if e["name"] == "Optimizer.step#SGD.step"]
+    adds = [e for e in events if e["name"] == "aten::add_" and e.get("cat") in ("Operator", "cpu_op")]
+    raw_calls = Counter(sum(1 for a in adds if o["ts"] <= a["ts"] and a["ts"] + a["dur"] <= o["ts"] + o["dur"]) for o in scopes)
+    assert raw_calls and min(raw_calls) > 100, raw_calls
+    table = ingested(name).batch.table
+    steps = [r for r in table.to_pylist() if r["plasmient.level"] == "step"]
+    rows = [r for s in steps for r in json.loads(s["plasmient.culprits"]) if r["op"] == "aten::add_"
+            and r["module"] == "Optimizer.step#SGD.step"]
+    assert Counter(r["calls"] for r in rows) == raw_calls
+    for r in rows:
+        assert r["suggestion"].startswith("the optimizer's per-parameter aten::add_ in Optimizer.step#SGD.step")
+        assert "foreach=True" in r["suggestion"]

@@ -81,6 +81,11 @@ def suggestion(
         # what the kernel's name says is the fix.
         return (f"layout transposes inside {op}{where}: use channels_last (model.to(memory_format="
                 f"torch.channels_last)) so the convolution runs without them")
+    if (bound in ("memory", "latency") and (module or "").startswith("Optimizer.step") and "fused" not in module.lower()
+            and not (op or "").startswith(("aten::_foreach", "aten::_fused"))):
+        # one op per parameter under the optimizer's step: the for-loop implementation of a torch.optim step
+        return (f"the optimizer's per-parameter {op or 'work'} in {module}: foreach=True or fused=True runs it as a "
+                f"few kernels over all parameters")
     if bound == "latency":
         mean = f" (mean {mean_kernel_s * 1e6:.1f} us)" if mean_kernel_s else ""
         if cpu:

@@ -22,6 +22,7 @@ from ..metrics.compute import BOUND_EVIDENCE_COVERAGE
 from ..metrics.culprit import suggestion
 from .inputs import CULPRIT_ROWS, KINDS
 from .joins import JoinedRank
+from .nesting import tree_root
 from .rank import RankTree, SpanMetrics, module_of_ops
 
 IDLE_LABEL = "[device idle]"
@@ -85,6 +86,7 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
     patterns = [module_pattern(x) for x in labels]
     pat_uniq, pat_code_of_mod = _dense(np.array(patterns, dtype=object).astype(str)) if labels else (np.array([]), np.zeros(0, np.int64))
     mpat = np.where(mod >= 0, pat_code_of_mod[np.maximum(mod, 0)] if len(labels) else -1, -1)
+    pat_uniq, mpat = _optimizer_scopes(j, lop, mod, op_code, op_names, pat_uniq, mpat)
     # layers are distinct module paths (a module called three times in the step is one layer)
     _, path_code_of_mod = _dense(np.array(labels, dtype=object).astype(str)) if labels else (None, np.zeros(0, np.int64))
     mpath = np.where(mod >= 0, path_code_of_mod[np.maximum(mod, 0)] if len(labels) else -1, -1)
@@ -171,6 +173,26 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
                                          idle_row=r["kernel"] == IDLE_LABEL, idle_host_share=host_shares[s],
                                          missing=r.pop("missing", None))
     return out
+
+
+def _optimizer_scopes(j: JoinedRank, lop: np.ndarray, mod: np.ndarray, op_code: np.ndarray, op_names: list[str],
+                      pat_uniq: np.ndarray, mpat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Outside every module, the optimizer step (or zero_grad) whose record_function scope is the root of the
+    launching op's tree names the row's context in the module's place: 'aten::mul_ -> Optimizer.step#AdamW.step',
+    not a bare 'aten::mul_'. Returns the patterns extended with those scope names and the rows' codes."""
+    if not len(op_names) or not (mod < 0).any():
+        return pat_uniq, mpat
+    is_scope = np.array([n.startswith("Optimizer.") for n in op_names] + [False])  # [-1]: no name
+    root = tree_root(j.op_parent)
+    root_of_kernel = np.where(lop >= 0, root[np.maximum(lop, 0)], -1)
+    code = np.where(root_of_kernel >= 0, op_code[np.maximum(root_of_kernel, 0)], -1)
+    inside = (mod < 0) & (root_of_kernel >= 0) & (root_of_kernel != lop) & is_scope[code]
+    if not inside.any():
+        return pat_uniq, mpat
+    scopes, scope_code = np.unique(code[inside], return_inverse=True)
+    mpat = mpat.copy()
+    mpat[inside] = len(pat_uniq) + scope_code
+    return np.concatenate([np.asarray(pat_uniq, dtype=object), np.array([op_names[c] for c in scopes], dtype=object)]).astype(str), mpat
 
 
 # Why a kernel's bound is unknown, in the order the evidence is needed (see metrics.culprit.suggestion).
