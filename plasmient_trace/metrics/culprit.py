@@ -76,7 +76,7 @@ def suggestion(
         return "communication-bound: overlap collectives with compute (DDP buckets, FSDP prefetch) or shard less"
     if kind in ("memcpy", "memset"):
         return "host/device copies on the critical path: pin memory, use non_blocking copies, keep tensors on device"
-    if not cpu and bound in ("compute", "memory", "latency") and _LAYOUT.search(kernel or "") and _CONV.search(op or ""):
+    if not cpu and bound in ("compute", "memory", "latency") and _layout_in_conv(kernel or "", op or ""):
         # A convolution's own NCHW<->NHWC transposes carry a duration share of its FLOPs, hence its bound:
         # what the kernel's name says is the fix.
         return (f"layout transposes inside {op}{where}: use channels_last (model.to(memory_format="
@@ -134,6 +134,12 @@ def _unknown_bound(missing: str | None, op: str | None, where: str) -> str:
                 f"(--gpu-model) or give its peaks (--peak-tflops, --bandwidth-gbs)")
     return (f"no FLOP model for this work{where}: its efficiency is unknown; record shapes "
             f"(record_shapes=True), or register a formula for its op (metrics.flops.register_flop_formula)")
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _layout_in_conv(kernel: str, op: str) -> bool:
+    """A layout kernel (NCHW<->NHWC) launched by a convolution (cached per name pair, as the families are)."""
+    return bool(_LAYOUT.search(kernel)) and bool(_CONV.search(op))
 
 
 def _attention_advice(text: str, module: str, where: str, cpu: bool) -> str:

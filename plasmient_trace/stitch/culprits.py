@@ -80,13 +80,14 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
     all_k_names = k_names + op_names
     lop = tree.k_launch_op
     oname = np.where(lop >= 0, op_code[np.maximum(lop, 0)] if tree.n_op else -1, -1)
-    mod_of_op = module_of_ops(j)
+    root = tree_root(j.op_parent) if tree.n_op else np.zeros(0, np.int64)  # each op's outermost ancestor
+    mod_of_op = module_of_ops(j, root)
     mod = np.where(lop >= 0, mod_of_op[np.maximum(lop, 0)] if tree.n_op else -1, -1)
     labels = tree.module_labels
     patterns = [module_pattern(x) for x in labels]
     pat_uniq, pat_code_of_mod = _dense(np.array(patterns, dtype=object).astype(str)) if labels else (np.array([]), np.zeros(0, np.int64))
     mpat = np.where(mod >= 0, pat_code_of_mod[np.maximum(mod, 0)] if len(labels) else -1, -1)
-    pat_uniq, mpat = _optimizer_scopes(j, lop, mod, op_code, op_names, pat_uniq, mpat)
+    pat_uniq, mpat = _optimizer_scopes(root, lop, mod, op_code, op_names, pat_uniq, mpat)
     # layers are distinct module paths (a module called three times in the step is one layer)
     _, path_code_of_mod = _dense(np.array(labels, dtype=object).astype(str)) if labels else (None, np.zeros(0, np.int64))
     mpath = np.where(mod >= 0, path_code_of_mod[np.maximum(mod, 0)] if len(labels) else -1, -1)
@@ -175,24 +176,28 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
     return out
 
 
-def _optimizer_scopes(j: JoinedRank, lop: np.ndarray, mod: np.ndarray, op_code: np.ndarray, op_names: list[str],
+def _optimizer_scopes(root: np.ndarray, lop: np.ndarray, mod: np.ndarray, op_code: np.ndarray, op_names: list[str],
                       pat_uniq: np.ndarray, mpat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Outside every module, the optimizer step (or zero_grad) whose record_function scope is the root of the
     launching op's tree names the row's context in the module's place: 'aten::mul_ -> Optimizer.step#AdamW.step',
     not a bare 'aten::mul_'. Returns the patterns extended with those scope names and the rows' codes."""
     if not len(op_names) or not (mod < 0).any():
         return pat_uniq, mpat
-    is_scope = np.array([n.startswith("Optimizer.") for n in op_names] + [False])  # [-1]: no name
-    root = tree_root(j.op_parent)
-    root_of_kernel = np.where(lop >= 0, root[np.maximum(lop, 0)], -1)
-    code = np.where(root_of_kernel >= 0, op_code[np.maximum(root_of_kernel, 0)], -1)
-    inside = (mod < 0) & (root_of_kernel >= 0) & (root_of_kernel != lop) & is_scope[code]
-    if not inside.any():
+    scope_names = [i for i, n in enumerate(op_names) if n.startswith("Optimizer.")]
+    if not scope_names:
         return pat_uniq, mpat
-    scopes, scope_code = np.unique(code[inside], return_inverse=True)
+    is_scope = np.zeros(len(op_names) + 1, bool)  # [-1]: no name
+    is_scope[scope_names] = True
+    loose = np.nonzero((mod < 0) & (lop >= 0))[0]  # kernels whose op is in no module
+    roots = root[lop[loose]]
+    code = op_code[roots]
+    inside = loose[(roots != lop[loose]) & is_scope[code]]
+    if not len(inside):
+        return pat_uniq, mpat
+    scopes, scope_code = np.unique(op_code[root[lop[inside]]], return_inverse=True)
     mpat = mpat.copy()
     mpat[inside] = len(pat_uniq) + scope_code
-    return np.concatenate([np.asarray(pat_uniq, dtype=object), np.array([op_names[c] for c in scopes], dtype=object)]).astype(str), mpat
+    return np.array([*pat_uniq.tolist(), *(op_names[c] for c in scopes.tolist())], dtype=str), mpat
 
 
 # Why a kernel's bound is unknown, in the order the evidence is needed (see metrics.culprit.suggestion).

@@ -333,9 +333,10 @@ def _hang_recompute(rc: Recompute, j: JoinedRank, base: dict[str, int], m_par: n
     return m_par, o_par
 
 
-def module_of_ops(j: JoinedRank) -> np.ndarray:
-    """Innermost module row of each op: the module of the root of its op tree (-1 none)."""
+def module_of_ops(j: JoinedRank, root: np.ndarray | None = None) -> np.ndarray:
+    """Innermost module row of each op: the module of the root of its op tree (-1 none); ``root``: the
+    roots (``nesting.tree_root(j.op_parent)``) where the caller has them."""
     if not len(j.op_parent):
         return np.zeros(0, np.int64)
-    root = tree_root(j.op_parent)
+    root = tree_root(j.op_parent) if root is None else root
     return j.op_module[root] if len(j.op_module) else np.full(len(root), -1, np.int64)
