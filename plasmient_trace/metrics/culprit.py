@@ -112,28 +112,26 @@ def suggestion(
     return f"most wasted time{where}: inspect this kernel's launch configuration and input shapes"
 
 
+# What an unknown bound lacks (stitch.culprits.MISSING), and what supplies it.
+_UNKNOWN_ADVICE = {
+    "launch": ("no launch record joins this kernel to an op{where}, so its FLOPs are unknown: its launch came before "
+               "the profiler started recording, or was dropped; synchronizing the device before the recorded steps "
+               "keeps earlier kernels out of them"),
+    "op": "this kernel's launch is inside no op the profiler recorded{where}, so its FLOPs are unknown",
+    "shapes": "{op} was recorded without input shapes, so its FLOPs are unknown{where}: profile with record_shapes=True",
+    "formula": ("no FLOP formula for {op}{where}: its efficiency is unknown; register one "
+                "(metrics.flops.register_flop_formula)"),
+    "bytes": ("no byte count for {op}{where}, so its arithmetic intensity and bound are unknown; register a formula "
+              "that returns bytes (metrics.flops.register_flop_formula)"),
+    "peak": ("the device's peak FLOP/s or memory bandwidth is unknown, so the bound is too{where}: name the GPU "
+             "(--gpu-model) or give its peaks (--peak-tflops, --bandwidth-gbs)"),
+    None: ("no FLOP model for this work{where}: its efficiency is unknown; record shapes (record_shapes=True), or "
+           "register a formula for its op (metrics.flops.register_flop_formula)"),
+}
+
+
 def _unknown_bound(missing: str | None, op: str | None, where: str) -> str:
-    """What an unknown bound lacks, and what supplies it."""
-    if missing == "launch":
-        return (f"no launch record joins this kernel to an op{where}, so its FLOPs are unknown: its launch came "
-                f"before the profiler started recording, or was dropped; synchronizing the device before the "
-                f"recorded steps keeps earlier kernels out of them")
-    if missing == "op":
-        return f"this kernel's launch is inside no op the profiler recorded{where}, so its FLOPs are unknown"
-    if missing == "shapes":
-        return (f"{op} was recorded without input shapes, so its FLOPs are unknown{where}: profile with "
-                f"record_shapes=True")
-    if missing == "formula":
-        return (f"no FLOP formula for {op}{where}: its efficiency is unknown; register one "
-                f"(metrics.flops.register_flop_formula)")
-    if missing == "bytes":
-        return (f"no byte count for {op or 'this kernel'}{where}, so its arithmetic intensity and bound are unknown; "
-                f"register a formula that returns bytes (metrics.flops.register_flop_formula)")
-    if missing == "peak":
-        return (f"the device's peak FLOP/s or memory bandwidth is unknown, so the bound is too{where}: name the GPU "
-                f"(--gpu-model) or give its peaks (--peak-tflops, --bandwidth-gbs)")
-    return (f"no FLOP model for this work{where}: its efficiency is unknown; record shapes "
-            f"(record_shapes=True), or register a formula for its op (metrics.flops.register_flop_formula)")
+    return _UNKNOWN_ADVICE.get(missing, _UNKNOWN_ADVICE[None]).format(op=op or "this kernel", where=where)
 
 
 @functools.lru_cache(maxsize=1 << 14)
