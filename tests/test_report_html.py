@@ -489,3 +489,10 @@ def test_timeline_starts_at_the_step_and_shows_its_leading_host_gap_as_idle(brow
     tip = browser.eval("document.getElementById('timeline-tip').textContent")
     assert "idle" in tip, tip
     assert "host gap" in browser.eval("document.getElementById('timeline-note').textContent")
+
+
+def test_a_cpu_pages_bill_blames_the_cpus_peak():
+    """cpu_only/rank-34 covers all its busy time with known FLOPs and has no CPU peak offline: the page says
+    so about the CPU, as the terminal does."""
+    bill = report_data(ingest_batch([TRACES / "cpu_only" / "rank-34.json.gz"], "cpu"))["bill"]
+    assert bill["mfu"] is None and bill["mfu_unknown_why"].startswith("the CPU's peak FLOP/s is unknown")

@@ -279,7 +279,12 @@ def rows_from_frame(frame: SpanFrame, top: int = 5) -> list[dict[str, Any]]:
     return rows
 
 
-def mfu_unknown_reason(rows: list[dict[str, Any]], device: str = "GPU") -> str:
+def rows_device(rows: list[dict[str, Any]]) -> str:
+    """"CPU" when every summary row ran on a CPU, else "GPU"."""
+    return "CPU" if all(r.get("device_type") == "cpu" for r in rows) else "GPU"
+
+
+def mfu_unknown_reason(rows: list[dict[str, Any]]) -> str:
     """Why steps (summary rows) that all lack an MFU lack it, from their coverage and known FLOPs: no FLOP
     model at all, only zero-FLOP kernels known (collectives, copies), or else the device's unknown peak."""
     covered = [r for r in rows if r.get("coverage")]
@@ -291,7 +296,7 @@ def mfu_unknown_reason(rows: list[dict[str, Any]], device: str = "GPU") -> str:
         share = fmt_pct(lo) if lo == hi else f"{fmt_pct(lo)}-{fmt_pct(hi)}"
         return (f"the only kernels with known FLOPs do no math (collectives, copies: {share} of busy time) and "
                 f"the others' FLOPs are unknown; the culprits say what each lacks")
-    return f"the {device}'s peak FLOP/s is unknown (pass a peak override)"
+    return f"the {rows_device(rows)}'s peak FLOP/s is unknown (pass a peak override)"
 
 
 def _resource_job(batch: SpanBatch, frame: SpanFrame, i: int) -> str | None:
@@ -373,8 +378,7 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
     if not rows:
         console.print("[dim]plasmient: no spans to summarise[/dim]")
         return
-    cpu = all(r.get("device_type") == "cpu" for r in rows)
-    device = "CPU" if cpu else "GPU"
+    device = rows_device(rows)
     steps = Table(title=f"plasmient: where the {device} time went", title_justify="left", header_style="bold")
     for col, just in (
         ("step", "right"),
@@ -430,7 +434,7 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
     if note:
         console.print(f"[dim]{note}[/dim]")
     if all(r["mfu"] is None for r in rows):
-        console.print(f"[yellow]MFU n/a: {mfu_unknown_reason(rows, device)}.[/yellow]")
+        console.print(f"[yellow]MFU n/a: {mfu_unknown_reason(rows)}.[/yellow]")
     elif any(r.get("coverage") is not None and r["coverage"] < 0.95 for r in rows):
         console.print("[dim]coverage = share of busy device time whose FLOPs are known; MFU counts only those FLOPs "
                       "(a lower bound where coverage is below 100%).[/dim]")
