@@ -35,14 +35,16 @@ def test_a_compute_bound_gemm_gets_compute_advice_not_the_memory_family() -> Non
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver", "Runtime", "Driver"}
 
 
+def _all_rows(batch) -> list[dict]:
+    """The culprit rows of every span that carries a culprit list."""
+    return [r for t in batch.table.column("plasmient.culprits").drop_null().to_pylist() for r in json.loads(t)]
+
+
 def _unknown_rows(name: str) -> list[dict]:
-    """The culprit rows with an unknown bound, from every span that carries a culprit list."""
+    """The culprit rows with an unknown bound."""
     from conftest import ingested
 
-    rows = []
-    for text in ingested(name).batch.table.column("plasmient.culprits").drop_null().to_pylist():
-        rows += [r for r in json.loads(text) if r["bound"] == "unknown"]
-    return rows
+    return [r for r in _all_rows(ingested(name).batch) if r["bound"] == "unknown"]
 
 
 def _raw_ops(name: str) -> list[dict]:
@@ -141,10 +143,6 @@ def test_a_cpu_run_counts_its_gap_in_cpu_hours() -> None:
     from plasmient_trace.report.summary import fmt_gpu_hours
 
     assert fmt_gpu_hours(2.5e-6, "CPU") == "2.50e-6 CPU-h" and fmt_gpu_hours(2.5e-6) == "2.50e-6 GPU-h"
-
-
-def _all_rows(batch) -> list[dict]:
-    return [r for t in batch.table.column("plasmient.culprits").drop_null().to_pylist() for r in json.loads(t)]
 
 
 def test_attention_is_called_a_decode_only_where_its_names_say_so() -> None:
