@@ -12,13 +12,35 @@ The schemas below are the single source of truth: ``schemas/records.json`` is ge
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-# One GPU activity: a kernel, a memcpy, a memset, or a collective kernel (NCCL/RCCL).
+# One GPU activity: a kernel, a memcpy, a memset, or a collective kernel (see COLLECTIVE_KERNEL).
 GPU_ACTIVITY_KINDS = ("kernel", "memcpy", "memset", "collective")
+
+# Kernels that move data between GPUs, by name (case-insensitive, anywhere in the name): NCCL's and RCCL's; the
+# peer-to-peer kernels of torch's symmetric memory (symm_mem::multimem_all_reduce_, one_shot_all_reduce,
+# two_shot_all_reduce_, multimem_all_gather_out, reduce_scatter_out launch multimem_*_kernel, one_shot_*_kernel
+# and two_shot_*_kernel); vLLM's custom all-reduce (cross_device_reduce_1stage / _2stage). They are
+# communication, whatever category the source gave them: a vLLM job on B200s that all-reduces through
+# NVLink multicast spends 18% of its device time in multimem_all_reduce_kernel. One pattern, in Python's re and
+# Arrow's RE2 alike.
+COLLECTIVE_KERNEL = r"nccl|rccl|\b(?:multimem|one_shot|two_shot)_\w*_kernel|cross_device_reduce_[12]stage"
+_COLLECTIVE_KERNEL_RE = re.compile(COLLECTIVE_KERNEL, re.IGNORECASE)
+
+
+def is_collective_kernel(name: str) -> bool:
+    """Whether a GPU kernel's name is a collective's (COLLECTIVE_KERNEL)."""
+    return _COLLECTIVE_KERNEL_RE.search(name) is not None
+
+
+def collective_kernel_names(names: pa.Array) -> pa.Array:
+    """is_collective_kernel for each name of an Arrow string array, as Arrow booleans (null for a null name)."""
+    return pc.match_substring_regex(names, COLLECTIVE_KERNEL, ignore_case=True)
 
 KERNELS = pa.schema(
     [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -20,6 +21,14 @@ ALL_TRACES = sorted(str(p.relative_to(TRACES)) for p in TRACES.glob("*/*.json.gz
 
 RAW_KERNEL_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
 RAW_RUNTIME_CATS = {"cuda_runtime", "Runtime", "cuda_driver"}
+# A collective kernel, as the oracles read a raw name: NCCL's or RCCL's anywhere in it, or one of the peer-to-peer
+# kernels that torch's symmetric-memory ops launch (torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu)
+# or vLLM's custom all-reduce launches (csrc/custom_all_reduce.cuh). HTA and TraceLens match NCCL/RCCL only
+# (docs/hta-tracelens.md).
+RAW_COLLECTIVE_KERNEL = re.compile(
+    r"nccl|rccl|multimem_all_reduce_kernel|multimem_one_shot_all_reduce_kernel|multimem_all_gather_kernel"
+    r"|one_shot_all_reduce_kernel|two_shot_all_reduce_kernel|cross_device_reduce_1stage|cross_device_reduce_2stage",
+    re.IGNORECASE)
 
 
 def ns_of_us(us: float) -> int:

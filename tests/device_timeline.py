@@ -4,12 +4,11 @@ from the raw JSON over the whole trace (``raw_timeline``), and summed from plasm
 
 from __future__ import annotations
 
-import re
-
-from conftest import ingested, raw_activities, raw_trace, union_ns
+from conftest import RAW_COLLECTIVE_KERNEL, ingested, raw_activities, raw_trace, union_ns
 
 COPY_CATS = {"gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
-COMM_NAME = re.compile(r"nccl|rccl", re.IGNORECASE)  # TraceLens's COMMUNICATION_KEYS, matched anywhere
+# TraceLens's COMMUNICATION_KEYS (nccl, rccl, matched anywhere) and the symmetric-memory and vLLM all-reduce kernels
+COMM_NAME = RAW_COLLECTIVE_KERNEL
 
 
 def raw_timeline(name: str) -> dict:

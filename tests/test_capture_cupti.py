@@ -117,9 +117,17 @@ def test_names_that_are_not_valid_mangled_symbols_stay_as_they_are():
         assert cu.demangle(name) == name
 
 
-def test_nccl_kernels_are_collectives():
-    t = tables_of([kernel(1, 0, 10, name="ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)")])
-    assert t["kernels"].column("kind").to_pylist() == ["collective"]
+def test_kernels_that_move_data_between_gpus_are_collectives():
+    """NCCL's kernels, torch's symmetric-memory all-reduce (as b200/eager's trace names it) and vLLM's custom
+    all-reduce are collectives; an Inductor copy named after the all-gather it feeds is not."""
+    names = {"ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)": "collective",
+             "void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16*, unsigned long, "
+             "unsigned int**, unsigned long, unsigned long)": "collective",
+             "void (anonymous namespace)::two_shot_all_reduce_kernel_inplace<float, 16, 8>(float**, unsigned long)": "collective",
+             "void vllm::cross_device_reduce_2stage<__nv_bfloat16, 8>(vllm::RankData*, vllm::RankSignals)": "collective",
+             "triton_poi_fused_all_gather_copy_in_0": "kernel", GEMM: "kernel"}
+    t = tables_of([kernel(i + 1, 20 * i, 20 * i + 10, name=n) for i, n in enumerate(names)])
+    assert t["kernels"].column("kind").to_pylist() == list(names.values())
 
 
 def test_a_buffer_that_does_not_fit_the_record_sizes_is_skipped_and_counted_never_misread():

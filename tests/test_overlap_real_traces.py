@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import ingested, raw_activities, raw_trace, union_ns
+from conftest import RAW_COLLECTIVE_KERNEL, ingested, raw_activities, raw_trace, union_ns
 
 MULTI_GPU = ["b200/eager_rank0_of8.json.gz", "mi300x/resnet_act_checkpoint_rank0_of8.json.gz",
              "a100/nccl_training_rank0_of2.json.gz", "a100/cuda_graphs_rank0_of16.json.gz"]
@@ -23,7 +23,7 @@ def _raw(name: str):
         e = a["event"]
         name_l = str(e.get("name", "")).lower()
         kind = ("copy" if e["cat"] in ("gpu_memcpy", "Memcpy", "gpu_memset", "Memset")
-                else "comm" if name_l.startswith("nccl") or "rccl" in name_l else "compute")
+                else "comm" if RAW_COLLECTIVE_KERNEL.search(name_l) else "compute")
         out.append((e.get("args", {}).get("device", 0), a["start_ns"], a["end_ns"], kind, a["launch_ns"], a["step"]))
     return out
 

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..records import table_from_columns
+from ..records import is_collective_kernel, table_from_columns
 
 # CUpti_ActivityKind values (cupti_activity.h).
 KIND_MEMCPY = 1
@@ -65,7 +65,6 @@ _MEMCPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD
 # CUpti_ActivityMemoryKind, spelled as Kineto spells it in "Memcpy DtoH (Device -> Pinned)".
 _MEMORY_KINDS = {0: "Unknown", 1: "Pageable", 2: "Pinned", 3: "Device", 4: "Array", 5: "Managed",
                  6: "Device Static", 7: "Managed Static"}
-_COLLECTIVE_MARKERS = ("nccl", "rccl")
 
 
 class LayoutError(ValueError):
@@ -346,7 +345,7 @@ def _device_columns(raw: RawActivity, kernels: Any, memcpy: Any, memset: Any) ->
         unique, inverse = np.unique(rec["name"], return_inverse=True)
         readable = readable_ranges() if raw.names is None else None
         distinct = [demangle(raw.name_of(int(p), readable)) for p in unique.tolist()]
-        collective = np.array([any(m in n.lower() for m in _COLLECTIVE_MARKERS) for n in distinct], bool)
+        collective = np.array([is_collective_kernel(n) for n in distinct], bool)
         names = np.array(distinct, dtype=object)[inverse]
         kind = np.where(collective[inverse], "collective", "kernel")
         graph = rec["graph_id"].astype(np.int64)

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from msgspec import UNSET
 
 from ..memory import LARGE_ROWS, cyclic_gc_paused, release_arrow_cache, trim_heap
-from ..records import TABLE_SCHEMAS, RecordSet, table_from_columns
+from ..records import TABLE_SCHEMAS, RecordSet, is_collective_kernel, table_from_columns
 from .event_chunks import EventChunks, Unstreamable
 from .kineto_meta import INT64_MAX, as_int, clock_anchor, devices_of, resource_of
 from .kineto_schema import DOCUMENT, EVENT, TOP_LEVEL_KEYS, KinetoArgs, KinetoEvent
@@ -277,6 +277,7 @@ def _collect(path: Path, events: list[msgspec.Raw], cols: _Columns | None = None
     index = first - 1
     e = None
     decode = EVENT.decode
+    collective_names: dict[str, bool] = {}  # a trace repeats a few hundred kernel names
     try:
         for index, raw in enumerate(events, first):
             e = decode(raw)
@@ -300,8 +301,12 @@ def _collect(path: Path, events: list[msgspec.Raw], cols: _Columns | None = None
             elif cat in _KERNEL_CATS:
                 a = e.args or _NO_ARGS
                 kind = _KERNEL_CATS[cat]
-                if kind == "kernel" and ("nccl" in name or "rccl" in name or "Nccl" in name):
-                    kind = "collective"
+                if kind == "kernel":
+                    collective = collective_names.get(name)
+                    if collective is None:
+                        collective = collective_names[name] = is_collective_kernel(name)
+                    if collective:
+                        kind = "collective"
                 k_dev.append(_id(e.pid if a.device is UNSET else a.device))
                 k_stream.append(_id(e.tid if a.stream is UNSET else a.stream))
                 k_ts.append(e.ts); k_dur.append(e.dur); k_name.append(name); k_kind.append(kind)

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 from ..metrics.flops import yields_flops
 from ..metrics.grouping import match_distinct
+from ..records import collective_kernel_names
 from .inputs import KIND_CODE, RankInput, StitchOptions
 from .joins import JoinedRank
 from .overlap import StepOverlap, step_overlap
@@ -57,11 +58,6 @@ class DeviceTimeline:
         return len(self.start) - len(self.synth_ops)
 
 
-def _collective_kernel_names(names: pa.Array) -> pa.Array:
-    lower = pc.utf8_lower(names)
-    return pc.or_(pc.starts_with(lower, "nccl"), pc.match_substring(lower, "rccl"))
-
-
 def _collective_op_names(names: pa.Array) -> pa.Array:
     lower = pc.utf8_lower(names)
     hit = pc.match_substring(lower, _COLLECTIVE_OP[0])
@@ -71,8 +67,8 @@ def _collective_op_names(names: pa.Array) -> pa.Array:
 
 
 def kernel_kinds(inp: RankInput, synth_ops: np.ndarray) -> np.ndarray:
-    """KIND_CODE per kernel row; NCCL/RCCL kernels (and collective ops standing for kernels on a CPU) are
-    collectives whatever category the source gave them."""
+    """KIND_CODE per kernel row; collective kernels (records.COLLECTIVE_KERNEL) and collective ops standing
+    for kernels on a CPU are collectives whatever category the source gave them."""
     rs = inp.records
     n_k = rs.kernels.num_rows
     codes = np.zeros(n_k + len(synth_ops), np.int8)  # synthetic CPU kernels are 'kernel'
@@ -81,7 +77,7 @@ def kernel_kinds(inp: RankInput, synth_ops: np.ndarray) -> np.ndarray:
         if code:
             codes[:n_k][pc.equal(kind, name).fill_null(False).to_numpy(zero_copy_only=False)] = code
     if n_k:
-        comm = match_distinct(rs.kernels.column("name"), _collective_kernel_names)
+        comm = match_distinct(rs.kernels.column("name"), collective_kernel_names)
         codes[:n_k][comm & (codes[:n_k] == KIND_CODE["kernel"])] = KIND_CODE["collective"]
     if len(synth_ops):
         hit = match_distinct(rs.ops.column("name").combine_chunks().take(synth_ops), _collective_op_names)
