@@ -216,3 +216,15 @@ def test_an_optimizers_per_parameter_ops_are_named_under_its_step_and_told_to_ba
     for r in rows:
         assert r["suggestion"].startswith("the optimizer's per-parameter aten::add_ in Optimizer.step#SGD.step")
         assert "foreach=True" in r["suggestion"]
+
+
+def test_a_join_with_unknown_bytes_is_told_to_avoid_the_copy_not_to_register_a_formula() -> None:
+    """h100/qwen's aten::cat (rotate_half in every attention layer) records a TensorList with no element type,
+    so its bytes cannot be known from the trace: its row says it copies and computes nothing, and what helps."""
+    cats = [e for e in _raw_ops("h100/qwen1.5_0.5b_chat_inference.json.gz") if e["name"] == "aten::cat"]
+    assert cats and all(e["args"]["Input type"][0] == "TensorList" for e in cats)
+    rows = [r for r in _unknown_rows("h100/qwen1.5_0.5b_chat_inference.json.gz") if r["op"] == "aten::cat"]
+    assert rows
+    for r in rows:
+        assert "computes nothing" in r["suggestion"] and "preallocated buffer" in r["suggestion"], r
+        assert "register" not in r["suggestion"]

@@ -542,3 +542,30 @@ def test_a_registered_formula_s_model_name_is_never_cut_short():
     assert costs.flops.tolist() == [8.0, 2.0 * 2 * 4 * 8]
     costs.model[1] = "elementwise"  # callers relabel in place: a built-in name still fits
     assert costs.model[1] == "elementwise"
+
+
+@pytest.mark.parametrize("name", ["h100/qwen1.5_0.5b_chat_inference.json.gz", "a100_multirank/rank-0.json.gz",
+                                  "h100/vit_image_classification.json.gz"])
+def test_joining_tensors_is_a_known_zero_of_flops_whatever_was_recorded(name: str) -> None:
+    """aten::cat on the real traces: a TensorList with shapes and no element type (qwen, vit) or with neither
+    (a100_multirank records '[[], []]'). Zero FLOPs is known from the name; FlopCounterMode counts none for
+    torch.cat on each recorded shape; the bytes stay unknown (0), not a guessed dtype."""
+    import torch
+    from torch.utils import flop_counter as fc
+
+    table = ops_table(name)
+    cats = np.nonzero(np.array(table.column("name").to_pylist()) == "aten::cat")[0]
+    types = [orjson.loads(t) for t in table.column("input_types").take(pa.array(cats)).to_pylist()]
+    assert len(cats) and all("TensorList" in t for t in types)
+    costs = model_ops(table)
+    assert (costs.model[cats] == "elementwise").all()
+    assert (costs.flops[cats] == 0).all() and (costs.bytes[cats] == 0).all()
+    for dims, conc in zip(table.column("input_dims").take(pa.array(cats)).to_pylist(),
+                          table.column("concrete_inputs").take(pa.array(cats)).to_pylist()):
+        shapes = orjson.loads(dims)[0]
+        if not shapes:
+            continue  # a100_multirank: no shapes, the zero still holds
+        dim = int(orjson.loads(conc)[1]) if conc else 0
+        with fc.FlopCounterMode(display=False) as counter:
+            torch.cat([torch.empty(s, device="meta") for s in shapes], dim=dim)
+        assert counter.get_total_flops() == 0

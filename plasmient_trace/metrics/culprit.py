@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 import re
 
+from .flops.elementwise import JOIN_OPS
+
 _ATTENTION = re.compile(r"attention|attn|fmha|flash|sdpa", re.I)
 # A softmax is attention's only inside an attention module (an unfused one); a loss's log_softmax is not.
 _SOFTMAX = re.compile(r"softmax", re.I)
@@ -131,6 +133,11 @@ _UNKNOWN_ADVICE = {
 
 
 def _unknown_bound(missing: str | None, op: str | None, where: str) -> str:
+    if missing == "bytes" and op in JOIN_OPS:
+        # no bytes to be had (a tensor list's element type is never recorded), and none needed to say what helps
+        return (f"{op}{where} copies its inputs into a new tensor and computes nothing (its bytes are unknown: the "
+                f"profiler records no element type for a tensor list): write into a preallocated buffer instead, "
+                f"or fuse it into its producer and consumer (torch.compile)")
     return _UNKNOWN_ADVICE.get(missing, _UNKNOWN_ADVICE[None]).format(op=op or "this kernel", where=where)
 
 
