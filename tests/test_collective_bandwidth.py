@@ -233,8 +233,22 @@ def test_terminal_summary_line_reports_bytes_and_weighted_bus_bandwidth():
     note = collective_note(ingested(name).batch)
     assert note.startswith(f"collectives: {total / 1e6:.4g} MB over 3 step spans, bus bandwidth {bus:.3g} GB/s")
     assert f"{bus / peak * 100:.1f}% of the {peak:.0f} GB/s link peak" in note
-    assert f"longest: {longest['collective']} {longest['bytes'] / 1e6:.3g} MB" in note
-    assert collective_note(ingested("a100/cuda_graphs_rank0_of16.json.gz").batch) is None
+    assert f"longest sized: {longest['collective']} {longest['bytes'] / 1e6:.3g} MB" in note
+    unsized = [x for x in expected.values() if "bytes" not in x and x["step"] is not None]
+    assert ("more collective kernel(s) had no message size" in note) == bool(unsized)
+    # b200 all-reduces through symmetric memory (no NCCL metadata) beside its one sized NCCL all-gather
+    expected, _ = _expected("b200/eager_rank0_of8.json.gz")
+    unsized = [x for x in expected.values() if "bytes" not in x and x["step"] is not None]
+    assert len(unsized) == 73
+    assert collective_note(ingested("b200/eager_rank0_of8.json.gz").batch).endswith(
+        "; 73 more collective kernel(s) had no message size (no NCCL metadata) and are in none of these")
+    # cuda_graphs' Kineto recorded no NCCL metadata at all
+    expected, _ = _expected("a100/cuda_graphs_rank0_of16.json.gz")
+    in_steps = [x for x in expected.values() if x["step"] is not None]
+    assert in_steps and not [x for x in in_steps if "bytes" in x]
+    assert collective_note(ingested("a100/cuda_graphs_rank0_of16.json.gz").batch) == (
+        f"collectives: {len(in_steps):,} kernel(s), none with a message size (no NCCL metadata in the trace), "
+        "so no bus bandwidth")
 
 
 def test_node_and_fleet_add_their_ranks_bytes_and_weight_bus_bandwidth_by_them(tmp_path):

@@ -461,24 +461,32 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
 
 
 def collective_note(batch: SpanBatch) -> str | None:
-    """One line on the collectives whose NCCL metadata gave a message size, from the step spans: total bytes,
-    their bytes-weighted bus bandwidth (and its share of the link peak), and the longest one."""
-    rows = [r for r in batch.table.select(["plasmient.level", "plasmient.comm.bytes", "plasmient.comm.busbw_gbs",
-                                           "plasmient.comm.link_peak_gbs", "plasmient.comm.slowest.collective",
-                                           "plasmient.comm.slowest.bytes", "plasmient.comm.slowest.busbw_gbs",
-                                           "plasmient.comm.slowest.duration_s"]).to_pylist()
-            if r["plasmient.level"] == "step" and r["plasmient.comm.busbw_gbs"] is not None]
+    """One line on the collectives, from the step spans: for those whose NCCL metadata gave a message size, total
+    bytes, their bytes-weighted bus bandwidth (and its share of the link peak) and the longest one; and how many
+    had no size (no NCCL metadata: symmetric-memory all-reduces, older Kineto), which no bandwidth includes."""
+    steps = [r for r in batch.table.select(["plasmient.level", "plasmient.comm.bytes", "plasmient.comm.busbw_gbs",
+                                            "plasmient.comm.link_peak_gbs", "plasmient.comm.slowest.collective",
+                                            "plasmient.comm.slowest.bytes", "plasmient.comm.slowest.busbw_gbs",
+                                            "plasmient.comm.slowest.duration_s", "plasmient.comm.unsized"]).to_pylist()
+             if r["plasmient.level"] == "step"]
+    unsized = sum(r["plasmient.comm.unsized"] or 0 for r in steps)
+    rows = [r for r in steps if r["plasmient.comm.busbw_gbs"] is not None]
     if not rows:
-        return None
+        if not unsized:
+            return None
+        return (f"collectives: {unsized:,} kernel(s), none with a message size (no NCCL metadata in the trace), "
+                f"so no bus bandwidth")
     total = sum(r["plasmient.comm.bytes"] for r in rows)
     bus = sum(r["plasmient.comm.bytes"] * r["plasmient.comm.busbw_gbs"] for r in rows) / total
     peak = max((r["plasmient.comm.link_peak_gbs"] or 0.0 for r in rows), default=0.0)
     share = f", {fmt_pct(bus / peak)} of the {peak:.0f} GB/s link peak" if peak else ""
     worst = max(rows, key=lambda r: r["plasmient.comm.slowest.duration_s"] or 0.0)
+    without = (f"; {unsized:,} more collective kernel(s) had no message size (no NCCL metadata) and are in none of "
+               f"these" if unsized else "")
     return (f"collectives: {total / 1e6:.4g} MB over {len(rows)} step spans, bus bandwidth {bus:.3g} GB/s "
-            f"(bytes-weighted nccl-tests busbw{share}); longest: {worst['plasmient.comm.slowest.collective']} "
+            f"(bytes-weighted nccl-tests busbw{share}); longest sized: {worst['plasmient.comm.slowest.collective']} "
             f"{worst['plasmient.comm.slowest.bytes'] / 1e6:.3g} MB in {fmt_seconds(worst['plasmient.comm.slowest.duration_s'])} "
-            f"at {worst['plasmient.comm.slowest.busbw_gbs']:.3g} GB/s")
+            f"at {worst['plasmient.comm.slowest.busbw_gbs']:.3g} GB/s{without}")
 
 
 def _mfu_style(mfu: float | None) -> str:
