@@ -61,6 +61,7 @@ def test_env_variable_selects_the_kineto_fallback():
 
 def test_full_depth_steps_carry_the_profilers_ops_under_the_module_spans(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("PLASMIENT_VERBOSE", "1")  # which source runs is news, not a failure: said when asked
     config = CaptureConfig.from_env({"PLASMIENT_CUPTI": "kineto"}, every=2, peak_tflops=0.05, job_id="kineto-job")
     session, rows, _ = _train(config)
     assert capsys.readouterr().err.count("PLASMIENT_CUPTI=kineto") == 1

@@ -264,6 +264,48 @@ def test_checkpointing_dataloader_workers_threads_and_generators_leave_the_job_u
     assert _steps(tmp_path / "t.jsonl") == list(range(6))  # 96 rows / 16 per batch
 
 
+CHATTY_JOB = '''
+import sys, threading, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+done = threading.Event()
+def chatter():  # a thread writing to stderr all through training, as loggers do
+    i = 0
+    while not done.is_set() or i < 50:
+        sys.stderr.write(f"side {i}\\n")
+        i += 1
+        done.wait(0.001)
+t = threading.Thread(target=chatter)
+t.start()
+for i in range(6):
+    model(torch.randn(16, 32)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+    sys.stderr.write(f"step {i}\\n")  # one write a line (print writes the end apart: lines would mix)
+done.set()
+t.join()
+'''
+
+
+def test_the_torch_profiler_fallback_leaves_no_kineto_lines_in_the_jobs_stderr(tmp_path: Path) -> None:
+    """PLASMIENT_CUPTI=kineto (what a GPU job without cupti-python gets) profiles every full-depth step with
+    torch.profiler, whose Kineto writes two lines to fd 2 at each start and stop. The job's stderr is its own
+    lines, every one, each thread's in order (how two threads' lines interleave is the scheduler's, traced or
+    not); which source is in use is said only with PLASMIENT_VERBOSE=1."""
+    script = _script(tmp_path, "chatty.py", CHATTY_JOB)
+    plain = _plain(tmp_path, script)
+    assert plain.returncode == 0, plain.stderr.decode()[-2000:]
+    traced = _traced(tmp_path, script, PLASMIENT_EVERY="1", PLASMIENT_CUPTI="kineto")
+    assert traced.returncode == 0 and traced.stdout == plain.stdout == b""
+    theirs = traced.stderr.decode().splitlines()
+    assert len(theirs) == len(set(theirs))  # nothing held back is written twice
+    side = [line for line in theirs if line.startswith("side ")]
+    assert [line for line in theirs if not line.startswith("side ")] == [f"step {i}" for i in range(6)]
+    assert side == [f"side {i}" for i in range(len(side))] and len(side) >= 50  # none lost, none reordered
+    assert _steps(tmp_path / "t.jsonl") == list(range(6))
+
+
 FAILING_JOB = STEPS_JOB + '''
 if sys.argv[3] == "raise":
     raise ValueError("the job's own bug, after its last step")

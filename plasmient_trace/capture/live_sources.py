@@ -129,8 +129,8 @@ class LiveSources:
         if not torch.cuda.is_available():
             self.devices_pending = False
             if self.config.kineto and self.config.cupti:
-                say_once("kineto-forced", "PLASMIENT_CUPTI=kineto: full-depth steps are profiled with torch.profiler "
-                                          "(no CUDA here: ops only)")
+                notice("kineto-forced", "PLASMIENT_CUPTI=kineto: full-depth steps are profiled with torch.profiler "
+                                        "(no CUDA here: ops only)")
                 self._use_kineto(cuda=False)
         elif torch.cuda.is_initialized():
             self.devices_pending = False
@@ -158,7 +158,7 @@ class LiveSources:
                                            sm_count=p.multi_processor_count, memory_bytes=int(p.total_memory),
                                            properties=props))
         if self.config.cupti and self.config.kineto:
-            say_once("kineto-forced", "PLASMIENT_CUPTI=kineto: GPU kernels come from torch.profiler on full-depth steps")
+            notice("kineto-forced", "PLASMIENT_CUPTI=kineto: GPU kernels come from torch.profiler on full-depth steps")
             self._use_kineto(cuda=True)
         elif self.config.cupti:
             collector = CuptiCollector()
