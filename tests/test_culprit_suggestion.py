@@ -228,3 +228,23 @@ def test_a_join_with_unknown_bytes_is_told_to_avoid_the_copy_not_to_register_a_f
     for r in rows:
         assert "computes nothing" in r["suggestion"] and "preallocated buffer" in r["suggestion"], r
         assert "register" not in r["suggestion"]
+
+
+def test_moe_experts_without_the_models_config_are_told_to_give_it() -> None:
+    """The vLLM gpt-oss replay and b200/eager spend most of their device time in vllm::moe_forward, whose
+    experts' sizes are in no Kineto argument (b200's raw JSON records a hidden-states tensor and the router
+    logits, nothing else). Their rows say to give the model's config.json; given it, none does."""
+    from conftest import trace_path
+    from test_flops_moe import GPT_OSS_20B
+
+    from plasmient_trace.metrics.flops.moe import moe_config_from_dict
+    from plasmient_trace.pipeline import IngestOptions, ingest_paths
+
+    moe = [e for e in _raw_ops("b200/eager_rank0_of8.json.gz") if e["name"] == "vllm::moe_forward"]
+    assert moe and all([len(d) for d in e["args"]["Input Dims"]] == [2, 2, 0] for e in moe)
+    for name in ("cc94_vllm_decode/graph_execution.json.gz", "b200/eager_rank0_of8.json.gz"):
+        rows = [r for r in _unknown_rows(name) if r["op"] == "vllm::moe_forward"]
+        assert rows and all("--model-config" in r["suggestion"] and "register" not in r["suggestion"] for r in rows)
+    name = "cc94_vllm_decode/graph_execution.json.gz"
+    given = ingest_paths([trace_path(name)], IngestOptions(job_id="moe", moe=moe_config_from_dict(GPT_OSS_20B)))
+    assert not [r for r in _all_rows(given.batch) if "--model-config" in r["suggestion"]]

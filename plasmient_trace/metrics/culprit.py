@@ -13,6 +13,7 @@ import functools
 import re
 
 from .flops.elementwise import JOIN_OPS
+from .flops.moe import MOE_OPS
 
 _ATTENTION = re.compile(r"attention|attn|fmha|flash|sdpa", re.I)
 # A softmax is attention's only inside an attention module (an unfused one); a loss's log_softmax is not.
@@ -138,6 +139,10 @@ def _unknown_bound(missing: str | None, op: str | None, where: str) -> str:
         return (f"{op}{where} copies its inputs into a new tensor and computes nothing (its bytes are unknown: the "
                 f"profiler records no element type for a tensor list): write into a preallocated buffer instead, "
                 f"or fuse it into its producer and consumer (torch.compile)")
+    if missing == "formula" and op in MOE_OPS:
+        # the formula exists; what the trace lacks is the experts' size, which only the model's config holds
+        return (f"{op}{where}: the experts' FLOPs need their size, which the trace does not record: give the "
+                f"model's Hugging Face config.json (plasmient ingest --model-config config.json)")
     return _UNKNOWN_ADVICE.get(missing, _UNKNOWN_ADVICE[None]).format(op=op or "this kernel", where=where)
 
 
