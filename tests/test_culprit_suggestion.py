@@ -248,3 +248,23 @@ def test_moe_experts_without_the_models_config_are_told_to_give_it() -> None:
     name = "cc94_vllm_decode/graph_execution.json.gz"
     given = ingest_paths([trace_path(name)], IngestOptions(job_id="moe", moe=moe_config_from_dict(GPT_OSS_20B)))
     assert not [r for r in _all_rows(given.batch) if "--model-config" in r["suggestion"]]
+
+
+def test_communication_advice_follows_who_issued_the_collective() -> None:
+    """mi300x/resnet trains under DDP: its gradient all-reduce in the backward pass is told about DDP's buckets.
+    b200/eager serves a tensor-parallel model: its symmetric-memory all-reduce is told about tensor parallelism,
+    not DDP. A collective with no such context keeps the general advice."""
+    ddp = [r for r in _all_rows(ingested_batch("mi300x/resnet_act_checkpoint_rank0_of8.json.gz"))
+           if r["bound"] == "communication" and (r["module"] or "").startswith("DistributedDataParallel")]
+    assert ddp and all(r["module"].endswith("[backward]") and "DDP gradient all-reduce" in r["suggestion"] for r in ddp)
+    tp = [r for r in _all_rows(ingested_batch("b200/eager_rank0_of8.json.gz")) if r["bound"] == "communication"
+          and r["op"] == "symm_mem::multimem_all_reduce_"]
+    assert tp and all("tensor-parallel" in r["suggestion"] and "DDP" not in r["suggestion"] for r in tp)
+    plain = suggestion("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "nccl:all_reduce", None, "communication", "collective")
+    assert plain.startswith("communication-bound: overlap collectives with compute")
+
+
+def ingested_batch(name: str):
+    from conftest import ingested
+
+    return ingested(name).batch

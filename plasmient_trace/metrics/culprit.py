@@ -76,7 +76,7 @@ def suggestion(
         return (f"device idle {idle_fraction:.0%} of the step with nothing queued: the host did not feed it; capture "
                 f"with CUDA graphs or torch.compile, raise the batch, and overlap data loading")
     if kind == "collective" or bound == "communication":
-        return "communication-bound: overlap collectives with compute (DDP buckets, FSDP prefetch) or shard less"
+        return _communication_advice(text, module or "")
     if kind in ("memcpy", "memset"):
         return "host/device copies on the critical path: pin memory, use non_blocking copies, keep tensors on device"
     if not cpu and bound in ("compute", "memory", "latency") and _layout_in_conv(kernel or "", op or ""):
@@ -131,6 +131,29 @@ _UNKNOWN_ADVICE = {
     None: ("no FLOP model for this work{where}: its efficiency is unknown; record shapes (record_shapes=True), or "
            "register a formula for its op (metrics.flops.register_flop_formula)"),
 }
+
+
+_DDP = re.compile(r"DistributedDataParallel", re.I)
+_FSDP = re.compile(r"FullyShardedDataParallel|FSDP", re.I)
+# tensor-parallel all-reduces of inference engines: vLLM's ops, torch's symmetric memory, custom all-reduce
+_TENSOR_PARALLEL = re.compile(r"vllm::|symm_mem::|multimem|one_shot_all_reduce|two_shot_all_reduce|cross_device_reduce", re.I)
+
+
+def _communication_advice(text: str, module: str) -> str:
+    """What overlaps or shrinks this collective, by who issued it (its module or op names)."""
+    if _FSDP.search(module):
+        return ("communication-bound FSDP collectives: prefetch the next all-gather (forward_prefetch, "
+                "backward_prefetch) so it overlaps compute, or shard over fewer ranks")
+    if _DDP.search(module) and "[backward]" in module:
+        return ("communication-bound DDP gradient all-reduce: size the buckets (bucket_cap_mb) so they overlap "
+                "the backward pass, or compress the gradients (a bf16 communication hook)")
+    if _DDP.search(module):
+        return ("communication-bound DDP collective outside the backward pass (its forward broadcasts buffers "
+                "every step): broadcast_buffers=False where the buffers never diverge between ranks")
+    if _TENSOR_PARALLEL.search(text):
+        return ("communication-bound tensor-parallel all-reduce: use fewer tensor-parallel ranks for this batch, "
+                "or fuse or overlap the all-reduce with its neighbours (e.g. all-reduce + RMSNorm fusion)")
+    return "communication-bound: overlap collectives with compute (DDP buckets, FSDP prefetch) or shard less"
 
 
 def _unknown_bound(missing: str | None, op: str | None, where: str) -> str:
