@@ -262,6 +262,13 @@ def test_communication_advice_follows_who_issued_the_collective() -> None:
     assert tp and all("tensor-parallel" in r["suggestion"] and "DDP" not in r["suggestion"] for r in tp)
     plain = suggestion("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "nccl:all_reduce", None, "communication", "collective")
     assert plain.startswith("communication-bound: overlap collectives with compute")
+    # no shared trace has these two: a DDP forward's buffer broadcast, an FSDP all-gather
+    forward = suggestion("ncclDevKernel_Broadcast_RING_LL", "record_param_comms", "DistributedDataParallel_*",
+                         "communication", "collective")
+    assert "broadcast_buffers=False" in forward and "bucket" not in forward
+    fsdp = suggestion("ncclDevKernel_AllGather_RING_LL", "nccl:_all_gather_base", "FullyShardedDataParallel_*",
+                      "communication", "collective")
+    assert "prefetch" in fsdp and "DDP" not in fsdp
 
 
 def ingested_batch(name: str):
