@@ -85,32 +85,23 @@ def _kineto_lines_withheld() -> Iterator[None]:
     thread's output in that window is delayed by it, never lost or reordered. Where fd 2 cannot be held, the
     block runs as it is."""
     libc = _libc_holding_the_gil()
-    if libc is None:
-        yield
-        return
-    try:
-        held = tempfile.TemporaryFile()
-    except OSError:
-        yield
-        return
-    with held:
-        try:
-            saved = os.dup(2)
-        except OSError:
+    held = None
+    with contextlib.ExitStack() as cleanup:
+        if libc is not None:
+            try:
+                held = cleanup.enter_context(tempfile.TemporaryFile())
+                saved = os.dup(2)
+                cleanup.callback(os.close, saved)
+                os.dup2(held.fileno(), 2)
+            except OSError:
+                held = None  # fd 2 stays as it was
+        if held is None:
             yield
             return
         try:
-            try:
-                os.dup2(held.fileno(), 2)
-            except OSError:
-                yield
-                return
-            try:
-                yield
-            finally:
-                _hand_back(libc, held.fileno(), saved)
+            yield
         finally:
-            os.close(saved)
+            _hand_back(libc, held.fileno(), saved)
 
 
 # Marks the profile objects that are ours, so the session's torch.profiler start/stop patch (which

@@ -21,7 +21,7 @@ _SOFTMAX = re.compile(r"softmax", re.I)
 # Kernels that only change a tensor's layout (cuDNN's nchwToNhwc, MIOpen's batched_transpose).
 _LAYOUT = re.compile(r"nchwToNhwc|nhwcToNchw|batched_transpose", re.I)
 _NORM = re.compile(r"batch_norm|layer_norm|group_norm|instance_norm|rms_?norm|cudnn::bn_", re.I)
-_BACKWARD = re.compile(r"backward|\[backward\]|bwd", re.I)
+_BACKWARD = re.compile(r"backward|bwd", re.I)  # "[backward]" module phases too
 # Names that say the attention is a decode (one query token against a KV cache): split-KV, paged, decode kernels.
 _DECODE = re.compile(r"splitkv|split_kv|paged|decode|unified_attention", re.I)
 _GEMM = re.compile(r"gemm|matmul|\bmm\b|addmm|bmm|linear|cutlass|cublas|sm\d+_xmma|ampere_|hopper|wgmma|nvjet", re.I)
@@ -144,10 +144,10 @@ def _communication_advice(text: str, module: str) -> str:
     if _FSDP.search(module):
         return ("communication-bound FSDP collectives: prefetch the next all-gather (forward_prefetch, "
                 "backward_prefetch) so it overlaps compute, or shard over fewer ranks")
-    if _DDP.search(module) and "[backward]" in module:
-        return ("communication-bound DDP gradient all-reduce: size the buckets (bucket_cap_mb) so they overlap "
-                "the backward pass, or compress the gradients (a bf16 communication hook)")
     if _DDP.search(module):
+        if "[backward]" in module:
+            return ("communication-bound DDP gradient all-reduce: size the buckets (bucket_cap_mb) so they overlap "
+                    "the backward pass, or compress the gradients (a bf16 communication hook)")
         return ("communication-bound DDP collective outside the backward pass (its forward broadcasts buffers "
                 "every step): broadcast_buffers=False where the buffers never diverge between ranks")
     if _TENSOR_PARALLEL.search(text):

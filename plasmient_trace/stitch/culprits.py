@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import conventions as cv
-from ..metrics.compute import BOUND_EVIDENCE_COVERAGE
+from ..metrics.compute import BOUND_CODE, BOUND_EVIDENCE_COVERAGE
 from ..metrics.culprit import suggestion
 from .inputs import CULPRIT_ROWS, KINDS
 from .joins import JoinedRank
@@ -203,9 +203,7 @@ def _optimizer_scopes(root: np.ndarray, lop: np.ndarray, mod: np.ndarray, op_cod
 # Why a kernel's bound is unknown, in the order the evidence is needed (see metrics.culprit.suggestion).
 MISSING = (None, "launch", "op", "shapes", "formula", "bytes", "peak")
 _MISSING_CODE = {name: code for code, name in enumerate(MISSING)}
-
-
-UNKNOWN_BOUND = cv.BOUNDS.index("unknown")
+UNKNOWN_BOUND = BOUND_CODE["unknown"]
 
 
 def _missing_evidence(tree: RankTree, j: JoinedRank, met: SpanMetrics, alive: np.ndarray, has_op: np.ndarray,
