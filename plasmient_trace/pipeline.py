@@ -29,7 +29,7 @@ from .sources.rawinput import repeated_input
 from .sources.parallel import read_many
 from .stitch.align import apply_offsets, estimate_alignment
 from .stitch.fleet import merge_span_batches
-from .stitch.joins import JoinedRank
+from .stitch.joins import JoinedRank, op_parents
 from .stitch.tree import (
     DEFAULT_MAX_SPANS,
     DeviceSpec,
@@ -123,12 +123,18 @@ def resolve_device(records: RecordSet, options: IngestOptions) -> DeviceSpec:
 
 
 def _observed_cpu_rates(records: RecordSet, costs: Any) -> dict[str, float]:
-    """The fastest FLOP/s any recorded op reached, per dtype (on a CPU the op's interval is its kernel)."""
+    """The fastest FLOP/s any recorded op reached, per dtype (on a CPU the op's interval is its kernel).
+
+    Only ops that own their FLOPs count: an op that yields them to a same-class op inside it did not do
+    that math at its own dtype. Under CPU autocast, aten::linear is recorded with its fp32 inputs around
+    the bf16 aten::linear that does the work, and its "fp32 rate" is the bf16 GEMM's (1.8x the fp32 peak
+    measured here), which used to raise, and cache, the fp32 peak."""
     if not records.ops.num_rows:
         return {}
     dur = (records.ops.column("end_ns").to_numpy() - records.ops.column("start_ns").to_numpy()) / 1e9
     flops = np.asarray(costs.flops, np.float64)
-    ok = (flops > 0) & (dur > 1e-6)
+    owns = ~flops_model.yields_flops(op_parents(records.ops), costs.model, flops)
+    ok = (flops > 0) & (dur > 1e-6) & owns
     dtype = costs.dtype
     rates = {str(dtype.names[c]): float((flops[ok & (dtype.codes == c)] / dur[ok & (dtype.codes == c)]).max())
              for c in np.unique(dtype.codes[ok]).tolist()}

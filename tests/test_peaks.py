@@ -131,6 +131,87 @@ def test_raising_needs_an_op_over_1_05x(tmp_path: Path, monkeypatch: pytest.Monk
     assert H.cpu_spec(cache_dir=tmp_path).peak_flops("fp32") == 1.5 * fp32
 
 
+def _autocast_trace(tmp_path: Path) -> Path:
+    """A real CPU autocast (bf16) forward pass, recorded by torch.profiler."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile
+
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+    x = torch.randn(512, 256)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x)  # warm-up outside the recording
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            for _ in range(3):
+                model(x)
+    path = tmp_path / "autocast.json"
+    prof.export_chrome_trace(str(path))
+    return path
+
+
+def test_an_autocast_wrapper_op_does_not_raise_the_fp32_peak(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under CPU autocast, aten::linear is recorded with its fp32 inputs around the bf16 aten::linear
+    that does the math. Its FLOPs over its time is the bf16 GEMM's rate, not an fp32 one: it must not
+    raise (and cache) the fp32 peak. It used to: on an avx512_bf16 EPYC a tiny autocast run raised
+    fp32 from 97 to 188 GFLOP/s, cached for every later run."""
+    import dataclasses
+    import json
+    from types import MappingProxyType
+
+    from plasmient_trace.pipeline import IngestOptions, rank_input
+
+    path = _autocast_trace(tmp_path)
+    # Oracle, from the raw events: each aten::linear with an fp32 operand holds an all-bf16 aten::linear
+    # on its thread (the autocast cast happens in between).
+    events = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("name") == "aten::linear"]
+    outer = [e for e in events if "float" in e["args"]["Input type"][:2]]
+    inner = [e for e in events if e["args"]["Input type"][:2] == ["c10::BFloat16"] * 2]
+    assert len(outer) == len(inner) == 6
+    assert all(any(i["tid"] == o["tid"] and o["ts"] <= i["ts"] and i["ts"] + i["dur"] <= o["ts"] + o["dur"]
+                   for i in inner) for o in outer)
+
+    def rate(e: dict) -> float:
+        (m, k), (n, _) = e["args"]["Input Dims"][0], e["args"]["Input Dims"][1]
+        return 2.0 * m * k * n / (e["dur"] / 1e6)
+
+    wrapper_rate = max(rate(e) for e in outer)
+    monkeypatch.setenv("PLASMIENT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(C, "_GEMM_N", 32)
+    monkeypatch.setattr(C, "_COPY_BYTES", 1 << 16)
+    measured = H.cpu_spec()
+    # An fp32 peak the wrapper "beats" twice over, a bf16 peak no op reaches: nothing may be raised.
+    peak = {"fp32": wrapper_rate / 2, "fp64": wrapper_rate, "bf16": 10 * max(rate(e) for e in inner)}
+    spec = dataclasses.replace(measured, peak=MappingProxyType(peak))
+    options = IngestOptions(cpu_spec=spec)
+    notes: list[str] = []
+    rank_input(read_kineto(path), options, notes)
+    assert options.cpu_spec.peak_flops("fp32") == peak["fp32"] and notes == []
+    assert "raised" not in json.loads((tmp_path / "cache" / C._CACHE_FILE).read_text()).popitem()[1]
+
+
+def test_a_peak_an_older_version_raised_is_measured_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Caches written before the autocast fix may hold a raise from a wrapper op: re-measured once."""
+    import json
+
+    monkeypatch.setattr(C, "_GEMM_N", 32)
+    monkeypatch.setattr(C, "_COPY_BYTES", 1 << 16)
+    fresh = H.cpu_spec(cache_dir=tmp_path)
+    path = tmp_path / C._CACHE_FILE
+    cache = json.loads(path.read_text())
+    key, entry = cache.popitem()
+    assert entry["format"] == C._CACHE_FORMAT
+    old = {k: v for k, v in entry.items() if k != "format"}
+    cache[key] = {**old, "fp32": 1e18, "raised": ["fp32"]}
+    path.write_text(json.dumps(cache))
+    assert H.cpu_spec(cache_dir=tmp_path).peak_flops("fp32") < 1e18
+    # A raise this version made stays (and an old entry nothing raised is still good).
+    raised = H.raise_cpu_peak(fresh, {"fp32": 2 * fresh.peak_flops("fp32")}, cache_dir=tmp_path)
+    assert H.cpu_spec(cache_dir=tmp_path).peak_flops("fp32") == raised.peak_flops("fp32")
+    cache = json.loads(path.read_text())
+    cache[key] = old
+    path.write_text(json.dumps(cache))
+    assert H.cpu_spec(cache_dir=tmp_path).peak_flops("fp32") == old["fp32"]
+
+
 def test_background_calibration_runs_in_another_process_with_the_jobs_threads(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     torch = pytest.importorskip("torch")

@@ -37,6 +37,9 @@ _GEMM_RUNS = 5
 _COPY_BYTES = 256 * 2**20   # well above any L3, so the copy streams from DRAM
 _COPY_RUNS = 3
 _CACHE_FILE = "cpu_calibration.json"
+# Entries a version before 2 raised may hold the rate of an op that did not do its own math (an autocast
+# wrapper around a bf16 GEMM raised fp32 to 1.8x the real peak): those are measured again.
+_CACHE_FORMAT = 2
 _clock = time.perf_counter   # looked up at call time so tests can substitute a fake clock
 _log = logging.getLogger(__name__)
 
@@ -177,13 +180,14 @@ def _measure_all(threads: int) -> dict[str, Any]:
     finally:
         if torch is not None and before != threads:
             torch.set_num_threads(before)
-    entry.update(gemm_n=_GEMM_N, copy_bytes=_COPY_BYTES, runs=_GEMM_RUNS, measured_at=time.time())
+    entry.update(gemm_n=_GEMM_N, copy_bytes=_COPY_BYTES, runs=_GEMM_RUNS, measured_at=time.time(), format=_CACHE_FORMAT)
     return entry
 
 
 def _valid(entry: Any) -> bool:
     want = ("fp32", "fp64", "bandwidth") + (("bf16",) if _cpu_has_bf16() else ())
-    return isinstance(entry, dict) and all(isinstance(entry.get(k), (int, float)) and entry[k] > 0 for k in want)
+    return (isinstance(entry, dict) and all(isinstance(entry.get(k), (int, float)) and entry[k] > 0 for k in want)
+            and not (entry.get("raised") and entry.get("format", 1) < _CACHE_FORMAT))
 
 
 def cpu_spec(cache_dir: str | os.PathLike[str] | None = None, threads: int | None = None) -> GpuSpec:
@@ -262,6 +266,7 @@ def raise_cpu_peak(spec: GpuSpec, observed: Mapping[str, float], threads: int | 
         if entry:
             entry[d] = float(observed[d])
             entry["raised"] = sorted(set(entry.get("raised", [])) | {d})
+            entry["format"] = _CACHE_FORMAT
     if entry:
         cache[key] = entry
         _write_cache(path, cache)

@@ -56,6 +56,15 @@ def _np(table: pa.Table, column: str, fill: int = -1) -> np.ndarray:
     return col.to_numpy().astype(np.int64, copy=False)
 
 
+def _op_threads(ops: pa.Table) -> np.ndarray:
+    return _np(ops, "pid") * (1 << 32) + (_np(ops, "tid") & 0xFFFFFFFF)
+
+
+def op_parents(ops: pa.Table) -> np.ndarray:
+    """Each op's innermost enclosing op on its own thread (-1: a root). Ops nest on their thread only."""
+    return innermost_enclosing(_op_threads(ops), _np(ops, "start_ns"), _np(ops, "end_ns"))[0]
+
+
 def _lookup(sorted_keys: np.ndarray, sorted_pos: np.ndarray, queries: np.ndarray) -> np.ndarray:
     """Index of each query in a sorted key array (via sorted_pos), -1 where absent."""
     if len(sorted_keys) == 0:
@@ -125,12 +134,10 @@ def join_rank(records: RecordSet) -> JoinedRank:
     stats = JoinStats()
     ops, launches, kernels, modules = records.ops, records.launches, records.kernels, records.modules
     o_start, o_end = _np(ops, "start_ns"), _np(ops, "end_ns")
-    o_tid, o_pid = _np(ops, "tid"), _np(ops, "pid")
     o_ext = _np(ops, "external_id")
-    o_thread = o_pid * (1 << 32) + (o_tid & 0xFFFFFFFF)
+    o_thread = _op_threads(ops)
 
-    # ---- ops nest on their thread
-    op_parent, _ = innermost_enclosing(o_thread, o_start, o_end)
+    op_parent = op_parents(ops)
 
     # ---- steps
     steps_t = records.steps
