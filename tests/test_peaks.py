@@ -65,6 +65,15 @@ def test_kernel_precision_patterns() -> None:
                       "ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_nn", None])
     got = H.kernel_precision(names, np.array(["fp32", "fp32", "fp32", "fp32", "fp32", "bf16", "fp32"]))
     assert got.tolist() == ["tf32", "tf32", "fp32", "tf32", "tf32", "bf16", "fp32"]
+    # PyTorch's memory-efficient attention: fp32 on sm80+ as 3xTF32 tensor-core math, SIMT before sm80
+    fmha = pa.array(["fmha_cutlassF_f32_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<float>)",
+                     "fmha_cutlassB_f32_notaligned_64x64_k65536_sm80(PyTorchMemEffAttention::AttentionBackwardKernel)",
+                     "fmha_cutlassF_f32_aligned_32x128_gmem_sm75(PyTorchMemEffAttention::AttentionKernel<float>)",
+                     "fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<bf16>)"])
+    got = H.kernel_precision(fmha, np.array(["fp32", "fp32", "fp32", "bf16"]))
+    assert got.tolist() == ["3xtf32", "3xtf32", "fp32", "bf16"]
+    h200 = H.SPECS["H200 SXM"]
+    assert h200.peak_flops("3xtf32") == h200.peak_flops("tf32") / 3
 
 
 def test_a_device_is_known_by_its_properties_only_when_they_single_it_out() -> None:

@@ -131,20 +131,23 @@ def kernel_waste_s(share_s: np.ndarray, ideal_s: np.ndarray, baseline_mfu: float
 
 
 def bound_codes(*, has_device: np.ndarray, is_kernel: np.ndarray, util: np.ndarray, kernels: np.ndarray,
-                kernel_s: np.ndarray, comm_s: np.ndarray, copy_s: np.ndarray, flops: np.ndarray, bytes_: np.ndarray,
-                coverage: np.ndarray, ridge: np.ndarray) -> np.ndarray:
+                kernel_s: np.ndarray, comm_s: np.ndarray, copy_s: np.ndarray, ideal_s: np.ndarray,
+                memory_s: np.ndarray, coverage: np.ndarray) -> np.ndarray:
     """What limits each span, from evidence only (-1 = absent: the span has no device time).
 
     communication: collectives are most of its kernel time; idle: the device mostly waited in its window;
-    latency: tiny kernels; compute/memory: only with known FLOPs (coverage), bytes and the device's ridge
-    point; copies are memory-bound by nature; anything else is ``unknown``.
+    latency: tiny kernels; copies are memory-bound by nature; compute/memory: only with known FLOPs
+    (coverage), bytes, peaks and bandwidth, by the roofline of each kernel's own precision: would the
+    span's math at peak (``ideal_s``: every kernel's FLOPs over the peak of the precision it ran at) take
+    longer than moving its bytes at full bandwidth (``memory_s``)? For one precision that is arithmetic
+    intensity against that precision's ridge point. One ridge for every kernel (the bf16 tensor-core peak's)
+    called V100's fp32 convolutions, compute-bound at fp32, memory-bound. Anything else is ``unknown``.
     """
     with np.errstate(divide="ignore", invalid="ignore"):
         mean_kernel = np.where(kernels > 0, kernel_s / np.maximum(kernels, 1), 0.0)
         comm_share = np.where(kernel_s > 0, comm_s / kernel_s, 0.0)
         copy_share = np.where(kernel_s > 0, copy_s / kernel_s, 0.0)
-        intensity = np.where(bytes_ > 0, flops / bytes_, np.nan)
-    evidence = (coverage >= BOUND_EVIDENCE_COVERAGE) & (bytes_ > 0) & np.isfinite(ridge)
+    evidence = (coverage >= BOUND_EVIDENCE_COVERAGE) & (memory_s > 0) & np.isfinite(memory_s) & np.isfinite(ideal_s)
     code = np.select(
         [~has_device,
          kernels == 0,
@@ -152,8 +155,8 @@ def bound_codes(*, has_device: np.ndarray, is_kernel: np.ndarray, util: np.ndarr
          ~is_kernel & (util < IDLE_BOUND_UTIL),
          mean_kernel < LATENCY_BOUND_MEAN_KERNEL_S,
          copy_share > 0.5,
-         evidence & (intensity >= ridge),
-         evidence & (intensity < ridge)],
+         evidence & (ideal_s >= memory_s),
+         evidence & (ideal_s < memory_s)],
         [-1, BOUND_CODE["idle"], BOUND_CODE["communication"], BOUND_CODE["idle"], BOUND_CODE["latency"],
          BOUND_CODE["memory"], BOUND_CODE["compute"], BOUND_CODE["memory"]],
         default=BOUND_CODE["unknown"],

@@ -10,6 +10,9 @@ Which peak applies to which dtype
   ran, so the op's dtype cannot tell; the kernel can: :func:`kernel_precision` says ``tf32`` for an
   fp32 op whose kernel is a tensor-core one (``cutlass_80_tensorop_s1688gemm``, ``sm80_xmma_*tf32*``,
   ``cutlass_tensorop_s1688fprop_*_tf32_*``), and that kernel is judged against the TF32 peak.
+  PyTorch's memory-efficient attention runs fp32 on tensor cores too, as three TF32 products per
+  multiply-add (CUTLASS ``OpMultiplyAddFastF32``: fp32 accuracy): its ``fmha_cutlass[FB]_f32_*_sm80``
+  kernels are ``3xtf32``, judged against a third of the TF32 peak.
 * On AMD CDNA, ``fp32``/``fp64`` are the matrix-core (MFMA) peaks: those are full-precision IEEE
   math, and what rocBLAS/hipBLASLt fp32 and fp64 GEMMs run on.
 * ``fp64`` on NVIDIA is the FP64 Tensor Core peak where the part has one (A100, H100, H200, B200).
@@ -48,12 +51,15 @@ __all__ = [
     "cpu_spec",  # noqa: F822 -- resolved lazily by __getattr__ (cpu_peak)
     "kernel_precision",
     "tf32_kernels",
+    "fast_fp32_kernels",
+    "FAST_FP32",
     "lookup",
     "raise_cpu_peak",  # noqa: F822 -- resolved lazily by __getattr__ (cpu_peak)
     "start_cpu_calibration",  # noqa: F822 -- resolved lazily by __getattr__ (cpu_peak)
 ]
 
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
+FAST_FP32 = "3xtf32"  # fp32 math as three TF32 tensor-core products (see the module docstring)
 
 _FALLBACK: dict[str, tuple[str, ...]] = {
     "tf32": ("fp32",),
@@ -91,6 +97,8 @@ class GpuSpec:
 
     def peak_flops(self, dtype: str = "fp32") -> float:
         """Dense peak FLOP/s for a canonical dtype, following the documented fallback chain."""
+        if dtype == FAST_FP32 and dtype not in self.peak:
+            return self.peak_flops("tf32") / 3  # each fp32 multiply-add is three TF32 ones
         if dtype in self.peak:
             return self.peak[dtype]
         for alt in _FALLBACK.get(dtype, ("fp32",)):
@@ -337,13 +345,27 @@ def tf32_kernels(kernel_names: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return match_distinct(kernel_names, lambda names: pc.match_substring_regex(names, _TF32_KERNEL))
 
 
+# PyTorch's memory-efficient attention (from xformers) for fp32 on sm80 and later: a CUTLASS TensorOp
+# GEMM with OpMultiplyAddFastF32 (mem_eff_attention/gemm_kernel_utils.h), three TF32 products per fp32
+# multiply-add. Its sm50/sm70/sm75 fp32 kernels are SIMT, plain fp32.
+_FAST_FP32_KERNEL = r"^fmha_cutlass[FB]_f32_\w*_sm80"
+
+
+def fast_fp32_kernels(kernel_names: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Per kernel, whether its name is one that runs fp32 math as 3xTF32 (see _FAST_FP32_KERNEL)."""
+    return match_distinct(kernel_names, lambda names: pc.match_substring_regex(names, _FAST_FP32_KERNEL))
+
+
 def kernel_precision(kernel_names: pa.Array | pa.ChunkedArray, op_dtype: np.ndarray) -> np.ndarray:
     """Per kernel, the precision its math ran at: ``op_dtype`` (the launching op's canonical dtype),
-    except ``tf32`` where an fp32 op ran a tensor-core kernel (see _TF32_KERNEL)."""
+    except ``tf32`` where an fp32 op ran a tensor-core kernel (see _TF32_KERNEL) and ``3xtf32`` where it
+    ran one that splits each fp32 product into three TF32 ones (see _FAST_FP32_KERNEL)."""
     out = np.asarray(op_dtype).astype(object).copy()
     if len(out) == 0:
         return out
-    out[tf32_kernels(kernel_names) & (out == "fp32")] = "tf32"
+    fp32 = out == "fp32"
+    out[tf32_kernels(kernel_names) & fp32] = "tf32"
+    out[fast_fp32_kernels(kernel_names) & fp32] = FAST_FP32
     return out
 
 

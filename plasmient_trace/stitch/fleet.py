@@ -31,7 +31,7 @@ from .summary_groups import SummaryGroups
 
 _FLOATS = ("flops", "ideal_s", "recompute_flops", "recompute_ideal_s", "comm_total_s", "comm_exposed_s",
            "copy_total_s", "copy_exposed_s", "idle_device_s", "queue_mean", "queue_max", "busy_s", "union_s", "known_s", "bytes", "kernel_s", "comm_s", "copy_s", "wasted_s",
-           "charged_s", "idle_s", "price_per_hour", "ridge", "comm_bytes", "comm_busbw", "link_peak")
+           "charged_s", "idle_s", "price_per_hour", "bandwidth", "comm_bytes", "comm_busbw", "link_peak")
 
 
 @dataclass
@@ -61,7 +61,7 @@ class RankSummary:
     charged_s: float
     idle_s: float
     price_per_hour: float        # USD per device-hour; NaN unknown
-    ridge: float                 # flop/byte of its device; NaN unknown
+    bandwidth: float             # bytes/s of its device's memory; NaN unknown
     device_type: str = "gpu"
     recompute_flops: float = 0.0      # activation-checkpointing recompute: hardware FLOPs, not model FLOPs
     recompute_ideal_s: float = 0.0
@@ -147,13 +147,14 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
         hfu = np.where(measured & (device_s > 0), np.minimum((ideal + total("recompute_ideal_s")) / device_s, util), np.nan)
         stall = np.where(measured & (busy > 0), np.clip(1 - ideal / busy, 0, 1), np.nan)
         intensity = np.where((total("bytes") > 0) & measured, executed / total("bytes"), np.nan)
-        ridges = g.values("ridge")
-        known_ridge = np.isfinite(ridges)
-        ridge = total(ridges, known_ridge) / g.count(known_ridge)  # the mean of the known ones; NaN if none
+        # each rank's bytes at its own device's bandwidth: unknown where a rank moved bytes at an unknown one
+        moved = g.values("bytes")
+        memory_s = total(np.where(moved > 0, moved / g.values("bandwidth"), 0.0))
     kernels = total("kernels")
     bound = mc.bound_codes(has_device=np.ones(n, bool), is_kernel=np.zeros(n, bool), util=util, kernels=kernels,
                            kernel_s=total("kernel_s"), comm_s=total("comm_s"), copy_s=total("copy_s"),
-                           flops=executed, bytes_=total("bytes"), coverage=np.nan_to_num(coverage), ridge=ridge)
+                           ideal_s=ideal + total("recompute_ideal_s"), memory_s=memory_s,
+                           coverage=np.nan_to_num(coverage))
 
     service = options.service_name or next((s.service_name for g in groups for s in g[3] if s.service_name), None) \
         or "plasmient-trace"

@@ -49,12 +49,6 @@ class DeviceSpec:
         """The peak quoted for a device as a whole: bf16 tensor math on a GPU, fp32 on a CPU."""
         return self.peak("bf16" if self.device_type == "gpu" else "fp32")
 
-    def ridge(self) -> float:
-        """Arithmetic intensity (flop/byte) where the roofline bends; NaN when peak or bandwidth is unknown."""
-        if self.peak_for is None or not self.bandwidth:
-            return float("nan")
-        return self.headline_peak() / self.bandwidth
-
 
 @dataclass
 class StitchOptions:

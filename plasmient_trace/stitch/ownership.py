@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from ..metrics.flops import flop_owners
 from ..metrics.flops.labels import as_labels
-from ..metrics.hardware import tf32_kernels
+from ..metrics.hardware import FAST_FP32, fast_fp32_kernels, tf32_kernels
 from .inputs import KIND_CODE, RankInput
 from .joins import JoinedRank
 from .nesting import any_ancestor
@@ -91,11 +91,12 @@ def kernel_peaks(inp: RankInput, work: KernelWork) -> np.ndarray:
     peaks = np.full(n_ks, inp.spec.peak("fp32"))
     n_op = len(inp.op_dtype)
     if n_op and n_ks:
-        # the precision each kernel's math ran at, as a code into its op's dtype names plus fp32 and tf32: its
-        # op's dtype, tf32 where an fp32 GEMM ran a tensor-core kernel; then the peak per precision (a handful)
+        # the precision each kernel's math ran at, as a code into its op's dtype names plus fp32, tf32 and 3xtf32:
+        # its op's dtype, tf32 where an fp32 GEMM ran a tensor-core kernel, 3xtf32 where an fp32 op ran one
+        # that splits each product in three (hardware.kernel_precision); then the peak per precision (a handful)
         op_dtype = as_labels(inp.op_dtype)
-        vocab = [str(d) for d in op_dtype.names] + ["fp32", "tf32"]
-        fp32, tf32 = len(vocab) - 2, len(vocab) - 1
+        vocab = [str(d) for d in op_dtype.names] + ["fp32", "tf32", FAST_FP32]
+        fp32, tf32, fast_fp32 = len(vocab) - 3, len(vocab) - 2, len(vocab) - 1
         has_src = work.dtype_src >= 0
         code = np.full(n_ks, fp32, np.int64)
         code[has_src] = op_dtype.codes[work.dtype_src[has_src]]
@@ -103,7 +104,9 @@ def kernel_peaks(inp: RankInput, work: KernelWork) -> np.ndarray:
         if n_real:
             is_fp32 = np.array([d == "fp32" for d in vocab])
             real = code[:n_real]
-            real[is_fp32[real] & tf32_kernels(inp.records.kernels.column("name"))] = tf32
+            names = inp.records.kernels.column("name")
+            real[is_fp32[real] & fast_fp32_kernels(names)] = fast_fp32
+            real[is_fp32[real] & tf32_kernels(names)] = tf32
         peak_of_code = np.array([inp.spec.peak(d) for d in vocab])
         peaks[has_src] = peak_of_code[code[has_src]]
     rs = inp.records

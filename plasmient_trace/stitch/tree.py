@@ -124,15 +124,15 @@ def stitch_steps(prepared: PreparedRank, s0: int, s1: int, options: StitchOption
         inp, j, tl = slice_rank(inp, j, tl, s0, s1, prepared.step_rows)
     rank, node = prepared.rank, prepared.node
     tree = build_rank_tree(inp, j, options, tl)
-    ridge = float(inp.spec.ridge())  # a table lookup: once per group of steps
-    met = derive_metrics(tree, ridge)
+    bandwidth = inp.spec.bandwidth or float("nan")
+    met = derive_metrics(tree, bandwidth)
     facts = tree.facts
     culprits = step_culprits(tree, j, met, inp.spec.device_type, wanted=None if facts is None else facts.full)
     export = choose_exported(tree, allowance, options.full_depth_steps, j.steps.astype(np.int64))
     batch = rank_columns(inp, j, tree, met, export, rank, node, options, culprits)
     service = batch.resources[0].get("service.name") if batch.resources else None
     summaries = [RankSummary(job_id=options.job_id, rank=rank, host=node, price_per_hour=float(tree.price),
-                             ridge=ridge, device_type=inp.spec.device_type, service_name=service, **fields)
+                             bandwidth=bandwidth, device_type=inp.spec.device_type, service_name=service, **fields)
                  for fields in _summary_fields(tree, j, culprits)]
     stats = {"spans": int(export.sum()), "kernels": tree.n_k,
              "kernels_folded": int((~export[tree.base["kernel"]:tree.base["kernel"] + tree.n_k] &
