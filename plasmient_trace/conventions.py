@@ -109,7 +109,7 @@ SPAN_ATTRIBUTES: tuple[SpanAttribute, ...] = (
     SpanAttribute("plasmient.kernels.outside_steps", _I, "{kernel}", ("step",), "on the first step of a rank: kernels of the trace that belong to no step (launched before the first or after the last), in no span"),
     SpanAttribute("plasmient.kernels.over_peak", _I, "{kernel}", ("step",), "kernels whose modelled flops exceeded peak * duration and were capped"),
     SpanAttribute("plasmient.unjoined_kernels", _I, "{kernel}", ("step",), "kernels with no launch or no op; kept, parented to the step"),
-    SpanAttribute("plasmient.peak_flops", _F, "{flop}/s", ("fleet", "node", "rank", "step"), "the device's headline dense peak: bf16 tensor math on a GPU, fp32 on a CPU (each kernel is measured against the peak of its own precision: plasmient.ideal_s)"),
+    SpanAttribute("plasmient.peak_flops", _F, "{flop}/s", ("fleet", "node", "rank", "step", "kernel"), "kernel (one with FLOPs): the dense peak of the precision its math ran at (fp32, tf32, 3xtf32, bf16, ...), its roof; above the step: the device's headline dense peak, bf16 tensor math on a GPU, fp32 on a CPU"),
     SpanAttribute("plasmient.fleet.ranks_missing", _I, "{rank}", ("fleet", "node"), "live multi-rank: ranks whose step summary had not arrived within PLASMIENT_FLEET_WAIT_S"),
     SpanAttribute("plasmient.peak_bandwidth", _F, "By/s", ("fleet", "node", "rank", "step"), "memory bandwidth of the device (roofline slope)"),
     SpanAttribute("plasmient.collectives.matched", _I, "{collective}", ("fleet", "node"), "collectives seen on at least two of the ranks below (the k-th of each name in the step, per rank)"),

@@ -87,3 +87,21 @@ def test_fp32_attention_on_an_h200_is_3xtf32_tensor_core_math_and_memory_bound()
         assert r["plasmient.flops"] / r["plasmient.ideal_s"] == pytest.approx(roof, rel=1e-3)
         assert r["plasmient.flops"] / r["plasmient.bytes"] < roof / 4.8e12
         assert r["plasmient.bound"] == "memory"
+
+
+def test_a_kernel_carries_the_peak_of_its_precision_and_the_roofline_draws_it_under_that_roof() -> None:
+    """Every v100 kernel with FLOPs is fp32 work with V100's FP32 roof, and so is every point of the page's
+    roofline (the 125 TFLOP/s tensor-core roof is no kernel's). Kernels above it are the ones whose modelled
+    FLOPs exceed what 15.7 TFLOP/s allows in their time (cuDNN's Winograd transforms and their GEMMs: the
+    direct-convolution count over fewer multiplies), as many as the steps count in kernels.over_peak."""
+    from plasmient_trace.report.html import report_data
+
+    columns = [*_COLUMNS, "plasmient.peak_flops", "plasmient.wall_s", "plasmient.kernels.over_peak"]
+    rows = ingested(TRACE).batch.table.select(columns).to_pylist()
+    working = [r for r in rows if r["plasmient.level"] == "kernel" and (r["plasmient.flops"] or 0) > 0]
+    assert working and all(r["plasmient.peak_flops"] == V100_FP32 for r in working)
+    above = sum(r["plasmient.flops"] / r["plasmient.wall_s"] > V100_FP32 for r in working)
+    assert above == sum(r["plasmient.kernels.over_peak"] for r in rows if r["plasmient.level"] == "step") > 0
+    roofline = report_data(ingested(TRACE).batch)["roofline"]
+    assert roofline["roofs"] == [{"model": "V100 DGXS", "peak_flops": V100_FP32, "peak_bandwidth": V100_BW}]
+    assert roofline["above_roof"] == above

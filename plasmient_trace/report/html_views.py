@@ -408,7 +408,7 @@ def roofline_data(frame: SpanFrame, max_points: int) -> dict[str, Any]:
     out: dict[str, Any] = {"kernels_total": int(k.size), "excluded": int((~ok).sum()), "mode": "kernels", "roofs": [],
                            "excluded_why": {"no FLOP model": int(unmodelled.sum()), "zero FLOPs (copies, collectives)": int(no_flops.sum()),
                                             "no byte count": int(no_bytes.sum()), "zero duration": int(no_time.sum())}}
-    # The device roof of a kernel comes from its rank span (peak of the dominant dtype there).
+    # A kernel's roof is the peak of the precision it ran at (its own plasmient.peak_flops), else its rank's.
     anc = frame.ancestor_at("rank")
     step_anc = frame.ancestor_at("step")
     peak_all, bw_all = frame.num("plasmient.peak_flops"), frame.num("plasmient.peak_bandwidth")
@@ -420,15 +420,24 @@ def roofline_data(frame: SpanFrame, max_points: int) -> dict[str, Any]:
             v[fill] = col[a[fill]]
         return v
 
-    peak, bw = from_ancestors(peak_all), from_ancestors(bw_all)
+    own_peak = peak_all[k]
+    peak = np.where(np.isfinite(own_peak), own_peak, from_ancestors(peak_all))
+    bw = from_ancestors(bw_all)
     models = [str(r.get("plasmient.gpu.model") or "") for r in frame.batch.resources]
     ri = frame.resource_index[k]
     model_idx = np.where((ri >= 0) & (ri < len(models)), ri, -1)
     model_names = sorted(set(models)) or [""]
     model_code = np.array([model_names.index(m) for m in models] + [0], dtype=np.int64)[model_idx]
     roof_keys = np.stack([model_code.astype(np.float64), np.nan_to_num(peak, nan=-1), np.nan_to_num(bw, nan=-1)], axis=1)
-    roofs, roof = (np.unique(roof_keys, axis=0, return_inverse=True) if k.size else (np.zeros((0, 3)), np.zeros(0, np.int64)))
-    roof = roof.reshape(-1)
+    # the roofs of the plotted kernels (a copy's rank roof is no kernel's); with none plotted, the device's
+    keyed = ok if ok.any() else np.ones(k.size, bool)
+    roofs, roof_of_keyed = (np.unique(roof_keys[keyed], axis=0, return_inverse=True) if k.size
+                            else (np.zeros((0, 3)), np.zeros(0, np.int64)))
+    roof = np.full(k.size, -1, np.int64)
+    roof[keyed] = roof_of_keyed.reshape(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # modelled FLOPs beyond what the roof allows in the kernel's time (a Winograd convolution's transforms)
+        out["above_roof"] = int((ok & (flops / wall > peak * (1 + 1e-9))).sum())
     out["roofs"] = [
         {"model": model_names[int(m)], "peak_flops": None if p < 0 else p, "peak_bandwidth": None if b < 0 else b}
         for m, p, b in roofs.tolist()

@@ -212,7 +212,13 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
             cols[f"plasmient.{key}"] = on_rows(np.full(len(first_step), int(count), np.int64), first_step, m)
     spec = inp.spec
     headline = spec.headline_peak()
-    cols["plasmient.peak_flops"] = on_rows(np.full(len(carriers), np.nan if headline is None else headline, np.float64), carriers, m)
+    # a kernel that did known math carries the peak of its precision (fp32, tf32, 3xtf32, bf16...): its roof
+    kernel_rows = np.flatnonzero(lv == LEVEL_CODE["kernel"])
+    kernel_peak = t.k_peak[sel[kernel_rows] - b["kernel"]]
+    own_peak = np.isfinite(kernel_peak) & (t.col("flops")[sel[kernel_rows]] > 0)
+    cols["plasmient.peak_flops"] = on_rows(
+        np.concatenate([np.full(len(carriers), np.nan if headline is None else headline, np.float64), kernel_peak[own_peak]]),
+        np.concatenate([carriers, kernel_rows[own_peak]]), m)
     cols["plasmient.peak_bandwidth"] = on_rows(np.full(len(carriers), spec.bandwidth or np.nan, np.float64), carriers, m)
     cols["plasmient.peak.source"] = cv.scatter_rows(pa.array([spec.source] * len(rank_rows), pa.string()), rank_rows, m)
     offset = max(j.stats.clock_offset_ns.values(), default=0)

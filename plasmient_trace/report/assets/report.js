@@ -638,6 +638,9 @@
       "Achieved FLOP/s = flops / kernel wall; dot area ∝ time. " +
       (R.excluded ? R.excluded + " kernels are not plotted (" + Object.keys(R.excluded_why || {}).filter(function (k) { return R.excluded_why[k]; })
         .map(function (k) { return R.excluded_why[k] + " " + k; }).join(", ") + "). " : "") +
+      (R.above_roof ? R.above_roof + " kernels sit above their roof: their modelled FLOPs are more than the peak of " +
+        "their precision allows in their time (Winograd and FFT convolutions do fewer multiplies than the direct count), " +
+        "so their ideal time is capped at their time (plasmient.kernels.over_peak). " : "") +
       (noBw ? "The device bandwidth is not in the trace, so only the compute roof (dashed) is drawn." : "") +
       (noPeak ? "The GPU's peak FLOP/s is unknown, so no roof is drawn." : "");
   }
