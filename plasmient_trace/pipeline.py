@@ -118,7 +118,7 @@ def resolve_device(records: RecordSet, options: IngestOptions) -> DeviceSpec:
     if spec is None:
         return DeviceSpec(model=None, device_type=device_type, peak_for=None, bandwidth=None,
                           price_per_hour=options.gpu_price, source="unknown")
-    return DeviceSpec(model=spec.model, device_type=device_type, peak_for=spec.peak_flops,
+    return DeviceSpec(model=spec.model, device_type=device_type, peak_for=spec.peak_flops, native=frozenset(spec.peak),
                       bandwidth=spec.memory_bandwidth, price_per_hour=spec.price_per_hour, source=spec.source)
 
 

@@ -275,3 +275,36 @@ def ingested_batch(name: str):
     from conftest import ingested
 
     return ingested(name).batch
+
+
+def test_compute_bound_advice_names_the_next_precision_the_device_has() -> None:
+    """fp32 work on a V100 is told fp16 (its tensor cores have no bf16) and by how much the peak rises; fp32
+    on an A100, bf16; a bf16 kernel is never told to use bf16: fp8 where the part has fp8 units (H100),
+    else a better kernel (A100)."""
+    from plasmient_trace.metrics import hardware as H
+
+    def advice(part: str, precision: str) -> str:
+        spec = H.SPECS[part]
+        return suggestion("volta_sgemm_128x64_nn", "aten::mm", "model.fc", "compute", "kernel",
+                          precision=precision, peak=spec.peak_flops, native=frozenset(spec.peak))
+
+    v100 = advice("V100 DGXS", "fp32")
+    assert "run it in fp16" in v100 and f"({125 / 15.7:.0f}x its peak)" in v100 and "bf16" not in v100
+    assert "run it in bf16" in advice("A100 SXM4 80GB", "fp32") and "(16x its peak)" in advice("A100 SXM4 80GB", "fp32")
+    assert "(2x its peak)" in advice("A100 SXM4 80GB", "tf32")
+    assert "fp8" in advice("H100 SXM", "bf16") and "use bf16" not in advice("H100 SXM", "bf16")
+    assert "fp8" not in advice("A100 SXM4 80GB", "bf16") and "better-tuned kernel" in advice("A100 SXM4 80GB", "bf16")
+
+
+def test_h100_vits_bf16_gemms_are_told_fp8_not_bf16() -> None:
+    """h100/vit's compute-bound rows are its MLP GEMMs, recorded with bf16 inputs (raw JSON): already bf16,
+    so the next step on an H100 is fp8."""
+    from conftest import ingested, raw_trace
+
+    name = "h100/vit_image_classification.json.gz"
+    addmm_types = {tuple(e["args"]["Input type"][:3]) for e in raw_trace(name)["traceEvents"]
+                   if e.get("name") == "aten::addmm" and "Input type" in e.get("args", {})}
+    assert addmm_types == {("c10::BFloat16",) * 3}
+    rows = [r for r in _all_rows(ingested(name).batch) if r["bound"] == "compute"]
+    assert rows and all(r["op"] == "aten::addmm" for r in rows)
+    assert all(" at bf16: fp8 matmuls" in r["suggestion"] and "use bf16" not in r["suggestion"] for r in rows)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 
 from .flops.elementwise import JOIN_OPS
 from .flops.moe import MOE_OPS
@@ -47,6 +48,28 @@ def _memory_family(text: str, module: str = "") -> str | None:
     return None
 
 
+# Precisions a GPU runs without its 16-bit tensor math, as the advice names them.
+_WIDE = {"fp32": "fp32", "tf32": "TF32", "3xtf32": "fp32 (3xTF32)", "fp64": "fp64"}
+
+
+def _compute_advice(precision: str | None, where: str, peak: Callable[[str], float] | None,
+                    native: frozenset[str]) -> str:
+    """A compute-bound kernel below baseline: the next precision down, where the device has one. A bf16 GEMM
+    on an H100 is not told to use bf16, nor a V100 (fp16 tensor cores, no bf16) to use bf16."""
+    if precision in _WIDE:
+        half = "bf16" if "bf16" in native or not native else "fp16"
+        gain = peak(half) / peak(precision) if peak is not None else float("nan")
+        times = f" ({gain:.0f}x its peak)" if gain == gain and gain >= 1.5 else ""
+        return (f"compute-bound{where} at {_WIDE[precision]}: run it in {half} (torch.autocast) so tensor cores do "
+                f"its math{times}, or a better-tuned kernel")
+    if precision in ("bf16", "fp16"):
+        if "fp8" in native:
+            return (f"compute-bound below baseline{where} at {precision}: fp8 matmuls (Transformer Engine, torchao) "
+                    f"double its peak; else a better-tuned kernel")
+        return f"compute-bound below baseline{where} at {precision}: a better-tuned kernel (tile shapes, no split-K) or a bigger batch"
+    return f"compute-bound below baseline{where}: use bf16/fp8 tensor cores or a better-tuned kernel"
+
+
 def suggestion(
     kernel: str | None,
     op: str | None,
@@ -59,9 +82,14 @@ def suggestion(
     idle_row: bool = False,
     idle_host_share: float | None = None,
     missing: str | None = None,
+    precision: str | None = None,
+    peak: Callable[[str], float] | None = None,
+    native: frozenset[str] = frozenset(),
 ) -> str:
     """A short, specific hint for one culprit row. ``missing``: for an unknown bound, the first evidence it
-    lacks (``stitch.culprits.MISSING``), so the hint names what to record or supply, not a guess."""
+    lacks (``stitch.culprits.MISSING``), so the hint names what to record or supply, not a guess.
+    ``precision``: what the kernel's math ran at; ``peak`` (precision -> FLOP/s) and ``native`` (the
+    precisions the device has units for) say what a compute-bound kernel could move to."""
     text = f"{kernel or ''} {op or ''}"
     where = f" in {module}" if module else ""
     cpu = device_type == "cpu"
@@ -111,7 +139,7 @@ def suggestion(
     if bound == "compute":
         if cpu:
             return f"compute-bound below baseline{where}: check the BLAS threads (torch.set_num_threads) and use bf16 where the CPU has it"
-        return f"compute-bound below baseline{where}: use bf16/fp8 tensor cores or a better-tuned kernel"
+        return _compute_advice(precision, where, peak, native)
     return f"most wasted time{where}: inspect this kernel's launch configuration and input shapes"
 
 

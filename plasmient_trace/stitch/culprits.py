@@ -20,7 +20,7 @@ import pyarrow as pa
 from .. import conventions as cv
 from ..metrics.compute import BOUND_CODE, BOUND_EVIDENCE_COVERAGE
 from ..metrics.culprit import suggestion
-from .inputs import CULPRIT_ROWS, KINDS
+from .inputs import CULPRIT_ROWS, KINDS, DeviceSpec
 from .joins import JoinedRank
 from .nesting import tree_root
 from .rank import RankTree, SpanMetrics, module_of_ops
@@ -58,10 +58,12 @@ def _names(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
 
 
 def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: str,
-                  rows: int = CULPRIT_ROWS, wanted: np.ndarray | None = None) -> list[list[dict[str, Any]]]:
+                  rows: int = CULPRIT_ROWS, wanted: np.ndarray | None = None,
+                  spec: DeviceSpec | None = None) -> list[list[dict[str, Any]]]:
     """Per step row, the top culprit rows (most exclusive waste first). ``wanted`` (per step row) limits
     them to those steps, the others getting none: a step sampled at step depth has no kernel FLOPs, and
-    its culprits would be left out of its spans (``step_facts.NEEDS_KERNEL_FLOPS``) once ranked."""
+    its culprits would be left out of its spans (``step_facts.NEEDS_KERNEL_FLOPS``) once ranked. ``spec``:
+    the device, whose precisions and peaks a compute-bound row's suggestion names."""
     out: list[list[dict[str, Any]]] = [[] for _ in range(tree.n_steps)]
     wanted = np.ones(tree.n_steps, bool) if wanted is None else np.asarray(wanted, bool)[:tree.n_steps]
     if not wanted.any():
@@ -111,6 +113,7 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
     waste = tree.k_waste
     kernel_bound = met.bound[tree.base["kernel"] + kr]
     kind = tree.k_kind
+    precision = tree.k_precision
     alive = np.arange(len(kr))  # each row's position among the alive kernels (tree.k_rows)
     if not wanted.all():
         keep = (step < 0) | wanted[np.maximum(step, 0)]
@@ -147,6 +150,7 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
                 "bound": cv.BOUNDS[bound_code] if bound_code >= 0 else None,
                 "kind": KINDS[int(kind[r])],
                 "missing": None,
+                "precision": str(precision.names[precision.codes[kr[alive[r]]]]),
             }
             if bound_code == UNKNOWN_BOUND:
                 row["missing"] = MISSING[int(_missing_evidence(tree, j, met, alive[[r]], oname[[r]] >= 0, device_type)[0])]
@@ -172,7 +176,9 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
             r["suggestion"] = suggestion(r["kernel"] if r["kernel"] != IDLE_LABEL else None, r["op"], r["module"],
                                          r["bound"], r["kind"], idle_fraction[s], device_type=device_type,
                                          idle_row=r["kernel"] == IDLE_LABEL, idle_host_share=host_shares[s],
-                                         missing=r.pop("missing", None))
+                                         missing=r.pop("missing", None), precision=r.pop("precision", None),
+                                         peak=spec.peak if spec is not None and spec.peak_for is not None else None,
+                                         native=spec.native if spec is not None else frozenset())
     return out
 
 

@@ -38,6 +38,7 @@ class DeviceSpec:
     bandwidth: float | None       # bytes/s
     price_per_hour: float | None  # USD per device-hour
     source: str                   # table:<model> | override | calibrated | unknown
+    native: frozenset[str] = frozenset()  # precisions with a peak of their own (not a fallback): fp8 on H100, not A100
 
     def peak(self, dtype: str) -> float:
         if self.peak_for is None:

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..metrics.flops import flop_owners
-from ..metrics.flops.labels import as_labels
+from ..metrics.flops.labels import Labels, as_labels
 from ..metrics.hardware import FAST_FP32, fast_fp32_kernels, tf32_kernels
 from .inputs import KIND_CODE, RankInput
 from .joins import JoinedRank
@@ -85,36 +85,36 @@ def kernel_work(inp: RankInput, j: JoinedRank, launching_op: np.ndarray, kinds: 
                       dtype_src=np.where(owner >= 0, owner, launching_op), known=known)
 
 
-def kernel_peaks(inp: RankInput, work: KernelWork) -> np.ndarray:
-    """Peak FLOP/s per kernel for the dtype of its math (NaN where the device's peak is unknown)."""
+def kernel_precisions(inp: RankInput, work: KernelWork) -> Labels:
+    """Per kernel, the precision its math ran at: its op's dtype, ``tf32`` where an fp32 GEMM ran a
+    tensor-core kernel, ``3xtf32`` where an fp32 op ran one that splits each product in three
+    (hardware.kernel_precision), the kernel's own ``model_dtype`` where the records carry one (CUDA-graph
+    replays), ``fp32`` where nothing says."""
     n_ks = len(work.flops)
-    peaks = np.full(n_ks, inp.spec.peak("fp32"))
-    n_op = len(inp.op_dtype)
-    if n_op and n_ks:
-        # the precision each kernel's math ran at, as a code into its op's dtype names plus fp32, tf32 and 3xtf32:
-        # its op's dtype, tf32 where an fp32 GEMM ran a tensor-core kernel, 3xtf32 where an fp32 op ran one
-        # that splits each product in three (hardware.kernel_precision); then the peak per precision (a handful)
-        op_dtype = as_labels(inp.op_dtype)
-        vocab = [str(d) for d in op_dtype.names] + ["fp32", "tf32", FAST_FP32]
-        fp32, tf32, fast_fp32 = len(vocab) - 3, len(vocab) - 2, len(vocab) - 1
+    op_dtype = as_labels(inp.op_dtype)
+    vocab = ["fp32", "tf32", FAST_FP32] + [str(d) for d in op_dtype.names]
+    code = np.zeros(n_ks, np.int64)
+    if len(op_dtype.codes) and n_ks:
         has_src = work.dtype_src >= 0
-        code = np.full(n_ks, fp32, np.int64)
-        code[has_src] = op_dtype.codes[work.dtype_src[has_src]]
+        code[has_src] = 3 + op_dtype.codes[work.dtype_src[has_src]]
         n_real = inp.records.kernels.num_rows
         if n_real:
-            is_fp32 = np.array([d == "fp32" for d in vocab])
-            real = code[:n_real]
+            # only kernels whose op says fp32: with no op, nothing says what a tensor-core kernel multiplied
+            fp32_op = np.array([d == "fp32" for d in vocab])[code[:n_real]] & has_src[:n_real]
             names = inp.records.kernels.column("name")
-            real[is_fp32[real] & fast_fp32_kernels(names)] = fast_fp32
-            real[is_fp32[real] & tf32_kernels(names)] = tf32
-        peak_of_code = np.array([inp.spec.peak(d) for d in vocab])
-        peaks[has_src] = peak_of_code[code[has_src]]
+            real = code[:n_real]
+            real[fp32_op & fast_fp32_kernels(names)] = 2
+            real[fp32_op & tf32_kernels(names)] = 1
     rs = inp.records
     if "model_dtype" in rs.kernels.column_names and rs.kernels.num_rows and rs.kernels.column("model_dtype").null_count < rs.kernels.num_rows:
-        dt = rs.kernels.column("model_dtype").combine_chunks()
-        enc = pc.dictionary_encode(dt)
-        peak_of = np.array([inp.spec.peak(str(d)) for d in enc.dictionary.to_pylist()] + [np.nan])
-        idx = enc.indices.fill_null(len(enc.dictionary)).to_numpy(zero_copy_only=False)
-        own = peak_of[idx]
-        peaks[:rs.kernels.num_rows] = np.where(np.isfinite(own), own, peaks[:rs.kernels.num_rows])
-    return peaks
+        enc = pc.dictionary_encode(rs.kernels.column("model_dtype").combine_chunks())
+        idx = enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        own = idx >= 0
+        code[:rs.kernels.num_rows][own] = len(vocab) + idx[own]
+        vocab += [str(d) for d in enc.dictionary.to_pylist()]
+    return Labels(codes=code.astype(np.int32), names=np.asarray(vocab))
+
+
+def kernel_peaks(inp: RankInput, precision: Labels) -> np.ndarray:
+    """Peak FLOP/s per kernel for the precision of its math (NaN where the device's peak is unknown)."""
+    return np.array([inp.spec.peak(str(d)) for d in precision.names], np.float64)[precision.codes]

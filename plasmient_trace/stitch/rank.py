@@ -24,6 +24,7 @@ import numpy as np
 
 from ..metrics import compute as mc
 from ..metrics.flops import yields_flops
+from ..metrics.flops.labels import Labels
 from .collectives import CollectiveBandwidth, collective_bandwidth
 from .inputs import KIND_CODE, LEVEL_CODE, RankInput, StitchOptions
 from .joins import JoinedRank
@@ -35,7 +36,7 @@ from .nesting import (
     tree_root,
 )
 from .overlap import StepOverlap
-from .ownership import kernel_peaks, kernel_work
+from .ownership import kernel_peaks, kernel_precisions, kernel_work
 from .recompute import Recompute, find_recompute
 from .step_facts import step_metrics, with_step_facts
 from .timeline import DeviceTimeline, device_timeline
@@ -84,6 +85,7 @@ class RankTree:
     k_launch_op: np.ndarray
     k_kind: np.ndarray
     k_peak: np.ndarray     # per kernel (all of them, by kernel index): the peak of the precision its math ran at
+    k_precision: Labels    # per kernel (by kernel index): that precision (fp32, tf32, 3xtf32, bf16, ...)
     over_peak_by_step: np.ndarray
     outside_kernels: int
     overlap: StepOverlap | None = None  # per step: communication/copy overlap, idle split, launch queue
@@ -176,7 +178,8 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions, tl: D
     # ---- per-kernel work: FLOPs, bytes, ideal seconds at the peak of the kernel's dtype
     kinds = tl.kind
     work = kernel_work(inp, j, ko, kinds, k_alive, ke - ks, yields)
-    peaks = kernel_peaks(inp, work)
+    precision = kernel_precisions(inp, work)
+    peaks = kernel_peaks(inp, precision)
     # recomputed forward work (activation checkpointing): hardware FLOPs, not model FLOPs
     k_rc = rc.ops[np.maximum(np.where(work.owner >= 0, work.owner, ko), 0)] & (ko >= 0) if n_op else np.zeros(n_ks, bool)
 
@@ -249,7 +252,7 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions, tl: D
         under_child=non_kernel_child, under_parent=parent[non_kernel_child],
         union_s=union_s, price=inp.spec.price_per_hour if inp.spec.price_per_hour is not None else np.nan,
         peak_known=inp.spec.peak_for is not None, k_rows=live_k, k_waste=waste, k_launch_op=ko[live_k],
-        k_kind=kind_live, k_peak=peaks, over_peak_by_step=over_peak_by_step, outside_kernels=tl.outside_kernels, overlap=overlap,
+        k_kind=kind_live, k_peak=peaks, k_precision=precision, over_peak_by_step=over_peak_by_step, outside_kernels=tl.outside_kernels, overlap=overlap,
         comm_bw=comm_bw, levels=levels,
     )
     if options.full_depth_steps is not None:
