@@ -52,7 +52,9 @@ __all__ = [
     "kernel_precision",
     "tf32_kernels",
     "fast_fp32_kernels",
+    "fp32_precision_codes",
     "FAST_FP32",
+    "FP32_PRECISIONS",
     "lookup",
     "raise_cpu_peak",  # noqa: F822 -- resolved lazily by __getattr__ (cpu_peak)
     "start_cpu_calibration",  # noqa: F822 -- resolved lazily by __getattr__ (cpu_peak)
@@ -356,16 +358,28 @@ def fast_fp32_kernels(kernel_names: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return match_distinct(kernel_names, lambda names: pc.match_substring_regex(names, _FAST_FP32_KERNEL))
 
 
+# What an fp32 op's math runs at, by its kernel's name (fp32_precision_codes indexes this).
+FP32_PRECISIONS = ("fp32", "tf32", FAST_FP32)
+
+
+def fp32_precision_codes(kernel_names: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Per kernel, the precision an fp32 op's math ran at on it, as an index into FP32_PRECISIONS: ``tf32``
+    on a tensor-core kernel (see _TF32_KERNEL), ``3xtf32`` on one that splits each fp32 product into three
+    TF32 ones (see _FAST_FP32_KERNEL), plain ``fp32`` otherwise."""
+    code = np.zeros(len(kernel_names), np.int64)
+    code[tf32_kernels(kernel_names)] = FP32_PRECISIONS.index("tf32")
+    code[fast_fp32_kernels(kernel_names)] = FP32_PRECISIONS.index(FAST_FP32)
+    return code
+
+
 def kernel_precision(kernel_names: pa.Array | pa.ChunkedArray, op_dtype: np.ndarray) -> np.ndarray:
-    """Per kernel, the precision its math ran at: ``op_dtype`` (the launching op's canonical dtype),
-    except ``tf32`` where an fp32 op ran a tensor-core kernel (see _TF32_KERNEL) and ``3xtf32`` where it
-    ran one that splits each fp32 product into three TF32 ones (see _FAST_FP32_KERNEL)."""
+    """Per kernel, the precision its math ran at: ``op_dtype`` (the launching op's canonical dtype), where
+    that is fp32 the one its kernel ran it at (fp32_precision_codes)."""
     out = np.asarray(op_dtype).astype(object).copy()
     if len(out) == 0:
         return out
     fp32 = out == "fp32"
-    out[tf32_kernels(kernel_names) & fp32] = "tf32"
-    out[fast_fp32_kernels(kernel_names) & fp32] = FAST_FP32
+    out[fp32] = np.array(FP32_PRECISIONS, object)[fp32_precision_codes(kernel_names)][fp32]
     return out
 
 

@@ -21,6 +21,7 @@ from .culprits import culprit_columns
 from .inputs import LEVEL_CODE, RankInput, StitchOptions
 from .joins import JoinedRank
 from .nesting import depth_levels, fold_rows_to_parents
+from .ownership import kernel_peaks
 from .rank import RankTree, SpanMetrics
 from .step_facts import step_columns
 
@@ -214,7 +215,7 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     headline = spec.headline_peak()
     # a kernel that did known math carries the peak of its precision (fp32, tf32, 3xtf32, bf16...): its roof
     kernel_rows = np.flatnonzero(lv == LEVEL_CODE["kernel"])
-    kernel_peak = t.k_peak[sel[kernel_rows] - b["kernel"]]
+    kernel_peak = kernel_peaks(inp, t.k_precision)[sel[kernel_rows] - b["kernel"]]
     own_peak = np.isfinite(kernel_peak) & (t.col("flops")[sel[kernel_rows]] > 0)
     cols["plasmient.peak_flops"] = on_rows(
         np.concatenate([np.full(len(carriers), np.nan if headline is None else headline, np.float64), kernel_peak[own_peak]]),

@@ -57,13 +57,13 @@ def _names(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
     return enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64), [str(x) for x in enc.dictionary.to_pylist()]
 
 
-def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: str,
-                  rows: int = CULPRIT_ROWS, wanted: np.ndarray | None = None,
-                  spec: DeviceSpec | None = None) -> list[list[dict[str, Any]]]:
+def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, spec: DeviceSpec,
+                  rows: int = CULPRIT_ROWS, wanted: np.ndarray | None = None) -> list[list[dict[str, Any]]]:
     """Per step row, the top culprit rows (most exclusive waste first). ``wanted`` (per step row) limits
     them to those steps, the others getting none: a step sampled at step depth has no kernel FLOPs, and
     its culprits would be left out of its spans (``step_facts.NEEDS_KERNEL_FLOPS``) once ranked. ``spec``:
-    the device, whose precisions and peaks a compute-bound row's suggestion names."""
+    the device: its type, and the precisions and peaks a compute-bound row's suggestion names."""
+    device_type = spec.device_type
     out: list[list[dict[str, Any]]] = [[] for _ in range(tree.n_steps)]
     wanted = np.ones(tree.n_steps, bool) if wanted is None else np.asarray(wanted, bool)[:tree.n_steps]
     if not wanted.any():
@@ -177,8 +177,7 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, device_type: 
                                          r["bound"], r["kind"], idle_fraction[s], device_type=device_type,
                                          idle_row=r["kernel"] == IDLE_LABEL, idle_host_share=host_shares[s],
                                          missing=r.pop("missing", None), precision=r.pop("precision", None),
-                                         peak=spec.peak if spec is not None and spec.peak_for is not None else None,
-                                         native=spec.native if spec is not None else frozenset())
+                                         peak=spec.peak if spec.peak_for is not None else None, native=spec.native)
     return out
 
 

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from ..metrics.flops import flop_owners
 from ..metrics.flops.labels import Labels, as_labels
-from ..metrics.hardware import FAST_FP32, fast_fp32_kernels, tf32_kernels
+from ..metrics.hardware import FP32_PRECISIONS, fp32_precision_codes
 from .inputs import KIND_CODE, RankInput
 from .joins import JoinedRank
 from .nesting import any_ancestor
@@ -92,19 +92,17 @@ def kernel_precisions(inp: RankInput, work: KernelWork) -> Labels:
     replays), ``fp32`` where nothing says."""
     n_ks = len(work.flops)
     op_dtype = as_labels(inp.op_dtype)
-    vocab = ["fp32", "tf32", FAST_FP32] + [str(d) for d in op_dtype.names]
-    code = np.zeros(n_ks, np.int64)
+    vocab = [*FP32_PRECISIONS, *(str(d) for d in op_dtype.names)]
+    code = np.zeros(n_ks, np.int64)  # FP32_PRECISIONS[0], fp32
     if len(op_dtype.codes) and n_ks:
         has_src = work.dtype_src >= 0
-        code[has_src] = 3 + op_dtype.codes[work.dtype_src[has_src]]
+        code[has_src] = len(FP32_PRECISIONS) + op_dtype.codes[work.dtype_src[has_src]]
         n_real = inp.records.kernels.num_rows
         if n_real:
             # only kernels whose op says fp32: with no op, nothing says what a tensor-core kernel multiplied
             fp32_op = np.array([d == "fp32" for d in vocab])[code[:n_real]] & has_src[:n_real]
-            names = inp.records.kernels.column("name")
             real = code[:n_real]
-            real[fp32_op & fast_fp32_kernels(names)] = 2
-            real[fp32_op & tf32_kernels(names)] = 1
+            real[fp32_op] = fp32_precision_codes(inp.records.kernels.column("name"))[fp32_op]
     rs = inp.records
     if "model_dtype" in rs.kernels.column_names and rs.kernels.num_rows and rs.kernels.column("model_dtype").null_count < rs.kernels.num_rows:
         enc = pc.dictionary_encode(rs.kernels.column("model_dtype").combine_chunks())

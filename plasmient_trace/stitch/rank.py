@@ -84,8 +84,7 @@ class RankTree:
     k_waste: np.ndarray
     k_launch_op: np.ndarray
     k_kind: np.ndarray
-    k_peak: np.ndarray     # per kernel (all of them, by kernel index): the peak of the precision its math ran at
-    k_precision: Labels    # per kernel (by kernel index): that precision (fp32, tf32, 3xtf32, bf16, ...)
+    k_precision: Labels    # per kernel (all of them, by kernel index): the precision its math ran at (fp32, tf32, 3xtf32, bf16, ...)
     over_peak_by_step: np.ndarray
     outside_kernels: int
     overlap: StepOverlap | None = None  # per step: communication/copy overlap, idle split, launch queue
@@ -252,7 +251,7 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions, tl: D
         under_child=non_kernel_child, under_parent=parent[non_kernel_child],
         union_s=union_s, price=inp.spec.price_per_hour if inp.spec.price_per_hour is not None else np.nan,
         peak_known=inp.spec.peak_for is not None, k_rows=live_k, k_waste=waste, k_launch_op=ko[live_k],
-        k_kind=kind_live, k_peak=peaks, k_precision=precision, over_peak_by_step=over_peak_by_step, outside_kernels=tl.outside_kernels, overlap=overlap,
+        k_kind=kind_live, k_precision=precision, over_peak_by_step=over_peak_by_step, outside_kernels=tl.outside_kernels, overlap=overlap,
         comm_bw=comm_bw, levels=levels,
     )
     if options.full_depth_steps is not None:

@@ -127,7 +127,7 @@ def stitch_steps(prepared: PreparedRank, s0: int, s1: int, options: StitchOption
     bandwidth = inp.spec.bandwidth or float("nan")
     met = derive_metrics(tree, bandwidth)
     facts = tree.facts
-    culprits = step_culprits(tree, j, met, inp.spec.device_type, wanted=None if facts is None else facts.full, spec=inp.spec)
+    culprits = step_culprits(tree, j, met, inp.spec, wanted=None if facts is None else facts.full)
     export = choose_exported(tree, allowance, options.full_depth_steps, j.steps.astype(np.int64))
     batch = rank_columns(inp, j, tree, met, export, rank, node, options, culprits)
     service = batch.resources[0].get("service.name") if batch.resources else None
