@@ -563,3 +563,82 @@ def test_loading_a_side_reports_progress_for_a_span_file_and_for_a_trace(spans_d
         args = parser.parse_args([str(side), str(side)])
         assert len(load_side(str(side), args, lambda *a: seen.append(a)))
         assert any(want in label for label, _, _ in seen), (side, seen)
+
+
+# ---- live runs that sampled at step depth ------------------------------------------------------------
+
+
+def _live_run(out: Path, every: int, steps: int = 12) -> Path:
+    """A real live capture of a small model, full depth every `every`-th step, the rest at step depth."""
+    torch = pytest.importorskip("torch")
+    from plasmient_trace.capture.session import CaptureConfig, CaptureSession
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    x = torch.randn(32, 64)
+    session = CaptureSession(CaptureConfig(out=str(out), every=every, peak_tflops=1.0, gpu_price=3.6,
+                                           job_id=f"sampled-{every}", environ={})).start()
+    try:
+        for _ in range(steps):
+            with session.step():
+                model.zero_grad(set_to_none=True)
+                model(x).pow(2).mean().backward()
+    finally:
+        session.close(timeout=60)
+    assert not session.failed and session.stats["steps_dropped"] == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def sampled_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    d = tmp_path_factory.mktemp("sampled")
+    return _live_run(d / "a.jsonl", every=10), _live_run(d / "b.jsonl", every=4)  # full depth at 0, 10 | 0, 4, 8
+
+
+def test_sampled_live_runs_compare_over_their_full_depth_steps(sampled_runs, tmp_path: Path, capsys) -> None:
+    # Default sampling exports kernels, ops and modules for one step in ten: the device time, FLOPs and
+    # waste of the units are those steps' alone, so a per-step comparison divides by them, not by all steps.
+    a, b = sampled_runs
+    full = {}
+    for side, path in (("a", a), ("b", b)):
+        steps = [s for s in raw_spans(path) if s["attrs"].get("plasmient.level") == "step"]
+        detailed = [s for s in steps if s["attrs"]["plasmient.sampled_depth"] == "full"]
+        assert len(steps) == 12 and all(s["attrs"].get("plasmient.busy_s") is None for s in steps if s not in detailed)
+        full[side] = (len(detailed), sum(s["attrs"]["plasmient.busy_s"] for s in detailed),
+                      sum(s["attrs"]["plasmient.flops"] for s in detailed))
+    assert (full["a"][0], full["b"][0]) == (2, 3)
+
+    rc, result = run_diff(a, b, tmp_path, "--per-step")
+    assert rc == 0
+    t = result["totals"]
+    assert t["steps"] == {"a": 12, "b": 12, "delta": 0}
+    assert t["detailed_steps"] == {"a": 2, "b": 3, "delta": 1}
+    for side in ("a", "b"):
+        n, busy, flops = full[side]
+        assert t["busy_s"][side] == pytest.approx(busy / n, rel=1e-9)
+        assert t["flops"][side] == pytest.approx(flops / n, rel=1e-9)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "at full depth" in out and "over the full-depth steps alone" in out and "compare them with --per-step" not in out
+
+    # the totals without --per-step are sums over different numbers of steps, and the table says so
+    rc, result = run_diff(a, b, tmp_path)
+    assert rc == 0 and result["totals"]["busy_s"]["b"] == pytest.approx(full["b"][1], rel=1e-9)
+    assert "A has 2 full-depth steps and B 3: compare them with --per-step" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_page_says_which_steps_its_diff_covers(sampled_runs, tmp_path: Path) -> None:
+    from browser import Browser, chromium_path
+
+    if chromium_path() is None:
+        pytest.skip("/usr/bin/chromium is missing: run scripts/install-test-deps.sh")
+    page = tmp_path / "diff.html"
+    rc, _ = run_diff(*sampled_runs, tmp_path, "--html", str(page), "--quiet")
+    assert rc == 0
+    with Browser(width=1400, height=1000) as b:
+        b.goto(page.resolve().as_uri())
+        assert b.eval("document.body.getAttribute('data-ready')") == "1" and b.js_errors() == []
+        totals = b.eval("Object.fromEntries([...document.querySelectorAll('#diff-totals tr[data-total]')]"
+                        ".map(tr => [tr.dataset.total, [...tr.querySelectorAll('td')].map(td => td.textContent)]))")
+        note = b.eval("document.getElementById('diff-sampled').textContent")
+    assert totals["steps"] == ["steps", "12", "12", "0"] and totals["at full depth"] == ["at full depth", "2", "3", "+1"]
+    assert "full-depth steps alone (A 2 of 12, B 3 of 12)" in note

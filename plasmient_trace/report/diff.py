@@ -16,9 +16,14 @@ units (concurrent kernels share a device-second, so nothing is counted twice), *
 ``plasmient.wasted_s.self``; a row's MFU is its ideal seconds over its busy seconds (MFU of the time its
 kernels held the device, at each kernel's own peak), a lower bound where its coverage (busy share of kernels
 with known FLOPs) is below 1 and unknown where it is 0. Rows are ranked by the absolute change in wasted
-seconds; with ``per_step`` each side is first divided by its number of step spans. The CI gate compares
-step-weighted MFU: the step spans' MFU weighted by their device-seconds, as the terminal summary's "all" row
-computes it. The command around this comparison is ``report.diff_cli``.
+seconds. The CI gate compares step-weighted MFU: the step spans' MFU weighted by their device-seconds, as the
+terminal summary's "all" row computes it. The command around this comparison is ``report.diff_cli``.
+
+A live run samples: most of its steps run at step depth (``plasmient.sampled_depth`` = ``step``) and export
+their step span alone, with no kernel, op or module below it and no exclusive device time. The units, the
+tables and the totals of time, FLOPs and waste are therefore those of the *detailed* steps only (full depth
+live, every step of an ingested trace), and ``per_step`` divides each side by its number of detailed steps,
+the steps the units come from; step-weighted MFU is over every step that has one, carried ones included.
 """
 
 from __future__ import annotations
@@ -134,17 +139,19 @@ class Side:
     mfu: float | None  # step spans' MFU weighted by their device-seconds; None when no step has one
     steps: int
     mfu_steps: int = 0  # the step spans that have an MFU: ``mfu`` is theirs alone
+    detailed_steps: int = 0  # the step spans whose subtree was exported (not sampled at step depth): the units'
 
     def per_step(self) -> "Side":
-        """The same side with every additive quantity divided by its number of steps (kernel counts stay
-        totals), for runs that profiled a different number of steps; unchanged when it has no step."""
-        if self.steps <= 1:
+        """The same side with every additive quantity divided by its number of detailed steps, the steps its
+        units come from (kernel counts stay totals), for runs that profiled or sampled a different number of
+        steps; unchanged when it has at most one."""
+        if self.detailed_steps <= 1:
             return self
         units = self.units
         for q in QUANTITIES:
             i = units.schema.get_field_index(q)
-            units = units.set_column(i, q, pc.divide(units.column(q), float(self.steps)))
-        return Side(self.label, units, self.mfu, self.steps, self.mfu_steps)
+            units = units.set_column(i, q, pc.divide(units.column(q), float(self.detailed_steps)))
+        return Side(self.label, units, self.mfu, self.steps, self.mfu_steps, self.detailed_steps)
 
     def total(self, q: str) -> float | None:
         col = self.units.column(q)
@@ -157,7 +164,10 @@ def side_from_batch(batch: SpanBatch, label: str) -> Side:
     step_mfu = frame.num("plasmient.mfu")[steps]
     mfu = weighted_mean(step_mfu, frame.device_s[steps]) if steps.size else None
     known = int((~np.isnan(step_mfu) & (frame.device_s[steps] > 0)).sum())
-    return Side(label, unit_table(batch), mfu, int(steps.size), known)
+    # absent on every step of an ingested trace: all of them are detailed
+    depth = frame.strings("plasmient.sampled_depth").take(pa.array(steps, pa.int64()))
+    detailed = int(steps.size) - int(pc.sum(pc.equal(depth, "step").fill_null(False).cast(pa.int64())).as_py() or 0)
+    return Side(label, unit_table(batch), mfu, int(steps.size), known, detailed)
 
 
 def _side_values(table: pa.Table, q: str, present: np.ndarray) -> np.ndarray:
@@ -220,6 +230,7 @@ def diff(a: Side, b: Side, per_step: bool = False) -> dict[str, Any]:
     totals["mfu"] = {"a": a.mfu, "b": b.mfu, "delta": None if a.mfu is None or b.mfu is None else b.mfu - a.mfu}
     totals["steps"] = {"a": a.steps, "b": b.steps, "delta": b.steps - a.steps}
     totals["mfu_steps"] = {"a": a.mfu_steps, "b": b.mfu_steps, "delta": b.mfu_steps - a.mfu_steps}
+    totals["detailed_steps"] = {"a": a.detailed_steps, "b": b.detailed_steps, "delta": b.detailed_steps - a.detailed_steps}
     return {"a": a.label, "b": b.label, "per_step": per_step, "totals": totals,
             **{d: compare(a, b, d) for d in DIMENSIONS}}
 
@@ -283,8 +294,11 @@ def diff_document() -> dict[str, Any]:
         "description": "Rows of `plasmient diff A B` (--json per dimension, --parquet as one table): per module "
                        "pattern, op name and kernel name, the exclusive device time, waste, FLOPs and MFU of each side. "
                        "Totals in --json: the same quantities summed over all units, plus mfu = the step spans' MFU "
-                       "weighted by their device-seconds, steps, and mfu_steps = the step spans "
-                       "that have an MFU (the others, e.g. live steps with nothing to carry, are not in mfu).",
+                       "weighted by their device-seconds, steps, mfu_steps = the step spans "
+                       "that have an MFU (the others, e.g. live steps with nothing to carry, are not in mfu), and "
+                       "detailed_steps = the step spans whose kernels, ops and modules were exported (a live run's "
+                       "full-depth steps; every step of an ingested trace): the rows and the other totals are theirs "
+                       "alone, and --per-step divides by this count.",
         "rows": [{"name": f.name, "type": str(f.type), "nullable": f.nullable,
                   **{k.decode(): v.decode() for k, v in (f.metadata or {}).items()}} for f in DIFF_ROW_SCHEMA],
     }

@@ -52,7 +52,8 @@ def add_diff_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fail-if-mfu-drops", metavar="PCT", type=parse_percent, default=None,
                         help="exit 1 when B's step-weighted MFU is more than PCT (relative, e.g. 5%%) below A's")
     parser.add_argument("--per-step", action="store_true",
-                        help="divide each side's times, FLOPs and $ by its number of steps (runs that profiled different step counts)")
+                        help="divide each side's times, FLOPs and $ by its number of detailed steps, those they come from "
+                             "(runs that profiled, or sampled at full depth, different step counts)")
     parser.add_argument("--top", type=_positive_int, default=10, help="rows per table (default 10)")
     parser.add_argument("--json", metavar="OUT.json", help="also write every row of the comparison as JSON")
     parser.add_argument("--parquet", metavar="OUT.parquet", help="also write every row as one Parquet table (report.diff.DIFF_ROW_SCHEMA)")
@@ -202,6 +203,10 @@ def render(result: dict[str, Any], console: Any, top: int) -> None:
     for col in ("", "A", "B", "change"):
         head.add_column(col, justify="right" if col else "left", no_wrap=True)
     head.add_row("steps", str(t["steps"]["a"]), str(t["steps"]["b"]), f"{t['steps']['delta']:+d}")
+    sampled = _sampled_note(result)
+    if sampled:
+        d = t["detailed_steps"]
+        head.add_row("  at full depth", str(d["a"]), str(d["b"]), f"{d['delta']:+d}")
     head.add_row("MFU (step-weighted)", fmt_pct(t["mfu"]["a"]), fmt_pct(t["mfu"]["b"]), _pp(t["mfu"]["delta"]))
     head.add_row("device time (busy)", fmt_seconds(t["busy_s"]["a"]), fmt_seconds(t["busy_s"]["b"]), _delta(fmt_seconds, t["busy_s"]["delta"]))
     head.add_row("FLOPs", _flops(t["flops"]["a"]), _flops(t["flops"]["b"]), _delta(_flops, t["flops"]["delta"]))
@@ -212,6 +217,8 @@ def render(result: dict[str, Any], console: Any, top: int) -> None:
     head.add_row("wasted", fmt_seconds(t["wasted_s"]["a"]), fmt_seconds(t["wasted_s"]["b"]), _delta(fmt_seconds, t["wasted_s"]["delta"]))
     head.add_row("wasted $", fmt_usd(t["wasted_usd"]["a"]), fmt_usd(t["wasted_usd"]["b"]), _delta(fmt_usd, t["wasted_usd"]["delta"]))
     console.print(head)
+    if sampled:
+        console.print(Text(sampled, style="dim"))
     for dim in D.DIMENSIONS:
         rows = result[dim]
         table = Table(title=f"by {dim}{' pattern' if dim == 'module' else ' name'} (largest change in wasted time first)",
@@ -231,6 +238,19 @@ def render(result: dict[str, Any], console: Any, top: int) -> None:
     console.print(Text("time and wasted are exclusive (each kernel once, host gaps as [device idle]); a row's MFU "
                        "counts its known FLOPs only (n/a where none is known, or only zeros beside unknown ones; coverage per row in "
                        "--json)", style="dim"))
+
+
+def _sampled_note(result: dict[str, Any]) -> str:
+    """What the totals and tables cover when a side sampled steps at step depth ("" when neither did)."""
+    t = result["totals"]
+    d, steps = t["detailed_steps"], t["steps"]
+    if d["a"] == steps["a"] and d["b"] == steps["b"]:
+        return ""
+    note = ("device time, FLOPs, waste and the tables below are over the full-depth steps alone (the others ran at "
+            "step depth and exported no kernels); MFU is over every step that has one")
+    if d["a"] != d["b"] and not result["per_step"]:
+        note += f"; A has {d['a']} full-depth steps and B {d['b']}: compare them with --per-step"
+    return note
 
 
 def gate(result: dict[str, Any], threshold: float | None) -> tuple[int, str | None]:

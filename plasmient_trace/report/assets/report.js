@@ -146,12 +146,15 @@
     function gflop(x) { return bad(x) ? "n/a" : x === 0 ? "0" : fmtSi(x, "FLOP"); }
     function pp(x) { return bad(x) ? "n/a" : x === 0 ? "0" : (x > 0 ? "+" : "") + (x * 100).toFixed(1) + " pp"; }
     var T = X.totals, body = document.querySelector("#diff-totals tbody");
-    [["steps", T.steps, String, function (x) { return (x > 0 ? "+" : "") + x; }],
+    function count(x) { return (x > 0 ? "+" : "") + x; }
+    // a live run's step-depth steps export no kernels: the other totals and the tables are the full-depth steps'
+    var sampled = T.detailed_steps && (T.detailed_steps.a !== T.steps.a || T.detailed_steps.b !== T.steps.b);
+    [["steps", T.steps, String, count]].concat(sampled ? [["at full depth", T.detailed_steps, String, count]] : []).concat([
      ["MFU (step-weighted)", T.mfu, fmtPct, pp],
      ["device time (busy)", T.busy_s, fmtSeconds, function (x) { return delta(fmtSeconds, x); }],
      ["FLOPs", T.flops, gflop, function (x) { return delta(gflop, x); }],
      ["wasted", T.wasted_s, fmtSeconds, function (x) { return delta(fmtSeconds, x); }],
-     ["wasted $", T.wasted_usd, fmtUsd, function (x) { return delta(fmtUsd, x); }]].forEach(function (r) {
+     ["wasted $", T.wasted_usd, fmtUsd, function (x) { return delta(fmtUsd, x); }]]).forEach(function (r) {
       var tr = el("tr", { "data-total": r[0] });
       tr.appendChild(el("td", null, r[0]));
       tr.appendChild(el("td", { "data-value": raw(r[1].a) }, r[2](r[1].a)));
@@ -160,6 +163,11 @@
       body.appendChild(tr);
     });
     var box = document.getElementById("diff-tables");
+    if (sampled) {
+      box.appendChild(el("p", { "class": "note", "id": "diff-sampled" }, "Device time, FLOPs, waste and the tables " +
+        "are over the full-depth steps alone (A " + T.detailed_steps.a + " of " + T.steps.a + ", B " + T.detailed_steps.b +
+        " of " + T.steps.b + "): the others ran at step depth and exported no kernels. MFU is over every step that has one."));
+    }
     ["module", "op", "kernel"].forEach(function (dim) {
       var part = X[dim];
       box.appendChild(el("h3", null, "by " + dim + (dim === "module" ? " pattern" : " name")));
