@@ -35,3 +35,26 @@ def warm_cpu_calibration(env: dict[str, str], threads: set[int] | None = None) -
     for n in sorted(threads or {1, torch.get_num_threads()}):
         subprocess.run([sys.executable, "-m", "plasmient_trace.metrics.cpu_peak", "--threads", str(n),
                         "--cache-dir", env["PLASMIENT_CACHE_DIR"]], env=env, check=True, capture_output=True, timeout=600)
+
+
+def sampled_live_run(out: Path, every: int, steps: int = 12) -> Path:
+    """A real live capture of a small model, full depth every `every`-th step, the rest at step depth."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    from plasmient_trace.capture.session import CaptureConfig, CaptureSession
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    x = torch.randn(32, 64)
+    session = CaptureSession(CaptureConfig(out=str(out), every=every, peak_tflops=1.0, gpu_price=3.6,
+                                           job_id=f"sampled-{every}", environ={})).start()
+    try:
+        for _ in range(steps):
+            with session.step():
+                model.zero_grad(set_to_none=True)
+                model(x).pow(2).mean().backward()
+    finally:
+        session.close(timeout=60)
+    assert not session.failed and session.stats["steps_dropped"] == 0
+    return out

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from capture_helpers import sampled_live_run
 from conftest import ALL_TRACES, fifo_fed, ingested, trace_path
 from plasmient_trace.cli import main
 from plasmient_trace.report.summary import fmt_seconds
@@ -568,31 +569,10 @@ def test_loading_a_side_reports_progress_for_a_span_file_and_for_a_trace(spans_d
 # ---- live runs that sampled at step depth ------------------------------------------------------------
 
 
-def _live_run(out: Path, every: int, steps: int = 12) -> Path:
-    """A real live capture of a small model, full depth every `every`-th step, the rest at step depth."""
-    torch = pytest.importorskip("torch")
-    from plasmient_trace.capture.session import CaptureConfig, CaptureSession
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
-    x = torch.randn(32, 64)
-    session = CaptureSession(CaptureConfig(out=str(out), every=every, peak_tflops=1.0, gpu_price=3.6,
-                                           job_id=f"sampled-{every}", environ={})).start()
-    try:
-        for _ in range(steps):
-            with session.step():
-                model.zero_grad(set_to_none=True)
-                model(x).pow(2).mean().backward()
-    finally:
-        session.close(timeout=60)
-    assert not session.failed and session.stats["steps_dropped"] == 0
-    return out
-
-
 @pytest.fixture(scope="module")
 def sampled_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     d = tmp_path_factory.mktemp("sampled")
-    return _live_run(d / "a.jsonl", every=10), _live_run(d / "b.jsonl", every=4)  # full depth at 0, 10 | 0, 4, 8
+    return sampled_live_run(d / "a.jsonl", every=10), sampled_live_run(d / "b.jsonl", every=4)  # full depth at 0, 10 | 0, 4, 8
 
 
 def test_sampled_live_runs_compare_over_their_full_depth_steps(sampled_runs, tmp_path: Path, capsys) -> None:

@@ -371,6 +371,41 @@ def test_a_bill_whose_mfu_covers_some_steps_says_over_how_much_device_time(brows
     assert "whose steps have one" not in browser.eval("document.getElementById('bill-note').textContent")
 
 
+def test_a_sampled_live_cpu_runs_bill_says_its_util_covers_the_full_depth_steps(browser, tmp_path):
+    # On a CPU the ops are the device's kernels and a step-depth step records none: util.resident is known on
+    # the full-depth steps alone (2 of 12 here), MFU on every step (carried). The bill weighs each over the
+    # device time that has it, and says how much that is.
+    from capture_helpers import sampled_live_run
+
+    path = sampled_live_run(tmp_path / "live.jsonl", every=10)
+    fleet = []
+    for line in path.read_text().splitlines():
+        for rs in json.loads(line)["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                for sp in ss["spans"]:
+                    a = {x["key"]: next(iter(x["value"].values())) for x in sp["attributes"]}
+                    if a["plasmient.level"] == "fleet":
+                        fleet.append(a)
+    assert len(fleet) == 12
+    device_s = [float(a["plasmient.device.window_s"]) * int(a["plasmient.gpus"]) for a in fleet]
+    with_util = [(a["plasmient.util.resident"], d) for a, d in zip(fleet, device_s) if "plasmient.util.resident" in a]
+    assert len(with_util) == 2 and all("plasmient.mfu" in a for a in fleet)
+    page = tmp_path / "live.html"
+    assert report_main([str(path), "--html", str(page), "--quiet"]) == 0
+    browser.goto(page.resolve().as_uri())
+    assert browser.eval("document.body.getAttribute('data-ready')") == "1"
+    data = embedded(page.read_text())
+    bill = data["bill"]
+    assert bill["device_s"] == pytest.approx(sum(device_s), rel=1e-9)
+    assert bill["util_device_s"] == pytest.approx(sum(d for _, d in with_util), rel=1e-9)
+    assert bill["util"] == pytest.approx(sum(u * d for u, d in with_util) / sum(d for _, d in with_util), rel=1e-9)
+    assert bill["mfu_device_s"] == pytest.approx(bill["device_s"], rel=1e-9)
+    note = browser.eval("document.getElementById('bill-note').textContent")
+    share = fmt_pct(bill["util_device_s"] / bill["device_s"])
+    assert re.search(r"\(util over the \S+ \S+ of it whose steps have one, " + re.escape(share) + r"\)", note), note
+    assert "MFU over the" not in note
+
+
 def test_a_hundred_thousand_spans_still_give_a_page_that_loads(browser, tmp_path):
     batch = replicate(make_job(steps=1, nodes=2, ranks_per_node=4, layers=24, kernels_per_op=5), 21)
     assert len(batch) > 100_000

@@ -69,6 +69,8 @@ def _bill(frame: SpanFrame, rows: list[dict[str, Any]], fleet_gpus: int | None, 
         "device_s": float(dev.sum()),
         # the part of it whose MFU is known (a step with none, e.g. a live step with nothing to carry, is left out)
         "mfu_device_s": float(dev[~np.isnan(mfu) & (dev > 0)].sum()),
+        # and whose util is (a live CPU step at step depth records no ops, so it has none)
+        "util_device_s": float(dev[~np.isnan(util) & (dev > 0)].sum()),
         # why the MFU is unknown, when it is (the terminal summary's sentence)
         "mfu_unknown_why": mfu_unknown_reason(rows) if rows and np.isnan(mfu).all() else None,
         "cost_usd": None if np.isnan(cost).all() else float(np.nansum(cost)),

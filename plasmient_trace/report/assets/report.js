@@ -128,6 +128,9 @@
     "spend/day = GPUs × price × 24; idle/day = spend × (1 − util.resident); wasted/day = spend × max(0, 1 − MFU / baseline); " +
     "year = 365 days. util and MFU are the device-time weighted values measured over " + fmtSeconds(bill.device_s) +
     " of GPU time in this trace" +
+    (!bad(bill.util) && bill.util_device_s < bill.device_s
+      ? " (util over the " + fmtSeconds(bill.util_device_s) + " of it whose steps have one, " +
+        fmtPct(bill.util_device_s / bill.device_s) + ")" : "") +
     (!bad(bill.mfu) && bill.mfu_device_s < bill.device_s
       ? " (MFU over the " + fmtSeconds(bill.mfu_device_s) + " of it whose steps have one, " +
         fmtPct(bill.mfu_device_s / bill.device_s) + ")" : "") +
