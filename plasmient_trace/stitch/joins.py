@@ -5,7 +5,10 @@
    launching thread and active at the launch (some exporters write the correlation id into the
    External id field); otherwise the innermost op on the launching thread containing the launch.
 3. op -> module: innermost nn.Module interval on the op's thread (root ops; nested ops follow their
-   parent op). Backward ops map to the module of the forward op with the same autograd sequence
+   parent op). A forward op whose innermost module started inside its parent op (a ``record_function``
+   scope such as ``DistributedDataParallel.forward`` or a user's ``"forward"`` annotation around the
+   model's modules) is a root of that module instead: the scope stays an op span beside the modules, and
+   the model's ops keep their layers. Backward ops map to the module of the forward op with the same autograd sequence
    number, under a synthesized backward module span (the forward span ended long before). A gradient's
    accumulation (AccumulateGrad, no sequence number) goes with the backward root that ran just before it
    on its thread, the node that produced the gradient, so it lands in the module owning the parameter.
@@ -23,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..records import RecordSet
-from .nesting import innermost_enclosing, innermost_enclosing_points, tree_depth, tree_root
+from .nesting import any_ancestor, innermost_enclosing, innermost_enclosing_points, tree_depth, tree_root
 
 # Tolerance for "the op is active at the launch": Kineto rounds to 1 ns (new) or 1 µs (old files).
 _ACTIVE_SLACK_NS = 1_000
@@ -86,6 +89,7 @@ class JoinStats:
     ops_outside_steps: int = 0
     kernels_outside_steps: int = 0
     backward_ops_mapped: int = 0
+    ops_moved_to_modules: int = 0   # forward ops taken out of a scope op that wraps their module
     clock_offset_ns: dict[int, int] = field(default_factory=dict)
 
 
@@ -179,19 +183,25 @@ def join_rank(records: RecordSet) -> JoinedRank:
     m_path = _module_paths(m_names, m_parent)
     m_step = to_step(m_start)
 
+    fwd_tid = _np(ops, "fwd_thread_id", fill=0)
+    seq = _np(ops, "sequence_number")
+    names = ops.column("name")
+    is_bwd_name = pc.starts_with(names, "autograd::engine::evaluate_function").to_numpy(zero_copy_only=False) if len(o_start) else np.zeros(0, bool)
+    is_backward = (fwd_tid > 0) | is_bwd_name
+
     # ---- op -> module (root ops only), forward
     op_module = np.full(len(o_start), -1, np.int64)
+    if n_mod and len(o_start):
+        moved = _ops_in_modules_inside_their_parent(op_parent, o_thread, o_start, o_end, is_backward, m_thread, m_start, m_end)
+        op_parent = op_parent.copy()
+        op_parent[moved] = -1
+        stats.ops_moved_to_modules = len(moved)
     roots = np.nonzero(op_parent < 0)[0]
     if n_mod and len(roots):
         root_mod = innermost_enclosing_points(m_thread, m_start, m_end, o_thread[roots], o_start[roots])
         op_module[roots] = root_mod
 
     # ---- backward ops -> forward module via the autograd sequence number
-    fwd_tid = _np(ops, "fwd_thread_id", fill=0)
-    seq = _np(ops, "sequence_number")
-    names = ops.column("name")
-    is_bwd_name = pc.starts_with(names, "autograd::engine::evaluate_function").to_numpy(zero_copy_only=False) if len(o_start) else np.zeros(0, bool)
-    is_backward = (fwd_tid > 0) | is_bwd_name
     bwd_parent = np.full(0, -1, np.int64)
     bwd_rows = np.zeros(0, np.int64)
     if n_mod and len(o_start):
@@ -343,6 +353,30 @@ def join_rank(records: RecordSet) -> JoinedRank:
         kernel_start=k_start, kernel_end=k_end, kernel_launch=kernel_launch, kernel_op=kernel_op,
         kernel_step=kernel_step, stats=stats,
     )
+
+
+def _ops_in_modules_inside_their_parent(op_parent: np.ndarray, o_thread: np.ndarray, o_start: np.ndarray,
+                                        o_end: np.ndarray, is_backward: np.ndarray, m_thread: np.ndarray,
+                                        m_start: np.ndarray, m_end: np.ndarray) -> np.ndarray:
+    """Forward ops whose innermost module on their thread lies inside their parent op: a scope op that wraps
+    module calls (``DistributedDataParallel.forward``, a ``record_function`` around the forward pass). Such an
+    op belongs to that module, not to the scope; following the scope would hand every op of the model to
+    the module around the scope. Backward work is left alone: modules inside a backward op are
+    activation-checkpointing recompute (``stitch.recompute``), which hangs them under that op."""
+    child = np.nonzero(op_parent >= 0)[0]
+    if not len(child):
+        return child
+    in_backward = is_backward | any_ancestor(op_parent, is_backward)
+    child = child[~in_backward[child]]
+    if not len(child):
+        return child
+    module = innermost_enclosing_points(m_thread, m_start, m_end, o_thread[child], o_start[child])
+    child, module = child[module >= 0], module[module >= 0]
+    p = op_parent[child]
+    ms, me, ps, pe = m_start[module], m_end[module], o_start[p], o_end[p]
+    # strictly inside: a module and its scope over the same instants are ambiguous, and stay as recorded
+    inside = (ms >= ps) & (me <= pe) & ((ms > ps) | (me < pe))
+    return child[inside]
 
 
 def _module_paths(names: list[str], parent: np.ndarray) -> list[str]:
