@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..records import RecordSet
-from .nesting import any_ancestor, innermost_enclosing, innermost_enclosing_points, tree_depth, tree_root
+from .nesting import innermost_enclosing, innermost_enclosing_points, tree_depth, tree_root
 
 # Tolerance for "the op is active at the launch": Kineto rounds to 1 ns (new) or 1 µs (old files).
 _ACTIVE_SLACK_NS = 1_000
@@ -363,11 +363,17 @@ def _ops_in_modules_inside_their_parent(op_parent: np.ndarray, o_thread: np.ndar
     op belongs to that module, not to the scope; following the scope would hand every op of the model to
     the module around the scope. Backward work is left alone: modules inside a backward op are
     activation-checkpointing recompute (``stitch.recompute``), which hangs them under that op."""
-    child = np.nonzero(op_parent >= 0)[0]
-    if not len(child):
-        return child
-    in_backward = is_backward | any_ancestor(op_parent, is_backward)
-    child = child[~in_backward[child]]
+    # Only an op with a module starting inside it can be such a scope: the few innermost ops around module starts.
+    holder = innermost_enclosing_points(o_thread, o_start, o_end, m_thread, m_start)
+    scopes = np.unique(holder[holder >= 0])
+    in_backward = is_backward[scopes]
+    up = op_parent[scopes]
+    while (up >= 0).any():  # a scope inside a backward node holds recompute modules
+        known = up >= 0
+        in_backward[known] |= is_backward[up[known]]
+        up[known] = op_parent[up[known]]
+    scopes = scopes[~in_backward]
+    child = np.nonzero(np.isin(op_parent, scopes) & ~is_backward)[0] if len(scopes) else np.zeros(0, np.int64)
     if not len(child):
         return child
     module = innermost_enclosing_points(m_thread, m_start, m_end, o_thread[child], o_start[child])
