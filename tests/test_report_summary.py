@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ingest_batch
+from conftest import ingest_batch, trace_path
 from rich.console import Console
 
 from plasmient_trace.conventions import SpanBatch
@@ -343,3 +343,26 @@ def test_a_fully_covered_step_without_mfu_blames_the_unknown_peak():
     assert rows and all(r["mfu"] is None and r["coverage"] == pytest.approx(1.0) for r in rows)
     text = " ".join(rendered(batch).split())
     assert "MFU n/a: the CPU's peak FLOP/s is unknown" in text and "do no math" not in text
+
+
+def test_the_culprits_table_says_over_how_many_steps_a_sampled_live_run_sums_them(tmp_path, capsys):
+    # A live run exports culprits on its full-depth steps only (2 of 12 here): the table's wasted times are
+    # theirs, and its title says so.
+    from capture_helpers import sampled_live_run
+    from plasmient_trace.report.cli import main as report_main
+
+    path = sampled_live_run(tmp_path / "live.jsonl", every=10)
+    steps = [s for line in path.read_text().splitlines() for rs in json.loads(line)["resourceSpans"]
+             for ss in rs["scopeSpans"] for s in ss["spans"]
+             if any(a["key"] == "plasmient.level" and a["value"]["stringValue"] == "step" for a in s["attributes"])]
+    named = [s for s in steps if any(a["key"] == "plasmient.culprits" for a in s["attributes"])]
+    assert (len(named), len(steps)) == (2, 12)
+    capsys.readouterr()
+    assert report_main([str(path)]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "top culprits (kernel -> op -> module -> rank), summed over the 2 of 12 steps that name culprits; " \
+           "the others ran at step depth" in err
+    # an ingested trace names culprits on every step: the title stays as it is
+    batch = ingest_batch([trace_path("h100/vit_image_classification.json.gz")], "v")
+    text = rendered(batch)
+    assert "top culprits (kernel -> op -> module -> rank)" in text and "summed over" not in text

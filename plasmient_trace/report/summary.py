@@ -443,7 +443,8 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
     if not culprits:
         console.print("[dim]no culprits: no kernel, op or step named any wasted time[/dim]")
         return
-    table = Table(title="top culprits (kernel -> op -> module -> rank)", title_justify="left", header_style="bold")
+    table = Table(title="top culprits (kernel -> op -> module -> rank)" + culprit_steps_note(rows), title_justify="left",
+                  header_style="bold")
     table.add_column("#", justify="right")
     table.add_column("culprit", overflow="fold")
     table.add_column("bound", no_wrap=True)
@@ -458,6 +459,16 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
         # Text(), not markup: kernel names such as "[device idle]" or "Kernel<[128]>" are not rich tags
         table.add_row(str(n), Text(where), c["bound"] or "", label, Text(c["suggestion"] or ""))
     console.print(table)
+
+
+def culprit_steps_note(rows: list[dict[str, Any]]) -> str:
+    """The culprits table sums every step's culprit rows: when some steps have none (a live run's steps sampled at
+    step depth), over how many steps its times are ("" when every step has culprits)."""
+    unnamed = [r for r in rows if not r["culprits"]]
+    if not unnamed:
+        return ""
+    note = f", summed over the {len(rows) - len(unnamed)} of {len(rows)} steps that name culprits"
+    return note + ("; the others ran at step depth" if all(r["sampled_depth"] == "step" for r in unnamed) else "")
 
 
 def collective_note(batch: SpanBatch) -> str | None:
