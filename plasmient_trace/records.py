@@ -73,6 +73,9 @@ KERNELS = pa.schema(
     ]
 )
 
+# Runtime calls that replay a captured CUDA/HIP graph: one launch, many kernels, no op of their own.
+GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "hipGraphLaunch", "cuGraphLaunch")
+
 LAUNCHES = pa.schema(
     [
         pa.field("pid", pa.int64(), nullable=False),

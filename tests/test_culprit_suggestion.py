@@ -94,6 +94,33 @@ def test_an_op_without_shapes_in_a_trace_that_recorded_them_lacks_a_formula() ->
         assert "record_shapes" not in r["suggestion"]
 
 
+def test_a_kernel_replayed_from_a_graph_whose_capture_is_missing_asks_for_the_capture() -> None:
+    """cuda_graphs replays torch.compile graphs with cudaGraphLaunch inside CompiledFunction(Backward): that op only
+    launched the graph, so no formula of its own would help; the capture holds the ops the kernels ran."""
+    from conftest import raw_trace
+
+    name = "a100/cuda_graphs_rank0_of16.json.gz"
+    events = raw_trace(name)["traceEvents"]
+    launch = {e["args"].get("correlation"): e["name"] for e in events if e.get("cat") in RUNTIME_CATS and "args" in e}
+    by_launch: dict[str, set[str]] = {}
+    for e in events:
+        if e.get("cat") == "kernel":
+            by_launch.setdefault(e["name"], set()).add(launch.get(e["args"].get("correlation")))
+    # launched by graph replays only (a few kernels of the trace have no launch record at all)
+    replayed_only = {k for k, how in by_launch.items() if "cudaGraphLaunch" in how and how <= {"cudaGraphLaunch", None}}
+    assert replayed_only
+    rows = [r for r in _unknown_rows(name) if r["op"] is not None and r["kernel"] in replayed_only]
+    assert {r["op"] for r in rows} >= {"CompiledFunctionBackward"}
+    for r in rows:
+        assert r["suggestion"].startswith(f"replayed from a CUDA/HIP graph that {r['op']} launched"), r
+        assert "--graph-capture" in r["suggestion"] and "register one" not in r["suggestion"]
+    # kernels that a normal launch ran still lack what they lacked
+    assert [r for r in _unknown_rows(name) if (r["op"] or "").startswith("Optimizer.step#")]
+    # a replay paired with its capture (execution_details.json beside it) is not told to find one
+    assert not [r for r in _all_rows(__import__("conftest").ingested("cc94_vllm_decode/graph_execution.json.gz").batch)
+                if "--graph-capture" in (r["suggestion"] or "")]
+
+
 def test_known_flops_and_bytes_on_an_unknown_device_ask_for_its_peaks() -> None:
     name = "a100_multirank/rank-0.json.gz"
     from conftest import raw_trace
@@ -119,7 +146,8 @@ def test_every_unknown_bound_on_every_shared_trace_names_what_it_lacks() -> None
 
 @pytest.mark.parametrize(("missing", "words"), [
     ("launch", "no launch record"), ("op", "inside no op"), ("shapes", "record_shapes=True"),
-    ("formula", "register one"), ("bytes", "returns bytes"), ("peak", "--peak-tflops"), (None, "no FLOP model"),
+    ("formula", "register one"), ("bytes", "returns bytes"), ("peak", "--peak-tflops"), ("graph", "--graph-capture"),
+    (None, "no FLOP model"),
 ])
 def test_each_missing_piece_of_evidence_has_its_own_advice(missing: str | None, words: str) -> None:
     assert words in suggestion("k", "my::op", "model.block", "unknown", "kernel", missing=missing)

@@ -152,6 +152,8 @@ _UNKNOWN_ADVICE = {
     "shapes": "{op} was recorded without input shapes, so its FLOPs are unknown{where}: profile with record_shapes=True",
     "formula": ("no FLOP formula for {op}{where}: its efficiency is unknown; register one "
                 "(metrics.flops.register_flop_formula)"),
+    "graph": ("replayed from a CUDA/HIP graph that {op} launched{where}; the graph's capture is not in this trace, so the "
+              "ops it ran and their FLOPs are unknown: ingest with --graph-capture CAPTURE_TRACE, a profile of the capture"),
     "bytes": ("no byte count for {op}{where}, so its arithmetic intensity and bound are unknown; register a formula "
               "that returns bytes (metrics.flops.register_flop_formula)"),
     "peak": ("the device's peak FLOP/s or memory bandwidth is unknown, so the bound is too{where}: name the GPU "

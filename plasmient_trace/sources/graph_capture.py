@@ -30,7 +30,7 @@ from ..memory import cyclic_gc_paused
 from ..metrics import flops as flops_model
 from ..metrics.flops.context import step_annotations
 from ..metrics.flops.vendor import VLLM_ATTENTION_OPS, vllm_attention_cost
-from ..records import RecordSet
+from ..records import GRAPH_LAUNCH_NAMES, RecordSet
 from ..stitch.joins import join_rank
 from ..stitch.nesting import innermost_enclosing_points
 from .kineto import TraceFormatError
@@ -38,7 +38,6 @@ from .rawinput import InputError, inflate_whole, read_file_bytes
 
 __all__ = ["capture_trace_for", "launch_kernel_names", "pair_graph_capture"]
 
-_GRAPH_LAUNCH = ("cudaGraphLaunch", "hipGraphLaunch", "cuGraphLaunch")
 _BEGIN_CAPTURE = ("cudaStreamBeginCapture", "hipStreamBeginCapture", "cuStreamBeginCapture")
 _END_CAPTURE = ("cudaStreamEndCapture", "hipStreamEndCapture", "cuStreamEndCapture")
 _NODE_COLUMN = "graph_node_id"
@@ -190,7 +189,7 @@ def _pair(replay: RecordSet, capture: RecordSet, kernel_names: Mapping[int, str]
     """(captured launch row per replay kernel or -1, the captured launch rows in order)."""
     kt, lt = replay.kernels, replay.launches
     n = kt.num_rows
-    graph = pc.is_in(lt.column("name"), value_set=pa.array(_GRAPH_LAUNCH)).to_numpy(zero_copy_only=False)
+    graph = pc.is_in(lt.column("name"), value_set=pa.array(GRAPH_LAUNCH_NAMES)).to_numpy(zero_copy_only=False)
     k_corr = _col(kt, "correlation_id")
     in_graph = np.isin(k_corr, _col(lt, "correlation_id")[graph]) & (k_corr >= 0)
     stats["graph_kernels"] = int(in_graph.sum())

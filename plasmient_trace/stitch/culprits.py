@@ -16,10 +16,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .. import conventions as cv
 from ..metrics.compute import BOUND_CODE, BOUND_EVIDENCE_COVERAGE
 from ..metrics.culprit import suggestion
+from ..records import GRAPH_LAUNCH_NAMES
 from .inputs import CULPRIT_ROWS, KINDS, DeviceSpec
 from .joins import JoinedRank
 from .nesting import tree_root
@@ -206,7 +208,7 @@ def _optimizer_scopes(root: np.ndarray, lop: np.ndarray, mod: np.ndarray, op_cod
 
 
 # Why a kernel's bound is unknown, in the order the evidence is needed (see metrics.culprit.suggestion).
-MISSING = (None, "launch", "op", "shapes", "formula", "bytes", "peak")
+MISSING = (None, "launch", "op", "shapes", "formula", "bytes", "peak", "graph")
 _MISSING_CODE = {name: code for code, name in enumerate(MISSING)}
 UNKNOWN_BOUND = BOUND_CODE["unknown"]
 
@@ -215,8 +217,8 @@ def _missing_evidence(tree: RankTree, j: JoinedRank, met: SpanMetrics, alive: np
                       device_type: str) -> np.ndarray:
     """For the alive kernels at positions ``alive`` (into tree.k_rows), the first thing each one's bound
     lacks, as a code into MISSING: no launch record or no op to join it to, its op's shapes or FLOP formula,
-    a byte count, or the device's peak or bandwidth (FLOPs and bytes known, yet no bound: the ridge point is
-    unknown). ``has_op``: the culprit row names an op (a graph replay names the op its kernels were captured
+    the capture of the CUDA graph that replayed it (its launching op only launched the graph), a byte count, or
+    the device's peak or bandwidth (FLOPs and bytes known, yet no bound: the ridge point is unknown). ``has_op``: the culprit row names an op (a graph replay names the op its kernels were captured
     under). Called for the few representative kernels of unknown-bound culprit rows."""
     kr = tree.k_rows[alive]
     spans = tree.base["kernel"] + kr
@@ -240,6 +242,15 @@ def _missing_evidence(tree: RankTree, j: JoinedRank, met: SpanMetrics, alive: np
         launch = j.kernel_launch[np.minimum(kr, max(n_k - 1, 0))] if n_k else np.full(len(kr), -1)
         code[no_flops & ~has_op & real & (launch < 0)] = _MISSING_CODE["launch"]
         code[no_flops & ~has_op & real & (launch >= 0)] = _MISSING_CODE["op"]
+        launched = real & (launch >= 0)
+        if launched.any():
+            # replayed by a graph launch and not paired with the graph's capture (sources.graph_capture)
+            names = j.records.launches.column("name").take(pa.array(launch[launched]))
+            graph = pc.is_in(names, value_set=pa.array(GRAPH_LAUNCH_NAMES)).to_numpy(zero_copy_only=False)
+            captured = j.records.kernels.column("capture_op").take(pa.array(kr[launched])).is_valid()
+            replayed = np.zeros(len(kr), bool)
+            replayed[launched] = graph & ~captured.to_numpy(zero_copy_only=False)
+            code[no_flops & own_op & replayed] = _MISSING_CODE["graph"]
     else:
         code[no_flops & ~has_op] = 0
     return code
