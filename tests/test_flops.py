@@ -352,6 +352,46 @@ def test_attention_backward_is_2_5x_forward() -> None:
     assert bwd == 2.5 * fwd
 
 
+# A causal mask as PyTorch itself defines it: sdpa's is_causal is the upper-left triangle, flash-attn's the
+# lower-right one (torch.nn.attention.bias). (op, q index, causal index, layout, value, alignment)
+_CAUSAL_OPS = [
+    ("aten::scaled_dot_product_attention", 0, 5, "bhld", "True", "upper_left"),
+    ("aten::_scaled_dot_product_flash_attention_for_cpu", 0, 4, "bhld", "True", "upper_left"),
+    ("aten::_scaled_dot_product_efficient_attention", 0, 6, "bhld", "True", "upper_left"),
+    ("aten::_efficient_attention_forward", 0, 9, "blhd", "1", "upper_left"),   # xformers CausalFromTopLeft
+    ("aten::_efficient_attention_forward", 0, 9, "blhd", "2", "lower_right"),  # CausalFromBottomRight
+    ("aten::_flash_attention_forward", 0, 8, "blhd", "True", "lower_right"),
+    ("flash_attn::_flash_attn_forward", 0, 5, "blhd", "True", "lower_right"),
+    ("aten::_flash_attention_backward", 1, 11, "blhd", "True", "lower_right"),
+]
+
+
+@pytest.mark.parametrize(("lq", "lk"), [(8, 32), (1, 512), (32, 8), (64, 64)], ids=["chunk", "decode", "longer q", "square"])
+@pytest.mark.parametrize(("op", "qi", "ci", "layout", "value", "align"), _CAUSAL_OPS,
+                         ids=[f"{o[0]}-{o[5]}" for o in _CAUSAL_OPS])
+def test_causal_attention_counts_the_score_entries_its_mask_keeps(op, qi, ci, layout, value, align, lq, lk) -> None:
+    torch = pytest.importorskip("torch")
+    import warnings
+
+    from torch.nn.attention import bias
+
+    B, H, D = 2, 4, 64
+    shape = (lambda L: [B, H, L, D]) if layout == "bhld" else (lambda L: [B, L, H, D])
+    dims = [[]] * qi + [shape(lq), shape(lk), shape(lk)]
+    n = max(ci, len(dims)) + 4
+    dims += [[]] * (n - len(dims))
+    concrete = [""] * n
+    concrete[ci] = value
+    full = 2 * B * H * lq * lk * (D + D) * (2.5 if op.endswith("backward") else 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # lower-right with lq > lk: rows that see no key (PyTorch warns of NaNs)
+        mask = getattr(bias, f"causal_{align}")(lq, lk)._materialize()
+    kept = int(mask.sum()) / (lq * lk)
+    expected = full * (0.5 if lq == lk else kept)  # square: half, the usual convention
+    got = op_cost(op, dims, ["c10::BFloat16"] * n, concrete)[0]
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
 # ------------------------------------------------------------------ memory-bound and other models
 def test_broadcast_add_counts_output_elements_and_bytes() -> None:
     # Qwen's rotary embedding: q [16, 16, 559, 64] * cos [1, 1, 559, 64] in bf16.

@@ -89,3 +89,32 @@ def test_live_step_flops_agree_with_flop_counter_mode(block):
     # UnbindBackward0, ~0.4 ms of a 125 ms step) are tiny, but one stall of the loaded machine inside one of
     # them moves a single step's share (0.76 once in CI). The best of three steps says what the models cover.
     assert max(step["plasmient.flops.coverage"] for step in steps) > 0.9
+
+
+def test_live_causal_attention_of_a_query_chunk_against_a_longer_cache_counts_what_its_mask_keeps():
+    # A prefill chunk of 8 queries attending causally to a 32-entry cache. PyTorch's is_causal is the upper-left
+    # triangle (torch.nn.attention.bias.causal_upper_left): 36 of the 256 score entries, not half of them.
+    from torch.nn.attention.bias import causal_upper_left
+
+    from capture_helpers import Collect
+    from plasmient_trace.capture.session import CaptureConfig, CaptureSession
+
+    B, H, LQ, LK, D = 2, 4, 8, 32, 16
+    torch.manual_seed(0)
+    q = torch.randn(B, H, LQ, D, requires_grad=True)
+    k, v = torch.randn(B, H, LK, D, requires_grad=True), torch.randn(B, H, LK, D, requires_grad=True)
+    kept = int(causal_upper_left(LQ, LK)._materialize().sum())
+    assert kept == 36
+    expected = 2 * B * H * kept * (D + D)
+    sink = Collect()
+    session = CaptureSession(CaptureConfig(every=1, peak_tflops=0.05, job_id="chunk", environ={}),
+                             exporters=[("memory", sink)]).start()
+    try:
+        with session.step():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).pow(2).mean().backward()
+    finally:
+        session.close(timeout=30)
+    ops = {r["name"]: r["plasmient.flops"] for r in sink.rows() if r["plasmient.level"] == "op"}
+    assert ops["aten::scaled_dot_product_attention"] == expected
+    backward = [f for name, f in ops.items() if "attention" in name and name.endswith("_backward")]
+    assert backward == [2.5 * expected]
