@@ -370,7 +370,7 @@ _CAUSAL_OPS = [
 @pytest.mark.parametrize(("op", "qi", "ci", "layout", "value", "align"), _CAUSAL_OPS,
                          ids=[f"{o[0]}-{o[5]}" for o in _CAUSAL_OPS])
 def test_causal_attention_counts_the_score_entries_its_mask_keeps(op, qi, ci, layout, value, align, lq, lk) -> None:
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     import warnings
 
     from torch.nn.attention import bias
