@@ -105,8 +105,9 @@ def test_ddp_backward_is_charged_to_the_layer_whose_forward_it_differentiates():
     assert sum(expected.values()) == 60 and len(expected) == 20 and got == expected
 
 
-def test_live_ops_under_a_users_record_function_keep_their_layers():
-    # A training loop that wraps its forward in record_function("forward"), captured live at full depth.
+def test_live_ops_under_a_users_record_function_scopes_keep_their_layers():
+    # A training loop that wraps its forward and its backward in record_function scopes, captured live at full
+    # depth. On a CPU the autograd engine runs the backward on the calling thread, inside the scope.
     torch = pytest.importorskip("torch")
     from capture_helpers import Collect
 
@@ -124,13 +125,15 @@ def test_live_ops_under_a_users_record_function_keep_their_layers():
             with session.step():
                 with torch.autograd.profiler.record_function("forward"):
                     loss = model(x).pow(2).mean()
-                loss.backward()
+                with torch.autograd.profiler.record_function("backward"):
+                    loss.backward()
     finally:
         session.close(timeout=60)
     assert not session.failed
     rows = sink.rows()
     by_id = {(r["trace_id"], r["span_id"]): r for r in rows}
     assert sum(r["name"] == "forward" and r["plasmient.level"] == "op" for r in rows) == 3
+    assert sum(r["name"] == "backward" and r["plasmient.level"] == "op" for r in rows) == 3
 
     def module_of(r) -> str | None:
         while r is not None and r["plasmient.level"] != "module":
@@ -141,6 +144,7 @@ def test_live_ops_under_a_users_record_function_keep_their_layers():
     assert forward == {name: 3 for name in linears}
     gelu = Counter(module_of(r) for r in rows if r["name"] == "aten::gelu" and r["plasmient.level"] == "op")
     assert gelu == {"Sequential.1": 3}
-    # their gradients go to the same layers' backward spans
+    # their gradients go to the same layers' backward spans, out of the scope around loss.backward()
     backward = Counter(module_of(r) for r in rows if r["name"] == "AddmmBackward0" and r["plasmient.level"] == "op")
     assert backward == {f"{name} [backward]": 3 for name in linears}
+    assert Counter(module_of(r) for r in rows if r["name"] == "GeluBackward0") == {"Sequential.1 [backward]": 3}

@@ -8,7 +8,8 @@
    parent op). A forward op whose innermost module started inside its parent op (a ``record_function``
    scope such as ``DistributedDataParallel.forward`` or a user's ``"forward"`` annotation around the
    model's modules) is a root of that module instead: the scope stays an op span beside the modules, and
-   the model's ops keep their layers. Backward ops map to the module of the forward op with the same autograd sequence
+   the model's ops keep their layers; a backward root inside such a scope (around ``loss.backward()``) is
+   mapped as below and leaves the scope when it maps. Backward ops map to the module of the forward op with the same autograd sequence
    number, under a synthesized backward module span (the forward span ended long before). A gradient's
    accumulation (AccumulateGrad, no sequence number) goes with the backward root that ran just before it
    on its thread, the node that produced the gradient, so it lands in the module owning the parameter.
@@ -89,7 +90,6 @@ class JoinStats:
     ops_outside_steps: int = 0
     kernels_outside_steps: int = 0
     backward_ops_mapped: int = 0
-    ops_moved_to_modules: int = 0   # forward ops taken out of a scope op that wraps their module
     clock_offset_ns: dict[int, int] = field(default_factory=dict)
 
 
@@ -192,10 +192,9 @@ def join_rank(records: RecordSet) -> JoinedRank:
     # ---- op -> module (root ops only), forward
     op_module = np.full(len(o_start), -1, np.int64)
     if n_mod and len(o_start):
-        moved = _ops_in_modules_inside_their_parent(op_parent, o_thread, o_start, o_end, is_backward, m_thread, m_start, m_end)
-        op_parent = op_parent.copy()
-        op_parent[moved] = -1
-        stats.ops_moved_to_modules = len(moved)
+        # op_parent is this function's own array (op_parents above): edited in place
+        op_parent[_ops_in_modules_inside_their_parent(op_parent, o_thread, o_start, o_end, is_backward, m_thread,
+                                                      m_start, m_end)] = -1
     roots = np.nonzero(op_parent < 0)[0]
     if n_mod and len(roots):
         root_mod = innermost_enclosing_points(m_thread, m_start, m_end, o_thread[roots], o_start[roots])
@@ -205,9 +204,12 @@ def join_rank(records: RecordSet) -> JoinedRank:
     bwd_parent = np.full(0, -1, np.int64)
     bwd_rows = np.zeros(0, np.int64)
     if n_mod and len(o_start):
+        # A backward root that a forward scope holds (a record_function around loss.backward(), which runs the
+        # engine on the calling thread) is mapped as a root too; op_parent gives it up only if it maps.
+        bparent = _without_scoped_backward_roots(op_parent, is_backward)
         fwd_with_seq = np.nonzero(~is_backward & (seq >= 0))[0]
         # The forward op's module: its root op's module.
-        root_of = tree_root(op_parent)
+        root_of = tree_root(bparent)
         fwd_mod = op_module[root_of[fwd_with_seq]]
         keep = fwd_mod >= 0
         fwd_seq, fwd_mod = seq[fwd_with_seq][keep], fwd_mod[keep]
@@ -221,20 +223,20 @@ def join_rank(records: RecordSet) -> JoinedRank:
             # Kineto and RecordFunction put the sequence number on the autograd node's op
             # ('MmBackward0'), inside an 'autograd::engine::evaluate_function' root that has none:
             # a backward root takes the sequence number of its outermost node op.
-            root_seq = np.where(op_parent < 0, seq, -1)
-            nodes = np.nonzero((fwd_tid > 0) & (seq >= 0) & (op_parent >= 0))[0]
+            root_seq = np.where(bparent < 0, seq, -1)
+            nodes = np.nonzero((fwd_tid > 0) & (seq >= 0) & (bparent >= 0))[0]
             if len(nodes):
-                nodes = nodes[np.argsort(tree_depth(op_parent)[nodes], kind="stable")[::-1]]
+                nodes = nodes[np.argsort(tree_depth(bparent)[nodes], kind="stable")[::-1]]
                 roots_of_nodes = root_of[nodes]
                 unset = root_seq[roots_of_nodes] < 0
                 # Fancy assignment keeps the last write: deepest first, so the outermost node wins.
                 root_seq[roots_of_nodes[unset]] = seq[nodes[unset]]
-            bwd_roots = np.nonzero(is_backward & (op_parent < 0) & (root_seq >= 0))[0]
+            bwd_roots = np.nonzero(is_backward & (bparent < 0) & (root_seq >= 0))[0]
             target = _lookup(fwd_seq, fwd_mod, root_seq[bwd_roots])
             same_step = target >= 0
             same_step[same_step] = m_step[target[same_step]] == op_step[bwd_roots[same_step]]
             hit_ops, hit_mod = bwd_roots[same_step], target[same_step]
-            grads_ops, grads_mod = _accumulate_grad_owners(names, is_backward & (op_parent < 0), root_seq, o_thread,
+            grads_ops, grads_mod = _accumulate_grad_owners(names, is_backward & (bparent < 0), root_seq, o_thread,
                                                            o_start, op_step, hit_ops, hit_mod)
             hit_ops, hit_mod = np.concatenate([hit_ops, grads_ops]), np.concatenate([hit_mod, grads_mod])
             stats.backward_ops_mapped = len(hit_ops)
@@ -253,6 +255,7 @@ def join_rank(records: RecordSet) -> JoinedRank:
                 par = m_parent[bwd_rows]
                 bwd_parent = np.where(par >= 0, bwd_index[np.maximum(par, 0)], -1)
                 op_module[hit_ops] = bwd_index[hit_mod]
+                op_parent[hit_ops] = -1  # mapped backward roots leave a forward scope that held them
 
     module_parent = np.concatenate([m_parent, bwd_parent])
     module_step = np.concatenate([m_step, m_step[bwd_rows]])
@@ -353,6 +356,27 @@ def join_rank(records: RecordSet) -> JoinedRank:
         kernel_start=k_start, kernel_end=k_end, kernel_launch=kernel_launch, kernel_op=kernel_op,
         kernel_step=kernel_step, stats=stats,
     )
+
+
+def _without_scoped_backward_roots(op_parent: np.ndarray, is_backward: np.ndarray) -> np.ndarray:
+    """``op_parent`` with every outermost backward op made a root: one whose parent is a forward op and that has
+    no backward op above it. Walks up from those few candidates only."""
+    cand = np.nonzero(is_backward & (op_parent >= 0))[0]
+    cand = cand[~is_backward[op_parent[cand]]]
+    if not len(cand):
+        return op_parent
+    under_backward = np.zeros(len(cand), bool)
+    up = op_parent[cand]
+    while (up >= 0).any():
+        known = up >= 0
+        under_backward[known] |= is_backward[up[known]]
+        up[known] = op_parent[up[known]]
+    cand = cand[~under_backward]
+    if not len(cand):
+        return op_parent
+    out = op_parent.copy()
+    out[cand] = -1
+    return out
 
 
 def _ops_in_modules_inside_their_parent(op_parent: np.ndarray, o_thread: np.ndarray, o_start: np.ndarray,
