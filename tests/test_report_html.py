@@ -376,16 +376,10 @@ def test_a_sampled_live_cpu_runs_bill_says_its_util_covers_the_full_depth_steps(
     # the full-depth steps alone (2 of 12 here), MFU on every step (carried). The bill weighs each over the
     # device time that has it, and says how much that is.
     from capture_helpers import sampled_live_run
+    from ingest_checks import by_level, spans as raw_spans
 
     path = sampled_live_run(tmp_path / "live.jsonl", every=10)
-    fleet = []
-    for line in path.read_text().splitlines():
-        for rs in json.loads(line)["resourceSpans"]:
-            for ss in rs["scopeSpans"]:
-                for sp in ss["spans"]:
-                    a = {x["key"]: next(iter(x["value"].values())) for x in sp["attributes"]}
-                    if a["plasmient.level"] == "fleet":
-                        fleet.append(a)
+    fleet = by_level(raw_spans(path), "fleet")
     assert len(fleet) == 12
     device_s = [float(a["plasmient.device.window_s"]) * int(a["plasmient.gpus"]) for a in fleet]
     with_util = [(a["plasmient.util.resident"], d) for a, d in zip(fleet, device_s) if "plasmient.util.resident" in a]

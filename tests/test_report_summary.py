@@ -349,13 +349,12 @@ def test_the_culprits_table_says_over_how_many_steps_a_sampled_live_run_sums_the
     # A live run exports culprits on its full-depth steps only (2 of 12 here): the table's wasted times are
     # theirs, and its title says so.
     from capture_helpers import sampled_live_run
+    from ingest_checks import by_level, spans as raw_spans
     from plasmient_trace.report.cli import main as report_main
 
     path = sampled_live_run(tmp_path / "live.jsonl", every=10)
-    steps = [s for line in path.read_text().splitlines() for rs in json.loads(line)["resourceSpans"]
-             for ss in rs["scopeSpans"] for s in ss["spans"]
-             if any(a["key"] == "plasmient.level" and a["value"]["stringValue"] == "step" for a in s["attributes"])]
-    named = [s for s in steps if any(a["key"] == "plasmient.culprits" for a in s["attributes"])]
+    steps = by_level(raw_spans(path), "step")
+    named = [s for s in steps if "plasmient.culprits" in s]
     assert (len(named), len(steps)) == (2, 12)
     capsys.readouterr()
     assert report_main([str(path)]) == 0

@@ -217,9 +217,10 @@ def _missing_evidence(tree: RankTree, j: JoinedRank, met: SpanMetrics, alive: np
                       device_type: str) -> np.ndarray:
     """For the alive kernels at positions ``alive`` (into tree.k_rows), the first thing each one's bound
     lacks, as a code into MISSING: no launch record or no op to join it to, its op's shapes or FLOP formula,
-    the capture of the CUDA graph that replayed it (its launching op only launched the graph), a byte count, or
-    the device's peak or bandwidth (FLOPs and bytes known, yet no bound: the ridge point is unknown). ``has_op``: the culprit row names an op (a graph replay names the op its kernels were captured
-    under). Called for the few representative kernels of unknown-bound culprit rows."""
+    the capture of the CUDA graph that replayed it (its launching op only launched the graph), a byte count,
+    or the device's peak or bandwidth (FLOPs and bytes known, yet no bound: the ridge point is unknown).
+    ``has_op``: the culprit row names an op (a graph replay names the op its kernels were captured under).
+    Called for the few representative kernels of unknown-bound culprit rows."""
     kr = tree.k_rows[alive]
     spans = tree.base["kernel"] + kr
     flops_known = np.nan_to_num(met.coverage[spans]) >= BOUND_EVIDENCE_COVERAGE

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..records import RecordSet
-from .nesting import innermost_enclosing, innermost_enclosing_points, tree_depth, tree_root
+from .nesting import any_ancestor_of, innermost_enclosing, innermost_enclosing_points, tree_depth, tree_root
 
 # Tolerance for "the op is active at the launch": Kineto rounds to 1 ns (new) or 1 µs (old files).
 _ACTIVE_SLACK_NS = 1_000
@@ -360,18 +360,10 @@ def join_rank(records: RecordSet) -> JoinedRank:
 
 def _without_scoped_backward_roots(op_parent: np.ndarray, is_backward: np.ndarray) -> np.ndarray:
     """``op_parent`` with every outermost backward op made a root: one whose parent is a forward op and that has
-    no backward op above it. Walks up from those few candidates only."""
+    no backward op above it."""
     cand = np.nonzero(is_backward & (op_parent >= 0))[0]
-    cand = cand[~is_backward[op_parent[cand]]]
-    if not len(cand):
-        return op_parent
-    under_backward = np.zeros(len(cand), bool)
-    up = op_parent[cand]
-    while (up >= 0).any():
-        known = up >= 0
-        under_backward[known] |= is_backward[up[known]]
-        up[known] = op_parent[up[known]]
-    cand = cand[~under_backward]
+    cand = cand[~is_backward[op_parent[cand]]]  # most have a backward parent: dropped before any walk
+    cand = cand[~any_ancestor_of(cand, op_parent, is_backward)]
     if not len(cand):
         return op_parent
     out = op_parent.copy()
@@ -390,13 +382,8 @@ def _ops_in_modules_inside_their_parent(op_parent: np.ndarray, o_thread: np.ndar
     # Only an op with a module starting inside it can be such a scope: the few innermost ops around module starts.
     holder = innermost_enclosing_points(o_thread, o_start, o_end, m_thread, m_start)
     scopes = np.unique(holder[holder >= 0])
-    in_backward = is_backward[scopes]
-    up = op_parent[scopes]
-    while (up >= 0).any():  # a scope inside a backward node holds recompute modules
-        known = up >= 0
-        in_backward[known] |= is_backward[up[known]]
-        up[known] = op_parent[up[known]]
-    scopes = scopes[~in_backward]
+    # a scope in a backward node holds recompute modules
+    scopes = scopes[~(is_backward[scopes] | any_ancestor_of(scopes, op_parent, is_backward))]
     child = np.nonzero(np.isin(op_parent, scopes) & ~is_backward)[0] if len(scopes) else np.zeros(0, np.int64)
     if not len(child):
         return child

@@ -227,6 +227,18 @@ def fold_rows_to_parents(quantities: np.ndarray, parent: np.ndarray, levels: lis
                 ufunc.at(col, to, col[rows])
 
 
+def any_ancestor_of(rows: np.ndarray, parent: np.ndarray, mark: np.ndarray) -> np.ndarray:
+    """:func:`any_ancestor` for a few nodes: per node of ``rows``, does any strict ancestor carry ``mark``?
+    Walks up from those nodes alone, so it costs their depth, not a pass over the whole forest."""
+    out = np.zeros(len(rows), bool)
+    up = parent[rows]
+    while (up >= 0).any():
+        known = up >= 0
+        out[known] |= mark[up[known]]
+        up[known] = parent[up[known]]
+    return out
+
+
 def any_ancestor(parent: np.ndarray, mark: np.ndarray, levels: list[np.ndarray] | None = None) -> np.ndarray:
     """Per node: does any strict ancestor carry ``mark``? Top-down, one level at a time, each node once.
     ``levels``: ``depth_levels(tree_depth(parent))`` when the caller already has it."""

@@ -280,8 +280,8 @@ class SpanMetrics:
     wasted_usd_self: np.ndarray
 
 
-def derive_metrics(tree: RankTree, bandwidth: float | None) -> SpanMetrics:
-    """Every span's metrics from its sums; ``bandwidth``: the device's memory bandwidth (bytes/s; None
+def derive_metrics(tree: RankTree, bandwidth: float) -> SpanMetrics:
+    """Every span's metrics from its sums; ``bandwidth``: the device's memory bandwidth (bytes/s; NaN
     unknown), which with each kernel's peak (in ideal_s) places the span on its roofline."""
     t = tree
     window_s = np.where(t.has_device, np.maximum(t.win_end - t.win_start, 0) / 1e9, np.nan)
@@ -304,7 +304,7 @@ def derive_metrics(tree: RankTree, bandwidth: float | None) -> SpanMetrics:
         has_device=t.has_device, is_kernel=t.level == LEVEL_CODE["kernel"], util=np.nan_to_num(util), kernels=kernels,
         kernel_s=t.col("kernel_s"), comm_s=t.col("comm_s"), copy_s=t.col("copy_s"),
         ideal_s=ideal_hw if t.peak_known else np.full(len(kernels), np.nan),
-        memory_s=t.col("bytes") / (bandwidth if bandwidth else np.nan), coverage=np.nan_to_num(coverage))
+        memory_s=t.col("bytes") / bandwidth, coverage=np.nan_to_num(coverage))
     price = t.price / 3600.0
     return step_metrics(t, SpanMetrics(
         window_s=window_s, util=util, mfu=mfu, hfu=hfu, coverage=coverage, stall=stall, intensity=intensity, bound=bound,

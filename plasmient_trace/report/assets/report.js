@@ -124,16 +124,16 @@
   }
   [gpusIn, priceIn, baseIn].forEach(function (i) { i.addEventListener("input", computeBill); });
   computeBill();
+  // a measure known over part of the device time only (steps without it: live steps at step depth) says how much
+  function billPart(label, value, part) {
+    return !bad(value) && part < bill.device_s
+      ? " (" + label + " over the " + fmtSeconds(part) + " of it whose steps have one, " + fmtPct(part / bill.device_s) + ")" : "";
+  }
   document.getElementById("bill-note").textContent =
     "spend/day = GPUs × price × 24; idle/day = spend × (1 − util.resident); wasted/day = spend × max(0, 1 − MFU / baseline); " +
     "year = 365 days. util and MFU are the device-time weighted values measured over " + fmtSeconds(bill.device_s) +
     " of GPU time in this trace" +
-    (!bad(bill.util) && bill.util_device_s < bill.device_s
-      ? " (util over the " + fmtSeconds(bill.util_device_s) + " of it whose steps have one, " +
-        fmtPct(bill.util_device_s / bill.device_s) + ")" : "") +
-    (!bad(bill.mfu) && bill.mfu_device_s < bill.device_s
-      ? " (MFU over the " + fmtSeconds(bill.mfu_device_s) + " of it whose steps have one, " +
-        fmtPct(bill.mfu_device_s / bill.device_s) + ")" : "") +
+    billPart("util", bill.util, bill.util_device_s) + billPart("MFU", bill.mfu, bill.mfu_device_s) +
     "; the price " +
     (bill.price_source === "trace" ? "is the one the trace was costed with" :
      bill.price_source === "argument" ? "was given when the report was built" : "is assumed (none in the trace): edit it") + "." +
