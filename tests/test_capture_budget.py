@@ -3,6 +3,7 @@ whatever the model's step time, and the steps they skip still carry FLOPs."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from plasmient_trace.capture import config as config_mod
@@ -95,3 +96,31 @@ def test_samples_held_back_by_the_budget_carry_flops_and_are_counted():
         latest = max(f for f in full if f < s)  # the same input shapes every step: carried from there
         assert rows[s]["plasmient.flops.source"] == "carried"
         assert rows[s]["plasmient.flops"] == rows[latest]["plasmient.flops"] > 0
+
+
+@pytest.mark.parametrize("name, value", [("PLASMIENT_PEAK_TFLOPS", "-3"), ("PLASMIENT_GPU_PRICE", "-1"),
+                                         ("PLASMIENT_EXPORT_INTERVAL_S", "-1"), ("PLASMIENT_PEAK_TFLOPS", "nan"),
+                                         ("PLASMIENT_FLUSH_TIMEOUT_S", "soon")])
+def test_a_negative_or_unreadable_setting_is_said_once_and_ignored(capsys, monkeypatch, name, value):
+    # A negative peak or price would make every MFU or cost negative; it was dropped without a word, so the
+    # user believed their value was in use. 0 stays "as if unset", silently.
+    monkeypatch.setattr(config_mod, "_said", set())
+    defaults = CaptureConfig.from_env({})
+    for _ in range(2):
+        config = CaptureConfig.from_env({name: value})
+        assert (config.peak_tflops, config.gpu_price, config.export_interval_s, config.flush_timeout_s) == \
+               (defaults.peak_tflops, defaults.gpu_price, defaults.export_interval_s, defaults.flush_timeout_s)
+    assert capsys.readouterr().err.count(f"ignoring {name}={value!r}") == 1
+    CaptureConfig.from_env({name: "0"})
+    assert capsys.readouterr().err == ""
+
+
+def test_a_negative_fleet_wait_is_said_once_and_the_default_kept(capsys, monkeypatch):
+    from plasmient_trace.capture import distributed
+
+    monkeypatch.setattr(config_mod, "_said", set())
+    assert distributed.wait_s({"PLASMIENT_FLEET_WAIT_S": "-1"}) == distributed.DEFAULT_WAIT_S
+    assert distributed.wait_s({"PLASMIENT_FLEET_WAIT_S": "-1"}) == distributed.DEFAULT_WAIT_S
+    assert distributed.wait_s({"PLASMIENT_FLEET_WAIT_S": "0"}) == 0.0
+    assert distributed.wait_s({}) == distributed.DEFAULT_WAIT_S
+    assert capsys.readouterr().err.count("ignoring PLASMIENT_FLEET_WAIT_S='-1'") == 1

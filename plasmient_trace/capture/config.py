@@ -40,8 +40,8 @@ def notice(key: str, message: str) -> None:
 
 
 def _env_float(env: Mapping[str, str], name: str, upper: float = MAX_FLAG_VALUE) -> float | None:
-    """A positive number in (0, upper] from the environment; anything else (NaN, inf, a typo) is said once
-    and ignored, as if unset."""
+    """A positive number in (0, upper] from the environment; 0 is as if unset, and anything else (negative,
+    NaN, inf, a typo) is said once and ignored."""
     value = env.get(name, "").strip()
     if not value:
         return None
@@ -52,7 +52,7 @@ def _env_float(env: Mapping[str, str], name: str, upper: float = MAX_FLAG_VALUE)
         return None
     if 0 < out <= upper:
         return out
-    if out > 0 or out != out:  # too large, inf or NaN: a mistake worth saying (0 and negatives mean "off")
+    if out != 0:  # negative, too large, inf or NaN: a mistake worth saying (0 is "off", as if unset)
         say_once(f"bad-{name}", f"ignoring {name}={value!r}: not a number in (0, {upper:g}]")
     return None
 

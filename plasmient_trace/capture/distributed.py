@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..conventions import SpanBatch
+from .config import say_once
 
 if TYPE_CHECKING:
     from ..stitch.tree import StitchOptions
@@ -105,11 +106,17 @@ def active() -> bool:
 
 
 def wait_s(environ: Any = os.environ) -> float:
-    try:
-        value = float(environ.get("PLASMIENT_FLEET_WAIT_S", DEFAULT_WAIT_S))
-    except ValueError:
+    raw = environ.get("PLASMIENT_FLEET_WAIT_S", "").strip()
+    if not raw:
         return DEFAULT_WAIT_S
-    return value if 0 <= value < float("inf") else DEFAULT_WAIT_S  # NaN fails too: never wait forever
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if 0 <= value < float("inf"):  # NaN fails too: never wait forever
+        return value
+    say_once("bad-PLASMIENT_FLEET_WAIT_S", f"ignoring PLASMIENT_FLEET_WAIT_S={raw!r}: not a number of seconds in [0, inf)")
+    return DEFAULT_WAIT_S
 
 
 def job_id_key(attempt: str) -> str:
