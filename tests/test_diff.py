@@ -622,3 +622,21 @@ def test_the_page_says_which_steps_its_diff_covers(sampled_runs, tmp_path: Path)
         note = b.eval("document.getElementById('diff-sampled').textContent")
     assert totals["steps"] == ["steps", "12", "12", "0"] and totals["at full depth"] == ["at full depth", "2", "3", "+1"]
     assert "full-depth steps alone (A 2 of 12, B 3 of 12)" in note
+
+
+def test_a_narrow_console_gets_the_totals_whole(spans_dir: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    # rich fits a table to the console (a pipe is 80 columns, COLUMNS when set) by cutting cells; the totals
+    # are numbers, so the table runs long instead.
+    from plasmient_trace.report.summary import fmt_seconds, fmt_usd
+
+    src = spans_dir / "vit.jsonl"
+    _, result = run_diff(src, src, tmp_path)
+    capsys.readouterr()
+    monkeypatch.setenv("COLUMNS", "40")
+    assert main(["diff", str(src), str(src)]) == 0
+    text = capsys.readouterr().out
+    t = result["totals"]
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:5]]
+            for line in text.splitlines() if line.startswith("│")}
+    assert rows["wasted $"] == [fmt_usd(t["wasted_usd"]["a"]), fmt_usd(t["wasted_usd"]["b"]), "0"]
+    assert rows["device time (busy)"][:2] == [fmt_seconds(t["busy_s"]["a"])] * 2

@@ -365,3 +365,20 @@ def test_the_culprits_table_says_over_how_many_steps_a_sampled_live_run_sums_the
     batch = ingest_batch([trace_path("h100/vit_image_classification.json.gz")], "v")
     text = rendered(batch)
     assert "top culprits (kernel -> op -> module -> rank)" in text and "summed over" not in text
+
+
+@pytest.mark.parametrize("width", [80, 40])
+def test_a_pipe_or_narrow_terminal_gets_every_number_whole(width):
+    # A pipe or a CI log is an 80-column console to rich. The steps table is wider than that, and rich cut
+    # its cells: an H100 BERT step read "4.37 …" for its wall, "100.…" for its coverage, "$1.48e…" wasted.
+    batch = ingest([TRACES / "h100" / "bert_small_inference.json.gz"], "bert-small")
+    narrow = Console(file=io.StringIO(), width=width, record=True, color_system=None)
+    render_summary(batch, console=narrow)
+    text = narrow.export_text()
+    wide = rendered(batch)
+    for r in summary_rows(batch):
+        assert step_cells(text, r["step"]) == step_cells(wide, r["step"])
+        assert fmt_usd(r["wasted_usd"]) in text and fmt_gpu_hours(r["gap_gpu_hours"], "GPU") in text
+    # only the steps table runs long; the culprit table still folds its text to the console's width
+    culprits = text[text.index("top culprits"):]
+    assert max(len(line) for line in culprits.splitlines()) <= width

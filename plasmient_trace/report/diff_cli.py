@@ -23,7 +23,7 @@ import pyarrow as pa
 from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.export.sinks import OutputError, check_not_an_input, check_output_path, write_output_file
 from plasmient_trace.report import diff as D
-from plasmient_trace.report.summary import _ellipsize, fmt_pct, fmt_seconds, fmt_usd, progress
+from plasmient_trace.report.summary import _ellipsize, fmt_pct, fmt_seconds, fmt_usd, print_uncut, progress
 
 NAME_WIDTH = 70
 
@@ -216,7 +216,7 @@ def render(result: dict[str, Any], console: Any, top: int) -> None:
                  _pp(None if None in cov.values() else cov["b"] - cov["a"]))
     head.add_row("wasted", fmt_seconds(t["wasted_s"]["a"]), fmt_seconds(t["wasted_s"]["b"]), _delta(fmt_seconds, t["wasted_s"]["delta"]))
     head.add_row("wasted $", fmt_usd(t["wasted_usd"]["a"]), fmt_usd(t["wasted_usd"]["b"]), _delta(fmt_usd, t["wasted_usd"]["delta"]))
-    console.print(head)
+    print_uncut(console, head)
     if sampled:
         console.print(Text(sampled, style="dim"))
     for dim in D.DIMENSIONS:

@@ -367,6 +367,24 @@ def partial_totals_note(tot: dict[str, Any]) -> str | None:
 # ---- rendering -------------------------------------------------------------------------------
 
 
+def print_uncut(console: Any, table: Any) -> None:
+    """Print a table of numbers that rich must not cut. A pipe or a CI log is an 80-column console to rich,
+    and a table wider than that lost its last columns or ended a number in '…' ("$2.86" for $2.86e-7);
+    here the console is widened for this table alone, so its lines run long and every number is whole."""
+    from rich.measure import Measurement
+
+    needed = Measurement.get(console, console.options.update_width(10_000), table).maximum
+    if needed <= console.width:
+        console.print(table)
+        return
+    saved = getattr(console, "_width", None)  # None: the console measures its terminal at each print
+    console.width = needed
+    try:
+        console.print(table, crop=False)
+    finally:
+        console._width = saved
+
+
 def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -> None:
     """Print the per-step table and the top culprits with their suggestions."""
     from rich.console import Console
@@ -420,7 +438,7 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
             fmt_usd(tot["wasted_usd"]),
             style="bold",
         )
-    console.print(steps)
+    print_uncut(console, steps)
     jobs = list(dict.fromkeys(r["job_id"] for r in rows if r.get("job_id")))
     if len(jobs) > 1:
         # several runs appended to one file (each live run has its own job id): step numbers repeat
