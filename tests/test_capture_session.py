@@ -510,8 +510,8 @@ def test_non_finite_or_absurd_numbers_in_the_environment_are_said_and_ignored(ca
     err = capsys.readouterr().err.splitlines()
     said = {name for name in ("PEAK_TFLOPS", "GPU_PRICE", "FLUSH_TIMEOUT_S", "MFU_THRESHOLD", "EXPORT_INTERVAL_S")
             if any(f"PLASMIENT_{name}=" in line for line in err)}
-    assert said == {"PEAK_TFLOPS", "GPU_PRICE", "FLUSH_TIMEOUT_S", "MFU_THRESHOLD"}  # a negative means "off"
-    assert len(err) == 4
+    assert said == {"PEAK_TFLOPS", "GPU_PRICE", "FLUSH_TIMEOUT_S", "MFU_THRESHOLD", "EXPORT_INTERVAL_S"}
+    assert len(err) == 5
     assert [wait_s({"PLASMIENT_FLEET_WAIT_S": v}) for v in ("inf", "nan", "-3", "2.5")] == \
         [DEFAULT_WAIT_S, DEFAULT_WAIT_S, DEFAULT_WAIT_S, 2.5]
 
