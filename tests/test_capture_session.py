@@ -928,3 +928,44 @@ def test_every_gradient_lands_under_the_backward_span_of_the_module_that_owns_it
         grads = [r for r in in_step if r["plasmient.level"] == "op" and r["name"].startswith("autograd::engine::evaluate_function")
                  and r["name"].endswith("AccumulateGrad")]
         assert Counter(by_id[r["parent_span_id"]]["name"] for r in grads) == expected, step
+
+
+def test_python_inside_a_scope_that_runs_no_op_is_idle_cpu_time_like_python_outside_one():
+    # A record_function scope that runs no op (zero_grad with set_to_none; a user's scope around Python data
+    # preparation) holds the Python inside it. Outside a scope that Python is the step's idle CPU time; inside
+    # one it was a CPU "kernel" with unknown FLOPs: util.resident counted it as work, coverage fell, and the
+    # culprit table said "no FLOP formula for Optimizer.zero_grad#AdamW.zero_grad: register one".
+    sink = Collect()
+    session = CaptureSession(CaptureConfig(every=1, peak_tflops=0.05, job_id="scopes", environ={}),
+                             exporters=[("memory", sink)]).start()
+    try:
+        model, opt, data = tiny.build(dim=32, layers=2, heads=2, vocab=64, seq=8, batch=2)
+        for _ in range(3):
+            with session.step():
+                with torch.autograd.profiler.record_function("prepare_batch"):
+                    deadline = time.perf_counter() + 0.004
+                    while time.perf_counter() < deadline:  # Python work, no torch op
+                        pass
+                tiny.train_step(model, opt, data)
+    finally:
+        session.close(timeout=30)
+    rows = sink.rows()
+    scopes = [r for r in rows if r["plasmient.level"] == "op"
+              and (r["name"] == "prepare_batch" or r["name"].startswith("Optimizer.zero_grad#"))]
+    assert {r["name"] for r in scopes} == {"prepare_batch", "Optimizer.zero_grad#AdamW.zero_grad"}
+    steps = {r["trace_id"]: r for r in rows if r["plasmient.level"] == "step"}
+    assert len(steps) == 3
+    for trace, step in steps.items():
+        mine = [r for r in scopes if r["trace_id"] == trace]
+        assert len(mine) == 2
+        for scope in mine:
+            assert not scope["plasmient.busy_s"] and scope["plasmient.mfu"] is None, scope["name"]  # no CPU work
+            # no op that stands for CPU work (its own busy time) runs inside the scope
+            assert not [r for r in rows if r["trace_id"] == trace and r["plasmient.level"] == "op"
+                        and (r["plasmient.busy_s.self"] or 0) > 0
+                        and r["start_ns"] < scope["end_ns"] and r["end_ns"] > scope["start_ns"]], scope["name"]
+        # the scopes' time is idle CPU time, and the step's busy + idle still tile its wall
+        assert step["plasmient.idle_s"] >= sum(r["end_ns"] - r["start_ns"] for r in mine) / 1e9 > 0.004
+        assert step["plasmient.busy_s"] + step["plasmient.idle_s"] == pytest.approx(step["plasmient.device.window_s"], rel=1e-9)
+    culprits = [r.get("plasmient.culprit.op") for r in rows if r["plasmient.level"] == "step"]
+    assert not any((c or "").startswith(("Optimizer.zero_grad", "prepare_batch")) for c in culprits)

@@ -27,7 +27,8 @@ from .nesting import any_ancestor
 def cpu_kernel_ops(op_parent: np.ndarray, owns: np.ndarray) -> np.ndarray:
     """The ops that stand for kernels when the CPU is the device: each outermost op that owns
     FLOPs (its whole interval, children included, is its work: the BLAS call inside aten::addmm
-    is addmm's own time), and every leaf op not inside one."""
+    is addmm's own time), and every leaf op not inside one (``timeline`` then leaves out the scopes that ran
+    no op)."""
     is_parent = np.zeros(len(op_parent), bool)
     is_parent[op_parent[op_parent >= 0]] = True
     return np.nonzero((owns | ~is_parent) & ~any_ancestor(op_parent, owns))[0]

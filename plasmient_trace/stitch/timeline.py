@@ -66,6 +66,21 @@ def _collective_op_names(names: pa.Array) -> pa.Array:
     return hit
 
 
+def _python_only_scopes(ops: pa.Table, rows: np.ndarray, owns: np.ndarray) -> np.ndarray:
+    """Of the leaf ops ``rows``, the record_function scopes (user annotations: Optimizer.zero_grad with
+    set_to_none, a user's ``with record_function("data")``) that ran no op: their time is the Python inside
+    them. The same Python outside a scope is idle CPU time between ops, so it is here too, and the step's
+    idle row, not an unknown-FLOPs op, says where it went. Scopes that are collectives (gloo:all_reduce)
+    or that a registered formula models stay work."""
+    if not len(rows):
+        return np.zeros(0, bool)
+    scope = pc.equal(ops.column("category").take(rows), "user_annotation").fill_null(False).to_numpy(zero_copy_only=False)
+    if not scope.any():
+        return scope
+    collective = match_distinct(ops.column("name").take(rows), _collective_op_names)
+    return scope & ~collective & ~owns[rows]
+
+
 def kernel_kinds(inp: RankInput, synth_ops: np.ndarray) -> np.ndarray:
     """KIND_CODE per kernel row; collective kernels (records.COLLECTIVE_KERNEL) and collective ops standing
     for kernels on a CPU are collectives whatever category the source gave them."""
@@ -92,8 +107,9 @@ def device_timeline(inp: RankInput, j: JoinedRank, options: StitchOptions) -> De
     if n_k == 0 and n_op:
         # No device activity: the CPU is the device and its ops are the kernels.
         yields = yields_flops(j.op_parent, inp.op_model, inp.op_flops)
-        synth_ops = cpu_kernel_ops(j.op_parent, ~inp.op_model.equals("none") & ~yields)
-        synth_ops = synth_ops[j.op_step[synth_ops] >= 0]
+        owns = ~inp.op_model.equals("none") & ~yields
+        synth_ops = cpu_kernel_ops(j.op_parent, owns)
+        synth_ops = synth_ops[(j.op_step[synth_ops] >= 0) & ~_python_only_scopes(rs.ops, synth_ops, owns)]
     o_start = rs.ops.column("start_ns").to_numpy() if n_op else np.zeros(0, np.int64)
     o_end = rs.ops.column("end_ns").to_numpy() if n_op else np.zeros(0, np.int64)
     ks = np.concatenate([j.kernel_start, o_start[synth_ops]]).astype(np.int64)
