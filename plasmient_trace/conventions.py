@@ -212,7 +212,10 @@ RESOURCE_ATTRIBUTES: dict[str, str] = {
     "plasmient.rank": "global rank (distributedInfo.rank, RANK, SLURM_PROCID)",
     "plasmient.world_size": "world size (distributedInfo.world_size, WORLD_SIZE, SLURM_NTASKS)",
     "plasmient.local_rank": "LOCAL_RANK / SLURM_LOCALID",
-    "plasmient.gpu.model": "device name as the driver reports it",
+    "plasmient.gpu.model": "the hardware table's name of the GPU whose peaks the metrics use (H100 SXM); absent "
+                           "when no table names the device (a user-given peak alone)",
+    "plasmient.gpu.model.reported": "the device name as the trace or the driver reports it",
+    "plasmient.cpu.model": "CPU-only ranks: the CPU's name and the thread count its peak was calibrated for",
     "plasmient.gpu.uuid": "device UUID where known",
     "plasmient.gpu.count": "devices used by the process",
     "plasmient.slurm.job_id": "SLURM_JOB_ID",

@@ -179,3 +179,41 @@ def test_an_ingest_in_groups_of_steps_continues_one_step_counter_per_series(monk
         assert [d.as_int for d in dps] == [1, 2, 3, 4, 5, 6]
         assert len({d.start_time_unix_nano for d in dps}) == 1
         assert dps[0].start_time_unix_nano <= dps[0].time_unix_nano
+
+
+def test_a_cpu_only_rank_is_named_as_a_cpu_and_reports_no_gpu_utilisation(warm_cache, monkeypatch) -> None:
+    # A live CPU run put the CPU's name in plasmient.gpu.model and its op residency in hw.gpu.utilization
+    # (hw.type gpu, hw.model "AMD EPYC (1 threads)"): a GPU dashboard showed a GPU the job never had. A peak
+    # given by the user for an unnamed device was named "user-specified", which is no device either.
+    import torch
+
+    from capture_helpers import Collect
+    from plasmient_trace.capture.session import CaptureConfig, CaptureSession
+    from plasmient_trace.metrics.cpu_peak import cpu_spec
+    from plasmient_trace.pipeline import IngestOptions, ingest_paths
+
+    monkeypatch.setenv("PLASMIENT_CACHE_DIR", str(warm_cache))  # the CPU's calibrated peaks, as after a first run
+    threads = torch.get_num_threads()
+    sink = Collect()
+    session = CaptureSession(CaptureConfig(every=1, job_id="cpu-metrics", environ={}),
+                             exporters=[("memory", sink)]).start()
+    model, x = torch.nn.Linear(64, 64), torch.randn(32, 64)
+    try:
+        for _ in range(3):
+            with session.step():
+                model(x).sum().backward()
+    finally:
+        session.close(timeout=60)
+    assert not session.failed
+    resources = [r for b in sink.batches for r in b.resources if "plasmient.rank" in r]
+    assert resources and all(r["plasmient.cpu.model"] == cpu_spec(warm_cache, threads).model for r in resources)
+    assert not any("plasmient.gpu.model" in r for r in resources)
+    points = [p for b in sink.batches for p in _points(list(metric_requests(b)))]
+    assert {name for name, *_ in points} >= {"plasmient.step.mfu", "plasmient.step.util.resident"}
+    assert not [p for p in points if p[0].startswith("hw.gpu")]
+
+    user_peak = ingest_paths([trace_path("cpu_only/rank-34.json.gz")], IngestOptions(job_id="cpu", peak_tflops=1.0)).batch
+    assert not any("plasmient.gpu.model" in r or "plasmient.cpu.model" in r for r in user_peak.resources)
+    points = _points(list(metric_requests(user_peak)))
+    assert [p for p in points if p[0] == "plasmient.step.util.resident"]
+    assert not [p for p in points if p[0].startswith("hw.gpu")]

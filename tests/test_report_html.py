@@ -337,8 +337,14 @@ def test_unknown_peak_and_cpu_only_pages_say_na(browser, tmp_path):
     assert browser.eval("document.querySelectorAll('#roofline .roof').length") == 0
     assert int(browser.eval("document.getElementById('roofline').dataset.points")) > 0
     cpu = make_job(steps=1, nodes=1, with_kernels=False)
+    for res in cpu.resources:  # a live CPU rank names its CPU, never a GPU
+        if "plasmient.rank" in res:
+            res.pop("plasmient.gpu.model", None)
+            res["plasmient.cpu.model"] = "AMD EPYC (2 threads)"
     open_page(browser, cpu, tmp_path / "cpu.html")
     check_numbers_against_spans(browser, cpu)
+    meta = browser.eval("document.getElementById('meta').textContent")
+    assert "AMD EPYC (2 threads)" in meta and "GPU" not in meta
     assert browser.eval("document.getElementById('timeline').dataset.drawn") == "0"
     assert browser.eval("document.getElementById('roofline').dataset.points") == "0"
 

@@ -13,7 +13,7 @@ point is one click from the step's trace.
 | plasmient.step.wasted_usd | gauge | USD | plasmient.cost.wasted_usd |
 | plasmient.steps | monotonic cumulative sum | {step} | one per traced step |
 | plasmient.step.trace | gauge (value: step) | 1 | fleet spans only; attribute trace_id |
-| hw.gpu.utilization | gauge | 1 | plasmient.util.resident of rank spans with exactly one GPU |
+| hw.gpu.utilization | gauge | 1 | plasmient.util.resident of GPU rank spans with exactly one GPU |
 
 ``hw.gpu.utilization`` is the OpenTelemetry hardware semantic convention's GPU utilisation (the
 kernel-resident fraction, what NVML reports), so dashboards built for NVML/DCGM exporters show the
@@ -102,6 +102,7 @@ class _Points:
     job: list[str | None]
     step: list[int | None]
     gpus: list[int | None]
+    device_type: list[str | None]
     values: dict[str, np.ndarray]   # span attribute -> float64 (NaN = absent)
 
 
@@ -125,6 +126,7 @@ def _select(batch: SpanBatch) -> _Points:
         job=t.column("plasmient.job.id").to_pylist(),
         step=t.column("plasmient.step").to_pylist(),
         gpus=t.column("plasmient.gpus").to_pylist(),
+        device_type=t.column("plasmient.device.type").to_pylist(),
         values={attr: floats(attr) for _, attr, _, _ in GAUGES},
     )
 
@@ -233,8 +235,8 @@ def _hw_gpu_utilization(p: _Points, rows: list[int], resource: dict[str, Any]) -
     uuid, model = resource.get("plasmient.gpu.uuid"), resource.get("plasmient.gpu.model")
     for i in rows:
         v = float(values[i])
-        if p.level[i] != "rank" or p.gpus[i] != 1 or not np.isfinite(v):
-            continue
+        if p.level[i] != "rank" or p.device_type[i] != "gpu" or p.gpus[i] != 1 or not np.isfinite(v):
+            continue  # a CPU-only rank's op residency is no GPU's utilisation
         hw_id = str(uuid) if uuid else f"rank{p.rank[i]}" if p.rank[i] is not None else None
         if hw_id is None:
             continue  # the convention requires hw.id

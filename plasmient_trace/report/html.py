@@ -115,6 +115,7 @@ def report_data(
         "hosts": sorted({str(r["host.name"]) for r in res if r.get("host.name") is not None}),
         "ranks": int(np.unique(frame.rank[frame.rank >= 0]).size),
         "gpu_models": sorted({str(r["plasmient.gpu.model"]) for r in res if r.get("plasmient.gpu.model")}),
+        "cpu_models": sorted({str(r["plasmient.cpu.model"]) for r in res if r.get("plasmient.cpu.model")}),
         "kernel_spans": int(frame.is_level("kernel").sum()),
         "kernels": _kernels_covered(frame),
     }

@@ -67,8 +67,9 @@ def resource_for_rank(inp: RankInput, rank: int, node: str, options: StitchOptio
     res["plasmient.job.id"] = options.job_id
     res["plasmient.rank"] = rank
     res["service.instance.id"] = f"{options.job_id}/{rank}"
-    if inp.spec.model:
-        res.setdefault("plasmient.gpu.model", inp.spec.model)
+    # the model the peaks come from; a peak the user gave for a device no table names has no model
+    if inp.spec.model and inp.spec.source != "user":
+        res.setdefault("plasmient.cpu.model" if inp.spec.device_type == "cpu" else "plasmient.gpu.model", inp.spec.model)
     devices = inp.records.devices
     if devices:
         res.setdefault("plasmient.gpu.model.reported", devices[0].name)

@@ -88,7 +88,7 @@
       m.traces + (m.traces === 1 ? " trace (step)" : " traces (steps)"),
       m.ranks + (m.ranks === 1 ? " rank" : " ranks"),
       m.hosts.length ? m.hosts.length + (m.hosts.length === 1 ? " node" : " nodes") : null,
-      m.gpu_models.length ? m.gpu_models.join(", ") : "GPU model unknown",
+      m.gpu_models.length || m.cpu_models.length ? m.gpu_models.concat(m.cpu_models).join(", ") : "device model unknown",
       m.spans + " spans", kernelsText(m)
     ];
     parts.forEach(function (p) { if (p) box.appendChild(el("span", null, p)); });
