@@ -301,3 +301,45 @@ def test_under_torch_compile_the_carried_flops_are_not_the_compilers():
     assert len(carried) >= 5, {s: r["plasmient.flops.source"] for s, r in steps.items()}
     for s, flops in carried.items():
         assert oracle <= flops <= 1.05 * oracle, (s, flops, oracle)
+
+
+def test_a_step_that_calls_the_model_another_number_of_times_carries_nothing():
+    # Gradient accumulation: four micro-batches a step, but two at an epoch's end and eight once. The step's
+    # first call has the same shapes every time, so all steps carried the four-micro-batch FLOPs: 2x, 4x too
+    # many or 2x too few, labelled "carried". A step's signature now holds every call of the model.
+    torch.manual_seed(0)
+    model = nn.Sequential(_Block(), _Block())
+    x = torch.randn(2, SEQ, DIM)
+    micro = [4, 4, 2, 4, 1, 8, 4, 2]
+
+    def step(n: int) -> None:
+        model.zero_grad(set_to_none=True)
+        for _ in range(n):
+            model(x).pow(2).mean().backward()
+
+    def counted(n: int) -> float:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with FlopCounterMode(display=False) as counter:
+            step(n)
+        return float(counter.get_total_flops())
+
+    expected = {n: counted(n) for n in set(micro)}
+    sink = Collect()
+    session = CaptureSession(CaptureConfig(every=10, peak_tflops=PEAK_TFLOPS, job_id="accumulate", environ={}),
+                             exporters=[("memory", sink)]).start()
+    try:
+        for n in micro:
+            with session.step():
+                step(n)
+    finally:
+        session.close(timeout=60)
+    steps = _by_step(sink.rows(), "step")
+    assert [steps[i]["plasmient.flops.source"] for i in range(len(micro))] == \
+        ["measured", "carried", "unknown", "carried", "unknown", "unknown", "carried", "unknown"]
+    for i, n in enumerate(micro):
+        if steps[i]["plasmient.flops.source"] == "unknown":
+            assert steps[i]["plasmient.flops"] is None and steps[i]["plasmient.mfu"] is None
+        else:
+            assert n == 4 and expected[4] <= steps[i]["plasmient.flops"] <= 1.05 * expected[4]
+    assert expected[8] == 2 * expected[4] == 4 * expected[2]

@@ -68,13 +68,16 @@ class StepCapture:
     kineto: str | None = None  # this step's exported torch.profiler trace (Kineto fallback)
     dropped: int | None = 0    # CUPTI records dropped during the step (None: CUPTI would not say)
     samples: pa.Table | None = None
-    signature: str | None = None  # input-shape signature of the step's first module call with tensors
+    signature: str | None = None  # input-shape signature of the step's first module call with tensors and the
+    #                               shapes of that module's later calls in the step
     compiled: bool = False        # torch.compile traced a frame during the step: its ops include the compiler's
 
 
 _STEP_NAMES = {"optimizer": "optimizer.step#{n}", "profiler": "ProfilerStep#{n}", "explicit": "step#{n}"}
 # Module calls a step may make before one with a tensor argument gives its signature.
 _SIGNATURE_TRIES = 64
+# Later calls of the signature's module whose shapes a step's signature keeps (past it, only their number).
+_MAX_REPEATS = 4096
 
 
 def _backlog_limit(queue_steps: int) -> int:
@@ -121,6 +124,7 @@ class CaptureSession:
         self.memory = batches.BatchMemory()  # what each batch leaves the next (worker thread)
         self._lock = threading.RLock()
         self._signature: str | None = None    # the open step's input-shape signature, once seen
+        self._repeats: list[Any] = []         # the signature module's later calls in the open step (their shapes)
         self._signature_tries = 0
         self._signatures_seen: set[str] = set()   # captured at full depth (training thread)
         self._signatures_first_seen: set[str] = set()  # compiled models: seen once, at step depth
@@ -168,7 +172,8 @@ class CaptureSession:
 
         self.resource["plasmient.source"] = self.sources.label()
         self.sources.choose_op_recorder()
-        self.modules = torch_hooks.ModuleRecorder(on_forward=self._on_forward, on_signature=self._on_signature)
+        self.modules = torch_hooks.ModuleRecorder(on_forward=self._on_forward, on_signature=self._on_signature,
+                                                  on_repeat=self._on_repeat)
         self.modules.install()
         step_hooks.install(self, torch)
         self.delivery = build_delivery(cfg, self.resource, self._exporters)
@@ -373,6 +378,8 @@ class CaptureSession:
         self._open = True
         self._signature = None
         self._signature_tries = 0
+        self._repeats = []
+        self.modules.repeat_module = None
         self._compiled_at_begin = _frames_compiled()
         self.modules.want_signature = True
         if full:
@@ -415,6 +422,7 @@ class CaptureSession:
                 self.modules.want_signature = False
             return
         self.modules.want_signature = False
+        self.modules.repeat_module = module
         model = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the model it wraps
         compiled = model is not module
         # the same shapes through another model, in eval mode or without grad are other work
@@ -432,6 +440,27 @@ class CaptureSession:
             else:
                 self._signatures_seen.add(key)
                 self._go_full()
+
+    def _on_repeat(self, args: Any) -> None:
+        """Another call of the module that gave the step's signature: its shapes join the step's signature
+        at the step's end. Bounded: past _MAX_REPEATS calls only their number counts."""
+        from .torch_hooks import input_signature
+
+        if len(self._repeats) < _MAX_REPEATS:
+            self._repeats.append(input_signature(args))
+        else:
+            self._repeats.append(None)
+
+    def _step_signature(self) -> str | None:
+        """The signature the step's FLOPs are carried under: its first call's, and when the model was
+        called again (gradient accumulation, generation), how often and with what shapes. A step of two
+        micro-batches carries no FLOPs measured on a step of four."""
+        if self._signature is None or not self._repeats:
+            return self._signature
+        import hashlib
+
+        calls = hashlib.blake2b(repr(self._repeats).encode(), digest_size=8).hexdigest()
+        return f"{self._signature}|{len(self._repeats)} more calls {calls}"
 
     def _start_kineto(self) -> bool:
         """Profile this full-depth step with torch.profiler (its ops replace the dispatch hooks');
@@ -463,6 +492,7 @@ class CaptureSession:
             self.sources.start_cpu_calibration()
         self.modules.enabled = False
         self.modules.want_signature = False
+        self.modules.repeat_module = None
         self._open = False
         compiled = self._full and _frames_compiled() != self._compiled_at_begin
         if compiled and self._signature is not None:
@@ -471,7 +501,7 @@ class CaptureSession:
         cap = StepCapture(step=self.step_index, name=_STEP_NAMES.get(self._kind or "explicit", "step#{n}").format(n=self.step_index),
                           start_ns=self._step_start + self._epoch, end_ns=now + self._epoch, full=self._full,
                           ops=self.sources.ops.take() if self._full else None, op_recorder=self.sources.ops,
-                          modules=self.modules.take() if self._full else [], kineto=trace, signature=self._signature,
+                          modules=self.modules.take() if self._full else [], kineto=trace, signature=self._step_signature(),
                           compiled=compiled)
         for rec in (self.sources.ops, self.modules):
             if rec.failed is not None:

@@ -270,7 +270,8 @@ class ModuleRecorder:
     """
 
     def __init__(self, on_forward: Callable[[], None] | None = None,
-                 on_signature: Callable[[torch.nn.Module, Any], None] | None = None) -> None:
+                 on_signature: Callable[[torch.nn.Module, Any], None] | None = None,
+                 on_repeat: Callable[[Any], None] | None = None) -> None:
         self.records: list[tuple] = []
         self.enabled = False
         self._on_forward = on_forward
@@ -278,6 +279,11 @@ class ModuleRecorder:
         # step's input signature): one attribute test per call at step depth.
         self.want_signature = False
         self._on_signature = on_signature
+        # The module that gave the step's signature: its later calls in the step (micro-batches, a generate
+        # loop) are shown to on_repeat, so a step that calls it another number of times, or with other
+        # shapes, does not carry the FLOPs of one that did not. One identity test per call.
+        self.repeat_module: torch.nn.Module | None = None
+        self._on_repeat = on_repeat
         self._paths: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
         self._local = threading.local()
         self._handles: list[Any] = []
@@ -332,7 +338,12 @@ class ModuleRecorder:
                 self._on_forward()
             except Exception as err:  # pragma: no cover - defensive
                 self.failed = self.failed or err
-        if self.want_signature and self._on_signature is not None:
+        if module is self.repeat_module and self._on_repeat is not None:
+            try:
+                self._on_repeat(args)
+            except Exception as err:  # pragma: no cover - defensive
+                self.failed = self.failed or err
+        elif self.want_signature and self._on_signature is not None:
             try:
                 self._on_signature(module, args)
             except Exception as err:  # pragma: no cover - defensive
