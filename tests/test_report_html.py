@@ -534,3 +534,25 @@ def test_a_cpu_pages_bill_blames_the_cpus_peak():
     so about the CPU, as the terminal does."""
     bill = report_data(ingest_batch([TRACES / "cpu_only" / "rank-34.json.gz"], "cpu"))["bill"]
     assert bill["mfu"] is None and bill["mfu_unknown_why"].startswith("the CPU's peak FLOP/s is unknown")
+
+
+def test_a_cpu_run_page_speaks_of_cpus_and_folds_no_kernels(browser, tmp_path):
+    # A live CPU run's page said "fleet size 2 GPUs", "$ / GPU-hour", "wasted GPU-s", lanes "rank 0 · gpu ?", and
+    # "3230 kernels (0 drawn as spans, the rest folded into their ops)": a CPU's kernels are its ops, drawn as
+    # op spans, and no span budget folded them.
+    from capture_helpers import sampled_live_run
+
+    from plasmient_trace.report.cli import read_span_files
+
+    batch = read_span_files([str(sampled_live_run(tmp_path / "cpu.jsonl", every=1, steps=3))])
+    steps = [s for s in spans(batch) if s["plasmient.level"] == "step"]
+    assert steps and all(s["plasmient.device.type"] == "cpu" for s in steps)
+    data = open_page(browser, batch, tmp_path / "cpu.html")
+    assert data["meta"]["device"] == "CPU" and data["meta"]["cpu_kernels"] == data["meta"]["kernels"] > 0
+    text = browser.eval("document.body.innerText")
+    assert "GPU" not in text.replace("GPU's", "")  # no GPU anywhere on a CPU run's page
+    assert browser.eval("document.querySelector('#bill-section .bill-inputs').innerText").split() == \
+        ["fleet", "size", "CPUs", "price", "$", "/", "CPU-hour", "baseline", "MFU", "%"]
+    header = browser.eval("document.getElementById('meta').innerText")
+    assert f"{data['meta']['kernels']} kernels (all of them CPU ops)" in header and "folded" not in header
+    assert "folded" not in browser.eval("document.getElementById('timeline-note').innerText")

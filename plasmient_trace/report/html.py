@@ -18,13 +18,14 @@ from typing import Any
 
 import numpy as np
 import orjson
+import pyarrow.compute as pc
 
 from plasmient_trace.conventions import BOUNDS, DEFAULT_BASELINE_MFU, SpanBatch
 from plasmient_trace.export.sinks import write_output_file
 from plasmient_trace.report.frame import SpanFrame, weighted_mean
 from plasmient_trace.report.html_views import (ICICLE_MAX_NODES, NAME_MAX, PAGE_LEVELS, ROOFLINE_MAX_POINTS, TIMELINE_BINS,
                                                TIMELINE_MAX_KERNELS, icicle_data, roofline_data, timeline_data)
-from plasmient_trace.report.summary import _top_spans, culprits_from_frame, mfu_unknown_reason, rows_from_frame
+from plasmient_trace.report.summary import _top_spans, culprits_from_frame, mfu_unknown_reason, rows_device, rows_from_frame
 
 DIFF_TOP_ROWS = 20  # rows per table of the diff section; the --json output of `plasmient diff` has them all
 # Used only when neither the caller nor the trace (plasmient.cost.usd) gives a price; the page says so.
@@ -89,6 +90,14 @@ def _kernels_covered(frame: SpanFrame) -> int | None:
     return int(counts.sum()) if len(counts) and np.isfinite(counts).all() else None
 
 
+def _cpu_kernels(frame: SpanFrame) -> int:
+    """Of those, the kernels of CPU steps: ops that stand for kernels, drawn as their op spans, never folded."""
+    step = frame.is_level("step")
+    cpu = np.asarray(pc.equal(frame.strings("plasmient.device.type"), "cpu").fill_null(False).to_numpy(zero_copy_only=False))
+    counts = frame.num("plasmient.kernels")[step & cpu]
+    return int(np.nansum(counts))
+
+
 def report_data(
     batch: SpanBatch,
     title: str = "plasmient-trace report",
@@ -116,8 +125,11 @@ def report_data(
         "ranks": int(np.unique(frame.rank[frame.rank >= 0]).size),
         "gpu_models": sorted({str(r["plasmient.gpu.model"]) for r in res if r.get("plasmient.gpu.model")}),
         "cpu_models": sorted({str(r["plasmient.cpu.model"]) for r in res if r.get("plasmient.cpu.model")}),
+        # what the device words of the page say: a CPU-only run's devices are its CPUs
+        "device": rows_device(rows) if rows else "GPU",
         "kernel_spans": int(frame.is_level("kernel").sum()),
         "kernels": _kernels_covered(frame),
+        "cpu_kernels": _cpu_kernels(frame),
     }
     empty_tree = {"root": -1, "names": [], "name": [], "parent": [], "level": [], "spans_total": 0, "spans_shown": 0, "folded_cells": 0, "max_nodes": max_nodes}
     return {
@@ -186,7 +198,7 @@ def build_report(
             f"<style>\n{css}\n</style>",
             "</head>",
             "<body>",
-            _BODY.replace("{title}", t),
+            _body(t, data["meta"]["device"]),
             f'<script type="application/json" id="plasmient-data">{_json_for_script(data)}</script>',
             f"<script>\n{js}\n</script>",
             "</body>",
@@ -200,6 +212,11 @@ def write_report(batch: SpanBatch, path: str | Path, **kw: Any) -> Path:
     """The report as one file at ``path``, whole or not at all (export.sinks.OutputError: one line)."""
     page = build_report(batch, **kw).encode("utf-8")
     return write_output_file(path, lambda f: f.write(page))
+
+
+def _body(title: str, device: str) -> str:
+    lanes = "ops per rank (a CPU's kernels)" if device == "CPU" else "kernels per rank · GPU · stream"
+    return _BODY.replace("{title}", title).replace("{device}", device).replace("{timeline_lanes}", lanes)
 
 
 _BODY = """\
@@ -219,8 +236,8 @@ _BODY = """\
 <section id="bill-section">
   <h2>The bill</h2>
   <div class="bill-inputs">
-    <label>fleet size <input id="bill-gpus" type="number" min="0" step="1"> GPUs</label>
-    <label>price <input id="bill-price" type="number" min="0" step="0.01"> $ / GPU-hour</label>
+    <label>fleet size <input id="bill-gpus" type="number" min="0" step="1"> {device}s</label>
+    <label>price <input id="bill-price" type="number" min="0" step="0.01"> $ / {device}-hour</label>
     <label>baseline MFU <input id="bill-baseline" type="number" min="1" max="100" step="1"> %</label>
   </div>
   <div class="bill-outputs">
@@ -246,7 +263,7 @@ _BODY = """\
   <p class="note" id="icicle-note"></p>
 </section>
 <section id="timeline-section">
-  <h2>Timeline <span class="sub">kernels per rank · GPU · stream, coloured by bound; wheel to zoom, drag to pan, double-click to reset</span></h2>
+  <h2>Timeline <span class="sub">{timeline_lanes}, coloured by bound; wheel to zoom, drag to pan, double-click to reset</span></h2>
   <div id="timeline-legend" class="legend"></div>
   <div id="timeline-wrap"><canvas id="timeline"></canvas><div id="timeline-tip" class="tip"></div></div>
   <p class="note" id="timeline-note"></p>

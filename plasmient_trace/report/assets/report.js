@@ -4,6 +4,7 @@
 (function () {
   "use strict";
   var D = JSON.parse(document.getElementById("plasmient-data").textContent);
+  var DEV = D.meta.device;  // "GPU", or "CPU" for a CPU-only run: the word the page uses for its devices
   var SVGNS = "http:" + "//www.w3.org/2000/svg";  // a namespace name, never fetched
   var BOUND_COLOR = {
     compute: "#2f6fb3", memory: "#e08214", latency: "#8e6cc4", communication: "#1b9e77", idle: "#e6e6e6", unknown: "#9aa0a6"
@@ -75,10 +76,13 @@
   function boundName(code) { return code >= 0 ? D.bounds[code] : "unknown"; }
 
   // ---- header --------------------------------------------------------------------------------------
+  // kernels the span budget folded into their ops (a CPU's kernels are ops, drawn as their op spans: never folded)
+  function foldedKernels(m) { return m.kernels === null ? 0 : Math.max(m.kernels - m.cpu_kernels - m.kernel_spans, 0); }
   function kernelsText(m) {
     if (m.kernels === null) return m.kernel_spans + " kernel spans";  // a step without its count: the total is unknown
-    if (m.kernels > m.kernel_spans) return m.kernels + " kernels (" + m.kernel_spans + " drawn as spans, the rest folded into their ops)";
-    return m.kernels + " kernels";
+    var cpu = m.cpu_kernels ? " (" + (m.cpu_kernels === m.kernels ? "all" : m.cpu_kernels) + " of them CPU ops)" : "";
+    if (foldedKernels(m)) return m.kernels + " kernels" + cpu + " (" + m.kernel_spans + " drawn as spans, the rest folded into their ops)";
+    return m.kernels + " kernels" + cpu;
   }
 
   (function meta() {
@@ -130,9 +134,9 @@
       ? " (" + label + " over the " + fmtSeconds(part) + " of it whose steps have one, " + fmtPct(part / bill.device_s) + ")" : "";
   }
   document.getElementById("bill-note").textContent =
-    "spend/day = GPUs × price × 24; idle/day = spend × (1 − util.resident); wasted/day = spend × max(0, 1 − MFU / baseline); " +
+    "spend/day = " + DEV + "s × price × 24; idle/day = spend × (1 − util.resident); wasted/day = spend × max(0, 1 − MFU / baseline); " +
     "year = 365 days. util and MFU are the device-time weighted values measured over " + fmtSeconds(bill.device_s) +
-    " of GPU time in this trace" +
+    " of " + DEV + " time in this trace" +
     billPart("util", bill.util, bill.util_device_s) + billPart("MFU", bill.mfu, bill.mfu_device_s) +
     "; the price " +
     (bill.price_source === "trace" ? "is the one the trace was costed with" :
@@ -242,7 +246,7 @@
     document.getElementById("steps-note").textContent =
       "wall = the step's device window (from where the previous step's device work ended to its own last kernel). " +
       "coverage = share of busy device time whose FLOPs are known; MFU counts only those (n/a where none are). " +
-      "gap = (util.resident − MFU) × wall × GPUs: GPU-hours the meter counts as busy that did no useful math. " +
+      "gap = (util.resident − MFU) × wall × " + DEV + "s: " + DEV + "-hours the meter counts as busy that did no useful math. " +
       "wasted $ = cost × max(0, 1 − MFU / baseline).";
   })();
 
@@ -275,13 +279,13 @@
     detail.appendChild(el("div", { "class": "dname" }, levelName(i) + ": " + nodeName(i)));
     var dl = el("dl");
     var fields = [
-      ["wall", fmtSeconds(T.wall[i]), T.wall[i]], ["GPUs", bad(T.gpus[i]) ? "n/a" : String(T.gpus[i]), T.gpus[i]],
+      ["wall", fmtSeconds(T.wall[i]), T.wall[i]], [DEV + "s", bad(T.gpus[i]) ? "n/a" : String(T.gpus[i]), T.gpus[i]],
       ["util.resident", fmtPct(T.util[i]), T.util[i]], ["MFU", fmtPct(T.mfu[i]), T.mfu[i]],
       ["bound", T.bound[i] >= 0 ? D.bounds[T.bound[i]] : "n/a", null],
       ["FLOPs", fmtSi(T.flops[i], "FLOP"), T.flops[i]], ["bytes", fmtSi(T.bytes[i], "B"), T.bytes[i]],
       ["intensity", bad(T.ai[i]) ? "n/a" : T.ai[i].toPrecision(3) + " FLOP/B", T.ai[i]],
       ["cost", fmtUsd(T.cost[i]), T.cost[i]], ["wasted $", fmtUsd(T.wasted_usd[i]), T.wasted_usd[i]],
-      ["wasted GPU-s", fmtSeconds(T.wasted_s[i]), T.wasted_s[i]],
+      ["wasted " + DEV + "-s", fmtSeconds(T.wasted_s[i]), T.wasted_s[i]],
       ["span id", T.span_id[i] || "—", null]
     ];
     fields.forEach(function (f) {
@@ -412,8 +416,8 @@
     lg.appendChild(el("span", null, "n/a (peak unknown)"));
   })();
   document.getElementById("icicle-note").textContent =
-    "Width, from fleet down to step: device time (wall × GPUs); below the step: GPU-resident time, so the empty part under a step is " +
-    "time its GPU sat idle. Children are laid out in start order inside their parent. " +
+    "Width, from fleet down to step: device time (wall × " + DEV + "s); below the step: " + DEV + "-resident time, so the empty part " +
+    "under a step is time its " + DEV + " sat idle. Children are laid out in start order inside their parent. " +
     (T.spans_shown < T.spans_total
       ? "Showing the " + T.spans_shown + " largest of " + T.spans_total + " spans (and their ancestors); the rest are folded into " +
         T.folded_cells + " striped “… N more” cells carrying their summed time and weighted util/MFU."
@@ -443,7 +447,8 @@
   function laneLabel(l) {
     var L = TL.lanes[l], p = [];
     p.push(L.rank === null ? "rank ?" : "rank " + L.rank);
-    p.push(L.device === null ? "gpu ?" : "gpu " + L.device);
+    if (DEV === "CPU") p.push("cpu");  // a CPU rank's ops that stand for kernels: one lane per rank
+    else p.push(L.device === null ? "gpu ?" : "gpu " + L.device);
     if (L.stream !== null) p.push("stream " + L.stream);
     return p.join(" · ");
   }
@@ -571,8 +576,8 @@
       ? TL.kernels_total + " kernels: " + TL.drawn + " at least one bin (" + fmtUs(TL.bin_us) + ") long are drawn one by one; the shorter ones are merged into " +
         TL.bins_per_lane + " bins per lane, coloured by the bound holding most time in the bin, opacity = occupancy."
       : "All " + TL.kernels_total + " " + (TL.item === "ops" ? "ops (the CPU's kernels)" : "kernel spans") + " drawn one by one.") +
-    (D.meta.kernels !== null && D.meta.kernels > D.meta.kernel_spans
-      ? " The other " + (D.meta.kernels - D.meta.kernel_spans) + " kernels were folded into their ops by the span budget " +
+    (foldedKernels(D.meta)
+      ? " The other " + foldedKernels(D.meta) + " kernels were folded into their ops by the span budget " +
         "(ingest with a larger --max-spans to draw them): a rank or stream with none left has no lane."
       : "") +
     " Grey = idle: the host gap before a step's first kernel is that step's idle time. Times are relative to the start of the first step's device window.";
@@ -653,7 +658,7 @@
         "their precision allows in their time (Winograd and FFT convolutions do fewer multiplies than the direct count), " +
         "so their ideal time is capped at their time (plasmient.kernels.over_peak). " : "") +
       (noBw ? "The device bandwidth is not in the trace, so only the compute roof (dashed) is drawn." : "") +
-      (noPeak ? "The GPU's peak FLOP/s is unknown, so no roof is drawn." : "");
+      (noPeak ? "The " + DEV + "'s peak FLOP/s is unknown, so no roof is drawn." : "");
   }
 
   function renderAll() { renderIcicle(); drawTimeline(); drawRoofline(); }
