@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pyarrow.compute as pc
+
 import pytest
 
 from plasmient_trace.metrics.culprit import suggestion
@@ -133,6 +135,34 @@ def test_known_flops_and_bytes_on_an_unknown_device_ask_for_its_peaks() -> None:
     for r in rows:
         assert r["suggestion"].startswith("the device's peak FLOP/s or memory bandwidth is unknown"), r
         assert "--gpu-model" in r["suggestion"]
+
+
+def test_a_cpu_whose_bandwidth_is_unknown_is_not_told_to_name_its_gpu(tmp_path) -> None:
+    # A live CPU run given PLASMIENT_PEAK_TFLOPS skips the calibration that measures the CPU's bandwidth, so its
+    # bounds are unknown; its culprits said "name the GPU (--gpu-model)", and a transpose that took longer than
+    # 10 us "no byte count for aten::t: register a formula that returns bytes".
+    from capture_helpers import sampled_live_run
+
+    from plasmient_trace.report.cli import read_span_files
+
+    batch = read_span_files([str(sampled_live_run(tmp_path / "cpu.jsonl", every=1, steps=3))])
+    steps = batch.table.filter(pc.equal(batch.table.column("plasmient.level"), "step")).to_pylist()
+    assert steps and all(s["plasmient.device.type"] == "cpu" and s["plasmient.peak_bandwidth"] is None for s in steps)
+    rows = _all_rows(batch)
+    assert [r for r in rows if r["bound"] == "unknown"]
+    assert not [r for r in rows if "GPU" in r["suggestion"] or "gpu" in r["suggestion"]]
+    peak = [r for r in rows if r["bound"] == "unknown" and r["op"] in ("aten::addmm", "aten::mm")]  # FLOPs, bytes known
+    assert all(r["suggestion"].startswith("the CPU's peak FLOP/s or memory bandwidth is unknown") and
+               "--bandwidth-gbs" in r["suggestion"] for r in peak)
+    said = suggestion("aten::addmm", "aten::addmm", "Sequential.*", "unknown", "kernel", device_type="cpu", missing="peak")
+    assert said.startswith("the CPU's peak FLOP/s or memory bandwidth is unknown, so the bound is too in Sequential.*")
+    # A shape-only op (aten::t) moves and computes nothing: its time is per-op overhead however long it took,
+    # never an unknown bound that asks for a byte count.
+    ops = batch.table.filter(pc.equal(batch.table.column("plasmient.level"), "op")).to_pylist()
+    views = [o for o in ops if o["plasmient.op.flops_model"] == "view" and o["plasmient.busy_s"]]
+    assert {o["name"] for o in views} >= {"aten::t"}
+    assert all(o["plasmient.bound"] == "latency" for o in views)
+    assert not [r for r in _all_rows(batch) if r["op"] == "aten::t" and r["bound"] != "latency"]
 
 
 def test_every_unknown_bound_on_every_shared_trace_names_what_it_lacks() -> None:

@@ -123,7 +123,7 @@ def suggestion(
             return f"many tiny ops{mean}{where}: per-op overhead dominates; fuse them (torch.compile) or batch the work"
         return f"launch/latency-bound tiny kernels{mean}{where}: fuse them (torch.compile) or replay with CUDA graphs"
     if bound in (None, "unknown"):
-        return _unknown_bound(missing, op, where)
+        return _unknown_bound(missing, op, where, cpu)
     if bound == "memory":
         family = _memory_family(text, module or "")
         if family == "attention":
@@ -186,7 +186,13 @@ def _communication_advice(text: str, module: str) -> str:
     return "communication-bound: overlap collectives with compute (DDP buckets, FSDP prefetch) or shard less"
 
 
-def _unknown_bound(missing: str | None, op: str | None, where: str) -> str:
+# A CPU has no model to name: its peaks are measured (live) or given.
+_CPU_PEAK_ADVICE = ("the CPU's peak FLOP/s or memory bandwidth is unknown, so the bound is too{where}: give both "
+                    "(--peak-tflops and --bandwidth-gbs); live, leave PLASMIENT_PEAK_TFLOPS unset and both are "
+                    "measured on this CPU")
+
+
+def _unknown_bound(missing: str | None, op: str | None, where: str, cpu: bool = False) -> str:
     if missing == "bytes" and op in JOIN_OPS:
         # no bytes to be had (a tensor list's element type is never recorded), and none needed to say what helps
         return (f"{op}{where} copies its inputs into a new tensor and computes nothing (its bytes are unknown: the "
@@ -196,6 +202,8 @@ def _unknown_bound(missing: str | None, op: str | None, where: str) -> str:
         # the formula exists; what the trace lacks is the experts' size, which only the model's config holds
         return (f"{op}{where}: the experts' FLOPs need their size, which the trace does not record: give the "
                 f"model's Hugging Face config.json (plasmient ingest --model-config config.json)")
+    if missing == "peak" and cpu:
+        return _CPU_PEAK_ADVICE.format(where=where)
     return _UNKNOWN_ADVICE.get(missing, _UNKNOWN_ADVICE[None]).format(op=op or "this kernel", where=where)
 
 

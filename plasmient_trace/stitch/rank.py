@@ -90,6 +90,8 @@ class RankTree:
     overlap: StepOverlap | None = None  # per step: communication/copy overlap, idle split, launch queue
     comm_bw: CollectiveBandwidth | None = None  # per collective kernel and step: message bytes, algbw, busbw
     facts: Any = None  # step_facts.ResolvedSteps: depth, FLOPs source, what step depth measured
+    # per span: a shape-only op (FLOP model "view": t, reshape, permute, ...), or a CPU kernel standing for one
+    shape_only: np.ndarray | None = None
     levels: list[np.ndarray] = field(default_factory=list)  # span rows by depth (nesting.depth_levels), sorted once
     _exclusive: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
@@ -252,7 +254,7 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions, tl: D
         union_s=union_s, price=inp.spec.price_per_hour if inp.spec.price_per_hour is not None else np.nan,
         peak_known=inp.spec.peak_for is not None, k_rows=live_k, k_waste=waste, k_launch_op=ko[live_k],
         k_kind=kind_live, k_precision=precision, over_peak_by_step=over_peak_by_step, outside_kernels=tl.outside_kernels, overlap=overlap,
-        comm_bw=comm_bw, levels=levels,
+        comm_bw=comm_bw, levels=levels, shape_only=_shape_only(inp, n, base, n_op, n_k, synth_ops),
     )
     if options.full_depth_steps is not None:
         # Exclusive values are of the measured totals: derive the ones step facts may overwrite (carried work on
@@ -280,6 +282,15 @@ class SpanMetrics:
     wasted_usd_self: np.ndarray
 
 
+def _shape_only(inp: RankInput, n: int, base: dict[str, int], n_op: int, n_k: int, synth_ops: np.ndarray) -> np.ndarray:
+    out = np.zeros(n, bool)
+    if n_op:
+        view = inp.op_model.equals("view")
+        out[base["op"]:base["op"] + n_op] = view
+        out[base["kernel"] + n_k:] = view[synth_ops]
+    return out
+
+
 def derive_metrics(tree: RankTree, bandwidth: float) -> SpanMetrics:
     """Every span's metrics from its sums; ``bandwidth``: the device's memory bandwidth (bytes/s; NaN
     unknown), which with each kernel's peak (in ideal_s) places the span on its roofline."""
@@ -304,7 +315,10 @@ def derive_metrics(tree: RankTree, bandwidth: float) -> SpanMetrics:
         has_device=t.has_device, is_kernel=t.level == LEVEL_CODE["kernel"], util=np.nan_to_num(util), kernels=kernels,
         kernel_s=t.col("kernel_s"), comm_s=t.col("comm_s"), copy_s=t.col("copy_s"),
         ideal_s=ideal_hw if t.peak_known else np.full(len(kernels), np.nan),
-        memory_s=t.col("bytes") / bandwidth, coverage=np.nan_to_num(coverage))
+        memory_s=t.col("bytes") / bandwidth, coverage=np.nan_to_num(coverage),
+        # a shape-only op that moved and computed nothing (no copy under it): its time is all per-op overhead
+        work_free=None if t.shape_only is None else
+        t.shape_only & (np.nan_to_num(coverage) >= 1.0) & (t.col("flops") == 0) & (t.col("bytes") == 0))
     price = t.price / 3600.0
     return step_metrics(t, SpanMetrics(
         window_s=window_s, util=util, mfu=mfu, hfu=hfu, coverage=coverage, stall=stall, intensity=intensity, bound=bound,
