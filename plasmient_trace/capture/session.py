@@ -13,8 +13,8 @@ and never raised into the job.
 
 Sampling: every step gets a cheap step span (no op or module hooks); every ``every``-th step, the
 step after one whose estimated MFU fell below ``mfu_threshold``, and every step whose input-shape
-signature was never captured (seen by the first module call of the step, see
-``torch_hooks.input_signature``; at most ``max_signatures`` of them) is captured at full depth
+signature was never captured (``capture.signature``: the shapes of the step's first module call with a
+tensor, and of that module's later calls; at most ``max_signatures`` of them) is captured at full depth
 (modules, ops, kernels). A step-depth step has no op shapes of its own: it carries the FLOPs of the
 latest full-depth step with its signature (``plasmient.flops.source = carried``), else its FLOPs and
 MFU are absent (``unknown``). These per-step facts go to the stitcher as ``stitch.step_facts.StepFacts``,
@@ -34,7 +34,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from . import batches, distributed, step_hooks
+from . import batches, distributed, signature, step_hooks
 from .budget import FullDepthBudget
 from .live_sources import LiveSources
 from .worker import StepWorker
@@ -74,10 +74,6 @@ class StepCapture:
 
 
 _STEP_NAMES = {"optimizer": "optimizer.step#{n}", "profiler": "ProfilerStep#{n}", "explicit": "step#{n}"}
-# Module calls a step may make before one with a tensor argument gives its signature.
-_SIGNATURE_TRIES = 64
-# Later calls of the signature's module whose shapes a step's signature keeps (past it, only their number).
-_MAX_REPEATS = 4096
 
 
 def _backlog_limit(queue_steps: int) -> int:
@@ -123,11 +119,7 @@ class CaptureSession:
         self.worker = StepWorker(self.config, self._handle_batch)
         self.memory = batches.BatchMemory()  # what each batch leaves the next (worker thread)
         self._lock = threading.RLock()
-        self._signature: str | None = None    # the open step's input-shape signature, once seen
-        self._repeats: list[Any] = []         # the signature module's later calls in the open step (their shapes)
-        self._signature_tries = 0
-        self._signatures_seen: set[str] = set()   # captured at full depth (training thread)
-        self._signatures_first_seen: set[str] = set()  # compiled models: seen once, at step depth
+        self.signatures = signature.StepSignatures(self.config.max_signatures)  # training thread only
         self._patched: list[tuple[Any, str, Any]] = []
         self._opt_hook: Any = None
         self._opt_clock: Any = None
@@ -376,9 +368,7 @@ class CaptureSession:
                 self.stats["samples_held"] += int(periodic)
         self._step_start = now
         self._open = True
-        self._signature = None
-        self._signature_tries = 0
-        self._repeats = []
+        self.signatures.begin()
         self.modules.repeat_module = None
         self._compiled_at_begin = _frames_compiled()
         self.modules.want_signature = True
@@ -406,61 +396,23 @@ class CaptureSession:
                                      "step-depth steps keep recording launches (more overhead)"))
 
     def _on_signature(self, module: Any, args: Any) -> None:
-        """The step's first module call with a tensor argument: its signature. A signature never
-        captured makes the step full depth (from here on) so later steps can carry its FLOPs."""
-        import torch
-
-        from .torch_hooks import input_signature
-
+        """A module call while the step has no signature (``capture.signature``); a signature never
+        measured makes the rest of the step full depth, so later steps can carry its FLOPs."""
         if self.failed or self.closed or not self._open:
             self.modules.want_signature = False
             return
-        shapes = input_signature(args)
-        if shapes is None:
-            self._signature_tries += 1
-            if self._signature_tries >= _SIGNATURE_TRIES:
-                self.modules.want_signature = False
-            return
-        self.modules.want_signature = False
-        self.modules.repeat_module = module
-        model = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the model it wraps
-        compiled = model is not module
-        # the same shapes through another model, in eval mode or without grad are other work
-        key = f"{type(model).__qualname__}|{'train' if module.training else 'eval'}|" \
-              f"{'grad' if torch.is_grad_enabled() else 'nograd'}|{shapes}"
         with self._lock:
-            self._signature = key
-            if self._full:
-                self._signatures_seen.add(key)
-            elif key in self._signatures_seen or len(self._signatures_seen) >= self.config.max_signatures:
+            outcome = self.signatures.first_call(module, args, self._full)
+            if outcome == signature.WAIT:
                 return
-            elif compiled and key not in self._signatures_first_seen:
-                # a compiled model recompiles on its first call with new shapes: measure the next call
-                self._signatures_first_seen.add(key)
-            else:
-                self._signatures_seen.add(key)
+            self.modules.want_signature = False
+            if self.signatures.key is not None:
+                self.modules.repeat_module = module  # its later calls in the step join the signature
+            if outcome == signature.MEASURE:
                 self._go_full()
 
     def _on_repeat(self, args: Any) -> None:
-        """Another call of the module that gave the step's signature: its shapes join the step's signature
-        at the step's end. Bounded: past _MAX_REPEATS calls only their number counts."""
-        from .torch_hooks import input_signature
-
-        if len(self._repeats) < _MAX_REPEATS:
-            self._repeats.append(input_signature(args))
-        else:
-            self._repeats.append(None)
-
-    def _step_signature(self) -> str | None:
-        """The signature the step's FLOPs are carried under: its first call's, and when the model was
-        called again (gradient accumulation, generation), how often and with what shapes. A step of two
-        micro-batches carries no FLOPs measured on a step of four."""
-        if self._signature is None or not self._repeats:
-            return self._signature
-        import hashlib
-
-        calls = hashlib.blake2b(repr(self._repeats).encode(), digest_size=8).hexdigest()
-        return f"{self._signature}|{len(self._repeats)} more calls {calls}"
+        self.signatures.repeat(args)
 
     def _start_kineto(self) -> bool:
         """Profile this full-depth step with torch.profiler (its ops replace the dispatch hooks');
@@ -495,13 +447,12 @@ class CaptureSession:
         self.modules.repeat_module = None
         self._open = False
         compiled = self._full and _frames_compiled() != self._compiled_at_begin
-        if compiled and self._signature is not None:
-            self._signatures_seen.discard(self._signature)  # measure it again, compiled
-            self._signatures_first_seen.add(self._signature)
+        if compiled:
+            self.signatures.compiled_during()
         cap = StepCapture(step=self.step_index, name=_STEP_NAMES.get(self._kind or "explicit", "step#{n}").format(n=self.step_index),
                           start_ns=self._step_start + self._epoch, end_ns=now + self._epoch, full=self._full,
                           ops=self.sources.ops.take() if self._full else None, op_recorder=self.sources.ops,
-                          modules=self.modules.take() if self._full else [], kineto=trace, signature=self._step_signature(),
+                          modules=self.modules.take() if self._full else [], kineto=trace, signature=self.signatures.finish(),
                           compiled=compiled)
         for rec in (self.sources.ops, self.modules):
             if rec.failed is not None:

@@ -1,0 +1,87 @@
+"""A live step's input-shape signature: which steps do the same work, so a step at step depth can carry the
+FLOPs a full-depth step measured.
+
+A step's signature is the model's class, train/eval mode, grad mode and the shapes and dtypes of the
+tensors passed to the step's first module call that takes one (``torch_hooks.input_signature``), plus the
+number and shapes of that module's later calls in the step: with gradient accumulation or a ``generate``
+loop the first call is the same whatever the step does after it. A signature never measured sends the rest
+of its step to full depth (at most ``max_signatures`` of them); a compiled model is measured on its second
+call with new shapes, as its first one compiles. Everything here runs on the training thread, once per
+module call of the signature's module and once per step otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+# Module calls a step may make before one with a tensor argument gives its signature.
+SIGNATURE_TRIES = 64
+# Later calls of the signature's module whose shapes a step's signature keeps (past it, only their number).
+MAX_REPEATS = 4096
+
+WAIT, STOP, MEASURE = "wait", "stop", "measure"
+
+
+class StepSignatures:
+    """The open step's signature, and which signatures were measured at full depth in this session."""
+
+    def __init__(self, max_signatures: int) -> None:
+        self.max_signatures = max_signatures
+        self.seen: set[str] = set()        # measured at full depth
+        self.first_seen: set[str] = set()  # compiled models: seen once, at step depth (that call compiled)
+        self.key: str | None = None        # the open step's first-call signature, once seen
+        self._tries = 0
+        self._repeats: list[Any] = []
+
+    def begin(self) -> None:
+        self.key, self._tries, self._repeats = None, 0, []
+
+    def first_call(self, module: Any, args: Any, full: bool) -> str:
+        """A module call while the step has no signature: WAIT (no tensor argument: show the next call),
+        STOP (the signature is taken, or no call had a tensor), or MEASURE (a signature never measured:
+        capture the rest of the step at full depth)."""
+        import torch
+
+        from .torch_hooks import input_signature  # with torch: the session module loads without it
+
+        shapes = input_signature(args)
+        if shapes is None:
+            self._tries += 1
+            return STOP if self._tries >= SIGNATURE_TRIES else WAIT
+        model = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the model it wraps
+        compiled = model is not module
+        # the same shapes through another model, in eval mode or without grad are other work
+        key = self.key = f"{type(model).__qualname__}|{'train' if module.training else 'eval'}|" \
+                         f"{'grad' if torch.is_grad_enabled() else 'nograd'}|{shapes}"
+        if full:
+            self.seen.add(key)
+        elif key in self.seen or len(self.seen) >= self.max_signatures:
+            pass
+        elif compiled and key not in self.first_seen:
+            self.first_seen.add(key)  # a compiled model recompiles on its first call with new shapes: measure the next
+        else:
+            self.seen.add(key)
+            return MEASURE
+        return STOP
+
+    def repeat(self, args: Any) -> None:
+        """Another call of the module that gave the signature."""
+        from .torch_hooks import input_signature
+
+        self._repeats.append(input_signature(args) if len(self._repeats) < MAX_REPEATS else None)
+
+    def compiled_during(self) -> None:
+        """The full-depth step just measured compiled a frame: its ops include the compiler's, so measure
+        its signature again on a later call."""
+        if self.key is not None:
+            self.seen.discard(self.key)
+            self.first_seen.add(self.key)
+
+    def finish(self) -> str | None:
+        """The signature the step's FLOPs are carried under: a step of two micro-batches never carries
+        what a step of four measured."""
+        if self.key is None or not self._repeats:
+            return self.key
+        calls = hashlib.blake2b(repr(self._repeats).encode(), digest_size=8).hexdigest()
+        return f"{self.key}|{len(self._repeats)} more calls {calls}"
