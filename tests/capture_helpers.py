@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
+from typing import Any, Iterator
 
 from plasmient_trace.conventions import SpanBatch
 
@@ -22,6 +24,20 @@ class Collect:
 
     def rows(self) -> list[dict]:
         return [r for b in self.batches for r in b.table.to_pylist()]
+
+
+@contextlib.contextmanager
+def live_capture(close_timeout: float = 30, **config: Any) -> Iterator[tuple[Any, Collect]]:
+    """A started live CaptureSession exporting into memory (``environ`` {} unless given), closed on exit:
+    yields (session, sink); assert on ``sink.rows()`` and ``session.stats`` after the ``with`` block."""
+    from plasmient_trace.capture.session import CaptureConfig, CaptureSession
+
+    sink = Collect()
+    session = CaptureSession(CaptureConfig(**{"environ": {}, **config}), exporters=[("memory", sink)]).start()
+    try:
+        yield session, sink
+    finally:
+        session.close(timeout=close_timeout)
 
 
 def warm_cpu_calibration(env: dict[str, str], threads: set[int] | None = None) -> None:

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 F = torch.nn.functional
 
-from capture_helpers import Collect
+from capture_helpers import Collect, live_capture
 
 from plasmient_trace.capture.session import CaptureConfig, CaptureSession
 from plasmient_trace.capture.torch_hooks import input_signature
@@ -325,15 +325,10 @@ def test_a_step_that_calls_the_model_another_number_of_times_carries_nothing():
         return float(counter.get_total_flops())
 
     expected = {n: counted(n) for n in set(micro)}
-    sink = Collect()
-    session = CaptureSession(CaptureConfig(every=10, peak_tflops=PEAK_TFLOPS, job_id="accumulate", environ={}),
-                             exporters=[("memory", sink)]).start()
-    try:
+    with live_capture(close_timeout=60, every=10, peak_tflops=PEAK_TFLOPS, job_id="accumulate") as (session, sink):
         for n in micro:
             with session.step():
                 step(n)
-    finally:
-        session.close(timeout=60)
     steps = _by_step(sink.rows(), "step")
     assert [steps[i]["plasmient.flops.source"] for i in range(len(micro))] == \
         ["measured", "carried", "unknown", "carried", "unknown", "unknown", "carried", "unknown"]

@@ -18,7 +18,7 @@ from plasmient_trace.capture.session import CaptureConfig, CaptureSession
 from plasmient_trace.records import table_from_columns
 from plasmient_trace.stitch import ids
 
-from capture_helpers import Collect, tiny  # noqa: E402
+from capture_helpers import Collect, live_capture, tiny  # noqa: E402
 
 
 def run(steps: int = 3, every: int = 1, exporters=None, **cfg) -> tuple[CaptureSession, Collect]:
@@ -935,10 +935,7 @@ def test_python_inside_a_scope_that_runs_no_op_is_idle_cpu_time_like_python_outs
     # preparation) holds the Python inside it. Outside a scope that Python is the step's idle CPU time; inside
     # one it was a CPU "kernel" with unknown FLOPs: util.resident counted it as work, coverage fell, and the
     # culprit table said "no FLOP formula for Optimizer.zero_grad#AdamW.zero_grad: register one".
-    sink = Collect()
-    session = CaptureSession(CaptureConfig(every=1, peak_tflops=0.05, job_id="scopes", environ={}),
-                             exporters=[("memory", sink)]).start()
-    try:
+    with live_capture(every=1, peak_tflops=0.05, job_id="scopes") as (session, sink):
         model, opt, data = tiny.build(dim=32, layers=2, heads=2, vocab=64, seq=8, batch=2)
         for _ in range(3):
             with session.step():
@@ -947,8 +944,6 @@ def test_python_inside_a_scope_that_runs_no_op_is_idle_cpu_time_like_python_outs
                     while time.perf_counter() < deadline:  # Python work, no torch op
                         pass
                 tiny.train_step(model, opt, data)
-    finally:
-        session.close(timeout=30)
     rows = sink.rows()
     scopes = [r for r in rows if r["plasmient.level"] == "op"
               and (r["name"] == "prepare_batch" or r["name"].startswith("Optimizer.zero_grad#"))]

@@ -21,9 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from capture_helpers import Collect  # noqa: E402
-
-from plasmient_trace.capture.session import CaptureConfig, CaptureSession  # noqa: E402
+from capture_helpers import live_capture  # noqa: E402
 
 N, C, HW = 2, 16, 16
 
@@ -40,15 +38,10 @@ def analytic(layer: nn.Module, x) -> float:
 
 def captured(layer: nn.Module, x) -> dict[str, float]:
     """The captured FLOPs of the step's convolution ops, by name: forward and backward."""
-    sink = Collect()
-    session = CaptureSession(CaptureConfig(every=1, peak_tflops=1.0, job_id="grouped-conv", environ={}),
-                             exporters=[("memory", sink)]).start()
-    try:
+    with live_capture(close_timeout=60, every=1, peak_tflops=1.0, job_id="grouped-conv") as (session, sink):
         with session.step():
             layer.zero_grad(set_to_none=True)
             layer(x).pow(2).mean().backward()
-    finally:
-        session.close(timeout=60)
     assert not session.failed
     out: dict[str, float] = {}
     for r in sink.rows():

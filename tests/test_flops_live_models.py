@@ -60,8 +60,7 @@ def _step(model: nn.Module, x) -> None:
 def test_live_step_flops_agree_with_flop_counter_mode(block):
     from torch.utils.flop_counter import FlopCounterMode
 
-    from capture_helpers import Collect
-    from plasmient_trace.capture.session import CaptureConfig, CaptureSession
+    from capture_helpers import live_capture
 
     torch.manual_seed(0)
     model = nn.Sequential(block(), block())
@@ -71,15 +70,10 @@ def test_live_step_flops_agree_with_flop_counter_mode(block):
         _step(model, x)
     expected = counter.get_total_flops()
 
-    sink = Collect()
-    session = CaptureSession(CaptureConfig(every=1, peak_tflops=0.05, job_id="blocks", environ={}),
-                             exporters=[("memory", sink)]).start()
-    try:
+    with live_capture(every=1, peak_tflops=0.05, job_id="blocks") as (session, sink):
         for _ in range(3):
             with session.step():
                 _step(model, x)
-    finally:
-        session.close(timeout=30)
     steps = [r for r in sink.rows() if r["plasmient.level"] == "step"]
     assert len(steps) == 3
     for step in steps:
@@ -96,8 +90,7 @@ def test_live_causal_attention_of_a_query_chunk_against_a_longer_cache_counts_wh
     # triangle (torch.nn.attention.bias.causal_upper_left): 36 of the 256 score entries, not half of them.
     from torch.nn.attention.bias import causal_upper_left
 
-    from capture_helpers import Collect
-    from plasmient_trace.capture.session import CaptureConfig, CaptureSession
+    from capture_helpers import live_capture
 
     B, H, LQ, LK, D = 2, 4, 8, 32, 16
     torch.manual_seed(0)
@@ -106,14 +99,9 @@ def test_live_causal_attention_of_a_query_chunk_against_a_longer_cache_counts_wh
     kept = int(causal_upper_left(LQ, LK)._materialize().sum())
     assert kept == 36
     expected = 2 * B * H * kept * (D + D)
-    sink = Collect()
-    session = CaptureSession(CaptureConfig(every=1, peak_tflops=0.05, job_id="chunk", environ={}),
-                             exporters=[("memory", sink)]).start()
-    try:
+    with live_capture(every=1, peak_tflops=0.05, job_id="chunk") as (session, sink):
         with session.step():
             F.scaled_dot_product_attention(q, k, v, is_causal=True).pow(2).mean().backward()
-    finally:
-        session.close(timeout=30)
     ops = {r["name"]: r["plasmient.flops"] for r in sink.rows() if r["plasmient.level"] == "op"}
     assert ops["aten::scaled_dot_product_attention"] == expected
     backward = [f for name, f in ops.items() if "attention" in name and name.endswith("_backward")]
@@ -129,8 +117,7 @@ def test_live_layer_flops_agree_with_flop_counter_mode_per_module():
     # whole GEMM.
     from torch.utils.flop_counter import FlopCounterMode
 
-    from capture_helpers import Collect
-    from plasmient_trace.capture.session import CaptureConfig, CaptureSession
+    from capture_helpers import live_capture
 
     torch.manual_seed(0)
     model = nn.Sequential(_Gpt2Block(), _Gpt2Block())
@@ -143,14 +130,9 @@ def test_live_layer_flops_agree_with_flop_counter_mode_per_module():
     linears = {f"Sequential.{name}": m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
     assert len(linears) == 8
 
-    sink = Collect()
-    session = CaptureSession(CaptureConfig(every=1, peak_tflops=0.05, job_id="layers", environ={}),
-                             exporters=[("memory", sink)]).start()
-    try:
+    with live_capture(every=1, peak_tflops=0.05, job_id="layers") as (session, sink):
         with session.step():
             _step(model, x)
-    finally:
-        session.close(timeout=30)
     modules = [r for r in sink.rows() if r["plasmient.level"] == "module"]
     forward = {r["name"]: r["plasmient.flops"] for r in modules if r["plasmient.module.phase"] != "backward"}
     backward = {r["name"].removesuffix(" [backward]"): r["plasmient.flops"] for r in modules

@@ -187,23 +187,17 @@ def test_a_cpu_only_rank_is_named_as_a_cpu_and_reports_no_gpu_utilisation(warm_c
     # given by the user for an unnamed device was named "user-specified", which is no device either.
     import torch
 
-    from capture_helpers import Collect
-    from plasmient_trace.capture.session import CaptureConfig, CaptureSession
+    from capture_helpers import live_capture
     from plasmient_trace.metrics.cpu_peak import cpu_spec
     from plasmient_trace.pipeline import IngestOptions, ingest_paths
 
     monkeypatch.setenv("PLASMIENT_CACHE_DIR", str(warm_cache))  # the CPU's calibrated peaks, as after a first run
     threads = torch.get_num_threads()
-    sink = Collect()
-    session = CaptureSession(CaptureConfig(every=1, job_id="cpu-metrics", environ={}),
-                             exporters=[("memory", sink)]).start()
     model, x = torch.nn.Linear(64, 64), torch.randn(32, 64)
-    try:
+    with live_capture(close_timeout=60, every=1, job_id="cpu-metrics") as (session, sink):
         for _ in range(3):
             with session.step():
                 model(x).sum().backward()
-    finally:
-        session.close(timeout=60)
     assert not session.failed
     resources = [r for b in sink.batches for r in b.resources if "plasmient.rank" in r]
     assert resources and all(r["plasmient.cpu.model"] == cpu_spec(warm_cache, threads).model for r in resources)

@@ -109,26 +109,19 @@ def test_live_ops_under_a_users_record_function_scopes_keep_their_layers():
     # A training loop that wraps its forward and its backward in record_function scopes, captured live at full
     # depth. On a CPU the autograd engine runs the backward on the calling thread, inside the scope.
     torch = pytest.importorskip("torch")
-    from capture_helpers import Collect
-
-    from plasmient_trace.capture.session import CaptureConfig, CaptureSession
+    from capture_helpers import live_capture
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
     linears = {f"Sequential.{name}" for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     x = torch.randn(8, 32)
-    sink = Collect()
-    session = CaptureSession(CaptureConfig(every=1, peak_tflops=1.0, job_id="scoped", environ={}),
-                             exporters=[("memory", sink)]).start()
-    try:
+    with live_capture(close_timeout=60, every=1, peak_tflops=1.0, job_id="scoped") as (session, sink):
         for _ in range(3):
             with session.step():
                 with torch.autograd.profiler.record_function("forward"):
                     loss = model(x).pow(2).mean()
                 with torch.autograd.profiler.record_function("backward"):
                     loss.backward()
-    finally:
-        session.close(timeout=60)
     assert not session.failed
     rows = sink.rows()
     by_id = {(r["trace_id"], r["span_id"]): r for r in rows}
