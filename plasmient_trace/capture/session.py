@@ -165,7 +165,7 @@ class CaptureSession:
         self.resource["plasmient.source"] = self.sources.label()
         self.sources.choose_op_recorder()
         self.modules = torch_hooks.ModuleRecorder(on_forward=self._on_forward, on_signature=self._on_signature,
-                                                  on_repeat=self._on_repeat)
+                                                  on_repeat=self.signatures.repeat)
         self.modules.install()
         step_hooks.install(self, torch)
         self.delivery = build_delivery(cfg, self.resource, self._exporters)
@@ -410,9 +410,6 @@ class CaptureSession:
                 self.modules.repeat_module = module  # its later calls in the step join the signature
             if outcome == signature.MEASURE:
                 self._go_full()
-
-    def _on_repeat(self, args: Any) -> None:
-        self.signatures.repeat(args)
 
     def _start_kineto(self) -> bool:
         """Profile this full-depth step with torch.profiler (its ops replace the dispatch hooks');

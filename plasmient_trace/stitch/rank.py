@@ -65,6 +65,8 @@ class RankTree:
     alive: np.ndarray
     depth: np.ndarray
     synth_ops: np.ndarray  # op rows that stand for kernels on a CPU-only rank
+    # per span: a shape-only op (FLOP model "view": t, reshape, permute, ...), or a CPU kernel standing for one
+    shape_only: np.ndarray
     module_labels: list[str]  # per module row: path, + " [backward]" / " [recompute]"
     # device window and metrics
     has_device: np.ndarray
@@ -90,8 +92,6 @@ class RankTree:
     overlap: StepOverlap | None = None  # per step: communication/copy overlap, idle split, launch queue
     comm_bw: CollectiveBandwidth | None = None  # per collective kernel and step: message bytes, algbw, busbw
     facts: Any = None  # step_facts.ResolvedSteps: depth, FLOPs source, what step depth measured
-    # per span: a shape-only op (FLOP model "view": t, reshape, permute, ...), or a CPU kernel standing for one
-    shape_only: np.ndarray | None = None
     levels: list[np.ndarray] = field(default_factory=list)  # span rows by depth (nesting.depth_levels), sorted once
     _exclusive: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
@@ -248,13 +248,14 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions, tl: D
                                    n_steps, inp.spec.model) if n_k else None
     tree = RankTree(
         n_steps=n_steps, n_mod=n_mod, n_op=n_op, n_k=n_k, base=base, level=level, parent=parent, start=start,
-        end=end, step_row=step_row, alive=alive, depth=depth, synth_ops=synth_ops, module_labels=module_labels,
+        end=end, step_row=step_row, alive=alive, depth=depth, synth_ops=synth_ops,
+        shape_only=_shape_only(inp, n, base, n_op, n_k, synth_ops), module_labels=module_labels,
         has_device=has_device & alive, win_start=win_start, win_end=win_end, gpus=gpus, total=total,
         under_child=non_kernel_child, under_parent=parent[non_kernel_child],
         union_s=union_s, price=inp.spec.price_per_hour if inp.spec.price_per_hour is not None else np.nan,
         peak_known=inp.spec.peak_for is not None, k_rows=live_k, k_waste=waste, k_launch_op=ko[live_k],
         k_kind=kind_live, k_precision=precision, over_peak_by_step=over_peak_by_step, outside_kernels=tl.outside_kernels, overlap=overlap,
-        comm_bw=comm_bw, levels=levels, shape_only=_shape_only(inp, n, base, n_op, n_k, synth_ops),
+        comm_bw=comm_bw, levels=levels,
     )
     if options.full_depth_steps is not None:
         # Exclusive values are of the measured totals: derive the ones step facts may overwrite (carried work on
@@ -317,8 +318,7 @@ def derive_metrics(tree: RankTree, bandwidth: float) -> SpanMetrics:
         ideal_s=ideal_hw if t.peak_known else np.full(len(kernels), np.nan),
         memory_s=t.col("bytes") / bandwidth, coverage=np.nan_to_num(coverage),
         # a shape-only op that moved and computed nothing (no copy under it): its time is all per-op overhead
-        work_free=None if t.shape_only is None else
-        t.shape_only & (np.nan_to_num(coverage) >= 1.0) & (t.col("flops") == 0) & (t.col("bytes") == 0))
+        work_free=t.shape_only & (np.nan_to_num(coverage) >= 1.0) & (t.col("flops") == 0) & (t.col("bytes") == 0))
     price = t.price / 3600.0
     return step_metrics(t, SpanMetrics(
         window_s=window_s, util=util, mfu=mfu, hfu=hfu, coverage=coverage, stall=stall, intensity=intensity, bound=bound,
