@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .arrow_memory import use_offline_pool
+from .held_signals import HeldSignals
 from .ranks import RankDigest, RankPart, StitchJob, parse_rank, stitch_part
 from .sources.kineto import TraceFormatError
 from .sources.parallel import default_workers
@@ -105,13 +106,19 @@ class PoolRunner:
 
     def parse(self, paths: list[Path], options: IngestOptions) -> Iterator[tuple[RankDigest, Any]]:
         self.paths = list(paths)
-        futures = [self.pool.submit(_parse_and_spill, str(p), i, options, str(self.spill / f"{i}.pickle"))
-                   for i, p in enumerate(self.paths)]
+        # submit forks the workers: a SIGTERM/Ctrl-C raised inside a fork left a worker the pool never
+        # learnt of, which outlived the ingest waiting for work, holding its stderr (or died printing
+        # a traceback under "plasmient: terminated")
+        with HeldSignals():
+            futures = [self.pool.submit(_parse_and_spill, str(p), i, options, str(self.spill / f"{i}.pickle"))
+                       for i, p in enumerate(self.paths)]
         return self._in_order(futures)
 
     def stitch(self, handles: list[Any], jobs: list[StitchJob], options: IngestOptions) -> Iterator[RankPart]:
-        return self._in_order([self.pool.submit(_load_and_stitch, h, job, options, str(p))
-                               for h, job, p in zip(handles, jobs, self.paths)])
+        with HeldSignals():
+            futures = [self.pool.submit(_load_and_stitch, h, job, options, str(p))
+                       for h, job, p in zip(handles, jobs, self.paths)]
+        return self._in_order(futures)
 
     def _in_order(self, futures: list[Future]) -> Iterator[Any]:
         try:
@@ -128,8 +135,10 @@ class PoolRunner:
                 future.cancel()
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
-        shutil.rmtree(self.spill, ignore_errors=True)
+        # whole, or the spill directory stays behind: the running tasks end first (one rank each)
+        with HeldSignals():
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            shutil.rmtree(self.spill, ignore_errors=True)
 
 
 # -- Ray ------------------------------------------------------------------------------------------------

@@ -223,6 +223,56 @@ def test_sigterm_stops_a_pooled_ingest_with_nothing_left_behind(tmp_path):
     assert not [pid for pid in pool if Path(f"/proc/{pid}").exists()], "pool processes outlived the ingest"
 
 
+class _Stop(BaseException):
+    pass
+
+
+def test_a_signal_inside_a_worker_fork_leaves_no_worker_the_pool_does_not_know(simulated, monkeypatch):
+    # The pool forks its workers inside submit. SIGTERM raised between a worker's fork and the pool
+    # recording it (1 run in 8 here, sent 0.5-0.65 s into an ingest) left that worker out of the
+    # shutdown: it waited for work forever, holding the ingest's stderr, or printed a traceback once its
+    # semaphores were gone. Here the signal arrives exactly there, just after the first fork.
+    import signal
+
+    from plasmient_trace.runners import PoolRunner
+
+    runner = PoolRunner(2, len(simulated.paths))
+    process_class = runner.pool._mp_context.Process
+    fork = process_class.start
+    forked: list = []
+
+    def start_then_signal(process) -> None:
+        fork(process)
+        forked.append(process)
+        if len(forked) == 1:
+            signal.raise_signal(signal.SIGTERM)
+
+    def stop(_signum, _frame):
+        raise _Stop()
+
+    monkeypatch.setattr(process_class, "start", start_then_signal)
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(_Stop):
+            try:
+                list(runner.parse(simulated.paths, IngestOptions(**SIM)))
+            finally:
+                runner.close()
+        assert forked, "no worker was forked"
+        deadline = time.monotonic() + 30
+        while any(p.is_alive() for p in forked) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [p.pid for p in forked if p.is_alive()], "a forked worker outlived the pool's shutdown"
+        # told to stop by the pool, not dead of a traceback (its queues' semaphores removed under it)
+        assert [p.exitcode for p in forked] == [0] * len(forked)
+        assert not runner.spill.exists()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for p in forked:
+            with contextlib.suppress(OSError):
+                os.kill(p.pid, signal.SIGKILL)
+
+
 def _cmdlines(pids: set[int]) -> list[str]:
     out = []
     for pid in pids:

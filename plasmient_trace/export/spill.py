@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import fcntl
 import os
-import signal
 import stat
 import sys
 import time
@@ -36,6 +35,7 @@ import orjson
 
 from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.export.otlp_json import batch_from_otlp_dicts
+from plasmient_trace.held_signals import HeldSignals
 from plasmient_trace.memory import cyclic_gc_paused
 
 __all__ = ["SIGNALS", "SpillDir", "SpillFull", "append_lines", "default_spill_dir", "replay", "register", "write_whole"]
@@ -197,14 +197,14 @@ def replay(spill_dir: str | os.PathLike[str], senders: dict[str, Callable[[SpanB
     ``senders`` maps a signal (traces, metrics) to a function that delivers a batch or raises.
     The open segments are sealed first (writers move on to a new one). After each delivered line
     the segment's ``.done`` offset is replaced atomically, with SIGINT/SIGTERM held back from the
-    send to that commit (see :class:`_DeferSignals`), so an interrupted replay resumes exactly after the last delivered line;
-    only SIGKILL between a send and its commit can repeat that one line. A finished segment is
-    deleted. Unparseable lines, and a segment's last line when a write cut it short, are moved to
+    send to that commit (:class:`~plasmient_trace.held_signals.HeldSignals`), so an interrupted replay
+    resumes exactly after the last delivered line; only SIGKILL between a send and its commit can repeat
+    that one line. A finished segment is deleted. Unparseable lines, and a segment's last line when a write cut it short, are moved to
     ``bad.jsonl``, skipped and counted (``bad_lines``, ``torn_lines``).
     """
     spill = SpillDir(Path(spill_dir))
     stats = ReplayStats()
-    with _DeferSignals() as deferred:
+    with HeldSignals() as deferred:
         for signal_name in SIGNALS:
             if signal_name not in senders:
                 continue
@@ -212,43 +212,6 @@ def replay(spill_dir: str | os.PathLike[str], senders: dict[str, Callable[[SpanB
             for segment in spill.segments(signal_name):
                 _replay_segment(spill, segment, senders[signal_name], stats, deferred)
     return stats
-
-
-class _DeferSignals:
-    """SIGINT/SIGTERM arriving during a send wait until its progress is committed; then the replay
-    stops and the signal takes its usual effect. Only the main thread can install handlers; elsewhere
-    this does nothing."""
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self._saved: dict[int, Any] = {}
-
-    def __enter__(self) -> _DeferSignals:
-        import threading
-
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._saved[sig] = signal.signal(sig, self._hold)
-        return self
-
-    def _hold(self, signum: int, _frame: Any) -> None:
-        self.received = signum
-
-    def check(self) -> None:
-        """Called between lines: act on a held signal now that nothing is in flight."""
-        if self.received is not None:
-            self._restore()
-            os.kill(os.getpid(), self.received)  # the saved handler (or the default action) runs now
-            time.sleep(0.1)
-            raise KeyboardInterrupt
-
-    def _restore(self) -> None:
-        for sig, handler in self._saved.items():
-            signal.signal(sig, handler)
-        self._saved = {}
-
-    def __exit__(self, *exc: Any) -> None:
-        self._restore()
 
 
 def bad_lines_path(spill: SpillDir) -> Path:
@@ -262,7 +225,7 @@ def _keep_bad(spill: SpillDir, line: bytes) -> None:
 
 
 def _replay_segment(spill: SpillDir, segment: Path, send: Callable[[SpanBatch], Any], stats: ReplayStats,
-                    deferred: _DeferSignals) -> None:
+                    deferred: HeldSignals) -> None:
     offset = _read_done(segment)
     with open(segment, "rb") as f:
         f.seek(offset)
