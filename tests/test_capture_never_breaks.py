@@ -325,7 +325,7 @@ def test_a_job_that_fails_or_exits_keeps_its_traceback_and_status_and_every_step
     assert _steps(tmp_path / "t.jsonl") == list(range(5))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_signal_mid_run_flushes_every_finished_step_and_keeps_the_exit_status(tmp_path: Path, sig: int) -> None:
     script = _script(tmp_path, "steps.py", STEPS_JOB)
     cmd = [sys.executable, "-m", "plasmient_trace.cli", "run", "--out", str(tmp_path / "t.jsonl"), "--",
@@ -349,6 +349,41 @@ def test_a_signal_mid_run_flushes_every_finished_step_and_keeps_the_exit_status(
     steps = _steps(tmp_path / "t.jsonl")
     assert steps[: finished] == list(range(finished))  # every step the job finished is in the file
     assert b"Traceback" not in err or sig == signal.SIGINT  # SIGINT: the job's own KeyboardInterrupt
+
+
+CHAINING_JOB = STEPS_JOB.replace("for i in range(steps):", """import os, signal
+stop = []
+replaced = signal.getsignal(signal.SIGTERM)
+def notice(signum, frame):  # as Lightning's signal connector: note it, call the handler it replaced, carry on
+    stop.append(signum)
+    if callable(replaced):
+        replaced(signum, frame)
+signal.signal(signal.SIGTERM, notice)
+for i in range(steps):
+    if i == 3:
+        os.kill(os.getpid(), signal.SIGTERM)  # a scheduler's preemption notice
+    if stop and i == 6:
+        print("stopping at a step boundary, checkpoint saved", flush=True)
+        if sys.argv[3] == "_exit":
+            os._exit(0)  # no atexit: what the capture queued before this point is all there is
+        break""")
+
+
+@pytest.mark.parametrize("end", ["break", "_exit"])
+def test_a_job_that_chains_our_sigterm_handler_into_its_own_decides_whether_it_ends(tmp_path: Path, end: str) -> None:
+    """Lightning composes the SIGTERM handler it finds into its own and trains on to a step boundary (or
+    past the notice, for SLURM's requeue). Our handler, called from theirs, killed the job on the spot; now
+    it writes what is queued and returns, and tracing goes on."""
+    script = _script(tmp_path, "chaining.py", CHAINING_JOB)
+    plain = _plain(tmp_path, script, "20", "0", end)
+    assert plain.returncode == 0 and plain.stdout.splitlines()[-1].startswith(b"stopping at a step boundary")
+    traced = _traced(tmp_path, script, "20", "0", end, PLASMIENT_EVERY="2")
+    _same_run(plain, traced)
+    steps = _steps(tmp_path / "t.jsonl")
+    if end == "break":
+        assert steps == list(range(6))  # atexit flushed the steps after the notice as well
+    else:
+        assert steps[:3] == [0, 1, 2]  # the steps finished before the notice were written by the handler
 
 
 # --------------------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ def start(config: Any = None, exporters: list | None = None, **overrides: Any) -
                 _session = None
             else:
                 atexit.register(_stop_at_exit)
-                _flush_on_sigterm()
+                _flush_on_ending_signals()
         except Exception as err:  # e.g. torch not importable
             try:
                 print(f"plasmient-trace: tracing not started: {type(err).__name__}: {err}", file=sys.stderr)
@@ -69,35 +69,60 @@ def start(config: Any = None, exporters: list | None = None, **overrides: Any) -
         return _session
 
 
-def _flush_on_sigterm() -> None:
-    """SIGTERM's default action skips atexit, losing every queued step. Where the job left SIGTERM
-    at its default, flush (bounded by PLASMIENT_FLUSH_TIMEOUT_S) and then die of SIGTERM as the job
-    would have, so the exit status is unchanged. A job's own handler is left alone: it exits through
-    SystemExit, and atexit flushes. SIGINT needs nothing: KeyboardInterrupt runs atexit."""
+# Signals whose default action ends the process without running atexit, so without a flush: a scheduler's
+# SIGTERM, and the SIGHUP a job started from a terminal gets when its ssh session drops.
+_ENDING_SIGNALS = ("SIGTERM", "SIGHUP")
+
+
+def _ending_signals() -> list[int]:
+    import signal
+
+    return [getattr(signal, name) for name in _ENDING_SIGNALS if hasattr(signal, name)]
+
+
+def _flush_on_ending_signals() -> None:
+    """Where the job left SIGTERM or SIGHUP at its default, flush (bounded by PLASMIENT_FLUSH_TIMEOUT_S)
+    and then die of the signal as the job would have, so the exit status is unchanged. A handler the job
+    sets later replaces ours and exits through SystemExit, when it exits, and atexit flushes. SIGINT needs
+    nothing: KeyboardInterrupt runs atexit."""
     import signal
 
     if threading.current_thread() is not threading.main_thread():
         return
-    try:
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            return
-        signal.signal(signal.SIGTERM, _on_sigterm)
-    except (ValueError, OSError):
-        pass
+    for sig in _ending_signals():
+        try:
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                signal.signal(sig, _on_ending_signal)
+        except (ValueError, OSError):
+            pass
 
 
-def _on_sigterm(signum: int, _frame: Any) -> None:
+def _on_ending_signal(signum: int, _frame: Any) -> None:
     import os
     import signal
 
-    # A second SIGTERM is common (a scheduler signals the process group and `plasmient run` forwards
+    if signal.getsignal(signum) is not _on_ending_signal:
+        # Called from a handler the job put in front of ours that calls the one it replaced (Lightning's
+        # signal connector does, and may go on training: SLURM's preemption notice). Whether the job
+        # ends is the job's to decide; what is queued is written now in case it ends without atexit.
+        session = _session
+        if session is not None and not session.closed:
+            try:
+                session.flush(session.config.flush_timeout_s)
+            except Exception:
+                pass
+        return
+    # A second signal is common (a scheduler signals the process group and `plasmient run` forwards
     # its own): ignored while the bounded flush runs, then the default action ends the process.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ours = [sig for sig in _ending_signals() if signal.getsignal(sig) is _on_ending_signal]
+    for sig in ours:
+        signal.signal(sig, signal.SIG_IGN)
     try:
         stop()
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
+        for sig in ours:
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
 
 
 def stop(timeout: float | None = None) -> None:
@@ -110,8 +135,9 @@ def stop(timeout: float | None = None) -> None:
     try:
         import signal
 
-        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for sig in _ending_signals():
+            if signal.getsignal(sig) is _on_ending_signal:
+                signal.signal(sig, signal.SIG_DFL)
     except (ValueError, OSError):
         pass
 
