@@ -255,6 +255,46 @@ def test_a_forked_child_is_not_traced_says_so_once_and_the_parents_steps_are(tmp
     assert _steps(tmp_path / "t.jsonl") == [0, 1]  # the parent's
 
 
+TRANSFORMING_JOB = """
+import sys, torch
+from torch.utils.data import DataLoader, Dataset
+torch.manual_seed(0)
+class Normalize(torch.nn.Module):  # torchvision's transforms are nn.Modules
+    def forward(self, x):
+        return (x - 0.5) / 0.25
+class Images(Dataset):
+    def __init__(self):
+        self.transform = Normalize()
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        return self.transform(torch.rand(32, generator=torch.Generator().manual_seed(i))), i % 8
+if __name__ == "__main__":
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(Images(), batch_size=16, num_workers=2, multiprocessing_context=sys.argv[1])
+    for epoch in range(2):
+        for i, (x, y) in enumerate(loader):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            print(f"epoch {epoch} step {i} loss {loss.item():.5f}")
+"""
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_dataloader_workers_that_run_transform_modules_say_nothing(tmp_path: Path, start: str) -> None:
+    """Workers applying an nn.Module transform printed one of our lines each, every epoch: forked ones that
+    they were not traced, spawned ones (a session of their own) that no step ended."""
+    script = _script(tmp_path, "transforms.py", TRANSFORMING_JOB)
+    plain = _plain(tmp_path, script, start)
+    assert plain.returncode == 0 and plain.stderr == b"", plain.stderr.decode()[-2000:]
+    traced = _traced(tmp_path, script, start, PLASMIENT_EVERY="2")
+    _same_run(plain, traced)
+    assert _steps(tmp_path / "t.jsonl") == list(range(8))
+
+
 def test_checkpointing_dataloader_workers_threads_and_generators_leave_the_job_unchanged(tmp_path: Path) -> None:
     script = _script(tmp_path, "hostile.py", HOSTILE_JOB)
     plain = _plain(tmp_path, script)

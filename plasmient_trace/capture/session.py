@@ -82,6 +82,15 @@ def _backlog_limit(queue_steps: int) -> int:
     return max(1, queue_steps // 2)
 
 
+def _in_data_loader_worker() -> bool:
+    try:
+        from torch.utils.data import get_worker_info
+
+        return get_worker_info() is not None
+    except Exception:
+        return False
+
+
 def _frames_compiled() -> int:
     """Frames torch.compile has traced in this process (0 before dynamo is loaded). A full-depth step
     during which it traced recorded the compiler's own (fake-tensor) ops too: not a measurement to carry."""
@@ -111,6 +120,7 @@ class CaptureSession:
         self._kind: str | None = None
         self._explicit_depth = 0  # explicit step contexts entered and not left (nested ones join the outer)
         self._forked_child = False  # this is a fork()ed child's copy of its parent's session (detach_in_child)
+        self._quiet = False  # closed because this process is a DataLoader worker: nothing to say at exit
         self._open = False
         self._full = False
         self._full_owed = False  # a sampled full-depth step was put off while the worker was behind
@@ -184,7 +194,7 @@ class CaptureSession:
             return
         self.closed = True
         # The job ran its model but never ended a step: the open one is dropped, and the user is told why.
-        never_ended = self._open and self.stats["steps"] == 0 and not self.failed
+        never_ended = self._open and self.stats["steps"] == 0 and not self.failed and not self._quiet
         try:
             with self._lock:
                 self._exit_mode()
@@ -268,12 +278,14 @@ class CaptureSession:
     # ---- step boundaries (training thread)
     def _on_forward(self) -> None:
         # The first module forward opens step 0 (before it there is only setup: imports, model build).
-        if not self._open and self._kind != "explicit" and not self.failed:
-            if self.closed:
-                if self._forked_child:  # a forked child runs a model: it is not traced, and says so once
-                    self._forked_child = False
-                    say_once("forked-child", "this process was forked from a traced one and is not traced "
-                                             "(start such processes with the spawn method to trace them)")
+        if not self._open and self._kind != "explicit" and not self.failed and not self.closed:
+            if _in_data_loader_worker():
+                # A DataLoader worker started with the spawn method starts its own session, as every
+                # process of the job does, and runs modules: torchvision's transforms are nn.Modules. It
+                # trains nothing, and its "no step ended" at exit went into the job's stderr, per worker
+                # and epoch. (A forked worker has its parent's session, detached: detach_in_child.)
+                self._quiet = True
+                self.close(0.0)
                 return
             try:
                 self._begin(perf_counter_ns())
@@ -286,6 +298,12 @@ class CaptureSession:
         The first kind seen is the step clock; boundaries of another kind are ignored, so a loop that
         calls both optimizer.step() and prof.step() still gets one trace per iteration."""
         if self.failed or self.closed:
+            if self._forked_child:
+                # a forked child trains: it is not traced, and says so once (one that only runs modules, a
+                # DataLoader worker applying torchvision's transforms, is not news)
+                self._forked_child = False
+                say_once("forked-child", "this process was forked from a traced one and is not traced "
+                                         "(start such processes with the spawn method to trace them)")
             return
         try:
             with self._lock:
