@@ -964,3 +964,74 @@ def test_python_inside_a_scope_that_runs_no_op_is_idle_cpu_time_like_python_outs
         assert step["plasmient.busy_s"] + step["plasmient.idle_s"] == pytest.approx(step["plasmient.device.window_s"], rel=1e-9)
     culprits = [r.get("plasmient.culprit.op") for r in rows if r["plasmient.level"] == "step"]
     assert not any((c or "").startswith(("Optimizer.zero_grad", "prepare_batch")) for c in culprits)
+
+
+@pytest.mark.parametrize("op_hook", ["native", "dispatch"])
+def test_a_full_depth_step_of_too_many_ops_goes_out_at_step_depth_with_unknown_flops(op_hook, capsys, monkeypatch):
+    """A step of a Python loop of tiny ops recorded every one: 1.2 million op records for 300,000 additions,
+    1 GB more RSS while the worker stitched them and over 5 s of it, so a job with full depth every step
+    lost them all at exit. Past PLASMIENT_MAX_STEP_OPS the recorders keep nothing more and the step goes
+    out at step depth, FLOPs unknown; steps under it are measured as before."""
+    from plasmient_trace.capture import config as config_mod
+    from plasmient_trace.capture import native
+
+    if op_hook == "native" and native.load(build_if_missing=True) is None:
+        pytest.skip(f"native observer unavailable: {native.failure()}")
+    monkeypatch.setattr(config_mod, "_said", set())
+    lin = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.01)
+    limit, loops = 2_000, [10, 5_000, 10, 5_000]
+    with live_capture(every=1, peak_tflops=0.05, job_id="many-ops", op_hook=op_hook, max_step_ops=limit) as (session, sink):
+        recorder_sizes = []
+        for n in loops:
+            x = torch.zeros(4)
+            y = lin(x if n < limit else x.expand(2, 4))  # the long steps have a signature of their own
+            for _ in range(n):
+                x = x + 1e-6
+            y.sum().backward()
+            opt.step()
+            opt.zero_grad()
+        recorder_sizes.append(session.sources.ops.limit)
+    rows = sink.rows()
+    steps = {r["plasmient.step"]: r for r in rows if r["plasmient.level"] == "step"}
+    assert sorted(steps) == [0, 1, 2, 3]
+    assert {s: r["plasmient.flops.source"] for s, r in steps.items()} == {
+        0: "measured", 1: "unknown", 2: "measured", 3: "unknown"}
+    for s in (1, 3):
+        assert steps[s]["plasmient.flops"] is None and steps[s]["plasmient.mfu"] is None
+        assert not [r for r in rows if r["plasmient.step"] == s and r["plasmient.level"] in ("op", "module")]
+    small = [r for r in rows if r["plasmient.step"] == 0 and r["plasmient.level"] == "op"]
+    assert any(r["name"] == "aten::add" for r in small)
+    assert session.stats["steps_full"] == 2 and recorder_sizes == [limit]
+    err = capsys.readouterr().err
+    assert err.count("made more than 2,000 op or module calls") == 1
+
+
+@pytest.mark.parametrize("op_hook", ["native", "dispatch"])
+def test_an_op_recorder_keeps_at_most_its_limit_between_two_takes(op_hook):
+    from plasmient_trace.capture import native
+
+    if op_hook == "native":
+        observer = native.load(build_if_missing=True)
+        if observer is None:
+            pytest.skip(f"native observer unavailable: {native.failure()}")
+        recorder = torch_hooks.NativeOpRecorder(observer)
+    else:
+        recorder = torch_hooks.OpRecorder()
+    def record(adds: int) -> tuple[int, int]:
+        x = torch.zeros(4)
+        with recorder:
+            for _ in range(adds):
+                x = x + 1
+        chunk = recorder.take()
+        return (len(chunk) if op_hook == "dispatch" else len(chunk["signature"]) // 4), recorder.taken_over
+
+    everything, _ = record(250)  # the native observer sees an add's inner calls too
+    recorder.limit = 100
+    try:
+        kept, over = record(250)
+        # the observer is process-wide: a call of another thread of the test process may come and go
+        assert kept == 100 and abs(kept + over - everything) <= 2
+        assert record(10) == (everything // 25, 0)  # each take starts the count again
+    finally:
+        recorder.limit = 0

@@ -116,6 +116,9 @@ class CaptureConfig:
     PLASMIENT_MAX_SIGNATURES  input-shape signatures captured at full depth when first seen (default 64);
                             a step with a signature past that (and not picked by PLASMIENT_EVERY) has
                             no FLOPs (plasmient.flops.source = unknown)
+    PLASMIENT_MAX_STEP_OPS  ops (and, apart, module calls) a full-depth step records (default 200000):
+                            a step past it goes out at step depth, its FLOPs carried or unknown, which
+                            bounds the memory and background time of a step of millions of tiny ops
     PLASMIENT_JOB_ID        job id the trace ids derive from (else SLURM_JOB_ID.SLURM_STEP_ID, then
                             TORCHELASTIC_RUN_ID; else rank 0's generated id, shared through the store)
     PLASMIENT_PEAK_TFLOPS   override the device peak (TFLOP/s); skips the CPU calibration
@@ -148,6 +151,7 @@ class CaptureConfig:
     overhead: float | None = None  # capture.budget: None = full depth exactly every N-th step
     mfu_threshold: float | None = None
     max_signatures: int = 64
+    max_step_ops: int = 200_000
     job_id: str | None = None
     peak_tflops: float | None = None
     gpu_price: float | None = None
@@ -179,6 +183,7 @@ class CaptureConfig:
             overhead=_overhead(env),
             mfu_threshold=_env_float(env, "PLASMIENT_MFU_THRESHOLD", upper=1.0),
             max_signatures=_env_int(env, "PLASMIENT_MAX_SIGNATURES", 64),
+            max_step_ops=_env_int(env, "PLASMIENT_MAX_STEP_OPS", 200_000),
             job_id=job,
             peak_tflops=_env_float(env, "PLASMIENT_PEAK_TFLOPS"),
             gpu_price=_env_float(env, "PLASMIENT_GPU_PRICE"),

@@ -91,6 +91,11 @@ std::atomic<uint64_t> g_errors{0};
 std::atomic<uint64_t> g_unspelled{0};  // records that got a name-only signature (table full)
 // Set in a forked child (a DataLoader worker): nothing there ever takes the records, so it records none.
 std::atomic<bool> g_forked_child{false};
+// Records between two take()s are bounded (0 = no bound): a step of a million tiny ops (a Python loop)
+// would hold them all, and the stitch of them a gigabyte. Past the bound an op is counted, not recorded.
+std::atomic<uint64_t> g_limit{0};
+std::atomic<uint64_t> g_started{0};
+std::atomic<uint64_t> g_over{0};
 
 // fork() copies the locks in whatever state other threads hold them: a child born while another thread
 // spelled a signature under g_mutex would block forever at its first new op. The forking thread takes
@@ -353,6 +358,11 @@ uint32_t signature_id(const at::RecordFunction& fn, ThreadState& ts, bool table_
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (g_forked_child.load(std::memory_order_relaxed)) return nullptr;
+  const uint64_t limit = g_limit.load(std::memory_order_relaxed);
+  if (limit != 0 && g_started.fetch_add(1, std::memory_order_relaxed) >= limit) {
+    g_over.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  }
   try {
     ThreadState& ts = thread_state();
     auto ctx = std::make_unique<Context>();
@@ -458,7 +468,9 @@ py::dict take() {
     recs.insert(recs.end(), b->records.begin(), b->records.end());
     b->records.clear();
   }
+  g_started.store(0, std::memory_order_relaxed);
   py::dict out;
+  out["over_limit"] = g_over.exchange(0);
   out["start_ns"] = column<int64_t>(recs, [](const OpRecord& r) { return r.start_ns; });
   out["end_ns"] = column<int64_t>(recs, [](const OpRecord& r) { return r.end_ns; });
   out["tid"] = column<int64_t>(recs, [](const OpRecord& r) { return r.tid; });
@@ -498,6 +510,7 @@ PYBIND11_MODULE(_plasmient_op_observer, m) {
     return g_first_error;
   });
   m.def("set_correlation", &set_correlation, py::arg("push"), py::arg("pop"));
+  m.def("set_limit", [](uint64_t v) { g_limit.store(v); }, py::arg("records"));
   m.def("set_unbracketed", &set_unbracketed, py::arg("names"));
   m.def("next_id", []() { return g_next_id.load(); });
   m.def("set_next_id", [](uint64_t v) { g_next_id.store(v); }, py::arg("value"));

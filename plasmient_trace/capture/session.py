@@ -176,6 +176,7 @@ class CaptureSession:
         self.sources.choose_op_recorder()
         self.modules = torch_hooks.ModuleRecorder(on_forward=self._on_forward, on_signature=self._on_signature,
                                                   on_repeat=self.signatures.repeat)
+        self.modules.limit = cfg.max_step_ops
         self.modules.install()
         step_hooks.install(self, torch)
         self.delivery = build_delivery(cfg, self.resource, self._exporters)
@@ -464,11 +465,21 @@ class CaptureSession:
         compiled = self._full and _frames_compiled() != self._compiled_at_begin
         if compiled:
             self.signatures.compiled_during()
+        full, ops, modules = self._full, None, []
+        if full:
+            ops, modules = self.sources.ops.take(), self.modules.take()
+            over = self.sources.ops.taken_over + self.modules.taken_over
+            if over:
+                # A step of millions of tiny ops (a Python loop of them) would take a gigabyte and seconds
+                # to stitch: it goes out at step depth, and its signature is not measured again.
+                full, ops, modules, trace = False, None, [], None
+                say_once("step-ops", f"step {self.step_index} made more than {self.config.max_step_ops:,} op or "
+                                     "module calls: it and steps like it go out at step depth, their FLOPs "
+                                     "unknown (raise PLASMIENT_MAX_STEP_OPS to trace them whole)")
         cap = StepCapture(step=self.step_index, name=_STEP_NAMES.get(self._kind or "explicit", "step#{n}").format(n=self.step_index),
-                          start_ns=self._step_start + self._epoch, end_ns=now + self._epoch, full=self._full,
-                          ops=self.sources.ops.take() if self._full else None, op_recorder=self.sources.ops,
-                          modules=self.modules.take() if self._full else [], kineto=trace, signature=self.signatures.finish(),
-                          compiled=compiled)
+                          start_ns=self._step_start + self._epoch, end_ns=now + self._epoch, full=full,
+                          ops=ops, op_recorder=self.sources.ops, modules=modules, kineto=trace,
+                          signature=self.signatures.finish(), compiled=compiled)
         for rec in (self.sources.ops, self.modules):
             if rec.failed is not None:
                 err, rec.failed = rec.failed, None
@@ -482,7 +493,7 @@ class CaptureSession:
         distributed.remember()  # the store handle, while the process group surely exists
         self.step_index += 1
         self.stats["steps"] += 1
-        self.stats["steps_full"] += int(self._full)
+        self.stats["steps_full"] += int(full)
         if not self.worker.offer(cap):
             self.stats["steps_dropped"] += 1
 
@@ -492,6 +503,7 @@ class CaptureSession:
 
     def _enter_mode(self) -> None:
         if not self._mode_entered:
+            self.sources.ops.limit = self.config.max_step_ops  # the recorder may have changed since the last step
             self.sources.ops.__enter__()
             self._mode_entered = True
 

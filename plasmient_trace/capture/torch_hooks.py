@@ -83,9 +83,13 @@ class OpRecorder(TorchDispatchMode):
         self._last_seq = _get_seq()
         self.failed: BaseException | None = None
         self.notice: str | None = None  # the dispatch hook has nothing to say once; see NativeOpRecorder
+        self.limit = 0  # records kept between two take()s (0: all); past it ops are counted, not kept
+        self._over = 0
+        self.taken_over = 0  # ops the last take() did not get for the limit
 
     def take(self) -> list[tuple]:
         ops, self.ops = self.ops, []
+        self.taken_over, self._over = self._over, 0
         return ops
 
     def set_correlation(self, push: Callable[[int], Any] | None, pop: Callable[[], Any] | None) -> None:
@@ -109,6 +113,9 @@ class OpRecorder(TorchDispatchMode):
         # Hot path (once per aten op): globals are bound as defaults, tensors reduced to (shape, dtype).
         if kwargs is None:
             kwargs = {}
+        if self.limit and len(self.ops) >= self.limit:
+            self._over += 1  # counted, not recorded: the step goes out at step depth
+            return func(*args, **kwargs)
         eid = self._next_id
         self._next_id = eid + 1
         push = self._push
@@ -191,6 +198,8 @@ class NativeOpRecorder:
         self._errors_seen = observer.errors()
         self.failed: BaseException | None = None
         self.notice: str | None = None  # something the session should say once (not an error)
+        self._limit = 0
+        self.taken_over = 0  # ops the last take() did not get for the limit
         self._sig_lock = threading.Lock()
         self._signatures: list[pa.Array] = [pa.array([], pa.string()) for _ in range(4)]
         self._shape_only = np.zeros(0, bool)
@@ -209,8 +218,19 @@ class NativeOpRecorder:
             self.notice = (f"over {self._obs.MAX_SIGNATURES} distinct op signatures (shapes keep changing): "
                            "ops with new signatures are recorded by name only, without shapes or FLOPs")
 
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @limit.setter
+    def limit(self, records: int) -> None:
+        self._limit = int(records)
+        self._obs.set_limit(self._limit)
+
     def take(self) -> dict[str, bytes]:
-        return self._obs.take()
+        chunk = self._obs.take()
+        self.taken_over = int(chunk.pop("over_limit", 0))
+        return chunk
 
     def set_correlation(self, push_address: int | None, pop_address: int | None) -> None:
         """C function pointers (``cuptiActivityPush/PopExternalCorrelationId``); None clears them."""
@@ -288,6 +308,9 @@ class ModuleRecorder:
         self._local = threading.local()
         self._handles: list[Any] = []
         self.failed: BaseException | None = None
+        self.limit = 0  # records kept between two take()s (0: all); past it calls are counted, not kept
+        self._over = 0
+        self.taken_over = 0
 
     def install(self) -> None:
         import warnings
@@ -308,6 +331,7 @@ class ModuleRecorder:
 
     def take(self) -> list[tuple]:
         recs, self.records = self.records, []
+        self.taken_over, self._over = self._over, 0
         return recs
 
     def reset_stack(self) -> None:
@@ -375,7 +399,10 @@ class ModuleRecorder:
                 name = path[len(parent) + 1:]
             else:
                 name = path
-            self.records.append((_get_native_id(), t0, t1, name))
+            if self.limit and len(self.records) >= self.limit:
+                self._over += 1
+            else:
+                self.records.append((_get_native_id(), t0, t1, name))
         except Exception as err:  # pragma: no cover - defensive
             self.failed = self.failed or err
         return None
