@@ -173,6 +173,7 @@ def ingest_ranks(
     from .runners import open_runner
 
     engine = runner if runner is not None else open_runner(options, len(paths))
+    aborted = True  # an error, Ctrl-C or SIGTERM on the way: what still runs is of no use
     try:
         digests, handles = [], []
         for i, (digest, handle) in enumerate(engine.parse(paths, options)):
@@ -186,8 +187,9 @@ def ingest_ranks(
             if progress:
                 progress(f"stitched {paths[i].name}", i + 1, len(paths) + 1)
             parts.append(part)
+        aborted = False
     finally:
-        engine.close()
+        engine.close(abort=aborted)
     return finish(digests, plan, parts, options)
 
 

@@ -52,7 +52,7 @@ class RankRunner(Protocol):
 
     def stitch(self, handles: list[Any], jobs: list[StitchJob], options: IngestOptions) -> Iterator[RankPart]: ...
 
-    def close(self) -> None: ...
+    def close(self, abort: bool = False) -> None: ...
 
 
 def open_runner(options: IngestOptions, n_ranks: int) -> RankRunner:
@@ -134,9 +134,17 @@ class PoolRunner:
             for future in futures:
                 future.cancel()
 
-    def close(self) -> None:
-        # whole, or the spill directory stays behind: the running tasks end first (one rank each)
+    def close(self, abort: bool = False) -> None:
+        """Stop the pool and remove the spill directory, whole: signals wait. ``abort`` (an error, Ctrl-C,
+        SIGTERM): the workers are stopped where they are, not waited for (a large rank's parse or stitch
+        kept a SIGTERM'd ingest running 5-8 s more)."""
         with HeldSignals():
+            if abort:
+                # ProcessPoolExecutor has no public way to stop its workers before Python 3.14
+                # (terminate_workers); its shutdown then finds them gone and returns
+                for process in list((getattr(self.pool, "_processes", None) or {}).values()):
+                    with contextlib.suppress(Exception):
+                        process.terminate()
             self.pool.shutdown(wait=True, cancel_futures=True)
             shutil.rmtree(self.spill, ignore_errors=True)
 
@@ -291,6 +299,6 @@ class RayRunner:
                 with contextlib.suppress(Exception):
                     self.ray.get(ref, timeout=0)
 
-    def close(self) -> None:
-        if self.started:
+    def close(self, abort: bool = False) -> None:
+        if self.started:  # its shutdown stops every task, finished or not
             self.ray.shutdown()

@@ -273,6 +273,24 @@ def test_a_signal_inside_a_worker_fork_leaves_no_worker_the_pool_does_not_know(s
                 os.kill(p.pid, signal.SIGKILL)
 
 
+def test_an_aborted_pool_stops_its_workers_instead_of_waiting_for_their_ranks(simulated):
+    # A SIGTERM'd ingest of four 150,000-kernel ranks kept running 5-8 s: closing the pool waited for the
+    # parse or stitch each worker was in. Aborted (an error, Ctrl-C, SIGTERM), it stops them there.
+    from plasmient_trace.runners import PoolRunner
+
+    runner = PoolRunner(2, 2)
+    busy = [runner.pool.submit(time.sleep, 60) for _ in range(2)]
+    deadline = time.monotonic() + 60
+    while not all(f.running() for f in busy) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    workers = list(runner.pool._processes.values())
+    started = time.monotonic()
+    runner.close(abort=True)
+    assert time.monotonic() - started < 30, "close waited for the workers' tasks"
+    assert workers and not [p.pid for p in workers if p.is_alive()]
+    assert not runner.spill.exists()
+
+
 def _cmdlines(pids: set[int]) -> list[str]:
     out = []
     for pid in pids:
