@@ -366,3 +366,47 @@ def test_h100_vits_bf16_gemms_are_told_fp8_not_bf16() -> None:
     rows = [r for r in _all_rows(ingested(name).batch) if r["bound"] == "compute"]
     assert rows and all(r["op"] == "aten::addmm" for r in rows)
     assert all(" at bf16: fp8 matmuls" in r["suggestion"] and "use bf16" not in r["suggestion"] for r in rows)
+
+
+def test_a_cpu_runs_dataloader_ops_are_named_under_its_fetch_and_told_to_use_workers() -> None:
+    """With num_workers=0 the batch is assembled on the training thread, inside torch's
+    enumerate(DataLoader)#... scope, outside every module: its ops (a TensorDataset's aten::select per sample)
+    were a bare 'aten::select -> rank 0' row told to fuse them with torch.compile, which cannot help."""
+    torch = pytest.importorskip("torch")
+    from capture_helpers import live_capture
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(256, 32), torch.randint(0, 8, (256,))), batch_size=32)
+    with live_capture(every=2, peak_tflops=0.05, job_id="loader") as (session, sink):
+        for x, y in loader:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    rows = sink.rows()
+    by_id = {r["span_id"]: r for r in rows}
+
+    def in_fetch(r: dict) -> bool:
+        while r is not None and r["plasmient.level"] == "op":
+            if r["name"].startswith("enumerate(DataLoader)#_SingleProcessDataLoaderIter"):
+                return True
+            r = by_id.get(r["parent_span_id"])
+        return False
+
+    full = [r for r in rows if r["plasmient.level"] == "step" and r["plasmient.sampled_depth"] == "full"]
+    assert full
+    checked = 0
+    for step in full:
+        # the oracle: the step's op spans under the fetch scope (a span per call where the budget keeps them)
+        fetched = {r["name"] for r in rows if r["plasmient.step"] == step["plasmient.step"]
+                   and r["plasmient.level"] == "op" and in_fetch(r) and not r["name"].startswith("enumerate(")}
+        culprits = json.loads(step["plasmient.culprits"])
+        loader_rows = [c for c in culprits if (c["module"] or "").startswith("enumerate(DataLoader)#")]
+        assert {c["op"] for c in loader_rows} <= fetched
+        assert not [c for c in culprits if c["op"] in fetched and not c["module"]], "a fetch op with no context"
+        for c in loader_rows:
+            assert "num_workers > 0" in c["suggestion"] and "torch.compile" not in c["suggestion"]
+            checked += 1
+    assert checked

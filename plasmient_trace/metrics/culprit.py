@@ -117,6 +117,10 @@ def suggestion(
         # one op per parameter under the optimizer's step: the for-loop implementation of a torch.optim step
         return (f"the optimizer's per-parameter {op or 'work'} in {module}: foreach=True or fused=True runs it as a "
                 f"few kernels over all parameters")
+    if cpu and (module or "").startswith("enumerate(DataLoader)") and "SingleProcess" in (module or ""):
+        # torch.compile or batching would not touch it: it is the batch being assembled between steps
+        return (f"the DataLoader assembles each batch ({op or 'its ops'}) on the training thread, between steps: "
+                f"num_workers > 0 prepares the next batches in worker processes while this one trains")
     if bound == "latency":
         mean = f" (mean {mean_kernel_s * 1e6:.1f} us)" if mean_kernel_s else ""
         if cpu:

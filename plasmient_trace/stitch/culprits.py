@@ -91,7 +91,7 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, spec: DeviceS
     patterns = [module_pattern(x) for x in labels]
     pat_uniq, pat_code_of_mod = _dense(np.array(patterns, dtype=object).astype(str)) if labels else (np.array([]), np.zeros(0, np.int64))
     mpat = np.where(mod >= 0, pat_code_of_mod[np.maximum(mod, 0)] if len(labels) else -1, -1)
-    pat_uniq, mpat = _optimizer_scopes(root, lop, mod, op_code, op_names, pat_uniq, mpat)
+    pat_uniq, mpat = _context_scopes(root, lop, mod, op_code, op_names, pat_uniq, mpat)
     # layers are distinct module paths (a module called three times in the step is one layer)
     _, path_code_of_mod = _dense(np.array(labels, dtype=object).astype(str)) if labels else (None, np.zeros(0, np.int64))
     mpath = np.where(mod >= 0, path_code_of_mod[np.maximum(mod, 0)] if len(labels) else -1, -1)
@@ -183,14 +183,19 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, spec: DeviceS
     return out
 
 
-def _optimizer_scopes(root: np.ndarray, lop: np.ndarray, mod: np.ndarray, op_code: np.ndarray, op_names: list[str],
-                      pat_uniq: np.ndarray, mpat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Outside every module, the optimizer step (or zero_grad) whose record_function scope is the root of the
-    launching op's tree names the row's context in the module's place: 'aten::mul_ -> Optimizer.step#AdamW.step',
-    not a bare 'aten::mul_'. Returns the patterns extended with those scope names and the rows' codes."""
+# record_function scopes torch itself opens outside the model: an optimizer's step and zero_grad, and the
+# DataLoader's fetch of the next batch (on the training thread when num_workers=0).
+CONTEXT_SCOPES = ("Optimizer.", "enumerate(DataLoader)")
+
+
+def _context_scopes(root: np.ndarray, lop: np.ndarray, mod: np.ndarray, op_code: np.ndarray, op_names: list[str],
+                    pat_uniq: np.ndarray, mpat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Outside every module, the scope of :data:`CONTEXT_SCOPES` that is the root of the launching op's tree
+    names the row's context in the module's place: 'aten::mul_ -> Optimizer.step#AdamW.step', not a bare
+    'aten::mul_'. Returns the patterns extended with those scope names and the rows' codes."""
     if not len(op_names) or not (mod < 0).any():
         return pat_uniq, mpat
-    scope_names = [i for i, n in enumerate(op_names) if n.startswith("Optimizer.")]
+    scope_names = [i for i, n in enumerate(op_names) if n.startswith(CONTEXT_SCOPES)]
     if not scope_names:
         return pat_uniq, mpat
     is_scope = np.zeros(len(op_names) + 1, bool)  # [-1]: no name
