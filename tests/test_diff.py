@@ -74,6 +74,28 @@ def run_diff(a: Path, b: Path, tmp: Path, *flags: str) -> tuple[int, dict]:
     return rc, json.loads(out.read_text()) if out.exists() else {}
 
 
+@pytest.mark.parametrize("width", [80, 40])
+def test_a_narrow_console_prints_every_rows_name_whole_beside_its_numbers(spans_dir: Path, tmp_path: Path, width: int) -> None:
+    # A pipe or a CI log is an 80-column console: the numbers took it all and the name column folded to
+    # four characters, "aten" for aten::nll_loss_backward, the rest of the name lost.
+    import io
+
+    from rich.console import Console
+
+    from plasmient_trace.report.diff_cli import NAME_WIDTH, render
+    from plasmient_trace.report.summary import _ellipsize
+
+    rc, result = run_diff(spans_dir / "rank0.jsonl", spans_dir / "rank1.jsonl", tmp_path)
+    assert rc == 0
+    narrow = Console(file=io.StringIO(), width=width, record=True, color_system=None)
+    render(result, narrow, 8)
+    lines = narrow.export_text().splitlines()
+    for dim in ("module", "op", "kernel"):
+        for r in result[dim][:8]:
+            shown = _ellipsize(r["name"] or "", NAME_WIDTH)
+            assert any(shown in line for line in lines), (dim, shown)
+
+
 # ---- two ranks of one job ---------------------------------------------------------------------
 
 

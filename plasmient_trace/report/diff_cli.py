@@ -223,10 +223,11 @@ def render(result: dict[str, Any], console: Any, top: int) -> None:
         rows = result[dim]
         table = Table(title=f"by {dim}{' pattern' if dim == 'module' else ' name'} (largest change in wasted time first)",
                       title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-        # Numbers first and never wrapped; the (often kilobyte-long) name takes the width that is left.
+        # Numbers first, then the name, cut to NAME_WIDTH, on the row's one line: folded into the width the
+        # numbers left on an 80-column console (a pipe, a CI log) it read "aten" for aten::nll_loss_backward.
         for col in ("Δ time", "Δ FLOPs", "MFU A → B", "Δ wasted", "Δ wasted $"):
             table.add_column(col, justify="right", no_wrap=True)
-        table.add_column(dim, overflow="fold", min_width=16, ratio=1)
+        table.add_column(dim, no_wrap=True)
         for r in rows[:top]:
             name = _ellipsize(r["name"] or "", NAME_WIDTH) + ("" if r["in_a"] else " (new)") + ("" if r["in_b"] else " (gone)")
             table.add_row(_delta(fmt_seconds, r["busy_s_delta"]), _delta(_flops, r["flops_delta"]),
@@ -234,7 +235,7 @@ def render(result: dict[str, Any], console: Any, top: int) -> None:
                           _delta(fmt_usd, r["wasted_usd_delta"]), Text(name))
         if len(rows) > top:
             table.add_row(*[""] * 5, f"… {len(rows) - top} more", style="dim")
-        console.print(table)
+        print_uncut(console, table)
     console.print(Text("time and wasted are exclusive (each kernel once, host gaps as [device idle]); a row's MFU "
                        "counts its known FLOPs only (n/a where none is known, or only zeros beside unknown ones; coverage per row in "
                        "--json)", style="dim"))
