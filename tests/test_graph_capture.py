@@ -131,6 +131,29 @@ def test_norms_match_tracelens_and_rope_its_documented_formula() -> None:
     assert by["_C::rotary_embedding"] == 24 * 32 * (64 + 8) * 64 * 3
 
 
+def test_graph_op_bytes_match_tracelens_data_moved() -> None:
+    """Bytes decide a kernel's roofline bound. TraceLens's "Data Moved (MB)" (MiB per op instance, x
+    operation_count) is the oracle for every op of the graph where both have a model: the in-graph GEMMs,
+    paged attention and the two RMSNorms agree exactly. The Triton copy's 16 MiB per call is TraceLens's
+    own heuristic, which plasmient does not make (bytes unknown without Inductor's kernel_num_gb)."""
+    _, _, _, k = _paired()
+    ours: dict[str, float] = defaultdict(float)
+    for op, b in zip(k["capture_op"], k["model_bytes"]):
+        if op is not None and b is not None:
+            ours[op] += b
+    golden = _golden()
+
+    def moved(rows: list[dict]) -> float:
+        return sum(float(r["Data Moved (MB)"]) * 2**20 * int(r["operation_count"]) for r in rows)
+
+    gemms = [r for r in golden if r["name"] == "vllm::rocm_unquantized_gemm" and r["operation_count"] == "24"]
+    assert ours["aten::addmm"] == pytest.approx(moved(gemms), rel=1e-9)
+    for name in ("vllm::unified_attention_with_output", "aiter::rmsnorm2d_fwd_with_add_ck", "aiter::rms_norm"):
+        assert ours[name] == pytest.approx(moved([r for r in golden if r["name"] == name]), rel=1e-9), name
+    copies = [b for op, b in zip(k["capture_op"], k["model_bytes"]) if op == "triton_poi_fused__to_copy_1"]
+    assert len(copies) == 23 and all(b is None for b in copies)
+
+
 def test_replay_total_is_tracelens_total_less_only_the_moe_it_assumes() -> None:
     replay, out, _, k = _paired()
     graph = sum(f for f in k["model_flops"] if f is not None)
