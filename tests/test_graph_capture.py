@@ -154,6 +154,27 @@ def test_graph_op_bytes_match_tracelens_data_moved() -> None:
     assert len(copies) == 23 and all(b is None for b in copies)
 
 
+def test_graph_op_kernel_time_matches_tracelens_kernel_time() -> None:
+    """The replayed kernels each captured op launched run as long as TraceLens's "Kernel Time (us)_sum" says
+    (within the rounding of its microsecond floats): the time a culprit row bills is the time TraceLens shows."""
+    _, out, _, k = _paired()
+    duration_us = (pc.subtract(out.kernels.column("end_ns"), out.kernels.column("start_ns")).to_numpy() / 1e3).tolist()
+    ours: dict[str, float] = defaultdict(float)
+    for op, d in zip(k["capture_op"], duration_us):
+        if op is not None:
+            ours[op] += d
+    golden = _golden()
+    theirs: dict[str, float] = defaultdict(float)
+    for r in golden:
+        theirs[r["name"]] += float(r["Kernel Time (µs)_sum"] or 0)
+    gemms = sum(float(r["Kernel Time (µs)_sum"]) for r in golden
+                if r["name"] == "vllm::rocm_unquantized_gemm" and r["operation_count"] == "24")
+    assert ours["aten::addmm"] == pytest.approx(gemms, rel=1e-4)
+    for name in ("vllm::unified_attention_with_output", "aiter::rmsnorm2d_fwd_with_add_ck", "_C::rotary_embedding",
+                 "_C_cache_ops::reshape_and_cache_flash", "triton_poi_fused__to_copy_1", "TopK", "SortTokens"):
+        assert ours[name] == pytest.approx(theirs[name], rel=1e-4), name
+
+
 def test_replay_total_is_tracelens_total_less_only_the_moe_it_assumes() -> None:
     replay, out, _, k = _paired()
     graph = sum(f for f in k["model_flops"] if f is not None)
