@@ -225,6 +225,25 @@ def test_plasmient_run_flags_become_child_variables_and_a_missing_command_is_an_
     assert main(["run"]) == 2
 
 
+@pytest.mark.parametrize("command", [["python", "-I"], ["sh", "-c", "exit 3"]])
+def test_plasmient_run_says_when_no_process_of_the_command_started_tracing(env, tmp_path, command):
+    # python -I (and -E, -S) skips every startup hook: the job ran, exited 0, and nothing said why no trace
+    # was written. A command with no PyTorch process in it gets the same line. The status stays the command's.
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nm = torch.nn.Linear(4, 4)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                      "for _ in range(3):\n    m(torch.ones(2, 4)).sum().backward(); opt.step()\nprint('done')\n")
+    cmd = [sys.executable, "-I", str(script)] if command[0] == "python" else command
+    out = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "run", "--out", str(tmp_path / "t.jsonl"), "--",
+                          *cmd], env={**env, "PYTHONPATH": str(ROOT)}, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == (0 if command[0] == "python" else 3)
+    assert out.stdout == ("done\n" if command[0] == "python" else "")
+    assert out.stderr.splitlines() == [
+        "plasmient: nothing was traced: no process of the command imported torch with the startup hook loaded "
+        "(python -I, -E or -S skips it: drop the flag, or call plasmient_trace.capture.start() in the script)"]
+    assert not (tmp_path / "t.jsonl").exists()
+
+
 def test_launch_module_runs_a_script_as_main(env, tmp_path):
     script = tmp_path / "s.py"
     script.write_text("import sys\nprint(__name__, sys.argv[1:])\n")

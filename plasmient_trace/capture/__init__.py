@@ -41,6 +41,9 @@ if hasattr(os, "register_at_fork"):
 def start(config: Any = None, exporters: list | None = None, **overrides: Any) -> Any:
     """Start (or return) the process's CaptureSession; never raises into the caller."""
     global _session
+    from .autostart import note_started  # standard library only, as this module
+
+    note_started()
     with _lock:
         if _session is not None and not _session.closed:
             if config is not None or exporters is not None or overrides:

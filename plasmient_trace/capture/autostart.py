@@ -27,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 PTH_NAME = "plasmient_trace.pth"
+# Set by `plasmient run` for its command: a process that starts tracing leaves a file there, so the
+# command's end can say when none did (python -I, -E or -S skips every startup hook, silently).
+RUN_DIR_VAR = "PLASMIENT_RUN_DIR"
 _TRUTHY_OFF = ("", "0", "false", "no", "off")
 _installed = False
 
@@ -42,6 +45,16 @@ def _is_child_process() -> bool:
         return multiprocessing.parent_process() is not None
     except Exception:
         return False
+
+
+def note_started() -> None:
+    """Leave this process's mark for `plasmient run` (see RUN_DIR_VAR); never raises."""
+    where = os.environ.get(RUN_DIR_VAR)
+    if where:
+        try:
+            os.close(os.open(os.path.join(where, f"started.{os.getpid()}"), os.O_CREAT | os.O_WRONLY, 0o600))
+        except OSError:
+            pass
 
 
 def _start() -> None:

@@ -13,9 +13,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 from ..cli import _fraction, _positive_float, _positive_int
+from .autostart import RUN_DIR_VAR
 
 
 def register(subparsers: Any) -> None:
@@ -43,6 +45,7 @@ def child_env(args: argparse.Namespace, shim_dir: str, environ: dict[str, str] |
         if value is not None:
             env[var] = os.path.abspath(value) if flag == "out" else str(value)
     env["PYTHONPATH"] = os.pathsep.join([shim_dir] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env[RUN_DIR_VAR] = shim_dir
     return env
 
 
@@ -65,6 +68,10 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"plasmient: error: cannot run {cmd[0]!r}: {err}", file=sys.stderr)
             return 127
         code = _wait_forwarding(proc)
+        if not any(Path(shim_dir).glob("started.*")):
+            print("plasmient: nothing was traced: no process of the command imported torch with the startup hook "
+                  "loaded (python -I, -E or -S skips it: drop the flag, or call plasmient_trace.capture.start() "
+                  "in the script)", file=sys.stderr)
     if code < 0:
         _die_like_child(-code)
     return code
