@@ -1007,6 +1007,33 @@ def test_a_full_depth_step_of_too_many_ops_goes_out_at_step_depth_with_unknown_f
     assert err.count("made more than 2,000 op or module calls") == 1
 
 
+@pytest.mark.parametrize("overhead", [0.02, None])
+def test_steps_cut_short_for_too_many_ops_count_against_the_sampling_budget(overhead):
+    """Such a step records until the limit and then goes out at step depth, its recording paid for nothing.
+    With the default budget (PLASMIENT_OVERHEAD) that cost is held against the periodic samples: the first
+    attempt is the only one; with an explicit rhythm and no budget, every periodic sample still tries."""
+    lin = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.01)
+    with live_capture(every=2, overhead=overhead, peak_tflops=0.05, job_id="budget-ops", op_hook="dispatch",
+                      max_step_ops=2_000) as (session, sink):
+        for _ in range(6):
+            x = torch.zeros(4)
+            y = lin(x)
+            for _ in range(5_000):
+                x = x + 1e-6
+            y.sum().backward()
+            opt.step()
+            opt.zero_grad()
+    steps = [r for r in sink.rows() if r["plasmient.level"] == "step"]
+    assert len(steps) == 6 and all(r["plasmient.flops.source"] == "unknown" for r in steps)
+    assert session.stats["steps_full"] == 0
+    if overhead:
+        # held: the periodic samples of steps 2 and 4, and of step 6, opened by the last optimizer.step()
+        assert session.stats["steps_too_many_ops"] == 1 and session.stats["samples_held"] == 3
+    else:
+        assert session.stats["steps_too_many_ops"] == 3  # steps 0, 2 and 4
+
+
 @pytest.mark.parametrize("op_hook", ["native", "dispatch"])
 def test_an_op_recorder_keeps_at_most_its_limit_between_two_takes(op_hook):
     from plasmient_trace.capture import native

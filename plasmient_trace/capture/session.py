@@ -115,7 +115,7 @@ class CaptureSession:
         self.failed = False
         self.step_index = 0
         self.stats = {"steps": 0, "steps_full": 0, "steps_deferred": 0, "samples_held": 0, "steps_dropped": 0,
-                      "exported_batches": 0, "export_errors": 0}
+                      "steps_too_many_ops": 0, "exported_batches": 0, "export_errors": 0}
         self._budget = FullDepthBudget(self.config.overhead)
         self._kind: str | None = None
         self._explicit_depth = 0  # explicit step contexts entered and not left (nested ones join the outer)
@@ -471,8 +471,12 @@ class CaptureSession:
             over = self.sources.ops.taken_over + self.modules.taken_over
             if over:
                 # A step of millions of tiny ops (a Python loop of them) would take a gigabyte and seconds
-                # to stitch: it goes out at step depth, and its signature is not measured again.
+                # to stitch: it goes out at step depth, and its signature is not measured again. Its
+                # recording cost the training thread at most the step's wall: the budget holds that against
+                # the periodic samples, which would only be cut short the same way.
                 full, ops, modules, trace = False, None, [], None
+                self._budget.measured((now - self._step_start) / 1e9, 1)
+                self.stats["steps_too_many_ops"] += 1
                 say_once("step-ops", f"step {self.step_index} made more than {self.config.max_step_ops:,} op or "
                                      "module calls: it and steps like it go out at step depth, their FLOPs "
                                      "unknown (raise PLASMIENT_MAX_STEP_OPS to trace them whole)")
