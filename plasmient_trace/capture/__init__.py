@@ -86,7 +86,7 @@ def _ending_signals() -> list[int]:
 def _flush_on_ending_signals() -> None:
     """Where the job left SIGTERM or SIGHUP at its default, flush (bounded by PLASMIENT_FLUSH_TIMEOUT_S)
     and then die of the signal as the job would have, so the exit status is unchanged. A handler the job
-    sets later replaces ours and exits through SystemExit, when it exits, and atexit flushes. SIGINT needs
+    sets later replaces ours: where it ends the job through SystemExit, atexit flushes. SIGINT needs
     nothing: KeyboardInterrupt runs atexit."""
     import signal
 
