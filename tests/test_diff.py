@@ -348,7 +348,7 @@ def test_fail_if_mfu_drops(spans_dir: Path, tmp_path: Path, capsys) -> None:
 def test_the_gate_says_when_a_sides_mfu_leaves_out_steps_that_have_none(tmp_path: Path, capsys) -> None:
     # a live run whose new input shape could not be measured has steps without MFU: B's step-weighted MFU
     # is over the others only, and the gate's line says so
-    a = _ingest("v100/resnet50_training.json.gz", tmp_path / "a.jsonl")
+    a = _ingest("mi300x/resnet_act_checkpoint_rank0_of8.json.gz", tmp_path / "a.jsonl")  # steps that each have an MFU
     left_out: list[str] = []
 
     def drop_the_first_mfu(span: dict) -> None:

@@ -13,7 +13,9 @@ what all three entry points call:
   (chaining to any existing sitecustomize) for the child and every Python process it starts.
 * ``opentelemetry-instrument python train.py`` finds PlasmientInstrumentor through its entry point.
 
-DataLoader/multiprocessing children never start a capture of their own.
+A forked child (a DataLoader worker, a multiprocessing pool) never starts a capture of its own. A spawned
+one does (``mp.spawn`` ranks are traced); a DataLoader worker among them closes it quietly at its first
+module call (``session._in_data_loader_worker``).
 """
 
 from __future__ import annotations
