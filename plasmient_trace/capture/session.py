@@ -120,7 +120,6 @@ class CaptureSession:
         self._kind: str | None = None
         self._explicit_depth = 0  # explicit step contexts entered and not left (nested ones join the outer)
         self._forked_child = False  # this is a fork()ed child's copy of its parent's session (detach_in_child)
-        self._quiet = False  # closed because this process is a DataLoader worker: nothing to say at exit
         self._open = False
         self._full = False
         self._full_owed = False  # a sampled full-depth step was put off while the worker was behind
@@ -195,7 +194,7 @@ class CaptureSession:
             return
         self.closed = True
         # The job ran its model but never ended a step: the open one is dropped, and the user is told why.
-        never_ended = self._open and self.stats["steps"] == 0 and not self.failed and not self._quiet
+        never_ended = self._open and self.stats["steps"] == 0 and not self.failed
         try:
             with self._lock:
                 self._exit_mode()
@@ -284,8 +283,8 @@ class CaptureSession:
                 # A DataLoader worker started with the spawn method starts its own session, as every
                 # process of the job does, and runs modules: torchvision's transforms are nn.Modules. It
                 # trains nothing, and its "no step ended" at exit went into the job's stderr, per worker
-                # and epoch. (A forked worker has its parent's session, detached: detach_in_child.)
-                self._quiet = True
+                # and epoch. Closed before its first step opens, it has nothing to say at exit. (A forked
+                # worker has its parent's session, detached: detach_in_child.)
                 self.close(0.0)
                 return
             try:

@@ -199,8 +199,8 @@ def replay(spill_dir: str | os.PathLike[str], senders: dict[str, Callable[[SpanB
     the segment's ``.done`` offset is replaced atomically, with SIGINT/SIGTERM held back from the
     send to that commit (:class:`~plasmient_trace.held_signals.HeldSignals`), so an interrupted replay
     resumes exactly after the last delivered line; only SIGKILL between a send and its commit can repeat
-    that one line. A finished segment is deleted. Unparseable lines, and a segment's last line when a write cut it short, are moved to
-    ``bad.jsonl``, skipped and counted (``bad_lines``, ``torn_lines``).
+    that one line. A finished segment is deleted. Unparseable lines, and a segment's last line when a
+    write cut it short, are moved to ``bad.jsonl``, skipped and counted (``bad_lines``, ``torn_lines``).
     """
     spill = SpillDir(Path(spill_dir))
     stats = ReplayStats()
