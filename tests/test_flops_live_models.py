@@ -146,3 +146,71 @@ def test_live_layer_flops_agree_with_flop_counter_mode_per_module():
     # on CPU (its CPU flash kernel has no formula there), so never below it and within the non-GEMM work.
     for name in ("Sequential", "Sequential.0", "Sequential.1", "Sequential.0.attn", "Sequential.1.mlp"):
         assert oracle[name] <= forward[name] + backward[name] <= 1.1 * oracle[name], name
+
+
+def _live_step_rows(job_id: str, run) -> list[dict]:
+    from capture_helpers import live_capture
+
+    run()  # warm: oneDNN builds its primitives on the first call
+    with live_capture(every=1, peak_tflops=0.05, job_id=job_id) as (session, sink):
+        with session.step():
+            run()
+    return sink.rows()
+
+
+def test_a_cpu_lstm_layer_counts_what_its_unrolled_cells_count_and_its_time_is_work():
+    # nn.LSTM on a CPU runs each layer as one oneDNN op, aten::mkldnn_rnn_layer, whose math is in its own body:
+    # FlopCounterMode counts nothing for it, and plasmient used to count 256 FLOPs (the bias add it calls) and
+    # only that add's time as work. The same weights unrolled into nn.LSTMCells run as visible aten ops, which
+    # FlopCounterMode counts (the GEMMs) and plasmient models op by op: the layer must count what they count.
+    from torch.utils.flop_counter import FlopCounterMode
+
+    T, B, I, H = 10, 2, 32, 64
+    torch.manual_seed(0)
+    lstm = nn.LSTM(I, H)
+    cell = nn.LSTMCell(I, H)
+    with torch.no_grad():
+        for a, b in ((cell.weight_ih, lstm.weight_ih_l0), (cell.weight_hh, lstm.weight_hh_l0),
+                     (cell.bias_ih, lstm.bias_ih_l0), (cell.bias_hh, lstm.bias_hh_l0)):
+            a.copy_(b)
+    x = torch.randn(T, B, I)
+
+    def unrolled() -> torch.Tensor:
+        h = c = torch.zeros(B, H)
+        outputs = []
+        for t in range(T):
+            h, c = cell(x[t], (h, c))
+            outputs.append(h)
+        return torch.stack(outputs)
+
+    with torch.no_grad():
+        assert torch.allclose(unrolled(), lstm(x)[0], atol=1e-5)
+        with FlopCounterMode(display=False) as counter:
+            unrolled()
+        with FlopCounterMode(display=False) as on_lstm:
+            lstm(x)
+    gemms = counter.get_total_flops()
+    assert gemms == 2 * T * B * 4 * H * (I + H) and on_lstm.get_total_flops() == 0
+
+    def forward(model_call) -> None:
+        with torch.no_grad():
+            model_call()
+
+    layer_rows = _live_step_rows("lstm", lambda: forward(lambda: lstm(x)))
+    layer_ops = [r for r in layer_rows if r["plasmient.level"] == "op" and r["name"] == "aten::mkldnn_rnn_layer"]
+    if not layer_ops:
+        pytest.skip("this torch runs nn.LSTM on CPU without oneDNN")
+    cell_rows = _live_step_rows("cells", lambda: forward(unrolled))
+    cell_ops = [r for r in cell_rows if r["plasmient.level"] == "op" and r["plasmient.flops.self"]]
+    not_gemm = sum(r["plasmient.flops.self"] for r in cell_ops) - sum(
+        2 * T * B * 4 * H * (I if k == 0 else H) for k in (0, 1))  # the addmms' bias adds stay in
+    layer = layer_ops[0]
+    assert layer["plasmient.flops"] == gemms + not_gemm == 1_009_920
+    step = next(r for r in layer_rows if r["plasmient.level"] == "step")
+    assert step["plasmient.flops"] == layer["plasmient.flops"]
+    # The op's whole interval is CPU work (216 of its 220 us counted as idle before).
+    assert layer["plasmient.busy_s"] >= 0.99 * (layer["end_ns"] - layer["start_ns"]) / 1e9
+
+    train_rows = _live_step_rows("lstm-train", lambda: lstm(x)[0].pow(2).mean().backward())
+    backward = [r for r in train_rows if r["plasmient.level"] == "op" and r["name"] == "aten::mkldnn_rnn_layer_backward"]
+    assert [r["plasmient.flops"] for r in backward] == [2 * 1_009_920]

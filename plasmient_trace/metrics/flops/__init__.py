@@ -3,7 +3,7 @@
 One job: turn an op record (name, Kineto ``Input Dims``, ``Input type`` and, where recorded,
 ``Concrete Inputs``) into ``(flops, bytes, dtype, model)`` for that op *alone*, plus the rule that
 decides which of two nested modelled ops counts (:func:`yields_flops`). Formulas live in one small
-module per op family (gemm, conv, attention, norm, elementwise, embedding, reduction, vendor, moe) and
+module per op family (gemm, conv, attention, norm, elementwise, embedding, reduction, rnn, vendor, moe) and
 register themselves with :func:`register_flop_formula`; a user registers a formula for their own
 op the same way, without editing plasmient. docs/flops.md lists what is and is not modelled.
 
@@ -28,7 +28,7 @@ grad_output shape, so they are ``none``; the aten ops inside them carry full sha
 from __future__ import annotations
 
 # Family modules register their formulas on import; the order only matters for names registered twice.
-from . import attention, conv, elementwise, embedding, gemm, norm, reduction, vendor  # noqa: F401
+from . import attention, conv, elementwise, embedding, gemm, norm, reduction, rnn, vendor  # noqa: F401
 from .api import CodedOpCosts, OpCosts, coded_model_ops, model_ops, op_cost
 from .core import (CANONICAL_DTYPES, MODELS, FlopFormula, FlopResult, OpArgs, canonical_dtype, element_size,
                    formula_for, register_flop_formula, registered_ops)
