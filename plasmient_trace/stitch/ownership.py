@@ -34,6 +34,47 @@ def cpu_kernel_ops(op_parent: np.ndarray, owns: np.ndarray) -> np.ndarray:
     return np.nonzero((owns | ~is_parent) & ~any_ancestor(op_parent, owns))[0]
 
 
+# An op's own time below this is dispatch, not work: the mean kernel length under which a span is latency-bound
+# (metrics.compute.LATENCY_BOUND_MEAN_KERNEL_S).
+OWN_WORK_MIN_NS = 10_000
+
+
+def own_time_gaps(op_parent: np.ndarray, start: np.ndarray, end: np.ndarray, candidates: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The CPU work an op does in its own body, between its child ops, as (op, start, end) intervals: for
+    each op of ``candidates`` (ops with no FLOP formula that no kernel op holds) that spends at least half
+    of its interval and at least ``OWN_WORK_MIN_NS`` outside its children. LAPACK inside
+    ``aten::_linalg_svd``, oneDNN inside an RNN layer or the sort inside ``aten::sort`` run between the small
+    ops they call (an allocation, a copy, an error check); with only those children as the CPU's kernels,
+    0.2 ms of a 20 ms SVD counted as work and the rest as idle. The microseconds a composite op
+    (``aten::linear``, an autograd node, ``aten::item``) spends dispatching to its children stay outside, as
+    a GPU's launch overhead does. The intervals are kernels of unknown FLOPs."""
+    n = len(op_parent)
+    child = np.nonzero(op_parent >= 0)[0]
+    if not len(child) or not candidates.any():
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    length = np.maximum(end - start, 0).astype(np.float64)
+    in_children = np.bincount(op_parent[child], weights=length[child], minlength=n)
+    has_children = np.bincount(op_parent[child], minlength=n) > 0
+    own = length - in_children
+    working = candidates & has_children & (own >= in_children) & (own >= OWN_WORK_MIN_NS)
+    kids = child[working[op_parent[child]]]
+    if not len(kids):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    kids = kids[np.lexsort((start[kids], op_parent[kids]))]
+    owner = op_parent[kids]
+    first = np.r_[True, owner[1:] != owner[:-1]]
+    last = np.r_[owner[1:] != owner[:-1], True]
+    # before each child: from the op's start (first child) or the previous child's end; after the last: to the op's end
+    gap_start = np.where(first, start[owner], np.r_[0, end[kids][:-1]])
+    ops = np.concatenate([owner, owner[last]])
+    lo = np.concatenate([gap_start, end[kids][last]])
+    hi = np.concatenate([start[kids], end[owner[last]]])
+    keep = hi > lo
+    order = np.lexsort((lo[keep], ops[keep]))
+    return ops[keep][order], lo[keep][order], hi[keep][order]
+
+
 @dataclass
 class KernelWork:
     """Per kernel of one rank (real kernels, then the synthetic CPU ones)."""

@@ -8,7 +8,8 @@ chunks of steps (``stitch.chunks``), and each chunk's tree reads its rows of the
 and a rank stitched chunk by chunk therefore get the same numbers.
 
 Kernel rows are the rank's real kernels, then the synthetic ones: on a CPU-only rank the ops that stand
-for kernels (``ownership.cpu_kernel_ops``).
+for kernels (``ownership.cpu_kernel_ops``), then the work ops do in their own bodies between their child ops
+(``ownership.own_time_gaps``), one interval per gap.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from ..metrics.grouping import match_distinct
 from ..records import collective_kernel_names
 from .inputs import KIND_CODE, RankInput, StitchOptions
 from .joins import JoinedRank
+from .nesting import any_ancestor
 from .overlap import StepOverlap, step_overlap
-from .ownership import cpu_kernel_ops
+from .ownership import cpu_kernel_ops, own_time_gaps
 from .windows import kernel_shares_ns, step_tiles
 
 _BIG = np.iinfo(np.int64).max
@@ -38,7 +40,7 @@ _COLLECTIVE_OP = ("nccl", "rccl", "gloo", "c10d::", "allreduce", "all_reduce", "
 class DeviceTimeline:
     """Per kernel row (real, then synthetic) and per step row of one rank."""
 
-    synth_ops: np.ndarray     # op rows standing for kernels on a CPU-only rank (their order is the synthetic rows')
+    synth_ops: np.ndarray     # per synthetic kernel row (a CPU-only rank's), the op it stands for or is a gap of
     start: np.ndarray         # the kernel's own interval
     end: np.ndarray
     kind: np.ndarray          # int8 KIND_CODE
@@ -81,6 +83,21 @@ def _python_only_scopes(ops: pa.Table, rows: np.ndarray, owns: np.ndarray) -> np
     return scope & ~collective & ~owns[rows]
 
 
+# Ops that allocate a tensor and hand its filling to a child op (aten::zeros -> aten::zero_, aten::clone ->
+# aten::copy_): their own time is the allocator's, which is no more the device's work on a CPU than on a GPU.
+_ALLOCATING_OPS = pa.array([f"aten::{name}" for name in (
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "new_zeros",
+    "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "clone", "contiguous", "to", "_to_copy")])
+
+
+def _own_work_candidates(ops: pa.Table) -> np.ndarray:
+    """Per op: may its own time between child ops be CPU work (``ownership.own_time_gaps``)? An op torch
+    dispatched, not a ``record_function`` scope (whose own time is the user's Python) nor an allocating op."""
+    aten = pc.equal(ops.column("category"), "cpu_op").fill_null(False).to_numpy(zero_copy_only=False)
+    allocating = pc.is_in(ops.column("name"), value_set=_ALLOCATING_OPS).fill_null(False).to_numpy(zero_copy_only=False)
+    return aten & ~allocating
+
+
 def kernel_kinds(inp: RankInput, synth_ops: np.ndarray) -> np.ndarray:
     """KIND_CODE per kernel row; collective kernels (records.COLLECTIVE_KERNEL) and collective ops standing
     for kernels on a CPU are collectives whatever category the source gave them."""
@@ -104,16 +121,24 @@ def device_timeline(inp: RankInput, j: JoinedRank, options: StitchOptions) -> De
     rs = inp.records
     n_steps, n_op, n_k = len(j.steps), len(j.op_parent), len(j.kernel_start)
     synth_ops = np.zeros(0, np.int64)
+    o_start = rs.ops.column("start_ns").to_numpy() if n_op else np.zeros(0, np.int64)
+    o_end = rs.ops.column("end_ns").to_numpy() if n_op else np.zeros(0, np.int64)
+    synth_start, synth_end = np.zeros(0, np.int64), np.zeros(0, np.int64)
     if n_k == 0 and n_op:
         # No device activity: the CPU is the device and its ops are the kernels.
         yields = yields_flops(j.op_parent, inp.op_model, inp.op_flops)
-        owns = ~inp.op_model.equals("none") & ~yields
-        synth_ops = cpu_kernel_ops(j.op_parent, owns)
-        synth_ops = synth_ops[(j.op_step[synth_ops] >= 0) & ~_python_only_scopes(rs.ops, synth_ops, owns)]
-    o_start = rs.ops.column("start_ns").to_numpy() if n_op else np.zeros(0, np.int64)
-    o_end = rs.ops.column("end_ns").to_numpy() if n_op else np.zeros(0, np.int64)
-    ks = np.concatenate([j.kernel_start, o_start[synth_ops]]).astype(np.int64)
-    ke = np.concatenate([j.kernel_end, o_end[synth_ops]]).astype(np.int64)
+        unmodelled = inp.op_model.equals("none")
+        owns = ~unmodelled & ~yields
+        whole = cpu_kernel_ops(j.op_parent, owns)
+        whole = whole[(j.op_step[whole] >= 0) & ~_python_only_scopes(rs.ops, whole, owns)]
+        in_owner = any_ancestor(j.op_parent, owns)
+        gap_ops, gap_start, gap_end = own_time_gaps(j.op_parent, o_start, o_end,
+                                                    unmodelled & ~in_owner & (j.op_step >= 0) & _own_work_candidates(rs.ops))
+        synth_ops = np.concatenate([whole, gap_ops])
+        synth_start = np.concatenate([o_start[whole], gap_start])
+        synth_end = np.concatenate([o_end[whole], gap_end])
+    ks = np.concatenate([j.kernel_start, synth_start]).astype(np.int64)
+    ke = np.concatenate([j.kernel_end, synth_end]).astype(np.int64)
     kstep = np.concatenate([j.kernel_step, j.op_step[synth_ops]]).astype(np.int64)
     kinds = kernel_kinds(inp, synth_ops)
     devs = np.concatenate([rs.kernels.column("device").to_numpy().astype(np.int64) if n_k else np.zeros(0, np.int64),
