@@ -100,3 +100,30 @@ def test_live_capture_counts_an_svd_s_own_time_as_work():
     assert wall_s - in_children_s <= svd["plasmient.busy_s"] <= wall_s
     step = next(r for r in rows if r["plasmient.level"] == "step")
     assert step["plasmient.busy_s"] >= wall_s - in_children_s
+
+
+def test_the_python_around_compiled_kernels_and_dynamo_s_guard_check_are_not_work():
+    # Only ATen ops (C++ bodies) take their own time as work. torch.compile's CompiledFunction spends most of
+    # its time outside the GEMMs it calls in AOTAutograd's and Inductor's Python wrappers, and dynamo's guard
+    # check runs before each call: neither is the model's work, whatever share of the op's interval it is.
+    from capture_helpers import live_capture
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 256), nn.GELU(), nn.Linear(256, 128), nn.LayerNorm(128))
+    compiled = torch.compile(model)
+    x = torch.randn(64, 128)
+    for _ in range(2):
+        compiled(x).pow(2).mean().backward()
+    with live_capture(every=1, peak_tflops=0.05, job_id="compiled") as (session, sink):
+        with session.step():
+            compiled(x).pow(2).mean().backward()
+    rows = sink.rows()
+    ops = [r for r in rows if r["plasmient.level"] == "op"]
+    wrappers = [r for r in ops if r["name"] in ("CompiledFunction", "CompiledFunctionBackward")]
+    assert len(wrappers) == 2
+    for wrapper in wrappers:
+        children = [r for r in ops if r["parent_span_id"] == wrapper["span_id"]]
+        assert children, wrapper["name"]
+        assert wrapper["plasmient.busy_s"] == pytest.approx(sum(r["plasmient.busy_s"] or 0.0 for r in children), abs=1e-9)
+    lookups = [r for r in ops if r["name"] == "TorchDynamo Cache Lookup"]
+    assert lookups and all(not r["plasmient.busy_s"] for r in lookups)
