@@ -127,3 +127,40 @@ def test_the_python_around_compiled_kernels_and_dynamo_s_guard_check_are_not_wor
         assert wrapper["plasmient.busy_s"] == pytest.approx(sum(r["plasmient.busy_s"] or 0.0 for r in children), abs=1e-9)
     lookups = [r for r in ops if r["name"] == "TorchDynamo Cache Lookup"]
     assert lookups and all(not r["plasmient.busy_s"] for r in lookups)
+
+
+def test_own_work_is_the_same_stitched_whole_or_a_step_at_a_time(tmp_path):
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from plasmient_trace.cli import main
+
+    matrix, values = torch.randn(200, 200), torch.randn(200_000)
+    torch.linalg.svd(matrix)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                 schedule=schedule(wait=0, warmup=0, active=5)) as prof:
+        for _ in range(4):
+            torch.linalg.svd(matrix)
+            torch.sort(values)
+            prof.step()
+    trace = tmp_path / "steps.json"
+    prof.export_chrome_trace(str(trace))
+    outputs = []
+    for extra in ([], ["--chunk-rows", "1"]):
+        out = tmp_path / f"spans{len(extra)}.jsonl"
+        assert main(["ingest", str(trace), "--job-id", "own", "--out", str(out), "--quiet", *extra]) == 0
+        outputs.append(sorted(out.read_bytes().splitlines()))
+    assert len(outputs[0]) >= 4 and outputs[0] == outputs[1]
+    steps = [s for s in _spans_of(outputs[0]) if s["plasmient.level"] == "step" and s["plasmient.busy_s"]]
+    assert len(steps) >= 4 and all(s["plasmient.util.resident"] > 0.5 for s in steps)
+
+
+def _spans_of(lines: list[bytes]) -> list[dict]:
+    import orjson
+
+    out = []
+    for line in lines:
+        for rs in orjson.loads(line)["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                for sp in ss["spans"]:
+                    out.append({a["key"]: next(iter(a["value"].values())) for a in sp["attributes"]})
+    return out
