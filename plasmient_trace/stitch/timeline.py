@@ -90,10 +90,13 @@ def _python_only_scopes(ops: pa.Table, rows: np.ndarray, owns: np.ndarray) -> np
 
 
 # Ops that allocate a tensor and hand its filling to a child op (aten::zeros -> aten::zero_, aten::clone ->
-# aten::copy_): their own time is the allocator's, which is no more the device's work on a CPU than on a GPU.
+# aten::copy_, aten::randint -> aten::random_, aten::arange -> its out= form): their own time is the
+# allocator's, which is no more the device's work on a CPU than on a GPU.
 _ALLOCATING_OPS = pa.array([f"aten::{name}" for name in (
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "new_zeros",
-    "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "clone", "contiguous", "to", "_to_copy")])
+    "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "clone", "contiguous", "to", "_to_copy",
+    "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm", "arange", "linspace",
+    "logspace", "eye")])
 
 
 def _aten_working_names(names: pa.Array) -> pa.Array:

@@ -149,7 +149,9 @@ _reg(["aten::_fused_adam_", "aten::_fused_adamw_", "aten::_fused_adam", "aten::_
 SHAPE_ONLY_OPS = tuple(f"aten::{n}" for n in (
     "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "expand_as", "unsqueeze", "squeeze",
     "as_strided", "alias", "detach", "unbind", "split", "split_with_sizes", "chunk", "select", "slice", "narrow",
-    "flatten", "unflatten", "view_as", "numpy_T", "lift_fresh", "_reshape_alias"))
+    "flatten", "unflatten", "view_as", "numpy_T", "lift_fresh", "_reshape_alias",
+    # their in-place forms change the tensor's own metadata
+    "t_", "transpose_", "detach_", "squeeze_", "unsqueeze_", "as_strided_", "swapaxes_", "swapdims_"))
 
 
 def _shape_only(a: OpArgs) -> FlopResult:
