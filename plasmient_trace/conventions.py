@@ -98,7 +98,7 @@ SPAN_ATTRIBUTES: tuple[SpanAttribute, ...] = (
     SpanAttribute("plasmient.cost.wasted_usd.self", _F, "USD", _ALL, "wasted_usd of the span's own kernels and idle gaps (exclusive)"),
     SpanAttribute("plasmient.wasted_s", _F, "s", _ALL, "device-seconds not shown to do baseline-MFU work: per kernel busy - ideal/baseline (all of it where FLOPs or peak are unknown), plus the idle gaps of steps and the rank skew of nodes/fleet; additive, at most the device-seconds of the window"),
     SpanAttribute("plasmient.wasted_s.self", _F, "s", _ALL, "wasted_s of the span's own kernels and idle gaps (exclusive): culprits are ranked by it"),
-    SpanAttribute("plasmient.kernels", _I, "{kernel}", _ALL, "GPU activities under the span (exported or folded)"),
+    SpanAttribute("plasmient.kernels", _I, "{kernel}", _ALL, "device activities under the span (exported or folded): GPU kernels, copies and collectives; on a CPU the ops that stand for kernels and the stretches of an op's own work between its child ops"),
     SpanAttribute("plasmient.kernels.folded", _I, "{kernel}", ("fleet", "node", "rank", "step", "module", "op"), "kernels under the span that are not exported as spans (span budget), inclusive: on a step, every kernel of the step that is not a span"),
     SpanAttribute("plasmient.kernels.folded_s", _F, "s", ("fleet", "node", "rank", "step", "module", "op"), "summed duration of those kernels"),
     SpanAttribute("plasmient.kernels.folded_flops", _F, "{flop}", ("fleet", "node", "rank", "step", "module", "op"), "flops of those kernels (part of this span's flops)"),
