@@ -152,6 +152,22 @@ def test_own_work_is_the_same_stitched_whole_or_a_step_at_a_time(tmp_path):
     assert len(outputs[0]) >= 4 and outputs[0] == outputs[1]
     steps = [s for s in _spans_of(outputs[0]) if s["plasmient.level"] == "step" and s["plasmient.busy_s"]]
     assert len(steps) >= 4 and all(s["plasmient.util.resident"] > 0.5 for s in steps)
+    # The culprits name the SVD and the sort, each one call a step however many stretches its own work took
+    # (the raw trace has one of each per ProfilerStep: aten::sort calls its out= form, also aten::sort, which
+    # does the work).
+    raw = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+
+    def innermost(name: str) -> int:
+        calls = [e for e in raw if e["name"] == name]
+        return sum(not any(o is not e and e["ts"] <= o["ts"] and o["ts"] + o["dur"] <= e["ts"] + e["dur"] for o in calls)
+                   for e in calls)
+
+    per_step = {name: innermost(name) / len(steps) for name in ("aten::_linalg_svd", "aten::sort")}
+    assert per_step == {"aten::_linalg_svd": 1, "aten::sort": 1}
+    for step in steps:
+        rows = {r["op"]: r for r in json.loads(step["plasmient.culprits"])}
+        for name in per_step:
+            assert rows[name]["calls"] == 1 and rows[name]["bound"] == "unknown", (name, rows[name])
 
 
 def _spans_of(lines: list[bytes]) -> list[dict]:

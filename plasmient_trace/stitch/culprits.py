@@ -79,8 +79,15 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, spec: DeviceS
     real = kr < n_k
     kname = np.where(real, k_names_code[np.minimum(kr, max(n_k - 1, 0))] if n_k else -1, -1)
     synth = ~real
+    # a call is a kernel, but an op whose own work is several stretches between its child ops
+    # (ownership.own_time_gaps) is one call however many stretches it has
+    calls = np.ones(len(kr))
     if synth.any():
-        kname[synth] = op_code[tree.synth_ops[kr[synth] - n_k]] + len(k_names)
+        synth_op = tree.synth_ops[kr[synth] - n_k]
+        kname[synth] = op_code[synth_op] + len(k_names)
+        first = np.zeros(len(synth_op))
+        first[np.unique(synth_op, return_index=True)[1]] = 1.0
+        calls[synth] = first
     all_k_names = k_names + op_names
     lop = tree.k_launch_op
     oname = np.where(lop >= 0, op_code[np.maximum(lop, 0)] if tree.n_op else -1, -1)
@@ -119,12 +126,12 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, spec: DeviceS
     alive = np.arange(len(kr))  # each row's position among the alive kernels (tree.k_rows)
     if not wanted.all():
         keep = (step < 0) | wanted[np.maximum(step, 0)]
-        kname, oname, mpat, mpath, step, waste, kernel_bound, kind, alive = (
-            a[keep] for a in (kname, oname, mpat, mpath, step, waste, kernel_bound, kind, alive))
+        kname, oname, mpat, mpath, step, waste, kernel_bound, kind, alive, calls = (
+            a[keep] for a in (kname, oname, mpat, mpath, step, waste, kernel_bound, kind, alive, calls))
     if len(step):
         groups, g = _group_rows((step, kname, oname, mpat))
         g_waste = np.bincount(g, weights=waste, minlength=len(groups))
-        g_calls = np.bincount(g, minlength=len(groups))
+        g_calls = np.rint(np.bincount(g, weights=calls, minlength=len(groups))).astype(np.int64)
         pair, _ = _group_rows((g, mpath))
         g_layers = np.bincount(pair[:, 0], weights=(pair[:, 1] >= 0).astype(float), minlength=len(groups)).astype(int)
         # representative instance: the group's most wasteful kernel (its bound and kind)
