@@ -24,14 +24,16 @@ from .joins import JoinedRank
 from .nesting import any_ancestor
 
 
-def cpu_kernel_ops(op_parent: np.ndarray, owns: np.ndarray) -> np.ndarray:
+def cpu_kernel_ops(op_parent: np.ndarray, owns: np.ndarray, in_owner: np.ndarray | None = None) -> np.ndarray:
     """The ops that stand for kernels when the CPU is the device: each outermost op that owns
     FLOPs (its whole interval, children included, is its work: the BLAS call inside aten::addmm
     is addmm's own time), and every leaf op not inside one (``timeline`` then leaves out the scopes that ran
-    no op)."""
+    no op). ``in_owner``: ``any_ancestor(op_parent, owns)`` when the caller already has it."""
     is_parent = np.zeros(len(op_parent), bool)
     is_parent[op_parent[op_parent >= 0]] = True
-    return np.nonzero((owns | ~is_parent) & ~any_ancestor(op_parent, owns))[0]
+    if in_owner is None:
+        in_owner = any_ancestor(op_parent, owns)
+    return np.nonzero((owns | ~is_parent) & ~in_owner)[0]
 
 
 # An op's own time below this is dispatch, not work: the mean kernel length under which a span is latency-bound

@@ -81,12 +81,12 @@ def _python_only_scopes(ops: pa.Table, rows: np.ndarray, owns: np.ndarray) -> np
     Scopes that are collectives (gloo:all_reduce) or that a registered formula models stay work."""
     if not len(rows):
         return np.zeros(0, bool)
+    names = ops.column("name").take(rows)
     scope = pc.equal(ops.column("category").take(rows), "user_annotation").fill_null(False).to_numpy(zero_copy_only=False)
-    framework = pc.is_in(ops.column("name").take(rows), value_set=_FRAMEWORK_SCOPES)
-    scope |= framework.fill_null(False).to_numpy(zero_copy_only=False)
+    scope |= pc.is_in(names, value_set=_FRAMEWORK_SCOPES).fill_null(False).to_numpy(zero_copy_only=False)
     if not scope.any():
         return scope
-    collective = match_distinct(ops.column("name").take(rows), _collective_op_names)
+    collective = match_distinct(names, _collective_op_names)
     return scope & ~collective & ~owns[rows]
 
 
@@ -144,9 +144,9 @@ def device_timeline(inp: RankInput, j: JoinedRank, options: StitchOptions) -> De
         yields = yields_flops(j.op_parent, inp.op_model, inp.op_flops)
         unmodelled = inp.op_model.equals("none")
         owns = ~unmodelled & ~yields
-        whole = cpu_kernel_ops(j.op_parent, owns)
-        whole = whole[(j.op_step[whole] >= 0) & ~_python_only_scopes(rs.ops, whole, owns)]
         in_owner = any_ancestor(j.op_parent, owns)
+        whole = cpu_kernel_ops(j.op_parent, owns, in_owner)
+        whole = whole[(j.op_step[whole] >= 0) & ~_python_only_scopes(rs.ops, whole, owns)]
         gap_ops, gap_start, gap_end = own_time_gaps(j.op_parent, o_start, o_end,
                                                     unmodelled & ~in_owner & (j.op_step >= 0) & _own_work_candidates(rs.ops))
         synth_ops = np.concatenate([whole, gap_ops])

@@ -22,8 +22,8 @@ _GATES_PER_UNIT = 4
 _CELL_FLOPS_PER_UNIT = 9
 
 
-def _lstm_layer_flops(a: OpArgs, mode_arg: int) -> tuple[float, int, int, int] | None:
-    """(forward FLOPs, T·B, I, H) of one LSTM layer op; None when the record does not determine them."""
+def _lstm_layer_flops(a: OpArgs, mode_arg: int) -> tuple[float, int, int] | None:
+    """(forward FLOPs, T·B, H) of one LSTM layer op; None when the record does not determine them."""
     x, w_ih, w_hh = a.shape(0), a.shape(1), a.shape(2)
     if x is None or w_ih is None or w_hh is None or len(w_ih) != 2 or len(w_hh) != 2:
         return None
@@ -36,7 +36,7 @@ def _lstm_layer_flops(a: OpArgs, mode_arg: int) -> tuple[float, int, int, int] |
     rows = _prod(x) // i_size  # time steps x batch, in either layout
     biases = sum(1 for k in (3, 4) if a.is_tensor(k) and a.numel(k) == gates)
     flops = rows * (2.0 * gates * (i_size + h_size) + (biases + 1) * gates + _CELL_FLOPS_PER_UNIT * h_size)
-    return flops, rows, i_size, h_size
+    return flops, rows, h_size
 
 
 def _mkldnn_lstm(a: OpArgs) -> FlopResult:
@@ -44,7 +44,7 @@ def _mkldnn_lstm(a: OpArgs) -> FlopResult:
     layer = _lstm_layer_flops(a, mode_arg=9)
     if layer is None:
         return None
-    flops, rows, _, h_size = layer
+    flops, rows, h_size = layer
     read = sum(a.nbytes(k) for k in range(7))
     written = (rows * h_size + 2 * a.numel(5)) * a.es(0)  # output, hy, cy
     return flops, read + written, "gemm"
