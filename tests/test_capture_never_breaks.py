@@ -5,6 +5,7 @@ collectors that are dead, slow or flapping are real receivers on 127.0.0.1."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -175,10 +176,22 @@ def _received_ids(rx: OtlpReceiver) -> Counter:
                    for req in rx.traces for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans)
 
 
+# CPython's multiprocessing resource tracker sometimes warns at exit, plain run or traced, that a spawned
+# DataLoader worker's semaphore "leaked" after it was already unlinked (a race of its own, seen on a loaded
+# 2-core machine). The warning and its source line are the interpreter's, never ours, so they are left out.
+_RESOURCE_TRACKER_NOISE = re.compile(
+    rb"^[^\n]*multiprocessing/resource_tracker\.py:\d+: UserWarning: resource_tracker: [^\n]*\n  warnings\.warn\([^\n]*\n",
+    re.MULTILINE)
+
+
+def _job_stderr(proc: subprocess.CompletedProcess) -> bytes:
+    return _RESOURCE_TRACKER_NOISE.sub(b"", proc.stderr)
+
+
 def _same_run(plain: subprocess.CompletedProcess, traced: subprocess.CompletedProcess) -> None:
     assert traced.returncode == plain.returncode, traced.stderr.decode()[-3000:]
     assert traced.stdout == plain.stdout
-    assert traced.stderr == plain.stderr
+    assert _job_stderr(traced) == _job_stderr(plain)
 
 
 # --------------------------------------------------------------------------------------------
@@ -291,7 +304,7 @@ def test_dataloader_workers_that_run_transform_modules_say_nothing(tmp_path: Pat
     epochs = 2 if start == "fork" else 1
     script = _script(tmp_path, "transforms.py", TRANSFORMING_JOB)
     plain = _plain(tmp_path, script, start, str(epochs))
-    assert plain.returncode == 0 and plain.stderr == b"", plain.stderr.decode()[-2000:]
+    assert plain.returncode == 0 and _job_stderr(plain) == b"", plain.stderr.decode()[-2000:]
     traced = _traced(tmp_path, script, start, str(epochs), PLASMIENT_EVERY="2")
     _same_run(plain, traced)
     assert _steps(tmp_path / "t.jsonl") == list(range(4 * epochs))
