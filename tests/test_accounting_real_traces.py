@@ -248,7 +248,7 @@ def test_steps_whose_only_known_work_is_collectives_and_copies_have_no_mfu():
     steps = [r for r in _rows(name) if r["plasmient.level"] in ("step", "rank", "node", "fleet")]
     assert steps
     for r in steps:
-        assert r["plasmient.flops"] == 0 and 0 < r["plasmient.flops.coverage"] < 1
+        assert r["plasmient.flops"] is None and 0 < r["plasmient.flops.coverage"] < 1  # unknown, not 0
         assert all(r[k] is None for k in FLOP_RATIOS), r["name"]
         assert r["plasmient.util.resident"] is not None and r["plasmient.cost.usd"] is not None
 

@@ -130,9 +130,10 @@ def test_metrics_on_every_span_and_mfu_on_every_full_depth_span(traced):
             elif r["plasmient.flops.coverage"]:
                 assert r["plasmient.util.resident"] is not None, r["name"]
                 # known FLOPs of zero beside unknown work (an op's own time, ownership.own_time_gaps) bound MFU
-                # by nothing: absent, not 0
-                measured = r["plasmient.flops"] > 0 or r["plasmient.flops.coverage"] >= FULL_COVERAGE
+                # by nothing: absent, not 0, and so are the FLOPs
+                measured = (r["plasmient.flops"] or 0) > 0 or r["plasmient.flops.coverage"] >= FULL_COVERAGE
                 assert (r["plasmient.mfu"] is not None) == measured, r["name"]
+                assert (r["plasmient.flops"] is not None) == measured, r["name"]
     shallow = next(r for r in rows if r["plasmient.step"] == 1 and r["plasmient.level"] == "step")
     # a step-level step ran without op hooks: its busy time is unknown, not zero; its FLOPs are carried from
     # step 0 (same input shapes), and its MFU is those FLOPs over its own window

@@ -39,6 +39,16 @@ def flops_measured(flops: np.ndarray, coverage: np.ndarray) -> np.ndarray:
         return (coverage > 0) & ((flops > 0) | (coverage >= FULL_COVERAGE))
 
 
+def zero_says_nothing(total: np.ndarray, busy_s: np.ndarray, known_s: np.ndarray) -> np.ndarray:
+    """Where a span's sum of known FLOPs (or bytes, or ideal seconds) is 0 while some of its busy time ran
+    work whose FLOPs are unknown: a 0 there is "unknown", not a measured zero, so the number is absent (an
+    Inductor-fused CPU kernel or an unmodelled sort read "plasmient.flops 0"). Spans whose busy time is all
+    known keep a 0 (views, copies, collectives: a known zero), and spans without busy time keep theirs."""
+    total, busy_s, known_s = (np.asarray(a, np.float64) for a in (total, busy_s, known_s))
+    with np.errstate(invalid="ignore"):
+        return (total == 0) & (busy_s > 0) & (known_s < busy_s * FULL_COVERAGE)
+
+
 def rollup(parent: np.ndarray, depth: np.ndarray, values: np.ndarray, levels: list[np.ndarray] | None = None) -> np.ndarray:
     """Inclusive subtree sums of per-span values (rows = spans, any trailing columns); ``levels`` as
     ``nesting.depth_levels(depth)`` when the caller has it."""

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from plasmient_trace.conventions import SpanBatch
-from plasmient_trace.metrics.compute import flops_measured
+from plasmient_trace.metrics.compute import flops_measured, zero_says_nothing
 from plasmient_trace.report.frame import LEVEL_CODE, SpanFrame, weighted_mean
 from plasmient_trace.stitch.culprits import IDLE_LABEL, module_pattern
 
@@ -48,6 +48,8 @@ NO_OP, NO_MODULE = "(no op)", "(no module)"
 QUANTITIES = ("busy_s", "wasted_s", "flops", "ideal_s", "covered_s", "wasted_usd")
 _SELF_COLUMNS = {"busy_s": "plasmient.busy_s.self", "wasted_s": "plasmient.wasted_s.self",
                  "flops": "plasmient.flops.self", "wasted_usd": "plasmient.cost.wasted_usd.self"}
+# Sums of known work: a row's (or a side's) 0 beside busy time of unknown work is unknown, as on the spans.
+_WORK_SUMS = ("flops", "ideal_s")
 # A residual below this share of the span's own value is floating-point noise, not folded work.
 _RESIDUAL_RTOL = 1e-9
 EXIT_OK, EXIT_MFU_DROPPED, EXIT_BAD_INPUT = 0, 1, 2
@@ -155,7 +157,13 @@ class Side:
 
     def total(self, q: str) -> float | None:
         col = self.units.column(q)
-        return None if col.null_count == len(col) else float(pc.sum(col).as_py())
+        value = None if col.null_count == len(col) else float(pc.sum(col).as_py())
+        if q in _WORK_SUMS and value is not None:
+            # known FLOPs summing to 0 beside busy time of unknown work are unknown, as on the spans
+            busy, covered = (pc.sum(self.units.column(c)).as_py() or 0.0 for c in ("busy_s", "covered_s"))
+            if zero_says_nothing(np.array(value), np.array(busy), np.array(covered)):
+                return None
+        return value
 
 
 def side_from_batch(batch: SpanBatch, label: str) -> Side:
@@ -192,6 +200,11 @@ def compare(a: Side, b: Side, dimension: str) -> list[dict[str, Any]]:
     for q in QUANTITIES + ("kernels",):
         col[q + "_a"] = _side_values(joined, q + ".a", in_a)
         col[q + "_b"] = _side_values(joined, q + ".b", in_b)
+    for s in ("a", "b"):
+        unknown = zero_says_nothing(col[f"flops_{s}"], col[f"busy_s_{s}"], col[f"covered_s_{s}"])
+        for q in _WORK_SUMS:
+            col[f"{q}_{s}"] = np.where(unknown, np.nan, col[f"{q}_{s}"])
+    for q in QUANTITIES + ("kernels",):
         col[q + "_delta"] = col[q + "_b"] - col[q + "_a"]
     for s in ("a", "b"):
         busy, ideal, covered = col[f"busy_s_{s}"], col[f"ideal_s_{s}"], col[f"covered_s_{s}"]

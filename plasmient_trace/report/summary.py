@@ -291,7 +291,8 @@ def mfu_unknown_reason(rows: list[dict[str, Any]]) -> str:
     if not covered and any(r.get("coverage") is not None for r in rows):
         return ("no kernel of these steps has a FLOP model (coverage 0%); record shapes (record_shapes=True) so "
                 "the ops can be costed")
-    if covered and all(r.get("flops") == 0 and r["coverage"] < FULL_COVERAGE for r in covered):
+    # known FLOPs that are all 0 beside unknown ones: the spans leave their FLOPs absent
+    if covered and all(not r.get("flops") and r["coverage"] < FULL_COVERAGE for r in covered):
         lo, hi = min(r["coverage"] for r in covered), max(r["coverage"] for r in covered)
         share = fmt_pct(lo) if lo == hi else f"{fmt_pct(lo)}-{fmt_pct(hi)}"
         return (f"the only kernels with known FLOPs do no math (collectives, copies: {share} of busy time) and "

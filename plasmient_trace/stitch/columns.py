@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import conventions as cv
+from ..metrics import compute as mc
 from . import ids
 from .collectives import collective_columns
 from .culprits import culprit_columns
@@ -57,6 +58,16 @@ def take_rows(values: pa.Array, rows: np.ndarray) -> pa.Array:
     if runs is None:
         return values.take(pa.array(rows))
     return pa.concat_arrays([values.slice(int(a), int(n)) for a, n in zip(*runs)])
+
+
+def _measured_rows(t: RankTree, sel: np.ndarray) -> np.ndarray:
+    """Per exported row: does its subtree's work come from this capture (outside any step, or in a step
+    recorded at full depth), not from a step-depth sample (whose FLOPs are carried or absent)?"""
+    facts = getattr(t, "facts", None)
+    srow = t.step_row[sel]
+    if facts is None or t.n_steps == 0:
+        return np.ones(len(sel), bool)
+    return (srow < 0) | facts.full[np.maximum(srow, 0)]
 
 
 def resource_for_rank(inp: RankInput, rank: int, node: str, options: StitchOptions) -> dict[str, Any]:
@@ -150,15 +161,29 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     cols["plasmient.wall_s"] = (t.end[sel] - t.start[sel]) / 1e9
     cols["plasmient.device.window_s"] = nan_to_null(met.window_s[sel])
     cols["plasmient.device.start_ns"] = masked(t.win_start[sel], ~dev)
-    for name, key in (("plasmient.busy_s", "busy_s"), ("plasmient.bytes", "bytes"), ("plasmient.wasted_s", "wasted_s")):
-        cols[name] = masked(t.col(key)[sel], ~dev)
-        cols[f"{name}.self"] = masked(t.col(key, False)[sel], ~dev)
+    # A sum of known work that is 0 beside busy time of unknown work is unknown, not 0 (metrics.compute.
+    # zero_says_nothing); steps sampled at step depth get theirs from step_facts (measured or carried).
+    measured = _measured_rows(t, sel)
+    totals = {"inclusive": (t.col("busy_s")[sel], t.col("known_s")[sel]),
+              "exclusive": (t.col("busy_s", False)[sel], t.col("known_s", False)[sel])}
+
+    def work_sum(values: np.ndarray, which: str) -> pa.Array:
+        return masked(values, ~dev | (measured & mc.zero_says_nothing(values, *totals[which])))
+
+    cols["plasmient.busy_s"], cols["plasmient.busy_s.self"] = (masked(busy, ~dev) for busy, _ in totals.values())
+    cols["plasmient.wasted_s"] = masked(t.col("wasted_s")[sel], ~dev)
+    cols["plasmient.wasted_s.self"] = masked(t.col("wasted_s", False)[sel], ~dev)
+    cols["plasmient.bytes"] = work_sum(t.col("bytes")[sel], "inclusive")
+    cols["plasmient.bytes.self"] = work_sum(t.col("bytes", False)[sel], "exclusive")
     # model FLOPs: recomputed forward work (activation checkpointing) is hardware work, reported apart
-    cols["plasmient.flops"] = masked((t.col("flops") - t.col("recompute_flops"))[sel], ~dev)
-    cols["plasmient.flops.self"] = masked((t.col("flops", False) - t.col("recompute_flops", False))[sel], ~dev)
+    model_flops = (t.col("flops") - t.col("recompute_flops"))[sel]
+    cols["plasmient.flops"] = work_sum(model_flops, "inclusive")
+    cols["plasmient.flops.self"] = work_sum((t.col("flops", False) - t.col("recompute_flops", False))[sel], "exclusive")
     recomputed = t.col("recompute_flops")[sel]
     cols["plasmient.flops.recompute"] = masked(recomputed, ~dev | (recomputed <= 0))
-    cols["plasmient.ideal_s"] = nan_to_null(np.where(t.peak_known & dev, (t.col("ideal_s") - t.col("recompute_ideal_s"))[sel], np.nan))
+    flops_unknown = measured & mc.zero_says_nothing(model_flops, *totals["inclusive"])
+    cols["plasmient.ideal_s"] = nan_to_null(np.where(t.peak_known & dev & ~flops_unknown,
+                                                     (t.col("ideal_s") - t.col("recompute_ideal_s"))[sel], np.nan))
     cols["plasmient.idle_s"] = on_rows(t.col("idle_s")[sel[carriers]], carriers, m)
     cols["plasmient.kernel_s"] = on_rows(t.col("kernel_s")[sel[carriers]], carriers, m)
     _overlap_columns(cols, t, carriers, srow[carriers], m)
@@ -301,7 +326,7 @@ def _record_values(kind: str, inp: RankInput, j: JoinedRank, rows: np.ndarray, f
         vals["plasmient.op.input_types"] = t.column("input_types")
         vals["plasmient.op.dtype"] = inp.op_dtype[rows].to_arrow()
         vals["plasmient.op.flops_model"] = inp.op_model[rows].to_arrow()
-        vals["plasmient.op.model_flops"] = pa.array(inp.op_flops[rows], pa.float64())
+        vals["plasmient.op.model_flops"] = pa.array(inp.op_flops[rows], pa.float64(), mask=inp.op_model[rows].equals("none"))
         vals["plasmient.op.kineto_flops"] = t.column("kineto_flops")
         vals["plasmient.op.cpu_s"] = pc.divide(pc.subtract(t.column("end_ns"), t.column("start_ns")).cast(pa.float64()), 1e9)
         vals["thread.id"] = t.column("tid")

@@ -221,6 +221,14 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
     # numbers, bound, waste and culprits absent: a partial sum would read as a measurement.
     # These float columns are still numpy here: NaN (unknown) becomes null once, with the blanking.
     unmeasured = np.isnan(total("flops"))
+    # A known total of 0 beside busy time of unknown work is unknown (as on the ranks' spans); a group with a
+    # member sampled at step depth has its FLOPs from step_facts.top_columns.
+    deep = ~g.any(~g.values("full_depth", bool))
+    flops_unknown = deep & mc.zero_says_nothing(total("flops"), busy, known)
+    for name in ("plasmient.flops", "plasmient.ideal_s"):
+        cols[name] = np.where(flops_unknown, np.nan, cols[name])
+    bytes_unknown = deep & mc.zero_says_nothing(total("bytes"), busy, known)
+    cols["plasmient.bytes"] = cv.nan_to_null(np.where(bytes_unknown, np.nan, cols["plasmient.bytes"]))
     for name in ("plasmient.flops", "plasmient.ideal_s", "plasmient.mfu", "plasmient.hfu", "plasmient.stall_fraction", "plasmient.flops.coverage",
                  "plasmient.arithmetic_intensity", "plasmient.wasted_s", "plasmient.wasted_s.self",
                  "plasmient.cost.wasted_usd", "plasmient.cost.wasted_usd.self"):

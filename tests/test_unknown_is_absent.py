@@ -1,0 +1,128 @@
+"""A number that is unknown is absent, never 0. FLOPs, bytes and ideal seconds are sums of the known work
+under a span; where that sum is 0 while some of the span's busy time ran work whose FLOPs are unknown, the 0
+is not a measurement and the span leaves the number out (``metrics.compute.zero_says_nothing``). A known
+zero (a copy, a view) stays 0, and a partial sum that is above 0 stays, a lower bound labelled by its
+coverage. Checked on a trace recorded here by torch.profiler against the raw events: which ops ran, their
+shapes and their durations."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+INCLUSIVE_SUMS = ("plasmient.flops", "plasmient.bytes", "plasmient.ideal_s")
+WORK_SUMS = INCLUSIVE_SUMS + ("plasmient.flops.self", "plasmient.bytes.self")
+
+
+def _recorded(tmp_path: Path) -> Path:
+    """Three steps: a GEMM, a top-k (no FLOP formula) and a transpose copy; then a step of top-k alone."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    torch.manual_seed(0)
+    x, w = torch.randn(128, 256), torch.randn(256, 128)
+    values = torch.randn(1 << 20)
+
+    def mixed() -> None:
+        torch.mm(x, w)
+        torch.topk(values, 1000)
+        x.t().contiguous()
+
+    mixed()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                 schedule=schedule(wait=0, warmup=0, active=5)) as prof:
+        for _ in range(3):
+            mixed()
+            prof.step()
+        torch.topk(values, 1000)
+        prof.step()
+    path = tmp_path / "mixed.json"
+    prof.export_chrome_trace(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], list[dict]]:
+    path = _recorded(tmp_path_factory.mktemp("unknown"))
+    raw = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
+    from plasmient_trace.pipeline import IngestOptions, ingest_paths
+
+    # a peak, so ideal seconds exist wherever the FLOPs are known
+    spans = ingest_paths([str(path)], IngestOptions(job_id="unknown", peak_tflops=0.1)).batch.table.to_pylist()
+    return raw, spans
+
+
+def _op_spans(spans: list[dict], name: str) -> list[dict]:
+    return [s for s in spans if s["plasmient.level"] == "op" and s["name"] == name]
+
+
+def test_an_op_without_a_flop_formula_has_no_flops_bytes_or_ideal_time_not_zeros(recorded):
+    raw, spans = recorded
+    raw_topk = [e for e in raw if e.get("cat") == "cpu_op" and e["name"] == "aten::topk"]
+    topk = _op_spans(spans, "aten::topk")
+    assert len(topk) == len(raw_topk) == 4
+    for span in topk:
+        assert span["plasmient.busy_s"] > 0 and span["plasmient.flops.coverage"] == 0
+        assert all(span[key] is None for key in WORK_SUMS), {key: span[key] for key in WORK_SUMS}
+        assert span["plasmient.mfu"] is None
+        assert span["plasmient.op.flops_model"] == "none" and span["plasmient.op.model_flops"] is None
+
+
+def test_a_gemm_s_flops_are_the_shapes_and_a_copy_s_known_zero_stays_zero(recorded):
+    raw, spans = recorded
+    dims = [e["args"]["Input Dims"] for e in raw if e.get("cat") == "cpu_op" and e["name"] == "aten::mm"]
+    assert len(dims) == 3
+    (m, k), (_, n) = dims[0][:2]
+    mm = _op_spans(spans, "aten::mm")
+    assert len(mm) == 3 and all(s["plasmient.flops"] == 2 * m * n * k for s in mm)
+    assert all(s["plasmient.ideal_s"] == pytest.approx(2 * m * n * k / 0.1e12) for s in mm)
+    copies = [s for s in _op_spans(spans, "aten::copy_") if s["plasmient.busy_s"]]
+    assert copies
+    for span in copies:  # a copy does no math: a known zero, all its busy time known
+        assert span["plasmient.flops"] == 0 and span["plasmient.flops.coverage"] == pytest.approx(1.0)
+        assert span["plasmient.op.model_flops"] == 0
+
+
+def test_a_step_with_known_and_unknown_work_keeps_its_known_flops_and_a_step_of_unknown_work_has_none(recorded):
+    raw, spans = recorded
+    # (the profiler opens a fifth ProfilerStep as it stops: empty)
+    steps = sorted((s for s in spans if s["plasmient.level"] == "step" and s["plasmient.kernels"]),
+                   key=lambda s: s["plasmient.step"])
+    assert len(steps) == 4
+    mm_flops = sum(s["plasmient.flops"] for s in _op_spans(spans, "aten::mm")) / 3
+    for step in steps[:3]:
+        # a lower bound that says something: at least its GEMM, with the coverage that qualifies it
+        assert step["plasmient.flops"] >= mm_flops and 0 < step["plasmient.flops.coverage"] < 1
+        assert step["plasmient.mfu"] is not None
+    last = steps[3]
+    assert last["plasmient.busy_s"] > 0 and last["plasmient.flops.coverage"] == 0
+    assert all(last[key] is None for key in INCLUSIVE_SUMS) and last["plasmient.mfu"] is None
+    # its own (exclusive) share: no busy time outside its ops, so a known zero
+    assert last["plasmient.busy_s.self"] == 0 and last["plasmient.flops.self"] == 0
+    # the fleet span of that step says the same
+    fleet = [s for s in spans if s["plasmient.level"] == "fleet" and s["plasmient.step"] == last["plasmient.step"]]
+    assert len(fleet) == 1 and all(fleet[0][key] is None for key in INCLUSIVE_SUMS)
+
+
+def test_a_parent_s_flops_are_its_children_s_known_flops(recorded):
+    _, spans = recorded
+    by_id = {(s["trace_id"], s["span_id"]): s for s in spans}
+    children: dict[tuple, list[dict]] = {}
+    for s in spans:
+        children.setdefault((s["trace_id"], s["parent_span_id"]), []).append(s)
+    checked = 0
+    for key, parent in by_id.items():
+        kids = children.get(key, [])
+        if not kids or parent["plasmient.device.window_s"] is None or parent["plasmient.level"] in ("fleet", "node"):
+            continue
+        known = sum(k["plasmient.flops"] or 0 for k in kids) + (parent["plasmient.flops.self"] or 0)
+        if parent["plasmient.flops"] is None:
+            assert known == 0
+        else:
+            assert parent["plasmient.flops"] == pytest.approx(known, rel=1e-9)
+        checked += 1
+    assert checked > 10
