@@ -208,6 +208,10 @@ def test_torch_compile_job_runs_unchanged_and_every_step_is_traced(tmp_path: Pat
     t = read_jsonl(tmp_path / "t.jsonl").table.to_pylist()
     full_ops = [r for r in t if r["plasmient.level"] == "op" and r["plasmient.step"] == 0]
     assert full_ops  # the compiled region still shows its ops
+    # and Inductor's fused C++ kernels among them (named through the config hook set at torch's import):
+    # busy time of unknown FLOPs
+    fused = [r for r in full_ops if "cpp_fused" in r["name"]]
+    assert fused and all(r["plasmient.busy_s"] > 0 and r["plasmient.flops"] is None for r in fused)
 
 
 NO_STEP_JOB = """

@@ -36,6 +36,7 @@ import pyarrow as pa
 
 from . import batches, distributed, signature, step_hooks
 from .budget import FullDepthBudget
+from .inductor_kernels import InductorKernelNames
 from .live_sources import LiveSources
 from .worker import StepWorker
 from .config import (
@@ -130,6 +131,7 @@ class CaptureSession:
         self._lock = threading.RLock()
         self.signatures = signature.StepSignatures(self.config.max_signatures)  # training thread only
         self._patched: list[tuple[Any, str, Any]] = []
+        self.inductor_kernels = InductorKernelNames(self.config.environ)
         self._opt_hook: Any = None
         self._opt_clock: Any = None
         self._opt_wrapped_depth = 0
@@ -177,6 +179,7 @@ class CaptureSession:
                                                   on_repeat=self.signatures.repeat)
         self.modules.limit = cfg.max_step_ops
         self.modules.install()
+        self.inductor_kernels.install()
         step_hooks.install(self, torch)
         self.delivery = build_delivery(cfg, self.resource, self._exporters)
         for sink in self.delivery.local + self.delivery.remote:
@@ -206,6 +209,7 @@ class CaptureSession:
                 self._open = False
                 self.modules.enabled = False
                 self.modules.uninstall()
+                self.inductor_kernels.uninstall()
                 if self._opt_hook is not None:
                     self._opt_hook.remove()
                 for owner, name, original in self._patched:
