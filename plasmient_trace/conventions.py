@@ -101,7 +101,7 @@ SPAN_ATTRIBUTES: tuple[SpanAttribute, ...] = (
     SpanAttribute("plasmient.kernels", _I, "{kernel}", _ALL, "device activities under the span (exported or folded): GPU kernels, copies and collectives; on a CPU the ops that stand for kernels and the stretches of an op's own work between its child ops"),
     SpanAttribute("plasmient.kernels.folded", _I, "{kernel}", ("fleet", "node", "rank", "step", "module", "op"), "kernels under the span that are not exported as spans (span budget), inclusive: on a step, every kernel of the step that is not a span"),
     SpanAttribute("plasmient.kernels.folded_s", _F, "s", ("fleet", "node", "rank", "step", "module", "op"), "summed duration of those kernels"),
-    SpanAttribute("plasmient.kernels.folded_flops", _F, "{flop}", ("fleet", "node", "rank", "step", "module", "op"), "flops of those kernels (part of this span's flops)"),
+    SpanAttribute("plasmient.kernels.folded_flops", _F, "{flop}", ("fleet", "node", "rank", "step", "module", "op"), "flops of those kernels (part of this span's flops); absent where they are 0 and some of those kernels' FLOPs are unknown"),
     SpanAttribute("plasmient.spans.folded", _I, "{span}", ("fleet", "node", "rank", "step", "module", "op"), "module and op spans under the span that are not exported (span budget), inclusive"),
     SpanAttribute("plasmient.input.dropped_events", _I, "{event}", ("step",), "on the first step of a rank: trace events dropped as impossible (negative or absurd times), counted by the source"),
     SpanAttribute("plasmient.input.clamped_events", _I, "{event}", ("step",), "on the first step of a rank: trace events whose times were clamped into range"),

@@ -126,3 +126,17 @@ def test_a_parent_s_flops_are_its_children_s_known_flops(recorded):
             assert parent["plasmient.flops"] == pytest.approx(known, rel=1e-9)
         checked += 1
     assert checked > 10
+
+
+def test_folded_kernels_of_unknown_flops_have_no_folded_flops_and_known_ones_keep_theirs(tmp_path):
+    from plasmient_trace.pipeline import IngestOptions, ingest_paths
+
+    path = _recorded(tmp_path)
+    # a budget of the step's own spans only: every op and kernel folds into its step
+    spans = ingest_paths([str(path)], IngestOptions(job_id="folded", max_spans=4)).batch.table.to_pylist()
+    steps = sorted((s for s in spans if s["plasmient.level"] == "step" and s["plasmient.kernels"]),
+                   key=lambda s: s["plasmient.step"])
+    assert len(steps) == 4 and all(s["plasmient.kernels.folded"] == s["plasmient.kernels"] for s in steps)
+    for step in steps[:3]:  # the GEMM's FLOPs are among the folded ones
+        assert step["plasmient.kernels.folded_flops"] == pytest.approx(step["plasmient.flops"]) and step["plasmient.flops"] > 0
+    assert steps[3]["plasmient.kernels.folded_flops"] is None and steps[3]["plasmient.flops"] is None  # top-k alone

@@ -209,19 +209,26 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     real_kernel[b["kernel"]:b["kernel"] + t.n_k] = True
     not_exported = t.alive & ~export
     folded_k = real_kernel & not_exported
+    # A CPU op's work (a synthetic kernel row, never a span of its own) is folded with its op span.
+    cpu_work = np.arange(b["kernel"] + t.n_k, n)
+    if len(cpu_work):
+        op_of = t.parent[cpu_work]
+        folded_k[cpu_work] = t.alive[cpu_work] & (op_of >= 0) & ~export[np.maximum(op_of, 0)]
     folded_spans = not_exported & ((t.level == LEVEL_CODE["module"]) | (t.level == LEVEL_CODE["op"]))
     if folded_k.any() or folded_spans.any():
-        model_flops = t.col("flops") - t.col("recompute_flops")
+        kernel_flops = t.col("flops") - t.col("recompute_flops")
+        unknown_k = folded_k & mc.zero_says_nothing(kernel_flops, t.col("busy_s"), t.col("known_s"))
         fold = np.stack([folded_k.astype(float), np.where(folded_k, t.col("kernel_s"), 0.0),
-                         np.where(folded_k, model_flops, 0.0), folded_spans.astype(float)])
+                         np.where(folded_k, kernel_flops, 0.0), folded_spans.astype(float), unknown_k.astype(float)])
         fold_rows_to_parents(fold, t.parent, t.levels or depth_levels(t.depth), np.add)
         fold = fold[:, sel]
     else:  # the budget kept every span: nothing to add up
-        fold = np.zeros((4, m))
+        fold = np.zeros((5, m))
     no_fold = (lv == LEVEL_CODE["kernel"])
     cols["plasmient.kernels.folded"] = masked(fold[0].astype(np.int64), no_fold)
     cols["plasmient.kernels.folded_s"] = masked(fold[1], no_fold)
-    cols["plasmient.kernels.folded_flops"] = masked(fold[2], no_fold)
+    # 0 FLOPs of folded kernels some of whose FLOPs are unknown: unknown, as plasmient.flops is
+    cols["plasmient.kernels.folded_flops"] = masked(fold[2], no_fold | ((fold[2] == 0) & (fold[4] > 0)))
     cols["plasmient.spans.folded"] = masked(fold[3].astype(np.int64), no_fold)
 
     # ---- step and rank counters
