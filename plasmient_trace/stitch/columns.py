@@ -165,16 +165,19 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     # zero_says_nothing); steps sampled at step depth get theirs from step_facts (measured or carried).
     measured = _measured_rows(t, sel)
     totals = {"inclusive": (t.col("busy_s")[sel], t.col("known_s")[sel]),
-              "exclusive": (t.col("busy_s", False)[sel], t.col("known_s", False)[sel])}
+              "exclusive": (t.col("busy_s", False)[sel], t.col("known_s", False)[sel]),
+              "bytes": (t.col("busy_s")[sel], t.col("bytes_known_s")[sel]),
+              "bytes exclusive": (t.col("busy_s", False)[sel], t.col("bytes_known_s", False)[sel])}
 
     def work_sum(values: np.ndarray, which: str) -> pa.Array:
         return masked(values, ~dev | (measured & mc.zero_says_nothing(values, *totals[which])))
 
-    cols["plasmient.busy_s"], cols["plasmient.busy_s.self"] = (masked(busy, ~dev) for busy, _ in totals.values())
+    cols["plasmient.busy_s"] = masked(totals["inclusive"][0], ~dev)
+    cols["plasmient.busy_s.self"] = masked(totals["exclusive"][0], ~dev)
     cols["plasmient.wasted_s"] = masked(t.col("wasted_s")[sel], ~dev)
     cols["plasmient.wasted_s.self"] = masked(t.col("wasted_s", False)[sel], ~dev)
-    cols["plasmient.bytes"] = work_sum(t.col("bytes")[sel], "inclusive")
-    cols["plasmient.bytes.self"] = work_sum(t.col("bytes", False)[sel], "exclusive")
+    cols["plasmient.bytes"] = work_sum(t.col("bytes")[sel], "bytes")
+    cols["plasmient.bytes.self"] = work_sum(t.col("bytes", False)[sel], "bytes exclusive")
     # model FLOPs: recomputed forward work (activation checkpointing) is hardware work, reported apart
     model_flops = (t.col("flops") - t.col("recompute_flops"))[sel]
     cols["plasmient.flops"] = work_sum(model_flops, "inclusive")

@@ -30,7 +30,7 @@ from .step_facts import top_columns
 from .summary_groups import SummaryGroups
 
 _FLOATS = ("flops", "ideal_s", "recompute_flops", "recompute_ideal_s", "comm_total_s", "comm_exposed_s",
-           "copy_total_s", "copy_exposed_s", "idle_device_s", "queue_mean", "queue_max", "busy_s", "union_s", "known_s", "bytes", "kernel_s", "comm_s", "copy_s", "wasted_s",
+           "copy_total_s", "copy_exposed_s", "idle_device_s", "queue_mean", "queue_max", "busy_s", "union_s", "known_s", "bytes_known_s", "bytes", "kernel_s", "comm_s", "copy_s", "wasted_s",
            "charged_s", "idle_s", "price_per_hour", "bandwidth", "comm_bytes", "comm_busbw", "link_peak")
 
 
@@ -78,6 +78,7 @@ class RankSummary:
     collectives: list[list[Any]] = field(default_factory=list)
     # NCCL message sizes of the step (stitch.collectives): NaN where no collective carried one
     comm_bytes: float = float("nan")
+    bytes_known_s: float = float("nan")  # busy seconds of kernels whose bytes are known (NaN: not sent)
     comm_rated_bytes: float = 0.0     # bytes of the collectives whose busbw is known (the weights of comm_busbw)
     comm_busbw: float = float("nan")  # bytes/s, bytes-weighted mean over the step's collectives
     link_peak: float = float("nan")   # bytes/s per direction of the rank's GPU fabric
@@ -227,7 +228,7 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
     flops_unknown = deep & mc.zero_says_nothing(total("flops"), busy, known)
     for name in ("plasmient.flops", "plasmient.ideal_s"):
         cols[name] = np.where(flops_unknown, np.nan, cols[name])
-    bytes_unknown = deep & mc.zero_says_nothing(total("bytes"), busy, known)
+    bytes_unknown = deep & mc.zero_says_nothing(total("bytes"), busy, total("bytes_known_s"))
     cols["plasmient.bytes"] = cv.nan_to_null(np.where(bytes_unknown, np.nan, cols["plasmient.bytes"]))
     for name in ("plasmient.flops", "plasmient.ideal_s", "plasmient.mfu", "plasmient.hfu", "plasmient.stall_fraction", "plasmient.flops.coverage",
                  "plasmient.arithmetic_intensity", "plasmient.wasted_s", "plasmient.wasted_s.self",

@@ -86,6 +86,7 @@ class KernelWork:
     bytes: np.ndarray
     dtype_src: np.ndarray  # op row whose dtype sets the peak (-1: none)
     known: np.ndarray    # bool: the kernel's FLOPs are known (possibly a known zero)
+    bytes_known: np.ndarray  # bool: its bytes are known (a join's are not: a TensorList has no element type)
 
 
 def _float_col(table: pa.Table, name: str, n_total: int) -> np.ndarray:
@@ -115,18 +116,27 @@ def kernel_work(inp: RankInput, j: JoinedRank, launching_op: np.ndarray, kinds: 
     flops = np.where(owned, o_fl[np.maximum(owner, 0)] * share, 0.0) if n_op else np.zeros(n_ks)
     kbytes = np.where(owned, o_by[np.maximum(owner, 0)] * share, 0.0) if n_op else np.zeros(n_ks)
     rec_bytes = np.zeros(n_ks)
+    rec_sized = np.zeros(n_ks, bool)
     if rs.kernels.num_rows:
-        rec_bytes[:rs.kernels.num_rows] = rs.kernels.column("bytes").fill_null(0).to_numpy().astype(np.float64)
+        recorded = rs.kernels.column("bytes")
+        rec_bytes[:rs.kernels.num_rows] = recorded.fill_null(0).to_numpy().astype(np.float64)
+        rec_sized[:rs.kernels.num_rows] = recorded.is_valid().to_numpy(zero_copy_only=False)
     kbytes = np.where(is_compute, kbytes, rec_bytes)
+    # A compute kernel's bytes are known where its op's model gave some, or the op is shape-only (moves
+    # nothing); a model's 0 is otherwise "not modelled" (joins, dtypes it cannot read). A copy's or a
+    # collective's are known where the record sized it.
+    model_sized = (o_by > 0) | inp.op_model.equals("view") if n_op else np.zeros(1, bool)
+    bytes_known = np.where(is_compute, owned & model_sized[np.maximum(owner, 0)], rec_sized)
     # Per-kernel FLOPs from the record (Inductor, graph-capture pairing) win over the op model.
     rec_flops = _float_col(rs.kernels, "model_flops", n_ks)
     rec_model_bytes = _float_col(rs.kernels, "model_bytes", n_ks)
     per_kernel = np.isfinite(rec_flops)
     flops = np.where(per_kernel, rec_flops, flops)
     kbytes = np.where(np.isfinite(rec_model_bytes), rec_model_bytes, kbytes)
+    bytes_known |= np.isfinite(rec_model_bytes)
     known = owned | ~is_compute | per_kernel
     return KernelWork(owner=np.where(owned, owner, -1), flops=flops, bytes=kbytes,
-                      dtype_src=np.where(owner >= 0, owner, launching_op), known=known)
+                      dtype_src=np.where(owner >= 0, owner, launching_op), known=known, bytes_known=bytes_known)
 
 
 def kernel_precisions(inp: RankInput, work: KernelWork) -> Labels:

@@ -43,7 +43,7 @@ from .timeline import DeviceTimeline, device_timeline
 
 _BIG = np.iinfo(np.int64).max
 # Additive per-span quantities, in the row order of RankTree.total.
-ADDITIVE = ("flops", "bytes", "ideal_s", "busy_s", "wasted_s", "known_s", "kernel_s", "comm_s", "copy_s",
+ADDITIVE = ("flops", "bytes", "ideal_s", "busy_s", "wasted_s", "known_s", "bytes_known_s", "kernel_s", "comm_s", "copy_s",
             "kernels", "charged_s", "idle_s", "recompute_flops", "recompute_ideal_s")
 COL = {name: i for i, name in enumerate(ADDITIVE)}
 
@@ -104,8 +104,9 @@ class RankTree:
         cached = self._exclusive.get(name)
         if cached is None:
             # a parent's exclusive value: its total less its non-kernel children's totals (kernels are its own work)
-            under = np.zeros(self.total.shape[1])
-            np.add.at(under, self.under_parent, self.total[COL[name], self.under_child])
+            # bincount adds in row order as np.add.at did (the same sums, bit for bit), and faster
+            under = np.bincount(self.under_parent, weights=self.total[COL[name], self.under_child],
+                                minlength=self.total.shape[1])
             cached = self._exclusive[name] = self.total[COL[name]] - under
         return cached
 
@@ -219,7 +220,8 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions, tl: D
     raw_s = np.maximum(ke[live_k] - ks[live_k], 0) / 1e9
     for name, values in (
         ("flops", work.flops[live_k]), ("bytes", work.bytes[live_k]), ("ideal_s", ideal_known), ("busy_s", share_s),
-        ("wasted_s", waste), ("known_s", np.where(work.known[live_k], share_s, 0.0)), ("kernel_s", raw_s),
+        ("wasted_s", waste), ("known_s", np.where(work.known[live_k], share_s, 0.0)),
+        ("bytes_known_s", np.where(work.bytes_known[live_k], share_s, 0.0)), ("kernel_s", raw_s),
         ("comm_s", np.where(kind_live == KIND_CODE["collective"], raw_s, 0.0)),
         ("copy_s", np.where((kind_live == KIND_CODE["memcpy"]) | (kind_live == KIND_CODE["memset"]), raw_s, 0.0)),
         ("kernels", 1.0), ("charged_s", share_s),

@@ -142,7 +142,7 @@ def stitch_steps(prepared: PreparedRank, s0: int, s1: int, options: StitchOption
 
 
 # The rank span's totals a summary carries as they are (flops, ideal_s and kernels are derived below).
-_SUMMED = ("busy_s", "known_s", "bytes", "kernel_s", "comm_s", "copy_s", "wasted_s", "charged_s", "idle_s", "recompute_flops")
+_SUMMED = ("busy_s", "known_s", "bytes_known_s", "bytes", "kernel_s", "comm_s", "copy_s", "wasted_s", "charged_s", "idle_s", "recompute_flops")
 
 
 def _summary_fields(tree: RankTree, j: JoinedRank, culprits: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
