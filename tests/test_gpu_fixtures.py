@@ -182,3 +182,26 @@ def test_the_tiny_transformers_matmul_flops_equal_flop_counter_mode_on_the_same_
         mine[r["name"]] += r["plasmient.flops.self"] or 0
     assert mine["aten::mm"] == counts["aten.mm"]
     assert counts["aten.addmm"] < mine["aten::addmm"] <= counts["aten.addmm"] * 1.002
+
+
+def test_copies_and_memsets_keep_the_sizes_torch_profiler_recorded(replay):
+    """The sizes read from CUPTI's memcpy/memset records are the spans' bytes: per step, the (name, bytes) of
+    every copy and memset equal those of torch.profiler's gpu_memcpy/gpu_memset events of the same steps."""
+    workload, _, table = replay
+    with gzip.open(FIXTURES / workload / "profiler.json.gz") as f:
+        events = json.load(f)["traceEvents"]
+    launch_ts = {e["args"]["correlation"]: e["ts"] for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")}
+    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                   if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#"))
+    prof = [Counter() for _ in steps]
+    for e in events:
+        if e.get("cat") in ("gpu_memcpy", "gpu_memset"):
+            ts = launch_ts[e["args"]["correlation"]]
+            prof[next(i for i, (a, b) in enumerate(steps) if a <= ts <= b)][(e["name"], e["args"]["bytes"])] += 1
+    rows = table.select(["name", "plasmient.level", "plasmient.step", "plasmient.bytes"]).to_pylist()
+    live: dict[int, Counter] = {}
+    for r in rows:
+        if r["plasmient.level"] == "kernel" and r["name"].startswith(("Memcpy", "Memset")):
+            live.setdefault(r["plasmient.step"], Counter())[(r["name"], r["plasmient.bytes"])] += 1
+    assert sum(len(c) for c in prof) > 0 or workload == "decode_gemm"  # its steps copy nothing
+    assert [live.get(s, Counter()) for s in sorted(set(r["plasmient.step"] for r in rows if r["plasmient.level"] == "step"))] == prof
