@@ -60,9 +60,9 @@ def records(workload: str) -> RecordSet:
     return rs
 
 
-def profiler_joins(workload: str) -> list[Counter]:
-    """Per ProfilerStep, (op, kernel) pairs as torch.profiler recorded them: each GPU activity's
-    External id names the op it ran for; its launch's time places it in a step."""
+def profiler_counts(workload: str, cats: tuple[str, ...], key) -> list[Counter]:
+    """Per ProfilerStep, ``key(event, op_of)`` of each GPU activity of the categories ``cats`` as
+    torch.profiler recorded it (``op_of``: External id -> op name); its launch's time places it in a step."""
     with gzip.open(FIXTURES / workload / "profiler.json.gz") as f:
         events = json.load(f)["traceEvents"]
     op_of = {e["args"]["External id"]: e["name"] for e in events if e.get("cat") == "cpu_op"}
@@ -71,11 +71,18 @@ def profiler_joins(workload: str) -> list[Counter]:
                    if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#"))
     out = [Counter() for _ in steps]
     for e in events:
-        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+        if e.get("cat") in cats:
             ts = launch_ts[e["args"]["correlation"]]
             k = next(i for i, (a, b) in enumerate(steps) if a <= ts <= b)
-            out[k][(op_of.get(e["args"].get("External id"), "?"), e["name"])] += 1
+            out[k][key(e, op_of)] += 1
     return out
+
+
+def profiler_joins(workload: str) -> list[Counter]:
+    """Per ProfilerStep, (op, kernel) pairs as torch.profiler recorded them: each GPU activity's
+    External id names the op it ran for."""
+    return profiler_counts(workload, ("kernel", "gpu_memcpy", "gpu_memset"),
+                           lambda e, op_of: (op_of.get(e["args"].get("External id"), "?"), e["name"]))
 
 
 def live_joins(table: pa.Table) -> list[Counter]:
@@ -188,16 +195,7 @@ def test_copies_and_memsets_keep_the_sizes_torch_profiler_recorded(replay):
     """The sizes read from CUPTI's memcpy/memset records are the spans' bytes: per step, the (name, bytes) of
     every copy and memset equal those of torch.profiler's gpu_memcpy/gpu_memset events of the same steps."""
     workload, _, table = replay
-    with gzip.open(FIXTURES / workload / "profiler.json.gz") as f:
-        events = json.load(f)["traceEvents"]
-    launch_ts = {e["args"]["correlation"]: e["ts"] for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")}
-    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
-                   if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#"))
-    prof = [Counter() for _ in steps]
-    for e in events:
-        if e.get("cat") in ("gpu_memcpy", "gpu_memset"):
-            ts = launch_ts[e["args"]["correlation"]]
-            prof[next(i for i, (a, b) in enumerate(steps) if a <= ts <= b)][(e["name"], e["args"]["bytes"])] += 1
+    prof = profiler_counts(workload, ("gpu_memcpy", "gpu_memset"), lambda e, _: (e["name"], e["args"]["bytes"]))
     rows = table.select(["name", "plasmient.level", "plasmient.step", "plasmient.bytes"]).to_pylist()
     live: dict[int, Counter] = {}
     for r in rows:

@@ -20,13 +20,13 @@ module call (``session._in_data_loader_worker``).
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import os
 import sys
 import sysconfig
 from pathlib import Path
 from typing import Any
+
+from .import_hook import AfterImport
 
 PTH_NAME = "plasmient_trace.pth"
 # Set by `plasmient run` for its command: a process that starts tracing leaves a file there, so the
@@ -71,28 +71,11 @@ def _start() -> None:
             pass
 
 
-class _TorchWatcher(importlib.abc.MetaPathFinder):
-    """Lets the real finders locate torch, then starts the capture once torch's module has executed."""
+class _TorchWatcher(AfterImport):
+    """Starts the capture once torch's module has executed."""
 
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != "torch":
-            return None
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
-        spec = importlib.util.find_spec(fullname)
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        original = loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            original(module)
-            _start()
-
-        loader.exec_module = exec_module
-        return spec
+    def __init__(self) -> None:
+        super().__init__("torch", lambda _module: _start())
 
 
 def install() -> None:
@@ -104,7 +87,7 @@ def install() -> None:
     if "torch" in sys.modules:
         _start()
     else:
-        sys.meta_path.insert(0, _TorchWatcher())
+        _TorchWatcher().arm()
 
 
 def uninstall() -> None:

@@ -12,39 +12,14 @@ and ``uninstall`` puts back the value it found.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import os
 import sys
 from typing import Any
 
+from .import_hook import AfterImport
+
 CONFIG_MODULE = "torch._inductor.config"
 ENV_VAR = "TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE"
-
-
-class _ConfigWatcher(importlib.abc.MetaPathFinder):
-    """Lets the real finders locate Inductor's config, then names the kernels once it has executed."""
-
-    def __init__(self, owner: InductorKernelNames) -> None:
-        self.owner = owner
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != CONFIG_MODULE:
-            return None
-        self.owner.disarm()
-        spec = importlib.util.find_spec(fullname)
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        original = loader.exec_module
-        owner = self.owner
-
-        def exec_module(module: Any) -> None:
-            original(module)
-            owner.apply(module)
-
-        loader.exec_module = exec_module
-        return spec
 
 
 class InductorKernelNames:
@@ -52,7 +27,7 @@ class InductorKernelNames:
 
     def __init__(self, environ: Any = os.environ) -> None:
         self.environ = environ
-        self._watcher: _ConfigWatcher | None = None
+        self._watcher: AfterImport | None = None
         self._config: Any = None      # Inductor's cpp config, once we set it
         self._found: Any = None       # its value before
 
@@ -63,8 +38,8 @@ class InductorKernelNames:
         if module is not None:
             self.apply(module)
         elif self._watcher is None:
-            self._watcher = _ConfigWatcher(self)
-            sys.meta_path.insert(0, self._watcher)
+            self._watcher = AfterImport(CONFIG_MODULE, self.apply)
+            self._watcher.arm()
 
     def apply(self, module: Any) -> None:
         try:
@@ -75,13 +50,10 @@ class InductorKernelNames:
         except Exception:
             self._config = None  # another torch's config: its kernels stay unnamed
 
-    def disarm(self) -> None:
-        if self._watcher is not None:
-            sys.meta_path[:] = [f for f in sys.meta_path if f is not self._watcher]
-            self._watcher = None
-
     def uninstall(self) -> None:
-        self.disarm()
+        if self._watcher is not None:
+            self._watcher.disarm()
+            self._watcher = None
         cpp, self._config = self._config, None
         if cpp is None:
             return

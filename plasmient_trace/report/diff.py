@@ -161,7 +161,7 @@ class Side:
         if q in _WORK_SUMS and value is not None:
             # known FLOPs summing to 0 beside busy time of unknown work are unknown, as on the spans
             busy, covered = (pc.sum(self.units.column(c)).as_py() or 0.0 for c in ("busy_s", "covered_s"))
-            if zero_says_nothing(np.array(value), np.array(busy), np.array(covered)):
+            if zero_says_nothing(value, busy, covered):
                 return None
         return value
 

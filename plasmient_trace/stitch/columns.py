@@ -24,7 +24,7 @@ from .joins import JoinedRank
 from .nesting import depth_levels, fold_rows_to_parents
 from .ownership import kernel_peaks
 from .rank import RankTree, SpanMetrics
-from .step_facts import step_columns
+from .step_facts import step_columns, step_depth_rows
 
 _NAME_LIMIT = 1024
 
@@ -58,16 +58,6 @@ def take_rows(values: pa.Array, rows: np.ndarray) -> pa.Array:
     if runs is None:
         return values.take(pa.array(rows))
     return pa.concat_arrays([values.slice(int(a), int(n)) for a, n in zip(*runs)])
-
-
-def _measured_rows(t: RankTree, sel: np.ndarray) -> np.ndarray:
-    """Per exported row: does its subtree's work come from this capture (outside any step, or in a step
-    recorded at full depth), not from a step-depth sample (whose FLOPs are carried or absent)?"""
-    facts = getattr(t, "facts", None)
-    srow = t.step_row[sel]
-    if facts is None or t.n_steps == 0:
-        return np.ones(len(sel), bool)
-    return (srow < 0) | facts.full[np.maximum(srow, 0)]
 
 
 def resource_for_rank(inp: RankInput, rank: int, node: str, options: StitchOptions) -> dict[str, Any]:
@@ -161,31 +151,29 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     cols["plasmient.wall_s"] = (t.end[sel] - t.start[sel]) / 1e9
     cols["plasmient.device.window_s"] = nan_to_null(met.window_s[sel])
     cols["plasmient.device.start_ns"] = masked(t.win_start[sel], ~dev)
+    for name, key in (("plasmient.busy_s", "busy_s"), ("plasmient.wasted_s", "wasted_s")):
+        cols[name] = masked(t.col(key)[sel], ~dev)
+        cols[f"{name}.self"] = masked(t.col(key, False)[sel], ~dev)
+
     # A sum of known work that is 0 beside busy time of unknown work is unknown, not 0 (metrics.compute.
-    # zero_says_nothing); steps sampled at step depth get theirs from step_facts (measured or carried).
-    measured = _measured_rows(t, sel)
-    totals = {"inclusive": (t.col("busy_s")[sel], t.col("known_s")[sel]),
-              "exclusive": (t.col("busy_s", False)[sel], t.col("known_s", False)[sel]),
-              "bytes": (t.col("busy_s")[sel], t.col("bytes_known_s")[sel]),
-              "bytes exclusive": (t.col("busy_s", False)[sel], t.col("bytes_known_s", False)[sel])}
+    # zero_says_nothing); in a step sampled at step depth, step_facts decides (measured or carried).
+    sampled = step_depth_rows(t, sel)
 
-    def work_sum(values: np.ndarray, which: str) -> pa.Array:
-        return masked(values, ~dev | (measured & mc.zero_says_nothing(values, *totals[which])))
+    def unknown(values: np.ndarray, known: str, inclusive: bool) -> np.ndarray:
+        busy_s, known_s = t.col("busy_s", inclusive)[sel], t.col(known, inclusive)[sel]
+        return ~dev | (~sampled & mc.zero_says_nothing(values, busy_s, known_s))
 
-    cols["plasmient.busy_s"] = masked(totals["inclusive"][0], ~dev)
-    cols["plasmient.busy_s.self"] = masked(totals["exclusive"][0], ~dev)
-    cols["plasmient.wasted_s"] = masked(t.col("wasted_s")[sel], ~dev)
-    cols["plasmient.wasted_s.self"] = masked(t.col("wasted_s", False)[sel], ~dev)
-    cols["plasmient.bytes"] = work_sum(t.col("bytes")[sel], "bytes")
-    cols["plasmient.bytes.self"] = work_sum(t.col("bytes", False)[sel], "bytes exclusive")
-    # model FLOPs: recomputed forward work (activation checkpointing) is hardware work, reported apart
-    model_flops = (t.col("flops") - t.col("recompute_flops"))[sel]
-    cols["plasmient.flops"] = work_sum(model_flops, "inclusive")
-    cols["plasmient.flops.self"] = work_sum((t.col("flops", False) - t.col("recompute_flops", False))[sel], "exclusive")
+    flops_absent = {}
+    for inclusive, suffix in ((True, ""), (False, ".self")):
+        nbytes = t.col("bytes", inclusive)[sel]
+        cols[f"plasmient.bytes{suffix}"] = masked(nbytes, unknown(nbytes, "bytes_known_s", inclusive))
+        # model FLOPs: recomputed forward work (activation checkpointing) is hardware work, reported apart
+        flops = (t.col("flops", inclusive) - t.col("recompute_flops", inclusive))[sel]
+        flops_absent[inclusive] = unknown(flops, "known_s", inclusive)
+        cols[f"plasmient.flops{suffix}"] = masked(flops, flops_absent[inclusive])
     recomputed = t.col("recompute_flops")[sel]
     cols["plasmient.flops.recompute"] = masked(recomputed, ~dev | (recomputed <= 0))
-    flops_unknown = measured & mc.zero_says_nothing(model_flops, *totals["inclusive"])
-    cols["plasmient.ideal_s"] = nan_to_null(np.where(t.peak_known & dev & ~flops_unknown,
+    cols["plasmient.ideal_s"] = nan_to_null(np.where(t.peak_known & ~flops_absent[True],
                                                      (t.col("ideal_s") - t.col("recompute_ideal_s"))[sel], np.nan))
     cols["plasmient.idle_s"] = on_rows(t.col("idle_s")[sel[carriers]], carriers, m)
     cols["plasmient.kernel_s"] = on_rows(t.col("kernel_s")[sel[carriers]], carriers, m)

@@ -278,6 +278,16 @@ def _null_columns(cols: dict[str, Any], names: tuple[str, ...], mask: np.ndarray
             cols[name] = _null_where(cols[name], mask, cv.ATTRIBUTE_BY_NAME[name].type)
 
 
+def step_depth_rows(tree: Any, sel: np.ndarray) -> np.ndarray:
+    """Per exported row ``sel``: is it inside a step sampled at step depth (whose FLOPs are carried or
+    absent, not measured by this capture)?"""
+    f = getattr(tree, "facts", None)
+    srow = tree.step_row[sel]
+    if f is None or tree.n_steps == 0:
+        return np.zeros(len(sel), bool)
+    return (srow >= 0) & ~f.full[np.maximum(srow, 0)]
+
+
 def step_columns(cols: dict[str, Any], tree: Any, sel: np.ndarray) -> None:
     """The per-step attributes of the exported rows ``sel`` of one rank: flops.source on step and rank
     spans, what step depth could not measure left absent, NVML/GPM means and dropped records per step."""
@@ -288,16 +298,14 @@ def step_columns(cols: dict[str, Any], tree: Any, sel: np.ndarray) -> None:
     if f is None or t.n_steps == 0:
         return
     lv = t.level[sel]
-    srow = t.step_row[sel]
-    in_step = srow >= 0
-    s = np.maximum(srow, 0)
+    s = np.maximum(t.step_row[sel], 0)
     upper = (lv == LEVEL_CODE["step"]) | (lv == LEVEL_CODE["rank"])
     is_step = lv == LEVEL_CODE["step"]
     n = len(sel)
     carriers, step_rows = np.flatnonzero(upper), np.flatnonzero(is_step)
     codes = f.source[s].astype(np.int64)
     cols["plasmient.flops.source"] = scatter_rows(pa.array(list(FLOPS_SOURCES), pa.string()).take(pa.array(codes[carriers])), carriers, n)
-    shallow = in_step & ~f.full[s]
+    shallow = step_depth_rows(t, sel)
     _null_columns(cols, NEEDS_KERNEL_FLOPS, shallow, n)
     _null_columns(cols, FLOPS_COLUMNS, shallow & ~(upper & (codes == CARRIED)), n)
     _null_columns(cols, NEEDS_DEVICE_ACTIVITY, shallow & ~f.device_measured[s], n)
