@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
 import os
 import pickle
 import shutil
@@ -39,7 +38,7 @@ from .arrow_memory import use_offline_pool
 from .held_signals import HeldSignals
 from .ranks import RankDigest, RankPart, StitchJob, parse_rank, stitch_part
 from .sources.kineto import TraceFormatError
-from .sources.parallel import default_workers
+from .sources.parallel import default_workers, worker_context
 
 if TYPE_CHECKING:
     from .pipeline import IngestOptions
@@ -91,11 +90,12 @@ def _load_and_stitch(spill: str, job: StitchJob, options: IngestOptions, path: s
 
 
 class PoolRunner:
-    """A ``forkserver`` process pool (a parent that already runs threads cannot hand a child a held lock)."""
+    """A ``forkserver`` process pool (a parent that already runs threads cannot hand a child a held lock), or
+    ``spawn`` where the forkserver's socket does not fit under $TMPDIR (``sources.parallel.worker_context``)."""
 
     def __init__(self, workers: int, n_ranks: int, start_method: str = "forkserver") -> None:
-        context = multiprocessing.get_context(start_method)
-        if start_method == "forkserver":
+        context = worker_context(start_method)
+        if context.get_start_method() == "forkserver":
             # Workers fork from a server that has imported the tasks (numpy, pyarrow, the stitcher) once,
             # rather than each importing them again. Takes effect when this process starts its server.
             context.set_forkserver_preload(["plasmient_trace.runners", "plasmient_trace.pipeline"])

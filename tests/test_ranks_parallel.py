@@ -109,6 +109,23 @@ def test_cli_workers_write_the_same_lines(simulated, tmp_path, capsys):
     assert sorted(steps, key=lambda step: ids.trace_id("test-job", step)) != steps
 
 
+def test_a_tmpdir_too_long_for_the_forkservers_socket_still_pools_the_ranks(simulated, tmp_path):
+    # A Unix socket's path holds 107 bytes: under a longer $TMPDIR (a batch scheduler's per-job directory)
+    # `--workers 2` ended in an "AF_UNIX path too long" traceback from the forkserver. Its workers are spawned.
+    long_tmp = tmp_path / ("slurm-job-" + "7" * 90)
+    long_tmp.mkdir()
+    outs = {}
+    for workers in ("1", "2"):
+        out = tmp_path / f"w{workers}.jsonl"
+        proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "ingest", *map(str, simulated.paths), *SIM_ARGS,
+                               "--workers", workers, "--quiet", "--out", str(out)], capture_output=True, text=True,
+                              cwd=REPO, timeout=300, env={**os.environ, "TMPDIR": str(long_tmp)})
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        outs[workers] = out.read_bytes()
+    assert outs["1"] == outs["2"] and len(outs["1"].splitlines()) >= 2
+    assert list(long_tmp.iterdir()) == []  # the spill directory of the pool went with it
+
+
 def test_a_directory_of_ranks_ingests_as_its_traces_in_rank_order(simulated, tmp_path, capsys, monkeypatch):
     # a thousand ranks are one argument (tensorboard_trace_handler writes one file per rank into a directory);
     # rank-10 after rank-9, not after rank-1, and the directory's name is the job id

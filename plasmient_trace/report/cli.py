@@ -243,7 +243,9 @@ def run_report(args: argparse.Namespace) -> int:
             print(f"plasmient report: error: {exc}", file=sys.stderr)
             return 2
         if not args.quiet:
-            console.print(f"report: {out} ({out.stat().st_size / 1e6:.2f} MB, {len(batch)} spans)")
+            # one line, the path as it is: rich would wrap it at the console's width and read [..] in it as markup
+            console.print(f"report: {out} ({out.stat().st_size / 1e6:.2f} MB, {len(batch)} spans)", soft_wrap=True,
+                          markup=False, highlight=False)
     return 0
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -22,6 +23,21 @@ from pathlib import Path
 
 from ..records import RecordSet
 from .kineto import TraceFormatError, read_kineto
+
+
+# The forkserver listens on a Unix socket at $TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX, and a socket's path holds
+# at most 107 bytes: under a longer $TMPDIR (a batch scheduler's per-job directory) starting the pool raised
+# "AF_UNIX path too long". Python 3.13 falls back to /tmp itself; here spawned workers, which need no socket.
+_SOCKET_PATH_MAX = 107
+_LISTENER_PATH = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+
+
+def worker_context(start_method: str = "forkserver") -> multiprocessing.context.BaseContext:
+    """The multiprocessing context for a worker pool: ``start_method``, but ``spawn`` where the forkserver's
+    socket would not fit under this process's temporary directory."""
+    if start_method == "forkserver" and len(os.fsencode(tempfile.gettempdir())) + _LISTENER_PATH > _SOCKET_PATH_MAX:
+        start_method = "spawn"
+    return multiprocessing.get_context(start_method)
 
 
 def default_workers(n_files: int) -> int:
@@ -49,7 +65,7 @@ def read_many(
                 progress(f"reading {path.name}", i, len(paths))
             out.append(read_kineto(path))
         return out
-    context = multiprocessing.get_context(start_method)
+    context = worker_context(start_method)
     with ProcessPoolExecutor(max_workers=min(workers, len(paths)), mp_context=context) as pool:
         futures = [pool.submit(read_kineto, path) for path in paths]
         out = []
