@@ -197,6 +197,16 @@ def test_a_byte_order_mark_is_read_past_in_a_span_file_and_a_trace(good_jsonl, t
     assert read_jsonl(tmp_path / "marked.json.jsonl").table.equals(read_jsonl(tmp_path / "plain.json.jsonl").table)
 
 
+def test_the_report_line_names_a_long_path_whole_on_one_line(good_jsonl, tmp_path, capsys):
+    # rich wrapped the line at the console's width, cutting the page's path in two, and read [..] in it as markup
+    (tmp_path / "bert.jsonl").write_bytes(good_jsonl)
+    page = tmp_path / ("reports-[run 7]-" + "b" * 100) / "page.html"
+    page.parent.mkdir()
+    assert main(["report", str(tmp_path / "bert.jsonl"), "--html", str(page)]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert f"report: {page} ({page.stat().st_size / 1e6:.2f} MB, 628 spans)" in lines
+
+
 @pytest.mark.parametrize("form", ["pipe", "gzip'd pipe"])
 def test_a_pipe_reads_as_the_file_it_carries(form, good_jsonl, tmp_path, capsys):
     # `plasmient report <(zcat spans.jsonl.gz)` was "no such file": a pipe is no regular file, and the

@@ -304,15 +304,18 @@ def test_real_cpu_only_trace_does_not_crash():
     rendered(batch)
 
 
-def test_spans_of_several_runs_say_how_many_jobs_the_rows_belong_to():
+# a job id is the user's text: "[/b]" in it was a rich MarkupError traceback, "[bold]" vanished
+@pytest.mark.parametrize("jobs", [("run-a", "run-b"), ("nightly[/b]", "run[bold]")])
+def test_spans_of_several_runs_say_how_many_jobs_the_rows_belong_to(jobs):
     # each live run has its own job id, and several runs may append to one --out file: step numbers repeat
     from plasmient_trace.pipeline import IngestOptions, ingest_paths
 
     trace = TRACES / "v100" / "resnet50_training.json.gz"
-    runs = [ingest_paths([trace], IngestOptions(job_id=job)).batch for job in ("run-a", "run-b")]
+    runs = [ingest_paths([trace], IngestOptions(job_id=job)).batch for job in jobs]
     steps = sum(1 for s in spans(runs[0]) if s["plasmient.level"] == "step")
     text = rendered(merge_batches(runs))
-    assert f"2 jobs in these spans: run-a ({steps} steps), run-b ({steps} steps); rows are sorted by job, then step, " \
+    a, b = jobs
+    assert f"2 jobs in these spans: {a} ({steps} steps), {b} ({steps} steps); rows are sorted by job, then step, " \
            "and the all row adds them all up" in " ".join(text.split())
     assert "jobs in these spans" not in rendered(runs[0])
 

@@ -444,16 +444,17 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
     if len(jobs) > 1:
         # several runs appended to one file (each live run has its own job id): step numbers repeat
         named = ", ".join(f"{j} ({sum(r.get('job_id') == j for r in rows)} steps)" for j in jobs[:4])
-        console.print(f"[dim]{len(jobs)} jobs in these spans: {named}{', …' if len(jobs) > 4 else ''}; "
-                      "rows are sorted by job, then step, and the all row adds them all up[/dim]")
+        # Text(), not markup: a job id is the user's text, and "[/x]" in it was a rich MarkupError traceback
+        console.print(Text(f"{len(jobs)} jobs in these spans: {named}{', …' if len(jobs) > 4 else ''}; "
+                           "rows are sorted by job, then step, and the all row adds them all up", style="dim"))
     partial = partial_totals_note(totals(rows)) if len(rows) > 1 else None
     if partial:
-        console.print(f"[dim]{partial}[/dim]")
+        console.print(Text(partial, style="dim"))
     note = collective_note(batch)
     if note:
-        console.print(f"[dim]{note}[/dim]")
+        console.print(Text(note, style="dim"))
     if all(r["mfu"] is None for r in rows):
-        console.print(f"[yellow]MFU n/a: {mfu_unknown_reason(rows)}.[/yellow]")
+        console.print(Text(f"MFU n/a: {mfu_unknown_reason(rows)}.", style="yellow"))
     elif any(r.get("coverage") is not None and r["coverage"] < 0.95 for r in rows):
         console.print("[dim]coverage = share of busy device time whose FLOPs are known; MFU counts only those FLOPs "
                       "(a lower bound where coverage is below 100%).[/dim]")
