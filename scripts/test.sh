@@ -16,4 +16,8 @@ else
 fi
 bash scripts/install-test-deps.sh
 .venv/bin/python -m plasmient_trace.schemas --check
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# One test process per CPU, at most 4 (each may hold torch and a job it runs): the suite is mostly
+# subprocesses and waits on them, so two processes halve it on a 2-core machine. A file's tests stay in one
+# process, so a module's fixtures are built once. PLASMIENT_TEST_WORKERS=0 runs it in this process alone.
+workers="${PLASMIENT_TEST_WORKERS:-$(.venv/bin/python -c 'import os; print(min(len(os.sched_getaffinity(0)), 4))')}"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n "$workers" --dist loadfile "$@"
