@@ -232,6 +232,14 @@ def test_progress_draws_on_a_terminal_and_quiet_silences_it():
     assert out_q.getvalue() == ""
 
 
+def test_progress_shows_a_file_name_as_it_is_never_as_rich_markup():
+    # the bar's label names the user's files: "[/b]" in one was a rich MarkupError traceback mid-ingest
+    out = io.StringIO()
+    with progress(console=Console(file=out, force_terminal=True, width=120, color_system=None)) as update:
+        update("reading run[/b][bold]7.json.gz", 1, 2)
+    assert "reading run[/b][bold]7.json.gz" in out.getvalue()
+
+
 def test_reading_span_files_reports_its_progress_in_mib_of_the_files_as_stored(tmp_path, monkeypatch):
     # `plasmient report` on 3 GB of spans read for a minute with nothing on the screen. The bar counts
     # MiB of the files as stored (a .gz by its compressed bytes), over every file given.

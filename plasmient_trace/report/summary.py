@@ -548,7 +548,8 @@ def progress(quiet: bool = False, console: Any | None = None) -> Iterator[Callab
         yield lambda label, done, total: None
         return
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True
+        # the label names the user's files: plain text, never rich markup ("[/b]" in a name raised MarkupError)
+        TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True
     ) as bar:
         task = bar.add_task("ingesting", total=None)
 
