@@ -197,6 +197,15 @@ def test_a_byte_order_mark_is_read_past_in_a_span_file_and_a_trace(good_jsonl, t
     assert read_jsonl(tmp_path / "marked.json.jsonl").table.equals(read_jsonl(tmp_path / "plain.json.jsonl").table)
 
 
+def test_a_culprits_bound_in_a_span_file_is_printed_as_text_not_rich_markup(good_jsonl, tmp_path, capsys):
+    # a span file is input like any other: "[/x]" as a culprit's bound was a rich MarkupError traceback
+    hostile = re.sub(rb'\\"bound\\":\\"memory\\"', rb'\\"bound\\":\\"[/x]\\"', good_jsonl)
+    assert hostile != good_jsonl
+    (tmp_path / "spans.jsonl").write_bytes(hostile)
+    assert main(["report", str(tmp_path / "spans.jsonl"), "--top", "40"]) == 0
+    assert "[/x]" in capsys.readouterr().err
+
+
 def test_the_report_line_names_a_long_path_whole_on_one_line(good_jsonl, tmp_path, capsys):
     # rich wrapped the line at the console's width, cutting the page's path in two, and read [..] in it as markup
     (tmp_path / "bert.jsonl").write_bytes(good_jsonl)

@@ -476,8 +476,9 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
         where = chain_text(c, width=60)
         if calls:
             where += f"\n{calls} call{'s' if calls != 1 else ''}" + (f" in {c['layers']} modules" if (c.get("layers") or 0) > 1 else "")
-        # Text(), not markup: kernel names such as "[device idle]" or "Kernel<[128]>" are not rich tags
-        table.add_row(str(n), Text(where), c["bound"] or "", label, Text(c["suggestion"] or ""))
+        # Text(), not markup: kernel names such as "[device idle]" or "Kernel<[128]>" are not rich tags, nor is
+        # anything a span file says
+        table.add_row(str(n), Text(where), Text(c["bound"] or ""), label, Text(c["suggestion"] or ""))
     console.print(table)
 
 
