@@ -18,7 +18,7 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from conftest import raw_trace
+from conftest import ingested, raw_trace
 from plasmient_trace import records
 from plasmient_trace.metrics import flops as F
 from plasmient_trace.metrics.flops import api as flops_api
@@ -284,6 +284,47 @@ def test_conv_without_stride_or_consumer_stays_unknown() -> None:
     bad = bad.set_column(bad.schema.get_field_index("input_dims"), "input_dims", pa.array(dims, pa.string()))
     costs = model_ops(bad)
     assert (costs.model[:3] == "none").all()
+
+
+def test_legacy_conv_gradients_each_cost_their_own_gradient_from_the_backward_op_they_run_under() -> None:
+    # Before torch 1.11, cudnn_convolution_backward(self, grad_output, weight, ...) ran each gradient as a child
+    # op whose arguments lack a size (grad_input's, the kernel's). Left to the parent, their FLOPs were split by
+    # kernel time (every kernel of a backward at one MFU), and a backward with no input gradient (the stem)
+    # counted two gradients. Each now costs its own, against FlopCounterMode's conv_backward_flop with that
+    # gradient alone in the output mask; the parent is found here by time on its thread, from the raw JSON.
+    fc = pytest.importorskip("torch.utils.flop_counter")
+    name = "v100/resnet50_training.json.gz"
+    events = op_events(name)
+    table = ops_table(name)
+    costs = model_ops(table)
+    parents = [e for e in events if e["name"] == "aten::cudnn_convolution_backward"]
+    mask_of = {"aten::cudnn_convolution_backward_input": [True, False, False],
+               "aten::cudnn_convolution_backward_weight": [False, True, False]}
+    checked = Counter()
+    for row, e in enumerate(events):
+        if e["name"] not in mask_of:
+            continue
+        (p,) = [q for q in parents if q["tid"] == e["tid"] and q["ts"] <= e["ts"] and e["ts"] + e["dur"] <= q["ts"] + q["dur"]]
+        x, go, w = p["args"]["Input Dims"][:3]
+        want = fc.conv_backward_flop(go, x, w, None, None, None, None, False, None, None, mask_of[e["name"]],
+                                     out_val=[x, w, None])
+        assert (costs.flops[row], costs.model[row]) == (want, "conv"), e["name"]
+        es = ES[p["args"]["Input type"][0]]
+        assert costs.bytes[row] == (np.prod(x) + np.prod(go) + np.prod(w)) * es  # reads two of them, writes the third
+        checked[e["name"]] += 1
+    # every gradient op of the trace: 318 backward convs, 6 of them (the stem, once a step) with no input gradient
+    assert checked == {"aten::cudnn_convolution_backward_weight": 318, "aten::cudnn_convolution_backward_input": 312}
+    # Stitched, each gradient's kernels carry its own work, and the backward op the sum of its two (the stem's one).
+    spans = ingested(name).batch.table.to_pylist()
+    children: dict[bytes, list[dict]] = {}
+    for r in spans:
+        children.setdefault(r["parent_span_id"], []).append(r)
+    backward = [r for r in spans if r["name"] == "aten::cudnn_convolution_backward"]
+    assert len(backward) == 318
+    for r in backward:
+        grads = [c for c in children[r["span_id"]] if c["name"] in mask_of]
+        assert all(c["plasmient.flops"] == pytest.approx(c["plasmient.op.model_flops"], rel=1e-12) for c in grads)
+        assert r["plasmient.flops"] == pytest.approx(sum(c["plasmient.flops"] for c in grads), rel=1e-12)
 
 
 def test_conv_backward_matches_torch_flop_counter_and_output_mask() -> None:

@@ -4,6 +4,10 @@
   takes its output size from the op that consumes its output next on the same thread (batch_norm,
   relu, add: the first later op whose first tensor is shaped ``[N, C_out, *spatial]``), when that
   size is consistent with the conv's input and kernel; otherwise it stays unknown;
+* a legacy conv gradient op (``cudnn_convolution_backward_input`` / ``_weight``, torch < 1.11) takes its
+  sizes from the backward op it runs under, the nearest earlier op on its thread that encloses it: its
+  own arguments name the sizes it needs without their values. Left to the parent, the two gradients'
+  FLOPs were split by kernel time, which gave both the same MFU whatever each achieved;
 * vLLM's paged attention takes the batch's sequence statistics from the engine-step annotation
   that encloses it (see :mod:`.vendor`);
 * MoE expert GEMMs take the experts' size from the model config the user gave (see :mod:`.moe`).
@@ -19,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..grouping import group_rows
-from .conv import conv_forward_names, conv_forward_with_output
+from .conv import CONV_GRADIENT_PARENTS, conv_forward_names, conv_forward_with_output, conv_gradient_cost
 from .core import OpArgs
 from .labels import LabelColumn
 from .moe import MOE_OPS, MoEConfig, moe_forward_cost
@@ -30,6 +34,7 @@ SIGNATURE_COLUMNS = ("name", "input_dims", "input_types", "concrete_inputs")
 # How far past a conv to look for its consumer: the consumer follows directly in eager code, after
 # at most the bookkeeping ops of the conv's own wrappers (resize_, empty, a scalar add).
 _LOOKAHEAD = 32
+_CONV_GRADIENTS = pa.array(list(CONV_GRADIENT_PARENTS))
 
 
 def _loads(v: Any) -> Any:
@@ -124,10 +129,11 @@ def apply_context(ops: pa.Table, flops: np.ndarray, nbytes: np.ndarray, model: L
     unmodelled = model.equals("none")
     conv = unmodelled & pc.is_in(names, value_set=pa.array(conv_forward_names())).to_numpy(zero_copy_only=False)
     attn = pc.is_in(names, value_set=pa.array(VLLM_ATTENTION_OPS)).to_numpy(zero_copy_only=False)
+    grads = unmodelled & pc.is_in(names, value_set=_CONV_GRADIENTS).to_numpy(zero_copy_only=False)
     experts = np.zeros(ops.num_rows, bool)
     if moe is not None:
         experts = unmodelled & pc.is_in(names, value_set=pa.array(MOE_OPS)).to_numpy(zero_copy_only=False)
-    if not conv.any() and not attn.any() and not experts.any():
+    if not conv.any() and not attn.any() and not experts.any() and not grads.any():
         return
     rows = _Rows(ops, encoded)
     if experts.any():
@@ -142,10 +148,12 @@ def apply_context(ops: pa.Table, flops: np.ndarray, nbytes: np.ndarray, model: L
                 model.codes[r] = model.code_of(label)
     start = ops.column("start_ns").to_numpy()
     end = ops.column("end_ns").to_numpy()
+    thread = (ops.column("pid").to_numpy().astype(np.int64) * (1 << 32)
+              + (ops.column("tid").to_numpy().astype(np.int64) & 0xFFFFFFFF))
     if conv.any():
-        thread = (ops.column("pid").to_numpy().astype(np.int64) * (1 << 32)
-                  + (ops.column("tid").to_numpy().astype(np.int64) & 0xFFFFFFFF))
         _conv_from_consumer(np.nonzero(conv)[0], rows, start, end, thread, flops, nbytes, model)
+    if grads.any():
+        _conv_gradients_from_parent(np.nonzero(grads)[0], rows, start, end, thread, flops, nbytes, model)
     if attn.any():
         _vllm_attention(np.nonzero(attn & model.equals("none"))[0], ops, rows, start, end, flops, nbytes, model)
 
@@ -212,6 +220,51 @@ def _conv_from_consumer(cands: np.ndarray, rows: _Rows, start: np.ndarray, end: 
     if not take.any():
         return
     r, k = convs[hit[take]], key_of[take]
+    per_key = [c if c is not None else (0.0, 0.0, "") for c in costs]
+    flops[r] = np.array([c[0] for c in per_key], np.float64)[k]
+    nbytes[r] = np.array([c[1] for c in per_key], np.float64)[k]
+    model.codes[r] = model.codes_of(c[2] for c in per_key)[k]
+
+
+def _conv_gradients_from_parent(cands: np.ndarray, rows: _Rows, start: np.ndarray, end: np.ndarray,
+                                thread: np.ndarray, flops: np.ndarray, nbytes: np.ndarray, model: LabelColumn) -> None:
+    """Per legacy conv gradient op, its parent: the nearest earlier op on its thread, within _LOOKAHEAD ops,
+    that encloses it and is the backward op it belongs to (conv.CONV_GRADIENT_PARENTS). Its cost comes from
+    the parent's arguments, when the two agree on grad_output's shape; otherwise it stays unknown."""
+    n = len(start)
+    order = np.lexsort((-end, start, thread))  # an op before the ops it encloses, even when they start together
+    pos = np.empty(n, np.int64)
+    pos[order] = np.arange(n)
+    name_code = rows.codes("name")
+    code_of = {str(v): i for i, v in enumerate(rows._values["name"])}
+    want = np.array([code_of.get(CONV_GRADIENT_PARENTS[rows.name(r)], -2) for r in cands.tolist()], np.int64)
+    found = np.full(len(cands), -1, np.int64)
+    open_ = np.ones(len(cands), bool)
+    for k in range(1, _LOOKAHEAD + 1):
+        at = pos[cands] - k
+        open_ &= at >= 0
+        if not open_.any():
+            break
+        q = order[np.maximum(at, 0)]
+        open_ &= thread[q] == thread[cands]
+        hit = open_ & (name_code[q] == want) & (start[q] <= start[cands]) & (end[q] >= end[cands])
+        found[hit] = q[hit]
+        open_ &= ~hit
+    kids = np.nonzero(found >= 0)[0]
+    if not len(kids):
+        return
+    # one cost per distinct (gradient op signature, parent signature)
+    key_of, key_first = group_rows([*rows.signatures(cands[kids]).T, *rows.signatures(found[kids]).T])
+    costs = []
+    for i in kids[key_first].tolist():
+        child, parent = rows.args(int(cands[i])), rows.args(int(found[i]))
+        agree = child is not None and parent is not None and child.shape(1) is not None and child.shape(1) == parent.shape(1)
+        costs.append(conv_gradient_cost(rows.name(int(cands[i])), parent) if agree else None)
+    known = np.array([c is not None for c in costs], bool)
+    take = known[key_of]
+    if not take.any():
+        return
+    r, k = cands[kids[take]], key_of[take]
     per_key = [c if c is not None else (0.0, 0.0, "") for c in costs]
     flops[r] = np.array([c[0] for c in per_key], np.float64)[k]
     nbytes[r] = np.array([c[1] for c in per_key], np.float64)[k]

@@ -3,7 +3,9 @@ flops. The output size comes from stride, padding and dilation in ``Concrete Inp
 was not recorded the op is left unknown here (model 'none') and :mod:`.conv_stride` may recover it
 from the op that consumes the conv's output. Transposed convs need no stride: 2 * numel(input) *
 prod(weight.shape[1:]). ``convolution_backward`` costs the forward once per gradient its output_mask
-asks for (2x when unknown).
+asks for (2x when unknown). Before torch 1.11 cuDNN's and MIOpen's backward ran each gradient as an op of
+its own under the backward op (``cudnn_convolution_backward_input`` and ``_weight``), whose arguments
+lack the sizes their cost needs: :mod:`.context` costs each from its parent's (``conv_gradient_cost``).
 
 Argument positions: each registration's _ConvLayout names the index of stride, padding, dilation,
 transposed, bias and groups in that spelling's schema."""
@@ -173,3 +175,26 @@ _reg(["aten::miopen_convolution_backward"],
      partial(_conv_backward, lay=_ConvBwdLayout(grad_out=1, input=0, weight=2, transposed=False, mask=9)))
 _reg(["aten::cudnn_convolution_transpose_backward"],
      partial(_conv_backward, lay=_ConvBwdLayout(grad_out=1, input=0, weight=2, transposed=True, mask=11)))
+
+
+# Legacy (torch < 1.11) gradient ops, each one forward's work, and the backward op they run under. The
+# parent's arguments (self, grad_output, weight) give their cost; their own lack a size (grad_input's
+# for the input gradient, the kernel's for the weight gradient: IntArrayRef arguments Kineto recorded
+# without values).
+CONV_GRADIENT_PARENTS = {
+    "aten::cudnn_convolution_backward_input": "aten::cudnn_convolution_backward",
+    "aten::cudnn_convolution_backward_weight": "aten::cudnn_convolution_backward",
+    "aten::miopen_convolution_backward_input": "aten::miopen_convolution_backward",
+    "aten::miopen_convolution_backward_weight": "aten::miopen_convolution_backward",
+}
+
+
+def conv_gradient_cost(name: str, parent: OpArgs) -> FlopResult:
+    """One gradient of a legacy conv backward from its parent's arguments (self, grad_output, weight): the
+    forward's FLOPs; bytes read (grad_output and the weight, or grad_output and the input) and written
+    (the gradient)."""
+    X, G, W = parent.shape(0), parent.shape(1), parent.shape(2)
+    if X is None or G is None or W is None or len(W) < 3 or len(X) != len(W) or len(G) != len(W):
+        return None
+    flops = 2.0 * _prod(G) * _prod(W[1:])
+    return flops, parent.nbytes(1) + parent.nbytes(0) + parent.nbytes(2), "conv"
