@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from ..grouping import group_rows
 from .conv import CONV_GRADIENT_PARENTS, conv_forward_names, conv_forward_with_output, conv_gradient_cost
-from .core import OpArgs
+from .core import FlopResult, OpArgs
 from .labels import LabelColumn
 from .moe import MOE_OPS, MoEConfig, moe_forward_cost
 from .vendor import VLLM_ATTENTION_OPS, vllm_attention_cost, vllm_batch_stats
@@ -215,11 +215,16 @@ def _conv_from_consumer(cands: np.ndarray, rows: _Rows, start: np.ndarray, end: 
         X, W = sig_xw[g]
         costs.append(conv_forward_with_output(rows.name(int(convs[i])), sig_args[g], S[2:])
                      if _plausible_output(X[2:], W[2:], S[2:]) else None)
-    known = np.array([c is not None for c in costs], bool)
-    take = known[key_of]
+    _scatter_costs(convs[hit], key_of, costs, flops, nbytes, model)
+
+
+def _scatter_costs(ops: np.ndarray, key_of: np.ndarray, costs: list[FlopResult], flops: np.ndarray, nbytes: np.ndarray,
+                   model: LabelColumn) -> None:
+    """Each op of ``ops`` takes the cost of its key (``costs[key_of[i]]``), where that cost is known."""
+    take = np.array([c is not None for c in costs], bool)[key_of]
     if not take.any():
         return
-    r, k = convs[hit[take]], key_of[take]
+    r, k = ops[take], key_of[take]
     per_key = [c if c is not None else (0.0, 0.0, "") for c in costs]
     flops[r] = np.array([c[0] for c in per_key], np.float64)[k]
     nbytes[r] = np.array([c[1] for c in per_key], np.float64)[k]
@@ -260,15 +265,7 @@ def _conv_gradients_from_parent(cands: np.ndarray, rows: _Rows, start: np.ndarra
         child, parent = rows.args(int(cands[i])), rows.args(int(found[i]))
         agree = child is not None and parent is not None and child.shape(1) is not None and child.shape(1) == parent.shape(1)
         costs.append(conv_gradient_cost(rows.name(int(cands[i])), parent) if agree else None)
-    known = np.array([c is not None for c in costs], bool)
-    take = known[key_of]
-    if not take.any():
-        return
-    r, k = cands[kids[take]], key_of[take]
-    per_key = [c if c is not None else (0.0, 0.0, "") for c in costs]
-    flops[r] = np.array([c[0] for c in per_key], np.float64)[k]
-    nbytes[r] = np.array([c[1] for c in per_key], np.float64)[k]
-    model.codes[r] = model.codes_of(c[2] for c in per_key)[k]
+    _scatter_costs(cands[kids], key_of, costs, flops, nbytes, model)
 
 
 def _vllm_attention(cands: np.ndarray, ops: pa.Table, rows: _Rows, start: np.ndarray, end: np.ndarray,
