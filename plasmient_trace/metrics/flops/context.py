@@ -68,6 +68,7 @@ class _Rows:
         self._codes: dict[str, np.ndarray] = {}
         self._values: dict[str, list[Any]] = {}
         self._parsed: dict[str, dict[int, Any]] = {}
+        self._index: dict[str, dict[Any, int]] = {}
         for c in SIGNATURE_COLUMNS:
             if encoded is not None and c in encoded:
                 self._codes[c], self._values[c] = encoded[c]
@@ -91,6 +92,13 @@ class _Rows:
         if k not in cache:
             cache[k] = _loads(self._values[column][k])
         return cache[k]
+
+    def code_of(self, column: str, value: Any) -> int:
+        """A value's dictionary code in a column (-2: absent, so it matches no row's code, nor a null's -1)."""
+        index = self._index.get(column)
+        if index is None:
+            index = self._index[column] = {v: i for i, v in enumerate(self._values.get(column, []))}
+        return index.get(value, -2)
 
     def name(self, r: int) -> str:
         return str(self._values["name"][self._codes["name"][r]])
@@ -241,8 +249,7 @@ def _conv_gradients_from_parent(cands: np.ndarray, rows: _Rows, start: np.ndarra
     pos = np.empty(n, np.int64)
     pos[order] = np.arange(n)
     name_code = rows.codes("name")
-    code_of = {str(v): i for i, v in enumerate(rows._values["name"])}
-    want = np.array([code_of.get(CONV_GRADIENT_PARENTS[rows.name(r)], -2) for r in cands.tolist()], np.int64)
+    want = np.array([rows.code_of("name", CONV_GRADIENT_PARENTS[rows.name(r)]) for r in cands.tolist()], np.int64)
     found = np.full(len(cands), -1, np.int64)
     open_ = np.ones(len(cands), bool)
     for k in range(1, _LOOKAHEAD + 1):
@@ -264,7 +271,7 @@ def _conv_gradients_from_parent(cands: np.ndarray, rows: _Rows, start: np.ndarra
     for i in kids[key_first].tolist():
         child, parent = rows.args(int(cands[i])), rows.args(int(found[i]))
         agree = child is not None and parent is not None and child.shape(1) is not None and child.shape(1) == parent.shape(1)
-        costs.append(conv_gradient_cost(rows.name(int(cands[i])), parent) if agree else None)
+        costs.append(conv_gradient_cost(parent) if agree else None)
     _scatter_costs(cands[kids], key_of, costs, flops, nbytes, model)
 
 

@@ -189,10 +189,10 @@ CONV_GRADIENT_PARENTS = {
 }
 
 
-def conv_gradient_cost(name: str, parent: OpArgs) -> FlopResult:
-    """One gradient of a legacy conv backward from its parent's arguments (self, grad_output, weight): the
-    forward's FLOPs; bytes read (grad_output and the weight, or grad_output and the input) and written
-    (the gradient)."""
+def conv_gradient_cost(parent: OpArgs) -> FlopResult:
+    """Either gradient of a legacy conv backward, from its parent's arguments (self, grad_output, weight): the
+    forward's FLOPs; bytes read (grad_output and the weight, or grad_output and the input) and written (the
+    gradient), the three tensors either way."""
     X, G, W = parent.shape(0), parent.shape(1), parent.shape(2)
     if X is None or G is None or W is None or len(W) < 3 or len(X) != len(W) or len(G) != len(W):
         return None
