@@ -72,6 +72,15 @@ def test_a_bad_value_is_said_once_and_the_default_kept(capsys, monkeypatch):
     assert err.count("ignoring PLASMIENT_OVERHEAD") == 1 and "'5%'" in err
 
 
+def test_a_cpu_price_that_is_not_a_price_is_said_once(capsys, monkeypatch):
+    # the calibration fell back to its default price without a word: the only variable whose mistake went unsaid
+    monkeypatch.setattr(config_mod, "_said", set())
+    for _ in range(2):
+        CaptureConfig.from_env({"PLASMIENT_CPU_PRICE": "-2"})
+    CaptureConfig.from_env({"PLASMIENT_CPU_PRICE": "0.42"})
+    assert capsys.readouterr().err.count("ignoring PLASMIENT_CPU_PRICE='-2': not a number in (0, ") == 1
+
+
 def test_samples_held_back_by_the_budget_carry_flops_and_are_counted():
     sink = Collect()
     config = CaptureConfig(every=2, overhead=1e-6, peak_tflops=0.05, job_id="budget", environ={}, export_interval_s=0.05)

@@ -123,6 +123,7 @@ class CaptureConfig:
                             TORCHELASTIC_RUN_ID; else rank 0's generated id, shared through the store)
     PLASMIENT_PEAK_TFLOPS   override the device peak (TFLOP/s); skips the CPU calibration
     PLASMIENT_GPU_PRICE     USD per device-hour
+    PLASMIENT_CPU_PRICE     USD per hour of a CPU-only job's cores (default $0.0504 per vCPU-hour x its threads)
     PLASMIENT_CUPTI=0 / PLASMIENT_NVML=0   disable those sources
     PLASMIENT_CUPTI=kineto  kernels through torch.profiler (Kineto) instead of cupti-python, which is
                             also the fallback when cupti-python is missing or CUPTI is taken
@@ -176,6 +177,9 @@ class CaptureConfig:
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "CaptureConfig":
         env = dict(os.environ if environ is None else environ)
         job = job_id_from_env(env)
+        # read where the CPU is calibrated (metrics.cpu_peak, which falls back to its default price); checked
+        # here so that a price that is not one is said once, as every other variable's mistake is
+        _env_float(env, "PLASMIENT_CPU_PRICE")
         cfg = cls(
             # "~/t.jsonl" from an env file or a pod spec, where no shell expands it: a folder named "~" else
             out=os.path.expanduser(env["PLASMIENT_OUT"]) if env.get("PLASMIENT_OUT") else None,
