@@ -96,6 +96,35 @@ def test_every_step_has_flops_mfu_wall_and_cost(run):
         assert r["plasmient.cost.usd"] == pytest.approx(r["plasmient.device.window_s"] * PRICE / 3600, rel=1e-9)
 
 
+@pytest.mark.parametrize("cpu_price", [None, "36"])
+def test_a_peak_given_for_the_cpu_keeps_the_cpus_price(cpu_price, monkeypatch):
+    # PLASMIENT_PEAK_TFLOPS skips the CPU calibration, and the CPU's price went with it: no cost on any span
+    from plasmient_trace.metrics import cpu_peak
+
+    if cpu_price is None:
+        monkeypatch.delenv("PLASMIENT_CPU_PRICE", raising=False)
+        price = cpu_peak.CPU_PRICE_PER_THREAD_HOUR * torch.get_num_threads()
+    else:
+        monkeypatch.setenv("PLASMIENT_CPU_PRICE", cpu_price)
+        price = float(cpu_price)
+    torch.manual_seed(0)
+    model, x = _Block(), torch.randn(2, SEQ, DIM)
+    sink = Collect()
+    session = CaptureSession(CaptureConfig(peak_tflops=PEAK_TFLOPS, every=2, job_id="cpu-price", environ={}),
+                             exporters=[("memory", sink)]).start()
+    try:
+        for _ in range(3):
+            with session.step():
+                _train_step(model, x)
+    finally:
+        session.close(timeout=60)
+    steps = _by_step(sink.rows(), "step")
+    assert sorted(steps) == [0, 1, 2]
+    for r in steps.values():
+        assert r["plasmient.cost.usd"] == pytest.approx(r["plasmient.device.window_s"] * price / 3600, rel=1e-9)
+        assert 0 < r["plasmient.mfu"] < 1  # the peak is the one given
+
+
 def test_full_depth_on_the_sampling_rhythm_and_on_a_new_shape_the_rest_carried(run):
     rows, _, _ = run
     steps = _by_step(rows, "step")

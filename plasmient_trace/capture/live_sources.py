@@ -137,8 +137,14 @@ class LiveSources:
             self.init_gpu(torch)
             if self.cupti is not None:
                 self.correlate()
-        if not self.on_gpu and self.cpu_spec is None and self.config.peak_tflops is None:
-            self.cpu_pending = True
+        if not self.on_gpu and self.cpu_spec is None:
+            if self.config.peak_tflops is None:
+                self.cpu_pending = True
+            else:
+                # no calibration for a peak the user gave; the CPU's price still applies
+                from ..metrics.cpu_peak import user_cpu_spec
+
+                self.cpu_spec = user_cpu_spec(self.config.peak_tflops)
 
     def _use_kineto(self, cuda: bool) -> None:
         from .kineto_fallback import KinetoCollector

@@ -131,6 +131,18 @@ def _cpu_price(threads: int) -> tuple[float, str]:
         f"default ${CPU_PRICE_PER_THREAD_HOUR}/vCPU-hour x {threads} threads (AWS m7i on-demand, rounded){rejected}")
 
 
+def user_cpu_spec(peak_tflops: float, threads: int | None = None) -> GpuSpec:
+    """The CPU as the device when the user gave its peak (PLASMIENT_PEAK_TFLOPS): nothing is calibrated and
+    the peak is theirs, but the price is still this machine's (PLASMIENT_CPU_PRICE, else the default per
+    thread). Without it a run with a peak override had no cost on any span."""
+    from .hardware import apply_overrides
+
+    price, price_source = _cpu_price(threads or _threads())
+    spec = apply_overrides(None, peak_tflops=peak_tflops)
+    assert spec is not None  # a peak was given
+    return dataclasses.replace(spec, price_per_hour=price, price_source=price_source)
+
+
 def _cpu_has_bf16() -> bool:
     """bf16 GEMMs have their own CPU rate only with native bf16 math (x86 avx512_bf16 / AMX, Arm bf16)."""
     try:
