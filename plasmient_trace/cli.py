@@ -160,7 +160,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     if not args.paths:
         print("plasmient: error: no trace given: name the trace files, a directory of them, or - (stdin)", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from .export.sinks import OutputError, check_not_an_input, is_stdout
+    from .export.sinks import OutputError, check_distinct_outputs, check_not_an_input, is_stdout
     from .sources.rawinput import traces_in
 
     if args.out == "-":
@@ -172,12 +172,17 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"plasmient: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.out:
-        try:
-            check_not_an_input(args.out, [*args.paths, getattr(args, "graph_capture", None)])
-        except OutputError as err:
-            print(f"plasmient: error: {err}", file=sys.stderr)
-            return EXIT_BAD_INPUT
+    try:
+        if args.out:
+            check_not_an_input(args.out, [*args.paths, getattr(args, "graph_capture", None),
+                                          getattr(args, "model_config", None)])
+        if args.out and args.parquet:
+            from .export.parquet import parquet_files
+
+            check_distinct_outputs({"--out": args.out, **{f"--parquet ({f.name})": f for f in parquet_files(args.parquet)}})
+    except OutputError as err:
+        print(f"plasmient: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     # the summary and the progress bar go where the spans do not
     console = None if args.quiet else _console(stderr=args.out is not None and is_stdout(args.out))
     try:
@@ -495,6 +500,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             except (OSError, ValueError, AttributeError):
                 pass
         return EXIT_PIPE_CLOSED
+    except OSError as exc:
+        # a refusal of the file system no command foresaw (a name longer than it allows): one line, not a traceback
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        prefix = f"plasmient {args.command}" if args.command in ("report", "diff", "link") else "plasmient"
+        print(f"{prefix}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -195,6 +195,65 @@ def test_a_cpu_trace_is_told_only_a_peak_helps_not_a_gpu_model(tmp_path, capsys,
     assert "--gpu-model" in note and "--peak-tflops" in note
 
 
+def test_a_name_longer_than_the_file_system_allows_is_one_line_in_every_command(tmp_path, capsys):
+    # ENAMETOOLONG escaped as a 25-line traceback, exit 1, from each of these
+    trace = str(trace_path("h100/bert_small_inference.json.gz"))
+    spans = tmp_path / "spans.jsonl"
+    assert main(["ingest", trace, "--out", str(spans), "--quiet"]) == 0
+    capsys.readouterr()
+    long = str(tmp_path / ("a" * 300))
+    for argv, prefix in [
+        (["ingest", long + ".json"], "plasmient: error: "),
+        (["ingest", trace, "--out", long + ".jsonl", "--quiet"], "plasmient: error: "),
+        (["ingest", trace, "--out", str(tmp_path / "o.jsonl"), "--parquet", long, "--quiet"], "plasmient: error: "),
+        (["report", long + ".jsonl"], "plasmient report: error: "),
+        (["report", str(spans), "--html", long + ".html", "--quiet"], "plasmient report: error: "),
+        (["diff", long + ".jsonl", str(spans)], "plasmient diff: error: "),
+        (["diff", str(spans), str(spans), "--json", long + ".json", "--quiet"], "plasmient diff: error: "),
+        (["replay", long], "plasmient: error: "),
+    ]:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and err[0].startswith(prefix) and "too long" in err[0], (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spans.jsonl"]  # and nothing left behind
+
+
+def test_outputs_are_all_written_or_none_and_never_over_each_other_or_the_model_config(tmp_path, capsys):
+    trace = str(trace_path("h100/bert_small_inference.json.gz"))
+    spans = tmp_path / "spans.jsonl"
+    assert main(["ingest", trace, "--out", str(spans), "--quiet"]) == 0
+    config = tmp_path / "moe.json"
+    config.write_text('{"hidden_size":1024,"intermediate_size":512,"num_experts":8,"num_experts_per_tok":2,"moe_gated":true}')
+    kept = config.read_bytes()
+    (tmp_path / "pq").mkdir()
+    (tmp_path / "pq" / "spans.parquet").symlink_to("/dev/full")
+    (tmp_path / "pq2").mkdir()
+    capsys.readouterr()
+    for argv, line in [
+        # --out over the model config replaced it with spans, exit 0 (traces were already protected)
+        (["ingest", trace, "--model-config", str(config), "--out", str(config), "--quiet"],
+         f"plasmient: error: {config}: is the input {config}; writing there would destroy it"),
+        (["diff", str(spans), trace, "--model-config", str(config), "--json", str(config), "--quiet"],
+         f"plasmient diff: error: {config}: is the input {config}; writing there would destroy it"),
+        # two outputs at one path: the second replaced the first, exit 0
+        (["ingest", trace, "--out", str(tmp_path / "pq2" / "spans.parquet"), "--parquet", str(tmp_path / "pq2"), "--quiet"],
+         f"plasmient: error: {tmp_path / 'pq2' / 'spans.parquet'}: given as both --out and --parquet (spans.parquet); "
+         "one would overwrite the other"),
+        (["diff", str(spans), str(spans), "--json", str(tmp_path / "x.out"), "--html", str(tmp_path / "x.out"), "--quiet"],
+         f"plasmient diff: error: {tmp_path / 'x.out'}: given as both --json and --html; one would overwrite the other"),
+        # a later output that fails took the earlier ones with it: diff's JSON stayed, ingest's seven tables
+        (["diff", str(spans), str(spans), "--json", str(tmp_path / "j.json"), "--html", "/dev/full", "--quiet"],
+         "plasmient diff: error: /dev/full: No space left on device"),
+        (["ingest", trace, "--out", str(tmp_path / "o.jsonl"), "--parquet", str(tmp_path / "pq"), "--quiet"],
+         f"plasmient: error: cannot write {tmp_path / 'pq' / 'spans.parquet'}: No space left on device"),
+    ]:
+        assert main(argv) == 2, argv
+        assert capsys.readouterr().err.strip().splitlines() == [line], argv
+    assert config.read_bytes() == kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["moe.json", "pq", "pq2", "spans.jsonl"]
+    assert [p.name for p in (tmp_path / "pq").iterdir()] == ["spans.parquet"] and not any((tmp_path / "pq2").iterdir())
+
+
 def test_an_output_that_is_one_of_the_inputs_is_refused_and_the_input_kept(tmp_path, capsys):
     # `--out trace.json.gz` on the trace itself replaced the profile with its spans, exit 0
     trace = tmp_path / "trace.json.gz"

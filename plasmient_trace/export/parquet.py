@@ -17,6 +17,8 @@ on a missing table. Each file is written beside its name and renamed into place
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 from pathlib import Path
 from typing import Any
@@ -124,8 +126,21 @@ def write_parquet(record_sets: list[RecordSet], batch: SpanBatch | None, out_dir
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    files = [_write(_record_table(name, record_sets), out / f"{name}.parquet") for name in TABLE_SCHEMAS]
-    files.append(_write(spans_table(batch) if batch is not None else _empty_spans_table(), out / "spans.parquet"))
-    resources = batch.resources if batch is not None else [rs.resource for rs in record_sets]
-    files.append(_write(resources_table(resources), out / "resources.parquet"))
+    files: list[Path] = []
+    try:
+        files += [_write(_record_table(name, record_sets), out / f"{name}.parquet") for name in TABLE_SCHEMAS]
+        files.append(_write(spans_table(batch) if batch is not None else _empty_spans_table(), out / "spans.parquet"))
+        resources = batch.resources if batch is not None else [rs.resource for rs in record_sets]
+        files.append(_write(resources_table(resources), out / "resources.parquet"))
+    except BaseException:
+        # a set missing a table reads as a whole one with nothing in it: none of it, as for every output
+        for written in files:
+            with contextlib.suppress(OSError):
+                written.unlink()
+        raise
     return files
+
+
+def parquet_files(out_dir: str | os.PathLike[str]) -> list[Path]:
+    """The files :func:`write_parquet` writes under ``out_dir``."""
+    return [Path(out_dir) / f"{name}.parquet" for name in (*TABLE_SCHEMAS, "spans", "resources")]

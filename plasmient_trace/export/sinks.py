@@ -94,6 +94,19 @@ def check_not_an_input(path: str | os.PathLike[str], inputs: list[Any]) -> None:
             raise OutputError(f"{path}: is the input {source}; writing there would destroy it")
 
 
+def check_distinct_outputs(outputs: dict[str, str | os.PathLike[str] | None]) -> None:
+    """Raise OutputError when two of the named outputs (flag -> path) are one file: the second written would
+    replace the first, exit 0."""
+    seen: dict[str, str] = {}
+    for flag, path in outputs.items():
+        if not path:
+            continue
+        key = os.path.realpath(path)
+        if key in seen:
+            raise OutputError(f"{path}: given as both {seen[key]} and {flag}; one would overwrite the other")
+        seen[key] = flag
+
+
 def check_output_dir(path: str | os.PathLike[str]) -> None:
     """Raise OutputError when ``path`` cannot be an output folder (a file, below a file, unwritable)."""
     p = Path(path)

@@ -10,8 +10,11 @@ the file), including a gate that cannot be judged because a side has no MFU. The
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shutil
+import stat
 import sys
 import tempfile
 import zlib
@@ -21,7 +24,8 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from plasmient_trace.conventions import SpanBatch
-from plasmient_trace.export.sinks import OutputError, check_not_an_input, check_output_path, write_output_file
+from plasmient_trace.export.sinks import (OutputError, check_distinct_outputs, check_not_an_input, check_output_path,
+                                         write_output_file)
 from plasmient_trace.report import diff as D
 from plasmient_trace.report.summary import _ellipsize, fmt_pct, fmt_seconds, fmt_usd, print_uncut, progress
 
@@ -283,10 +287,11 @@ def run_diff(args: argparse.Namespace) -> int:
 
     try:
         stdin_for_dash([args.a, args.b], "plasmient diff before.jsonl - < after.jsonl")
+        check_distinct_outputs({"--json": args.json, "--parquet": args.parquet, "--html": args.html})
         for out in (args.json, args.parquet, args.html):
             if out:
                 check_output_path(out)  # before the reading and the tables, not after them
-                check_not_an_input(out, [args.a, args.b])
+                check_not_an_input(out, [args.a, args.b, getattr(args, "model_config", None)])
         with progress(quiet=args.quiet, console=_console(stderr=True)) as update:  # drawn on a terminal only
             a = D.side_from_batch(load_side(args.a, args, update), args.a)
             batch_b = load_side(args.b, args, update)
@@ -297,15 +302,18 @@ def run_diff(args: argparse.Namespace) -> int:
     result = D.diff(a, b, per_step=args.per_step)
     if not args.quiet:
         render(result, _console(), max(args.top, 1))
+    written: list[str] = []
     try:
         if args.json:
             text = json.dumps(result, indent=1, allow_nan=False).encode()
             write_output_file(args.json, lambda f: f.write(text))
+            written.append(args.json)
         if args.parquet:
             import pyarrow.parquet as pq
 
             rows = D.rows_table(result)
             write_output_file(args.parquet, lambda f: pq.write_table(rows, f, compression="zstd"))
+            written.append(args.parquet)
         if args.html:
             from plasmient_trace.report.html import write_report
 
@@ -313,6 +321,11 @@ def run_diff(args: argparse.Namespace) -> int:
             write_report(batch_b, args.html, title=f"plasmient diff: {Path(args.a).name} → {Path(args.b).name}",
                          diff=result)
     except OutputError as err:
+        # all the outputs or none: a JSON beside a missing page reads as a run that went through
+        for out in written:
+            with contextlib.suppress(OSError):
+                if stat.S_ISREG(os.lstat(out).st_mode):  # a file of ours, never /dev/stdout or a FIFO
+                    os.unlink(out)
         print(f"plasmient diff: error: {err}", file=sys.stderr)
         return D.EXIT_BAD_INPUT
     status, line = gate(result, args.fail_if_mfu_drops)
