@@ -35,10 +35,14 @@ def stdin_for_dash(paths: Sequence[str], example: str) -> list[str]:
     return ["/dev/stdin" if p == "-" else p for p in paths]
 
 
+# The largest integer a JSON reader keeps exactly (a report embeds --fleet-gpus in its page: 2^64 was a traceback).
+MAX_INT_FLAG = 2**53
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be a positive integer")
+    if not 0 < value <= MAX_INT_FLAG:
+        raise argparse.ArgumentTypeError(f"must be a positive integer up to 2^53, not {text!r}")
     return value
 
 

@@ -142,6 +142,8 @@ TRACE = "a100/alexnet.json.gz"
     (["report", "x.jsonl", "--price-per-gpu-hour", "-5"], "must be a positive number"),
     (["report", "x.jsonl", "--baseline-mfu", "7"], "must be a fraction in (0, 1]"),
     (["report", "x.jsonl", "--fleet-gpus", "-3"], "must be a positive integer"),
+    # past 2^64 the page's JSON encoder raised a TypeError traceback
+    (["report", "x.jsonl", "--fleet-gpus", "18446744073709551616"], "must be a positive integer up to 2^53"),
     (["report", "x.jsonl", "--top", "0"], "must be a positive integer"),
     (["diff", "a.jsonl", "b.jsonl", "--top", "-1"], "must be a positive integer"),
     (["run", "--mfu-threshold", "2", "--", "true"], "must be a fraction in (0, 1]"),
@@ -154,6 +156,18 @@ def test_absurd_numbers_in_flags_are_refused_with_exit_2(argv, problem, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert problem in err and "Traceback" not in err
+
+
+def test_a_baseline_mfu_near_zero_is_taken_without_numpy_warnings(tmp_path, capsys):
+    # 1e-320 made ideal/baseline overflow: two RuntimeWarnings (four lines) on a --quiet ingest
+    import warnings
+
+    out = tmp_path / "o.jsonl"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning is a failure here, not a line pytest keeps for itself
+        assert main(["ingest", str(trace_path("h100/bert_small_inference.json.gz")), "--out", str(out), "--quiet",
+                     "--baseline-mfu", "1e-320"]) == 0
+    assert capsys.readouterr().err == "" and out.stat().st_size > 0
 
 
 def test_a_cpu_price_that_is_not_a_price_falls_back_to_the_default_and_says_so(monkeypatch):

@@ -137,7 +137,8 @@ def kernel_waste_s(share_s: np.ndarray, ideal_s: np.ndarray, baseline_mfu: float
     """Device-seconds a kernel held without doing baseline-MFU work: its share of the device minus
     ideal/baseline. A kernel whose FLOPs or peak are unknown has no proven useful work: all of it."""
     ideal = np.where(np.isnan(ideal_s), 0.0, ideal_s)
-    return np.maximum(0.0, share_s - ideal / baseline_mfu)
+    with np.errstate(over="ignore"):  # a baseline near 0 makes any work infinitely enough: no waste, no warning
+        return np.maximum(0.0, share_s - ideal / baseline_mfu)
 
 
 def bound_codes(*, has_device: np.ndarray, is_kernel: np.ndarray, util: np.ndarray, kernels: np.ndarray,
