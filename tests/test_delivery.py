@@ -333,6 +333,23 @@ def test_secrets_never_reach_an_error_line(tmp_path: Path, monkeypatch, capsys) 
     assert code == 2 and len(err.strip().splitlines()) == 1 and "authorization" in err and "hunter2" not in err
 
 
+@pytest.mark.parametrize("protocol, name", [("grpc", "%zz"), ("grpc", "x tenant"), ("http/protobuf", "x tenant")])
+def test_a_header_name_the_protocol_cannot_carry_is_one_line_before_anything_is_sent(protocol, name, tmp_path) -> None:
+    # '%zz' went as far as gRPC's C core, which wrote its own 8 lines to the process's stderr (a job's, when
+    # live) before refusing it; a name is not a secret, so it is shown
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_HEADERS": f"{name}=1", "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+           "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}"}
+    proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "ingest", str(trace_path(TRACE)), "--quiet"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    kind = "gRPC metadata key" if protocol == "grpc" else "HTTP header name"
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        f"plasmient: error: OTLP header name {name!r} is not a valid {kind}"], proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_header_entry_without_key_value_is_named_on_the_failure_never_shown(caplog) -> None:
     # "Authorization Bearer <token>" (a space, not '=') is skipped, as the spec allows: the collector then
     # answers 401 with no clue why; and the skipped entry, token and all, went to the logging warning

@@ -45,6 +45,12 @@ _DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
 _USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@")
 
 
+# Header names each protocol can carry: gRPC metadata keys (lower case, digits, '-', '_', '.'), and HTTP's
+# tokens (RFC 9110 5.6.2).
+_GRPC_HEADER_KEY = re.compile(r"[0-9a-z_.-]+")
+_HTTP_HEADER_KEY = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
 def parse_headers(value: str) -> dict[str, str]:
     """Parse ``OTEL_EXPORTER_OTLP_HEADERS``: comma-separated ``key=value``, values percent-decoded.
 
@@ -176,6 +182,10 @@ class OtlpConfig:
         if not (self.backpressure_s > 0 and math.isfinite(self.backpressure_s)):
             raise ValueError(f"OTLP backpressure wait must be a positive number of seconds, got {self.backpressure_s!r}")
         for key, value in self.headers.items():
+            legal = _GRPC_HEADER_KEY if self.protocol == "grpc" else _HTTP_HEADER_KEY
+            if not legal.fullmatch(key):
+                # gRPC's C core refused it only when sending, after logging its own lines on stderr (a job's, live)
+                raise ValueError(f"OTLP header name {key!r} is not a valid {'gRPC metadata key' if self.protocol == 'grpc' else 'HTTP header name'}")
             if any(ord(c) < 0x20 or ord(c) == 0x7F for c in str(value)):
                 # The value is a credential more often than not: name the header, never show it.
                 raise ValueError(f"OTLP header {key!r} has a control character (newline?) in its value (value not shown)")
