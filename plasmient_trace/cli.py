@@ -214,8 +214,8 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         unknown = stream.stats.get("unknown_devices", [])
         if unknown:  # one line, whatever the number of ranks: a thousand ranks used to print a thousand
             where = unknown[0] if len(unknown) == 1 else f"{len(unknown)} of {len(args.paths)} inputs ({_first_few(unknown)})"
-            _say(args, f"plasmient: unknown device in {where}: no MFU on {'its' if len(unknown) == 1 else 'their'} "
-                       f"spans ({_naming_hint(args.gpu_model, stream.stats.get('unknown_device_types') == ['cpu'])})")
+            _warn(f"plasmient: unknown device in {where}: no MFU on {'its' if len(unknown) == 1 else 'their'} "
+                  f"spans ({_naming_hint(args.gpu_model, stream.stats.get('unknown_device_types') == ['cpu'])})")
         for note in stream.stats.get("notes", []):
             _say(args, f"plasmient: {note}")
         status, summary = _deliver(args, stream, bar)
@@ -275,7 +275,7 @@ def _deliver(args: argparse.Namespace, stream: Any, bar: Any = None) -> tuple[in
         return EXIT_BAD_INPUT, None
     choice = selection.select_exporters(os.environ, config.explicit)
     for note in choice.notes:
-        _say(args, f"plasmient: {note}")
+        _warn(f"plasmient: {note}")
     parts = iter([stream.collect().batch]) if args.rebase_time or args.parquet else stream.parts
     remote, console = sinks.chosen_sinks(choice, config)
     send = bool(remote)
@@ -359,8 +359,15 @@ def _report_delivery(args: argparse.Namespace, stats: Any, config: Any, spill_pa
 
 
 def _say(args: argparse.Namespace, line: str) -> None:
+    """An informational line: what was written or sent (--quiet silences it)."""
     if not getattr(args, "quiet", False):
         print(line, file=sys.stderr)
+
+
+def _warn(line: str) -> None:
+    """A line about what the result lacks or what was ignored (an unknown device, an exporter no one can
+    use): printed with --quiet too, which means no progress bar and no summary, not fewer warnings."""
+    print(line, file=sys.stderr)
 
 
 def _naming_hint(gpu_model: str | None, cpu: bool = False) -> str:
@@ -422,7 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="shift every span by one offset so the last one ends now, keeping all relative times, "
                              "for UIs that only search recent traces (off by default: spans keep their recording time; "
                              "find an old trace by id with `plasmient link`)")
-    ingest.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
+    ingest.add_argument("--quiet", action="store_true",
+                        help="no progress bar, no summary, no lines on what was written or sent (warnings stay)")
     ingest.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                         help="run the ranks as tasks on Ray: the cluster at ADDRESS (e.g. auto, ray://head:10001), "
                              "or without one a local Ray with --workers CPUs (default: all). Needs "

@@ -182,14 +182,23 @@ def test_a_cpu_price_that_is_not_a_price_falls_back_to_the_default_and_says_so(m
     assert cpu_peak._cpu_price(4) == (0.42, "PLASMIENT_CPU_PRICE")
 
 
-def test_an_unknown_gpu_model_names_the_models_that_would_work(tmp_path, capsys):
+@pytest.mark.parametrize("quiet", [[], ["--quiet"]])  # --quiet silenced the warning too
+def test_an_unknown_gpu_model_names_the_models_that_would_work(quiet, tmp_path, capsys):
     trace = str(trace_path("h100/bert_small_inference.json.gz"))
-    assert main(["ingest", trace, "--out", str(tmp_path / "t.jsonl"), "--gpu-model", "H100-ish"]) == 0
+    assert main(["ingest", trace, "--out", str(tmp_path / "t.jsonl"), "--gpu-model", "H100-ish", *quiet]) == 0
     note = [line for line in capsys.readouterr().err.splitlines() if "unknown device" in line]
     assert len(note) == 1 and "--gpu-model 'H100-ish' is none of" in note[0] and "H100 SXM" in note[0]
     # one of the names it lists is taken
     assert main(["ingest", trace, "--out", str(tmp_path / "t.jsonl"), "--gpu-model", "H100 SXM"]) == 0
     assert "unknown device" not in capsys.readouterr().err
+
+
+def test_an_exporter_no_one_can_use_is_said_with_quiet_too(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "zipkin")
+    trace = str(trace_path("h100/bert_small_inference.json.gz"))
+    assert main(["ingest", trace, "--out", str(tmp_path / "t.jsonl"), "--quiet"]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "plasmient: OTEL_TRACES_EXPORTER='zipkin': plasmient exports traces with otlp, console, none; ignoring zipkin"]
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])

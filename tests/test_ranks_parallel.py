@@ -120,7 +120,9 @@ def test_a_tmpdir_too_long_for_the_forkservers_socket_still_pools_the_ranks(simu
         proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "ingest", *map(str, simulated.paths), *SIM_ARGS,
                                "--workers", workers, "--quiet", "--out", str(out)], capture_output=True, text=True,
                               cwd=REPO, timeout=300, env={**os.environ, "TMPDIR": str(long_tmp)})
-        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        # only the warning every such ingest gives (the simulated ranks' device is not in the table)
+        assert proc.returncode == 0 and all(line.startswith("plasmient: unknown device in 6 of 6 inputs")
+                                            for line in proc.stderr.splitlines()), proc.stderr
         outs[workers] = out.read_bytes()
     assert outs["1"] == outs["2"] and len(outs["1"].splitlines()) >= 2
     assert list(long_tmp.iterdir()) == []  # the spill directory of the pool went with it
