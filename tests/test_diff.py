@@ -539,6 +539,18 @@ def test_a_directory_of_rank_traces_compares_as_its_ingested_span_file(tmp_path:
         assert result["totals"][q]["a"] == pytest.approx(result["totals"][q]["b"], rel=1e-12), q
         assert result["totals"][q]["a"] > 0
     assert result["totals"]["steps"]["a"] == result["totals"]["steps"]["b"] == 4  # 2 ranks x 2 steps
+    # A folder of span files (a live run's ranks each write one) reads as `report DIR` reads it; it was
+    # "no spans.parquet in this directory", exit 2. Here the run's lines split over two files.
+    live = tmp_path / "live"
+    live.mkdir()
+    lines = spans.read_bytes().splitlines(keepends=True)
+    assert len(lines) >= 2
+    (live / "traces.rank0.jsonl").write_bytes(b"".join(lines[0::2]))
+    (live / "traces.rank1.jsonl").write_bytes(b"".join(lines[1::2]))
+    rc, folder = run_diff(live, spans, tmp_path, "--quiet", "--fail-if-mfu-drops", "0%")
+    assert rc == 0 and folder["totals"].keys() == result["totals"].keys()
+    for q, sides in result["totals"].items():  # the same sums, added in another order
+        assert folder["totals"][q]["a"] == pytest.approx(sides["a"], rel=1e-12), q
 
 
 def test_a_trace_and_a_span_file_through_pipes_compare_as_the_files_do(spans_dir: Path, tmp_path: Path) -> None:

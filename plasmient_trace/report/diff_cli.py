@@ -135,7 +135,7 @@ def load_side(path_text: str, args: argparse.Namespace,
 def _load_file(path: Path, args: argparse.Namespace, job_id: str | None = None,
                progress: Callable[[str, int, int], None] | None = None) -> SpanBatch:
     from plasmient_trace.cli import _job_id_of_input
-    from plasmient_trace.report.cli import ReportInputError, file_head, read_span_files
+    from plasmient_trace.report.cli import SPAN_FILE_SUFFIXES, ReportInputError, file_head, read_span_files
     from plasmient_trace.sources.kineto import TraceFormatError
 
     path_text = str(path)
@@ -144,11 +144,14 @@ def _load_file(path: Path, args: argparse.Namespace, job_id: str | None = None,
     try:
         head = b"" if path.is_dir() else file_head(path)
         ranks = _rank_traces(path) if path.is_dir() and not (path / "spans.parquet").is_file() else []
+        # a live run's ranks each write their span file (traces.rank<R>.jsonl): the folder reads as report reads it
+        span_files = path.is_dir() and not ranks and not (path / "spans.parquet").is_file() and any(
+            f.name.endswith(SPAN_FILE_SUFFIXES) for f in path.iterdir())
         if ranks:
             batch = _ingest(ranks, args, args.job_id or job_id or _job_id_of_input(path_text), progress)
-        elif path.is_dir() or path.suffix == ".parquet" or head[:4] == b"PAR1":
+        elif path.is_dir() and not span_files or path.suffix == ".parquet" or head[:4] == b"PAR1":
             batch = _read_parquet(path)
-        elif b'"resourceSpans"' in head:
+        elif span_files or b'"resourceSpans"' in head:
             notes: list[str] = []
             batch = read_span_files([path_text], notes, progress=progress)
             for note in notes if not getattr(args, "quiet", False) else ():
