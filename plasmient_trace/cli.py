@@ -164,6 +164,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     if not args.paths:
         print("plasmient: error: no trace given: name the trace files, a directory of them, or - (stdin)", file=sys.stderr)
         return EXIT_BAD_INPUT
+    from .export import sinks
     from .export.sinks import OutputError, check_distinct_outputs, check_not_an_input, is_stdout
     from .sources.rawinput import traces_in
 
@@ -176,6 +177,14 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"plasmient: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    try:  # the outputs are checked before the traces are read (a long read, then "is a directory")
+        if args.out:
+            sinks.check_output_path(args.out)
+        if args.parquet:
+            sinks.check_output_dir(args.parquet)
+    except OutputError as err:
+        print(f"plasmient: error: cannot write {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         if args.out:
             check_not_an_input(args.out, [*args.paths, getattr(args, "graph_capture", None),
@@ -186,6 +195,13 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
             check_distinct_outputs({"--out": args.out, **{f"--parquet ({f.name})": f for f in parquet_files(args.parquet)}})
     except OutputError as err:
         print(f"plasmient: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:  # a mistake in the OTLP settings is said before the traces are read, not after
+        from .export import otlp
+
+        otlp.OtlpConfig.from_env(endpoint=args.endpoint, protocol=args.protocol)
+    except ValueError as err:
+        print(f"plasmient: error: {otlp.redact(str(err))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     # the summary and the progress bar go where the spans do not
     console = None if args.quiet else _console(stderr=args.out is not None and is_stdout(args.out))

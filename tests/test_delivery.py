@@ -28,6 +28,8 @@ from plasmient_trace.export.otlp_json import read_jsonl
 from plasmient_trace.export.spill import SpillDir
 
 TRACE = "cpu_only/rank-34.json.gz"
+# a CPU trace names no peak: without one, ingest warns (--quiet too) that its spans have no MFU
+KNOWN_PEAK = ("--peak-tflops", "1")
 
 
 class _RemoteSink:
@@ -300,8 +302,8 @@ def test_ingest_to_a_trickling_collector_ends_spills_and_exits_1(tmp_path: Path,
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1000")
     try:
-        code = main(["ingest", str(trace_path(TRACE)), "--quiet", "--out", "t.jsonl", "--protocol", "http/protobuf",
-                     "--endpoint", f"http://127.0.0.1:{trickle.port}"])
+        code = main(["ingest", str(trace_path(TRACE)), "--quiet", *KNOWN_PEAK, "--out", "t.jsonl", "--protocol",
+                     "http/protobuf", "--endpoint", f"http://127.0.0.1:{trickle.port}"])
     finally:
         trickle.close()
     err = capsys.readouterr().err.strip().splitlines()
@@ -350,6 +352,24 @@ def test_a_header_name_the_protocol_cannot_carry_is_one_line_before_anything_is_
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("endpoint, problem", [
+    ("http://", "no host"), ("http://[::1", "Invalid IPv6 URL"), ("http://127.0.0.1:99999", "Port out of range"),
+    ("http://al:pa55-hunter2@127.0.0.1:99999", "Port out of range"), ("ftp://127.0.0.1:4317", "not an http"),
+])
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_an_endpoint_that_cannot_be_one_is_a_setting_error_not_an_outage(endpoint, problem, protocol, tmp_path,
+                                                                          monkeypatch, capsys) -> None:
+    # these were tried five times, then reported as a collector down (exit 1) with the traces spilled
+    monkeypatch.chdir(tmp_path)
+    code = main(["ingest", str(trace_path(TRACE)), "--quiet", "--out", "/dev/null", "--endpoint", endpoint,
+                 "--protocol", protocol])
+    err = capsys.readouterr().err.splitlines()
+    if protocol == "grpc" and endpoint.startswith("ftp"):
+        pytest.skip("a gRPC target of another scheme (unix:, dns:) is gRPC's to read")
+    assert code == 2 and len(err) == 1 and err[0].startswith("plasmient: error: OTLP endpoint '") and problem in err[0], err
+    assert "hunter2" not in err[0] and list(tmp_path.iterdir()) == []
+
+
 def test_a_header_entry_without_key_value_is_named_on_the_failure_never_shown(caplog) -> None:
     # "Authorization Bearer <token>" (a space, not '=') is skipped, as the spec allows: the collector then
     # answers 401 with no clue why; and the skipped entry, token and all, went to the logging warning
@@ -390,7 +410,7 @@ def test_a_full_disk_leaves_no_partial_file(tmp_path: Path, monkeypatch, capsys)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(otlp_json, "write_jsonl", full)
-    code = main(["ingest", str(trace_path(TRACE)), "--quiet", "--out", str(tmp_path / "t.jsonl")])
+    code = main(["ingest", str(trace_path(TRACE)), "--quiet", *KNOWN_PEAK, "--out", str(tmp_path / "t.jsonl")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "No space left on device" in err[0] and "t.jsonl" in err[0]
     assert list(tmp_path.iterdir()) == []  # neither the file nor its temporary

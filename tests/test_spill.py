@@ -256,6 +256,18 @@ def test_replay_of_a_run_directory_leaves_the_runs_own_traces_file_alone(tmp_pat
     assert (tmp_path / "real" / ".lock").is_file()  # what the spiller leaves: replay takes that directory
 
 
+def test_an_output_that_is_no_file_spills_into_the_working_directory(monkeypatch, tmp_path: Path) -> None:
+    # `--out /dev/null` with a collector down made /dev/plasmient-spill (as root) and told the user to replay it
+    from plasmient_trace.export.spill import default_spill_dir
+
+    monkeypatch.chdir(tmp_path)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for out in ("/dev/null", "/dev/stdout", str(fifo)):
+        assert default_spill_dir(out, {}) == tmp_path / "plasmient-spill", out
+    assert default_spill_dir(str(tmp_path / "runs" / "t.jsonl"), {}) == tmp_path / "runs" / "plasmient-spill"
+
+
 def test_paths_from_the_environment_expand_a_leading_tilde(monkeypatch, tmp_path: Path) -> None:
     # an env file or a pod spec passes "~/..." as it is: no shell expands it, and a folder named "~" appeared
     from plasmient_trace.capture.config import CaptureConfig

@@ -140,6 +140,24 @@ def _signal_endpoint(generic: str | None, protocol: str, signal: str) -> str:
     return generic or _DEFAULT_GRPC_ENDPOINT
 
 
+def _endpoint_problem(endpoint: str, protocol: str) -> str | None:
+    """What makes ``endpoint`` unusable before any connection is tried (None: nothing). HTTP needs an
+    http(s) URL with a host; gRPC takes other targets (unix:, dns:, host:port) as gRPC reads them."""
+    text = endpoint.strip()
+    if protocol == "grpc" and not text.startswith(("http://", "https://")):
+        return None
+    try:
+        parts = urllib.parse.urlsplit(text)
+        parts.port  # noqa: B018 - raises for a port out of range or not a number
+    except ValueError as exc:
+        return str(exc)
+    if parts.scheme not in ("http", "https"):
+        return "not an http:// or https:// URL"
+    if not parts.hostname:
+        return "no host"
+    return None
+
+
 @dataclass(frozen=True)
 class OtlpConfig:
     """Where and how to send OTLP. ``endpoint`` is final: a full URL for HTTP, a target URL for gRPC."""
@@ -171,6 +189,10 @@ class OtlpConfig:
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"OTLP protocol {self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
+        problem = _endpoint_problem(self.endpoint, self.protocol)
+        if problem:
+            # a mistake in the setting, not a collector that is down: said at once, nothing spilled for it
+            raise ValueError(f"OTLP endpoint {redact_url(self.endpoint)!r} ({self.protocol}) is not usable: {problem}")
         if self.compression not in (None, "gzip"):
             raise ValueError(f"OTLP compression {self.compression!r} is not supported (gzip or none)")
         if self.signal not in SIGNALS:
@@ -234,13 +256,19 @@ class OtlpConfig:
         is_http = protocol.startswith("http")
 
         generic = given.get("endpoint") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or None
-        if "signal_endpoint" in given:
-            endpoint = _as_is_url(given["signal_endpoint"]) if is_http else given["signal_endpoint"]
-        elif "endpoint" not in given and env.get(f"OTEL_EXPORTER_OTLP_{sig}_ENDPOINT", "").strip():
-            value = env[f"OTEL_EXPORTER_OTLP_{sig}_ENDPOINT"].strip()
-            endpoint = _as_is_url(value) if is_http else value
-        else:
-            endpoint = _signal_endpoint(generic, protocol, signal)
+        value = None
+        try:
+            if "signal_endpoint" in given:
+                value = given["signal_endpoint"]
+                endpoint = _as_is_url(value) if is_http else value
+            elif "endpoint" not in given and env.get(f"OTEL_EXPORTER_OTLP_{sig}_ENDPOINT", "").strip():
+                value = env[f"OTEL_EXPORTER_OTLP_{sig}_ENDPOINT"].strip()
+                endpoint = _as_is_url(value) if is_http else value
+            else:
+                value = generic
+                endpoint = _signal_endpoint(generic, protocol, signal)
+        except ValueError as exc:  # the URL parser's own words ("Invalid IPv6 URL") name no endpoint
+            raise ValueError(f"OTLP endpoint {redact_url(str(value))!r} ({protocol}) is not usable: {exc}") from None
         explicit = "signal_endpoint" in given or generic is not None or bool(env.get(f"OTEL_EXPORTER_OTLP_{sig}_ENDPOINT", "").strip())
 
         if "headers" in given:

@@ -68,12 +68,26 @@ def write_whole(fd: int, data: bytes) -> int:
 
 
 def default_spill_dir(out: str | None, environ: Any = os.environ) -> Path:
-    """``PLASMIENT_SPILL_DIR``, else ``plasmient-spill`` beside ``out``, else in the working directory."""
+    """``PLASMIENT_SPILL_DIR``, else ``plasmient-spill`` beside ``out``, else in the working directory. An
+    ``out`` that is no file of the user's (/dev/null, /dev/stdout, a FIFO) has no folder to share: the
+    spans spilled into /dev beside /dev/null."""
     named = (environ.get("PLASMIENT_SPILL_DIR") or "").strip()
     if named:
         return Path(named).expanduser()  # as PLASMIENT_OUT: no shell expands "~" in an env file
-    base = Path(out).resolve().parent if out else Path.cwd()
+    beside = out is not None and not _is_special(Path(out))
+    base = Path(out).resolve().parent if beside else Path.cwd()
     return base / "plasmient-spill"
+
+
+def _is_special(path: Path) -> bool:
+    """A device, a FIFO or a socket (or anything under /dev or /proc): no place for a folder beside it."""
+    if path.resolve().parts[1:2] in (("dev",), ("proc",)) or str(path).startswith("/dev/"):
+        return True
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False  # not there yet: the file the run will write
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 @dataclass
