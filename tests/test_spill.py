@@ -202,6 +202,27 @@ def test_replay_stops_at_a_dead_collector_and_resumes_without_repeats(tmp_path: 
     assert len(sent) == 6 * len(_spans_in_lines(lines)) and not spill.pending()
 
 
+def test_replay_counts_trace_spans_once_and_keeps_lines_with_no_spans(tmp_path: Path) -> None:
+    # the metrics lines' spans were added to the traces' (1,256 "spans" for 628 sent), and a JSON line with no
+    # spans in it ({"x": 1}) was "replayed" as nothing and deleted instead of kept with the bad lines
+    spill = SpillDir(tmp_path / "spill")
+    lines = list(encode_jsonl_lines(_batch("cpu_only/rank-34.json.gz")))
+    spill.append("traces", [*lines, b'{"x": 1}\n'])
+    spill.append("metrics", lines[:1])
+    sent: dict[str, int] = {"traces": 0, "metrics": 0}
+
+    def sender(signal_name: str):
+        def send(b: SpanBatch) -> None:
+            sent[signal_name] += len(b)
+        return send
+
+    stats = replay(spill.path, {"traces": sender("traces"), "metrics": sender("metrics")})
+    assert (stats.traces, stats.spans, stats.metric_lines, stats.bad_lines) == (
+        len(lines), len(_spans_in_lines(lines)), 1, 1)
+    assert stats.spans == sent["traces"]
+    assert (spill.path / "bad.jsonl").read_bytes() == b'{"x": 1}\n'
+
+
 def test_replay_of_an_empty_directory_is_one_line_and_exit_2(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "replay", str(tmp_path / "nothing")],

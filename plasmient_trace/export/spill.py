@@ -198,8 +198,9 @@ def _write_done(segment: Path, offset: int) -> None:
 
 @dataclass
 class ReplayStats:
-    spans: int = 0
+    spans: int = 0       # of the trace lines
     traces: int = 0
+    metric_lines: int = 0  # step metrics spilled beside the traces (their spans are the traces', not more)
     segments: int = 0
     bad_lines: int = 0   # complete lines that are not OTLP/JSON
     torn_lines: int = 0  # a segment's last line cut short (a failed or interrupted write)
@@ -224,7 +225,7 @@ def replay(spill_dir: str | os.PathLike[str], senders: dict[str, Callable[[SpanB
                 continue
             spill.seal(signal_name)
             for segment in spill.segments(signal_name):
-                _replay_segment(spill, segment, senders[signal_name], stats, deferred)
+                _replay_segment(spill, segment, signal_name, senders[signal_name], stats, deferred)
     return stats
 
 
@@ -238,8 +239,8 @@ def _keep_bad(spill: SpillDir, line: bytes) -> None:
         bad.write(line if line.endswith(b"\n") else line + b"\n")
 
 
-def _replay_segment(spill: SpillDir, segment: Path, send: Callable[[SpanBatch], Any], stats: ReplayStats,
-                    deferred: HeldSignals) -> None:
+def _replay_segment(spill: SpillDir, segment: Path, signal_name: str, send: Callable[[SpanBatch], Any],
+                    stats: ReplayStats, deferred: HeldSignals) -> None:
     offset = _read_done(segment)
     with open(segment, "rb") as f:
         f.seek(offset)
@@ -254,6 +255,8 @@ def _replay_segment(spill: SpillDir, segment: Path, send: Callable[[SpanBatch], 
             try:
                 with cyclic_gc_paused():  # a line is a whole trace: the GC would rescan its dicts for no cycle
                     batch = batch_from_otlp_dicts([orjson.loads(line)])
+                if not len(batch):  # JSON, but no spans in it ({"x": 1}): sent as nothing, then deleted
+                    raise ValueError("no spans")
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                 _keep_bad(spill, line)
                 stats.bad_lines += 1
@@ -263,8 +266,11 @@ def _replay_segment(spill: SpillDir, segment: Path, send: Callable[[SpanBatch], 
             send(batch)
             _write_done(segment, end)
             offset = end
-            stats.spans += len(batch)
-            stats.traces += 1
+            if signal_name == "traces":
+                stats.spans += len(batch)
+                stats.traces += 1
+            else:
+                stats.metric_lines += 1
             deferred.check()
     stats.segments += 1
     segment.unlink()
@@ -301,8 +307,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         except otlp.ExportError as err:
             print(f"plasmient: error: replay stopped: {err}; run it again to resume (nothing is sent twice)", file=sys.stderr)
             return 1
-    print(f"plasmient: replayed {stats.traces} trace line(s), {stats.spans} spans from {stats.segments} segment(s) "
-          f"to {otlp.redact_url(config.endpoint)}", file=sys.stderr)
+    metrics_part = f" and {stats.metric_lines} metrics line(s)" if stats.metric_lines else ""
+    print(f"plasmient: replayed {stats.traces} trace line(s), {stats.spans} spans{metrics_part} from {stats.segments} "
+          f"segment(s) to {otlp.redact_url(config.endpoint)}", file=sys.stderr)
     if stats.bad_lines or stats.torn_lines:
         print(f"plasmient: {stats.bad_lines + stats.torn_lines} line(s) could not be sent ({stats.bad_lines} not OTLP/JSON, "
               f"{stats.torn_lines} cut short by a failed write): kept in {bad_lines_path(spill)}", file=sys.stderr)
