@@ -70,6 +70,21 @@ def test_parse_handles_empty_and_spaces():
     assert parse_otel_resource_attributes(" a = 1 , b=2") == {"a": "1", "b": "2"}
 
 
+def test_bytes_of_the_environment_that_are_not_utf8_ingest_as_replacement_characters(tmp_path, monkeypatch):
+    # OTEL_RESOURCE_ATTRIBUTES=$'team=\xff' failed the ingest with "cannot stitch (TypeError: str is not valid
+    # UTF-8)", naming the trace; os.environ keeps such a byte as a lone surrogate
+    from conftest import trace_path
+
+    from plasmient_trace.cli import main
+    from plasmient_trace.export.otlp_json import read_jsonl
+
+    assert parse_otel_resource_attributes("team=\udcff,x=%FF") == {"team": "\ufffd", "x": "\ufffd"}
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "team=ml\udcff")
+    out = tmp_path / "t.jsonl"
+    assert main(["ingest", str(trace_path("h100/bert_small_inference.json.gz")), "--out", str(out), "--quiet"]) == 0
+    assert {r.get("team") for r in read_jsonl(out).resources} == {"ml\ufffd"}
+
+
 def test_two_runs_under_one_slurm_job_id_get_different_job_ids():
     # each srun of a batch script is a job step; a requeued job keeps its id and runs its steps again
     assert job_id_from_env({"SLURM_JOB_ID": "4242"}) == "4242"  # the batch script itself

@@ -44,8 +44,14 @@ def parse_otel_resource_attributes(text: str) -> dict[str, str]:
         key = key.strip()
         if not sep or not key:
             continue
-        out[unquote(key)] = unquote(value.strip())
+        out[_utf8(unquote(key))] = _utf8(unquote(value.strip()))
     return out
+
+
+def _utf8(text: str) -> str:
+    """Bytes of the environment that are not UTF-8 (Python keeps them as lone surrogates, which no encoder
+    takes: the ingest failed with 'cannot stitch' naming the trace) as U+FFFD, as percent-decoding does."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def _first(environ: Mapping[str, str], names: tuple[str, ...], kind: type) -> Any:
