@@ -359,12 +359,12 @@ def _report_delivery(args: argparse.Namespace, stats: Any, config: Any, spill_pa
     if stats.errors:
         # One line for the outage: the first error names its signal; the tail says what waits where.
         failed = sorted(stats.errors, key=lambda sig: sig != "traces")
-        parts = [f"{sig} of {stats.spilled.get(sig, 0)} span(s)" for sig in failed]
-        where = f"{' and '.join(parts)} spilled to {spill_path}; resend with `plasmient replay {spill_path}`"
-        lost = sum(stats.dropped.values())
-        if lost:
-            where += f"; {lost} could not be spilled and are lost"
-        print(f"plasmient: error: {stats.errors[failed[0]]}; {where}", file=sys.stderr)
+        kept = [f"{sig} of {stats.spilled[sig]} span(s)" for sig in failed if stats.spilled.get(sig)]
+        lost = [f"{sig} of {stats.dropped[sig]} span(s)" for sig in failed if stats.dropped.get(sig)]
+        # never "spilled, resend" for spans that are gone: a spill directory that cannot be written keeps none
+        tail = [f"{' and '.join(kept)} spilled to {spill_path}; resend with `plasmient replay {spill_path}`"] if kept else []
+        tail += [f"{' and '.join(lost)} could not be spilled to {spill_path} and are lost"] if lost else []
+        print(f"plasmient: error: {stats.errors[failed[0]]}; {'; '.join(tail) or 'nothing was spilled'}", file=sys.stderr)
         status = EXIT_EXPORT_FAILED
     endpoint = otlp.redact_url(config.endpoint)
     if "traces" in stats.sent and "traces" not in stats.errors:

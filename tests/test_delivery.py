@@ -370,6 +370,22 @@ def test_an_endpoint_that_cannot_be_one_is_a_setting_error_not_an_outage(endpoin
     assert "hunter2" not in err[0] and list(tmp_path.iterdir()) == []
 
 
+def test_spans_a_spill_directory_cannot_keep_are_said_lost_never_spilled(tmp_path, monkeypatch, capsys) -> None:
+    # "traces of 0 span(s) ... spilled to /dev/full; resend with `plasmient replay /dev/full`; 1256 could not be
+    # spilled and are lost": the line told the user to replay spans that were gone
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PLASMIENT_SPILL_DIR", "/dev/full")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "500")
+    out = tmp_path / "t.jsonl"
+    code = main(["ingest", str(trace_path(TRACE)), "--quiet", *KNOWN_PEAK, "--out", str(out), "--protocol",
+                 "http/protobuf", "--endpoint", f"http://127.0.0.1:{free_port()}"])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    spans = len(read_jsonl(out))  # the file is written first, whatever the network does
+    assert code == 1 and "resend" not in line and "replay" not in line
+    assert line.endswith(f"; traces of {spans} span(s) and metrics of {spans} span(s) could not be spilled to /dev/full "
+                         "and are lost"), line
+
+
 def test_a_header_entry_without_key_value_is_named_on_the_failure_never_shown(caplog) -> None:
     # "Authorization Bearer <token>" (a space, not '=') is skipped, as the spec allows: the collector then
     # answers 401 with no clue why; and the skipped entry, token and all, went to the logging warning
