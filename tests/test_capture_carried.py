@@ -109,15 +109,10 @@ def test_a_peak_given_for_the_cpu_keeps_the_cpus_price(cpu_price, monkeypatch):
         price = float(cpu_price)
     torch.manual_seed(0)
     model, x = _Block(), torch.randn(2, SEQ, DIM)
-    sink = Collect()
-    session = CaptureSession(CaptureConfig(peak_tflops=PEAK_TFLOPS, every=2, job_id="cpu-price", environ={}),
-                             exporters=[("memory", sink)]).start()
-    try:
+    with live_capture(close_timeout=60, peak_tflops=PEAK_TFLOPS, every=2, job_id="cpu-price") as (session, sink):
         for _ in range(3):
             with session.step():
                 _train_step(model, x)
-    finally:
-        session.close(timeout=60)
     steps = _by_step(sink.rows(), "step")
     assert sorted(steps) == [0, 1, 2]
     for r in steps.values():
