@@ -46,6 +46,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _output_path(text: str) -> str:
+    """An output path: an empty one (an unset shell variable, `--parquet "$OUT"`) was taken as no output, exit 0."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path: name the file or folder to write")
+    return text
+
+
 def _number(text: str) -> float:
     try:
         return float(text)
@@ -437,10 +444,10 @@ def build_parser() -> argparse.ArgumentParser:
     ingest = sub.add_parser("ingest", help="stitch Kineto trace files (one per rank) into one OTel trace per step")
     # "*", not "+": `--ray logdir/` leaves no positional, and the input argparse gave --ray is put back below
     ingest.add_argument("paths", nargs="*", help="Kineto Chrome-trace files (.json or .json.gz), one per rank, or a directory of them; - reads stdin")
-    ingest.add_argument("--out", help="write OTLP/JSON lines here ('-': stdout; default traces.jsonl when no endpoint is configured)")
+    ingest.add_argument("--out", type=_output_path, help="write OTLP/JSON lines here ('-': stdout; default traces.jsonl when no endpoint is configured)")
     ingest.add_argument("--endpoint", help="OTLP endpoint (default $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / $OTEL_EXPORTER_OTLP_ENDPOINT)")
     ingest.add_argument("--protocol", choices=("grpc", "http/protobuf", "http/json"), help="OTLP protocol (default $OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
-    ingest.add_argument("--parquet", metavar="DIR", help="also write every record table and the spans as Parquet")
+    ingest.add_argument("--parquet", type=_output_path, metavar="DIR", help="also write every record table and the spans as Parquet")
     ingest.add_argument("--rebase-time", action="store_true",
                         help="shift every span by one offset so the last one ends now, keeping all relative times, "
                              "for UIs that only search recent traces (off by default: spans keep their recording time; "

@@ -147,6 +147,11 @@ TRACE = "a100/alexnet.json.gz"
     (["report", "x.jsonl", "--top", "0"], "must be a positive integer"),
     (["diff", "a.jsonl", "b.jsonl", "--top", "-1"], "must be a positive integer"),
     (["run", "--mfu-threshold", "2", "--", "true"], "must be a fraction in (0, 1]"),
+    # an empty output path (an unset variable in a script) wrote nothing, exit 0
+    (["ingest", TRACE, "--parquet", ""], "an empty path"),
+    (["ingest", TRACE, "--out", " "], "an empty path"),
+    (["report", "x.jsonl", "--html", ""], "an empty path"),
+    (["diff", "a.jsonl", "b.jsonl", "--json", ""], "an empty path"),
 ])
 def test_absurd_numbers_in_flags_are_refused_with_exit_2(argv, problem, capsys):
     """Each used to be taken: an infinite peak wrote MFU 0 on every span, an infinite price printed numpy

@@ -223,11 +223,14 @@ def test_replay_counts_trace_spans_once_and_keeps_lines_with_no_spans(tmp_path: 
     assert (spill.path / "bad.jsonl").read_bytes() == b'{"x": 1}\n'
 
 
-def test_replay_of_an_empty_directory_is_one_line_and_exit_2(tmp_path: Path) -> None:
+def test_replay_of_an_empty_or_missing_directory_is_one_line_and_exit_2(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "replay", str(tmp_path / "nothing")],
-                          env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    (tmp_path / "empty").mkdir()
+    # a missing one used to be "no spilled spans there" too, which sends the user looking in the wrong place
+    for name, said in (("nothing", "nothing: no such directory"), ("empty", "empty: no spilled spans there")):
+        proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "replay", str(tmp_path / name)],
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and said in proc.stderr, proc.stderr
 
 
 def test_sealing_moves_the_open_segment_aside_for_a_replay(tmp_path: Path) -> None:

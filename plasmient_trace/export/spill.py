@@ -286,6 +286,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from plasmient_trace.export import metrics, otlp
 
     spill = SpillDir(Path(args.spill))
+    if not Path(args.spill).is_dir():
+        print(f"plasmient: error: {args.spill}: no such directory", file=sys.stderr)
+        return 2
     if not spill.pending():
         print(f"plasmient: error: {args.spill}: no spilled spans there (a spill directory holds traces*.jsonl)", file=sys.stderr)
         return 2

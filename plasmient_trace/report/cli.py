@@ -17,14 +17,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from plasmient_trace import conventions as cv
-from plasmient_trace.cli import _console, _fraction, _positive_float, _positive_int, stdin_for_dash
+from plasmient_trace.cli import _console, _fraction, _output_path, _positive_float, _positive_int, stdin_for_dash
 from plasmient_trace.conventions import DEFAULT_BASELINE_MFU, SpanBatch
 from plasmient_trace.export.sinks import OutputError, check_not_an_input, check_output_path
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE.jsonl", help="OTLP JSON lines span files (.gz allowed; - or a pipe reads a stream); several are merged")
-    parser.add_argument("--html", metavar="OUT.html", help="write the self-contained HTML report here")
+    parser.add_argument("--html", type=_output_path, metavar="OUT.html", help="write the self-contained HTML report here")
     parser.add_argument("--title", default=None, help="page title (default: the input file names)")
     parser.add_argument("--fleet-gpus", type=_positive_int, default=None, help="fleet size the bill starts with (default: the GPUs in the data; editable in the page)")
     parser.add_argument("--price-per-gpu-hour", type=_positive_float, default=None, help="USD per GPU-hour for the bill (default: the trace's own cost, else an assumed price)")

@@ -48,7 +48,7 @@ def parse_percent(text: str) -> float:
 
 
 def add_diff_arguments(parser: argparse.ArgumentParser) -> None:
-    from plasmient_trace.cli import _positive_int, add_stitch_arguments
+    from plasmient_trace.cli import _output_path, _positive_int, add_stitch_arguments
 
     parser.add_argument("a", metavar="A", help="the baseline: span file (.jsonl[.gz], spans.parquet or its directory), a trace, or a directory of a run's "
                              "rank traces; - or a pipe reads a stream")
@@ -59,9 +59,9 @@ def add_diff_arguments(parser: argparse.ArgumentParser) -> None:
                         help="divide each side's times, FLOPs and $ by its number of detailed steps, those they come from "
                              "(runs that profiled, or sampled at full depth, different step counts)")
     parser.add_argument("--top", type=_positive_int, default=10, help="rows per table (default 10)")
-    parser.add_argument("--json", metavar="OUT.json", help="also write every row of the comparison as JSON")
-    parser.add_argument("--parquet", metavar="OUT.parquet", help="also write every row as one Parquet table (report.diff.DIFF_ROW_SCHEMA)")
-    parser.add_argument("--html", metavar="OUT.html", help="also write B's HTML report with the comparison as its first section")
+    parser.add_argument("--json", type=_output_path, metavar="OUT.json", help="also write every row of the comparison as JSON")
+    parser.add_argument("--parquet", type=_output_path, metavar="OUT.parquet", help="also write every row as one Parquet table (report.diff.DIFF_ROW_SCHEMA)")
+    parser.add_argument("--html", type=_output_path, metavar="OUT.html", help="also write B's HTML report with the comparison as its first section")
     parser.add_argument("--quiet", "-q", action="store_true", help="print no tables (the exit status still applies)")
     add_stitch_arguments(parser)
 
