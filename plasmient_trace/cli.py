@@ -527,6 +527,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _Terminated:
         print("plasmient: terminated", file=sys.stderr)
         return EXIT_TERMINATED
+    except SystemError as exc:
+        # The signal's exception, raised while C code ran that does not expect one (Ray's object fetch), comes
+        # out wrapped: "... returned a result with an exception set", a traceback and exit 1 about 1 run in 6.
+        if isinstance(exc.__cause__, _Terminated):
+            print("plasmient: terminated", file=sys.stderr)
+            return EXIT_TERMINATED
+        if isinstance(exc.__cause__, KeyboardInterrupt):
+            print("plasmient: interrupted", file=sys.stderr)
+            return 130
+        raise
     except BrokenPipeError:
         # what is still buffered would fail again at exit, with a message: send it nowhere
         for stream in (sys.stdout, sys.stderr):
