@@ -209,6 +209,11 @@ class NativeOpRecorder:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._obs.forked_child():
+            # In a fork()ed child (a DataLoader worker) the observer already records nothing, and removing its
+            # callback takes torch's callback-manager lock, which a thread of the parent running an op held at
+            # the fork in about 1 run in 10: the worker blocked for good, and the job's loop with it.
+            return
         self._obs.stop()
         errors = self._obs.errors()
         if errors > self._errors_seen and self.failed is None:
