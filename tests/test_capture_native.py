@@ -238,9 +238,8 @@ FORKING_JOB = r'''
 import json, os, sys, threading, time
 import torch
 from plasmient_trace.capture import native
-from plasmient_trace.capture.torch_hooks import NativeOpRecorder
 obs = native.load()
-recorder = NativeOpRecorder(obs).__enter__()  # a full-depth step open, as when a DataLoader forks its workers
+obs.start()
 stop = False
 def churn():  # new shapes: new signatures, spelled under the observer's global lock, while the main thread forks
     n = 0
@@ -252,19 +251,12 @@ thread.start()
 time.sleep(0.1)
 codes = []
 for i in range(30):
-    # a full-depth step closed and the next opened: torch's callback version moves, and every thread takes the
-    # callback manager's lock at its next op to see the change, the churning one maybe just as the fork happens
-    recorder.__exit__(None, None, None)
-    recorder.__enter__()
     pid = os.fork()
     if pid == 0:  # a DataLoader worker, say: its ops never reach an exporter, so none are recorded
         for k in range(20):
             torch.ones(30000 + 100 * i + k, 2).sum()
-        # what the session detached by the fork does: closing the step must not take torch's callback lock,
-        # which the churning thread may have held at the fork (the worker hung for good, and the job with it)
-        recorder.__exit__(None, None, None)
         os._exit(0 if obs.forked_child() and len(obs.take()["signature"]) == 0 else 3)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
@@ -282,7 +274,7 @@ obs.take()
 torch.ones(5, 5).mul(2)
 print(json.dumps({"children": codes, "parent_records": len(obs.take()["signature"]) // 4,
                   "parent_is_child": obs.forked_child()}))
-recorder.__exit__(None, None, None)
+obs.stop()
 '''
 
 
