@@ -246,15 +246,22 @@ def churn():  # new shapes: new signatures, spelled under the observer's global 
     while not stop:
         n = n % 20000 + 1
         torch.ones(n, 3).add(1)
-thread = threading.Thread(target=churn, daemon=True)
-thread.start()
+threads = [threading.Thread(target=churn, daemon=True) for _ in range(3)]
+for thread in threads:
+    thread.start()
 time.sleep(0.1)
 codes = []
-for i in range(30):
+for i in range(60):
+    # A step ends and the next begins just before the fork (a DataLoader iterator made between steps): torch's
+    # callback registry changes, and every thread catches up under torch's lock at its next op.
+    obs.stop()
+    obs.start()
     pid = os.fork()
     if pid == 0:  # a DataLoader worker, say: its ops never reach an exporter, so none are recorded
+        obs.stop()
         for k in range(20):
             torch.ones(30000 + 100 * i + k, 2).sum()
+        obs.start()
         os._exit(0 if obs.forked_child() and len(obs.take()["signature"]) == 0 else 3)
     deadline = time.monotonic() + 60
     while True:
@@ -269,7 +276,8 @@ for i in range(30):
             break
         time.sleep(0.01)
 stop = True
-thread.join()
+for thread in threads:
+    thread.join()
 obs.take()
 torch.ones(5, 5).mul(2)
 print(json.dumps({"children": codes, "parent_records": len(obs.take()["signature"]) // 4,
@@ -279,13 +287,14 @@ obs.stop()
 
 
 def test_a_forked_child_records_nothing_and_never_inherits_a_held_lock(native_observer, tmp_path):
-    """fork() while other threads run ops (DataLoader workers): the child starts with the observer's locks
-    free, records nothing (no exporter there will take it), and the parent keeps recording."""
+    """fork() right after a step boundary while other threads run ops (DataLoader workers): the child starts
+    with the observer's locks and torch's callback registry free, records nothing (no exporter there will take
+    it), never touches the registry, and the parent keeps recording."""
     script = tmp_path / "forks.py"
     script.write_text(FORKING_JOB)
     out = subprocess.run([sys.executable, str(script)], env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
                          capture_output=True, text=True, timeout=900, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     result = orjson.loads(out.stdout.strip().splitlines()[-1])
-    assert result["children"] == [0] * 30
+    assert result["children"] == [0] * 60
     assert result["parent_records"] >= 1 and not result["parent_is_child"]

@@ -101,8 +101,16 @@ std::atomic<uint64_t> g_over{0};
 // spelled a signature under g_mutex would block forever at its first new op. The forking thread takes
 // every lock first (g_mutex, then each buffer's: the order take() and the callbacks never invert) and
 // releases them on both sides.
+//
+// torch's own callback registry has the same hazard, and its lock is not ours to take: a thread whose
+// view of the registry is older than the registry's version takes that lock at its next op to catch up.
+// So the forking thread catches up here, under g_mutex, which start() and stop() also hold while they
+// change the registry: the child is born current and never needs the lock, whoever held it at the fork.
+void catch_up_with_torch_callbacks() { (void)at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION); }
+
 void before_fork() {
   g_mutex.lock();
+  catch_up_with_torch_callbacks();
   for (auto& b : g_buffers) b->mutex.lock();
 }
 
@@ -414,7 +422,11 @@ void on_end(const at::RecordFunction& /*fn*/, at::ObserverContext* base) {
 
 // ---- Python API
 
+// Neither runs in a forked child: there torch's registry lock may be held by a thread that no longer
+// exists, and the child records nothing anyway.
 void start() {
+  if (g_forked_child.load()) return;
+  std::lock_guard<std::mutex> lock(g_mutex);
   if (g_handle != 0) return;
   auto cb = at::RecordFunctionCallback(on_start, on_end)
                 .needsInputs(true)
@@ -422,12 +434,16 @@ void start() {
                 .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
                          at::RecordScope::USER_SCOPE});
   g_handle = at::addGlobalCallback(cb);
+  catch_up_with_torch_callbacks();
 }
 
 void stop() {
+  if (g_forked_child.load()) return;
+  std::lock_guard<std::mutex> lock(g_mutex);
   if (g_handle == 0) return;
   at::removeCallback(g_handle);
   g_handle = 0;
+  catch_up_with_torch_callbacks();
 }
 
 void set_correlation(uintptr_t push, uintptr_t pop) {

@@ -209,12 +209,7 @@ class NativeOpRecorder:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._obs.forked_child():
-            # In a fork()ed child (a DataLoader worker) the observer already records nothing, and removing its
-            # callback takes torch's callback-manager lock, which a thread of the parent running an op held at
-            # the fork in about 1 run in 10: the worker blocked for good, and the job's loop with it.
-            return
-        self._obs.stop()
+        self._obs.stop()  # a no-op in a fork()ed child, whose copy of torch's callback lock may be held for good
         errors = self._obs.errors()
         if errors > self._errors_seen and self.failed is None:
             self.failed = RuntimeError(f"{errors - self._errors_seen} op records skipped: {self._obs.first_error()}")
