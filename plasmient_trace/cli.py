@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -184,31 +185,36 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"plasmient: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    try:  # a mistake in the OTLP settings is said before the traces are read, not after
+        from .export import otlp, selection
+
+        config = otlp.OtlpConfig.from_env(endpoint=args.endpoint, protocol=args.protocol)
+    except ValueError as err:
+        print(f"plasmient: error: {otlp.redact(str(err))}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    choice = selection.select_exporters(os.environ, config.explicit)
+    for note in choice.notes:
+        _warn(f"plasmient: {note}")
+    # The embedded default (a JSON lines file) when nothing else receives the traces.
+    out = args.out if args.out is not None or choice.traces or choice.traces_off else "traces.jsonl"
     try:  # the outputs are checked before the traces are read (a long read, then "is a directory")
-        if args.out:
-            sinks.check_output_path(args.out)
+        if out:
+            sinks.check_output_path(out)
         if args.parquet:
             sinks.check_output_dir(args.parquet)
     except OutputError as err:
         print(f"plasmient: error: cannot write {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        if args.out:
-            check_not_an_input(args.out, [*args.paths, getattr(args, "graph_capture", None),
-                                          getattr(args, "model_config", None)])
-        if args.out and args.parquet:
+        if out:
+            check_not_an_input(out, [*args.paths, getattr(args, "graph_capture", None),
+                                     getattr(args, "model_config", None)])
+        if out and args.parquet:
             from .export.parquet import parquet_files
 
-            check_distinct_outputs({"--out": args.out, **{f"--parquet ({f.name})": f for f in parquet_files(args.parquet)}})
+            check_distinct_outputs({"--out": out, **{f"--parquet ({f.name})": f for f in parquet_files(args.parquet)}})
     except OutputError as err:
         print(f"plasmient: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    try:  # a mistake in the OTLP settings is said before the traces are read, not after
-        from .export import otlp
-
-        otlp.OtlpConfig.from_env(endpoint=args.endpoint, protocol=args.protocol)
-    except ValueError as err:
-        print(f"plasmient: error: {otlp.redact(str(err))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     # the summary and the progress bar go where the spans do not
     console = None if args.quiet else _console(stderr=args.out is not None and is_stdout(args.out))
@@ -241,7 +247,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
                   f"spans ({_naming_hint(args.gpu_model, stream.stats.get('unknown_device_types') == ['cpu'])})")
         for note in stream.stats.get("notes", []):
             _say(args, f"plasmient: {note}")
-        status, summary = _deliver(args, stream, bar)
+        status, summary = _deliver(args, stream, _Destinations(config, choice, out), bar)
     except TraceFormatError as err:
         print(f"plasmient: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -281,29 +287,29 @@ def _first_few(names: list[str], shown: int = 3) -> str:
     return head if len(names) <= shown else f"{head} and {len(names) - shown} more"
 
 
-def _deliver(args: argparse.Namespace, stream: Any, bar: Any = None) -> tuple[int, Any]:
+@dataclass(frozen=True)
+class _Destinations:
+    """Where ingest delivers, settled (and its paths checked) before the traces are read."""
+
+    config: Any  # the OTLP settings (export.otlp.OtlpConfig)
+    choice: Any  # which exporters OTEL_*_EXPORTER asks for (export.selection)
+    out: str | None  # the span file; None when a remote backend alone receives the traces
+
+
+def _deliver(args: argparse.Namespace, stream: Any, where: _Destinations, bar: Any = None) -> tuple[int, Any]:
     """The export tail of ingest: the one delivery path live capture uses too (export.delivery).
 
     The stream's parts (whole traces, a group of steps each) are written as they are stitched and let go;
     only their fleet/node/rank/step spans are kept, for the summary. --rebase-time (which moves every span by
     the offset of the last one) and --parquet (which keeps every record) take the spans in one part."""
     from .conventions import upper_spans
-    from .export import delivery, otlp, rebase, selection, sinks, spill
+    from .export import delivery, rebase, sinks, spill
     from .stitch.fleet import merge_span_batches
 
-    try:
-        config = otlp.OtlpConfig.from_env(endpoint=args.endpoint, protocol=args.protocol)
-    except ValueError as err:
-        print(f"plasmient: error: {otlp.redact(str(err))}", file=sys.stderr)
-        return EXIT_BAD_INPUT, None
-    choice = selection.select_exporters(os.environ, config.explicit)
-    for note in choice.notes:
-        _warn(f"plasmient: {note}")
+    config, out = where.config, where.out
     parts = iter([stream.collect().batch]) if args.rebase_time or args.parquet else stream.parts
-    remote, console = sinks.chosen_sinks(choice, config)
+    remote, console = sinks.chosen_sinks(where.choice, config)
     send = bool(remote)
-    # The embedded default (a JSON lines file) when nothing else receives the traces.
-    out = args.out if args.out is not None or choice.traces or choice.traces_off else "traces.jsonl"
     local: list[Any] = [sinks.FileSink(out, append=False)] if out is not None else []
     local += console
     if args.parquet:
@@ -315,10 +321,6 @@ def _deliver(args: argparse.Namespace, stream: Any, bar: Any = None) -> tuple[in
                              max_queue_bytes=128 << 20)
     kept, spans = [], 0
     try:
-        if out is not None:
-            sinks.check_output_path(out)
-        if args.parquet:
-            sinks.check_output_dir(args.parquet)
         for batch in parts:
             if args.rebase_time:
                 batch, offset = rebase.rebase_time(batch)

@@ -12,6 +12,7 @@ so writing a JSON lines file never pays for the gRPC import.
 * :mod:`.spill`      the spill directory and ``replay`` (``plasmient replay``)
 * :mod:`.selection`  ``select_exporters``: OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER for ingest and live
 * :mod:`.rebase`     ``rebase_time`` (``plasmient ingest --rebase-time``)
+* :mod:`.files`      what every writer asks of a path: a special file? which outputs may a failed run remove?
 """
 
 from __future__ import annotations

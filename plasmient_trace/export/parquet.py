@@ -17,7 +17,6 @@ on a missing table. Each file is written beside its name and renamed into place
 
 from __future__ import annotations
 
-import contextlib
 
 import os
 from pathlib import Path
@@ -29,6 +28,7 @@ import pyarrow.parquet as pq
 
 from plasmient_trace.conventions import SPAN_TABLE_SCHEMA, SpanBatch
 from plasmient_trace.export.pieces import hex_matrix, u64_be_matrix
+from plasmient_trace.export.files import remove_written_files
 from plasmient_trace.export.sinks import write_output_file
 from plasmient_trace.export.span_columns import grouped_rows, id_matrix
 from plasmient_trace.records import TABLE_SCHEMAS, RecordSet
@@ -134,9 +134,7 @@ def write_parquet(record_sets: list[RecordSet], batch: SpanBatch | None, out_dir
         files.append(_write(resources_table(resources), out / "resources.parquet"))
     except BaseException:
         # a set missing a table reads as a whole one with nothing in it: none of it, as for every output
-        for written in files:
-            with contextlib.suppress(OSError):
-                written.unlink()
+        remove_written_files(files)
         raise
     return files
 

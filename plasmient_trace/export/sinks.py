@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from plasmient_trace.conventions import SpanBatch
+from plasmient_trace.export.files import is_special_file
 from plasmient_trace.export.page_cache import DropBehind, DropBehindFile
 from plasmient_trace.export.spill import append_lines, write_whole
 
@@ -234,7 +235,7 @@ class FileSink:
             # written as any program writes its stdout: at the offset the shell gave it (`>> file` appends),
             # not renamed over a redirected file, nor opened again (which would truncate it)
             self._tmp, self._file = None, os.fdopen(os.dup(1), "wb", buffering=1 << 20)
-        elif _is_special(self.path):  # /dev/null, a FIFO
+        elif is_special_file(self.path):  # /dev/null, a FIFO
             self._tmp, self._file = None, open(self.path, "wb", buffering=1 << 20)
         else:
             fd, tmp = _temp_beside_target(self.path)
@@ -257,15 +258,6 @@ def is_stdout(path: str | os.PathLike[str]) -> bool:
     except (OSError, ValueError):
         return False
     return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
-
-
-def _is_special(path: Path) -> bool:
-    """An existing path that is neither a regular file nor a directory: a device, a FIFO, a socket."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return False
-    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def _temp_beside_target(path: Path) -> tuple[int, Path]:
@@ -298,7 +290,7 @@ def write_output_file(path: str | os.PathLike[str], write: Callable[[BinaryIO], 
     check_output_path(path)
     tmp: Path | None = None
     try:
-        if _is_special(path):
+        if is_special_file(path):
             with open(path, "wb") as f:
                 write(f)
             return path

@@ -34,6 +34,7 @@ from typing import Any
 import orjson
 
 from plasmient_trace.conventions import SpanBatch
+from plasmient_trace.export.files import is_special_file
 from plasmient_trace.export.otlp_json import batch_from_otlp_dicts
 from plasmient_trace.held_signals import HeldSignals
 from plasmient_trace.memory import cyclic_gc_paused
@@ -74,20 +75,16 @@ def default_spill_dir(out: str | None, environ: Any = os.environ) -> Path:
     named = (environ.get("PLASMIENT_SPILL_DIR") or "").strip()
     if named:
         return Path(named).expanduser()  # as PLASMIENT_OUT: no shell expands "~" in an env file
-    beside = out is not None and not _is_special(Path(out))
+    beside = out is not None and not _no_place_beside(Path(out))
     base = Path(out).resolve().parent if beside else Path.cwd()
     return base / "plasmient-spill"
 
 
-def _is_special(path: Path) -> bool:
-    """A device, a FIFO or a socket (or anything under /dev or /proc): no place for a folder beside it."""
-    if path.resolve().parts[1:2] in (("dev",), ("proc",)) or str(path).startswith("/dev/"):
-        return True
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        return False  # not there yet: the file the run will write
-    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+def _no_place_beside(path: Path) -> bool:
+    """A device, a FIFO or a socket, or anything under /dev or /proc: no place for a folder beside it."""
+    # /dev/stdout of a job whose output is redirected resolves to that regular file: its name says it is a stream
+    named = str(path).startswith(("/dev/", "/proc/"))
+    return named or path.resolve().parts[1:2] in (("dev",), ("proc",)) or is_special_file(path)
 
 
 @dataclass

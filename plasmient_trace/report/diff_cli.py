@@ -10,11 +10,8 @@ the file), including a gate that cannot be judged because a side has no MFU. The
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import shutil
-import stat
 import sys
 import tempfile
 import zlib
@@ -24,6 +21,7 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from plasmient_trace.conventions import SpanBatch
+from plasmient_trace.export.files import remove_written_files
 from plasmient_trace.export.sinks import (OutputError, check_distinct_outputs, check_not_an_input, check_output_path,
                                          write_output_file)
 from plasmient_trace.report import diff as D
@@ -325,10 +323,7 @@ def run_diff(args: argparse.Namespace) -> int:
                          diff=result)
     except OutputError as err:
         # all the outputs or none: a JSON beside a missing page reads as a run that went through
-        for out in written:
-            with contextlib.suppress(OSError):
-                if stat.S_ISREG(os.lstat(out).st_mode):  # a file of ours, never /dev/stdout or a FIFO
-                    os.unlink(out)
+        remove_written_files(written)
         print(f"plasmient diff: error: {err}", file=sys.stderr)
         return D.EXIT_BAD_INPUT
     status, line = gate(result, args.fail_if_mfu_drops)
