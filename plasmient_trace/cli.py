@@ -47,6 +47,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _step_number(text: str) -> int:
+    """A step as trace ids name it: ProfilerStep#N and live steps count from 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a step number: {text!r}") from None
+    if not 0 <= value <= MAX_INT_FLAG:
+        raise argparse.ArgumentTypeError(f"steps are numbered from 0 (ProfilerStep#N), not {text!r}")
+    return value
+
+
 def _output_path(text: str) -> str:
     """An output path: an empty one (an unset shell variable, `--parquet "$OUT"`) was taken as no output, exit 0."""
     if not text.strip():
@@ -368,8 +379,10 @@ def _report_delivery(args: argparse.Namespace, stats: Any, config: Any, spill_pa
     if stats.errors:
         # One line for the outage: the first error names its signal; the tail says what waits where.
         failed = sorted(stats.errors, key=lambda sig: sig != "traces")
-        kept = [f"{sig} of {stats.spilled[sig]} span(s)" for sig in failed if stats.spilled.get(sig)]
-        lost = [f"{sig} of {stats.dropped[sig]} span(s)" for sig in failed if stats.dropped.get(sig)]
+        # every signal that waits or is gone: one that found the collector down through another's error has none
+        held = sorted({*failed, *stats.spilled, *stats.dropped}, key=lambda sig: sig != "traces")
+        kept = [f"{sig} of {stats.spilled[sig]} span(s)" for sig in held if stats.spilled.get(sig)]
+        lost = [f"{sig} of {stats.dropped[sig]} span(s)" for sig in held if stats.dropped.get(sig)]
         # never "spilled, resend" for spans that are gone: a spill directory that cannot be written keeps none
         tail = [f"{' and '.join(kept)} spilled to {spill_path}; resend with `plasmient replay {spill_path}`"] if kept else []
         tail += [f"{' and '.join(lost)} could not be spilled to {spill_path} and are lost"] if lost else []
@@ -425,13 +438,10 @@ def _cmd_link(args: argparse.Namespace) -> int:
     from .export.links import jaeger_link, tempo_link
 
     trace = ids.trace_id(args.job_id, args.step).hex()
-    try:
-        if args.jaeger:
-            print(jaeger_link(args.jaeger, trace))
-        elif args.tempo:
-            print(tempo_link(args.tempo, trace, datasource=args.tempo_datasource))
-        else:
-            print(trace)
+    try:  # every link asked for, each on its line (built first: a bad URL prints none of them)
+        lines = [jaeger_link(args.jaeger, trace)] if args.jaeger else []
+        lines += [tempo_link(args.tempo, trace, datasource=args.tempo_datasource)] if args.tempo else []
+        print("\n".join(lines or [trace]))
     except ValueError as err:  # a URL that is not http(s): said in one line, like any bad argument
         print(f"plasmient link: error: {err}", file=sys.stderr)
         return 2
@@ -464,8 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.set_defaults(func=_cmd_ingest)
 
     link = sub.add_parser("link", help="print the trace id (or a Jaeger/Tempo link) of a job's step")
-    link.add_argument("--job-id", required=True)
-    link.add_argument("--step", type=int, required=True)
+    link.add_argument("--job-id", required=True, help="the job id the spans carry (plasmient.job.id): --job-id of ingest, "
+                                                       "else the trace file's name up to its first dot")
+    link.add_argument("--step", type=_step_number, required=True, help="the step number (N of ProfilerStep#N)")
     link.add_argument("--jaeger", metavar="URL", help="Jaeger UI base URL, e.g. http://localhost:16686")
     link.add_argument("--tempo", metavar="URL", help="Grafana base URL with a Tempo data source, e.g. http://localhost:3000")
     link.add_argument("--tempo-datasource", default="tempo", help="Grafana data source uid of Tempo (default 'tempo')")

@@ -8,6 +8,7 @@ import errno
 import os
 import shutil
 import socket
+import re
 import tempfile
 import threading
 import time
@@ -54,7 +55,7 @@ class Blocked(_RemoteSink):
         self.entered = threading.Event()
         self.got: list[int] = []
 
-    def export(self, batch: SpanBatch, stop: threading.Event) -> None:
+    def export(self, batch: SpanBatch, stop: threading.Event, probe: bool = False) -> None:
         self.entered.set()
         while not self.release.wait(0.05):
             if stop.is_set():
@@ -160,6 +161,25 @@ def test_a_dead_collector_is_reported_once_and_probed_not_hammered(tmp_path: Pat
     assert SpillDir(tmp_path / "spill").live("metrics").exists()
 
 
+def test_a_refused_collector_costs_one_retry_loop_then_one_attempt_per_batch_for_each_signal(tmp_path: Path) -> None:
+    # ingest of a long trace against a refused port took 93 s: every batch ran a full retry loop for traces and
+    # another for metrics. The collector is down for both signals once one finds no server there.
+    config = OtlpConfig.from_env({}, endpoint=f"http://127.0.0.1:{free_port()}", protocol="http/protobuf", timeout_s=2,
+                                 retry_initial_s=0.05)
+    traces, metrics = OtlpSink(config), OtlpSink(config, "metrics")
+    d = Delivery([], [traces, metrics], SpillDir(tmp_path / "spill"), probe_interval_s=0, say=lambda k, m: None)
+    for _ in range(4):
+        d.submit(small_batch())
+    stats = d.shutdown(None)
+    first_loop = int(re.search(r"\[(\d+) attempts", stats.errors["traces"]).group(1))
+    assert first_loop >= 2  # the first failure is retried until the deadline, as any failure
+    assert traces.attempts == first_loop + 3  # each later batch probes with one request
+    assert metrics.attempts == 4  # down with the traces' collector: probes only, never a retry loop of its own
+    assert stats.spilled == {"traces": 4 * len(small_batch()), "metrics": 4 * len(small_batch())}
+    spilled = [len(read_jsonl(p)) for p in (tmp_path / "spill").glob("traces*.jsonl")]
+    assert sum(spilled) == 4 * len(small_batch())
+
+
 class Broken(_RemoteSink):
     """A sink whose export raises what no exporter should (a library's bug) the first ``times`` calls."""
 
@@ -169,7 +189,7 @@ class Broken(_RemoteSink):
         self.times = times
         self.got: list[int] = []
 
-    def export(self, batch: SpanBatch, stop: threading.Event) -> None:
+    def export(self, batch: SpanBatch, stop: threading.Event, probe: bool = False) -> None:
         if self.times:
             self.times -= 1
             raise KeyError("a bug in a library, quoting http://bob:s3cret-hunter2@collector:4318")

@@ -343,6 +343,10 @@ def test_fail_if_mfu_drops(spans_dir: Path, tmp_path: Path, capsys) -> None:
     assert run_diff(src, tmp_path / "slow.jsonl", tmp_path, "--quiet")[0] == 0  # no gate, no failure
     # B faster than A never fails
     assert run_diff(tmp_path / "slow.jsonl", src, tmp_path, "--fail-if-mfu-drops", "0%", "--quiet")[0] == 0
+    capsys.readouterr()
+    # "-0" is a zero tolerance, said as one: the line read "limit --0%"
+    assert run_diff(src, tmp_path / "slow.jsonl", tmp_path, "--fail-if-mfu-drops", "-0", "--quiet")[0] == 1
+    assert "limit -0%)" in capsys.readouterr().err
 
 
 def test_the_gate_says_when_a_sides_mfu_leaves_out_steps_that_have_none(tmp_path: Path, capsys) -> None:

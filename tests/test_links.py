@@ -70,3 +70,20 @@ def test_cli_link_to_a_url_without_scheme_is_one_line_and_exit_2(flag: str) -> N
                            flag, "localhost:16686"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == ["plasmient link: error: expected an http(s) URL, got 'localhost:16686'"]
+
+
+def test_cli_link_prints_every_link_asked_for_each_on_its_line() -> None:
+    # with --jaeger and --tempo, the Tempo link was dropped without a word
+    out = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "link", "--job-id", "job-42", "--step", "7",
+                          "--jaeger", "http://localhost:16686", "--tempo", "http://localhost:3000"],
+                         capture_output=True, text=True, check=True, timeout=60).stdout.splitlines()
+    assert out == [jaeger_link("http://localhost:16686", TRACE), tempo_link("http://localhost:3000", TRACE)]
+
+
+@pytest.mark.parametrize("step", ["-1", "seven", "9007199254740993"])
+def test_cli_link_to_a_step_no_trace_can_have_is_one_line_and_exit_2(step: str) -> None:
+    # --step -1 printed the id of a trace that no ingest or live run ever writes
+    proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "link", "--job-id", "job-42", "--step", step],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines()[-1].startswith("plasmient link: error: argument --step: ")

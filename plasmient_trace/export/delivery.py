@@ -193,12 +193,17 @@ class Delivery:
         # Keyed by signal too: over gRPC both signals share one endpoint name, and metrics the
         # backend refuses must not send the traces to the spill.
         key = (sink.name, sink.signal)
-        down = self._down.get(key)
+        # A collector that no server answers for is down for every signal sent to it: the metrics of a batch
+        # whose traces found it refused go to the spill at once, not through a retry loop of their own.
+        collector = getattr(sink, "collector", None)
+        down = max((t for t in (self._down.get(key), self._down.get(collector)) if t is not None), default=None)
         if down is not None and time.monotonic() - down < self.probe_interval_s:
             self._spill(sink, batch, "collector down")
             return
         try:
-            result = sink.export(batch, self._stop)
+            # while it is down, each probe is one attempt: a batch that finds it still down costs one request,
+            # not another full retry loop (ingest of a long trace took 12 s a batch against a refused port)
+            result = sink.export(batch, self._stop, probe=down is not None)
         except UnsupportedSignal as err:
             self.stats.unsupported[sink.signal] = str(err)
             off = {"metrics": "OTEL_METRICS_EXPORTER=none", "traces": "OTEL_TRACES_EXPORTER=none"}.get(sink.signal, "")
@@ -213,6 +218,8 @@ class Delivery:
                 err = ExportError(text)
             outage_known = bool(self._down)
             self._down[key] = time.monotonic()
+            if getattr(err, "unreachable", False) and collector is not None:
+                self._down[collector] = self._down[key]
             self.stats.errors.setdefault(sink.signal, str(err))
             hint = f" (resend them with `plasmient replay {self.spill.path}`)" if self.spill is not None else ""
             if not outage_known:  # one line for the whole outage, whichever signal notices it first
@@ -221,7 +228,8 @@ class Delivery:
             self._spill(sink, batch, str(err))
             return
         if down is not None:
-            del self._down[key]
+            self._down.pop(key, None)
+            self._down.pop(collector, None)
             self.say("up", f"{sink.name} answers again; what is spilled stays for `plasmient replay`")
         self.stats.sent[sink.signal] = self.stats.sent.get(sink.signal, 0) + len(batch)
         self.stats.requests[sink.signal] = self.stats.requests.get(sink.signal, 0) + int(getattr(result, "requests", 0) or 0)

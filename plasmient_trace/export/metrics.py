@@ -323,10 +323,11 @@ def request_json(request: ExportMetricsServiceRequest) -> bytes:
     return orjson.dumps(doc)
 
 
-def export_metrics(client: Any, batch: SpanBatch, stop: Any = None, steps: StepCounter | None = None) -> MetricsSendStats:
+def export_metrics(client: Any, batch: SpanBatch, stop: Any = None, steps: StepCounter | None = None,
+                   max_attempts: int | None = None) -> MetricsSendStats:
     """Deliver the batch's step metrics over an open metrics :class:`.otlp.OtlpClient`; raises
-    :class:`.otlp.ExportError` when they cannot be (its retries, backoff and deadline). ``steps``: the
-    sender's step counter, continued from its earlier batches."""
+    :class:`.otlp.ExportError` when they cannot be (its retries, backoff and deadline; ``max_attempts`` as in
+    :meth:`.otlp.OtlpClient.export`). ``steps``: the sender's step counter, continued from its earlier batches."""
     config = client.config
     stats = MetricsSendStats(endpoint=client.display_endpoint, protocol=config.protocol)
     attempts0 = client.attempts
@@ -335,7 +336,7 @@ def export_metrics(client: Any, batch: SpanBatch, stop: Any = None, steps: StepC
     limit = config.max_request_bytes // 3 if config.protocol == "http/json" else config.max_request_bytes
     for request in metric_requests(batch, max_bytes=limit, steps=steps):
         body = request_json(request) if config.protocol == "http/json" else request.SerializeToString()
-        rejected, _ = client.export(body, stop=stop)
+        rejected, _ = client.export(body, stop=stop, max_attempts=max_attempts)
         stats.requests += 1
         stats.data_points += _data_points(request)
         stats.rejected += rejected

@@ -87,7 +87,13 @@ _SERVICES = {
 
 
 class ExportError(RuntimeError):
-    """An OTLP export failed for good: one line naming signal, endpoint, protocol and what happened."""
+    """An OTLP export failed for good: one line naming signal, endpoint, protocol and what happened.
+    ``unreachable``: the last attempt reached no server (refused, reset, timed out, unresolvable), so every
+    signal sent to that collector is down with it."""
+
+    def __init__(self, message: str, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 class UnsupportedSignal(ExportError):
@@ -116,10 +122,11 @@ class ExportStats:
 
 
 class _Retry(Exception):
-    def __init__(self, what: str, after_s: float | None = None, busy: bool = False) -> None:
+    def __init__(self, what: str, after_s: float | None = None, busy: bool = False, unreachable: bool = False) -> None:
         super().__init__(what)
         self.what = what
         self.after_s = after_s
+        self.unreachable = unreachable  # no server answered at all
         # The server answered and asked to slow down (it is alive): the backpressure budget applies.
         self.busy = busy or after_s is not None
 
@@ -184,8 +191,10 @@ class OtlpClient:
 
     # -- the retry loop (the only one: Delivery, send_spans, send_metrics and replay all use it) --
 
-    def export(self, body: bytes, deadline: float | None = None, stop: threading.Event | None = None) -> tuple[int, str]:
-        """Send one serialized request, retrying transient failures until ``deadline`` (a
+    def export(self, body: bytes, deadline: float | None = None, stop: threading.Event | None = None,
+               max_attempts: int | None = None) -> tuple[int, str]:
+        """Send one serialized request, retrying transient failures (at most ``max_attempts`` tries: one for a
+        probe of a collector known to be down) until ``deadline`` (a
         ``time.monotonic()`` value; default now + ``config.timeout_s``, extended to now +
         ``config.backpressure_s`` while the backend answers that it is busy, never past a deadline the
         caller gave). The deadline bounds the whole call, retries and slow reads included; ``stop`` (set by a shutdown) ends a backoff wait or an
@@ -203,13 +212,14 @@ class OtlpClient:
         deadline = min(caller, start + cfg.timeout_s)
         delay = cfg.retry_initial_s
         attempts = 0
+        unreachable = False  # what the last failed attempt found
         while True:
             attempts += 1
             self.attempts += 1
             remaining = deadline - time.monotonic()
             if remaining <= 0 or stop.is_set():
                 why = "stopped by shutdown" if stop.is_set() else "export deadline passed"
-                raise ExportError(self._describe(why, attempts - 1, start))
+                raise ExportError(self._describe(why, attempts - 1, start), unreachable)
             try:
                 if cfg.protocol == "grpc":
                     answer = self._grpc_attempt(payload, min(remaining, cfg.timeout_s), stop)
@@ -222,6 +232,9 @@ class OtlpClient:
             except _Fail as exc:
                 raise ExportError(self._describe(str(exc), attempts, start)) from None
             except _Retry as exc:
+                unreachable = exc.unreachable
+                if max_attempts is not None and attempts >= max_attempts:
+                    raise ExportError(self._describe(exc.what, attempts, start), unreachable) from None
                 if exc.busy:
                     # Alive and busy: wait for it up to the backpressure budget, each attempt still
                     # bounded by the timeout, and pace the requests that follow.
@@ -234,10 +247,10 @@ class OtlpClient:
                 if time.monotonic() + wait >= deadline:
                     what = exc.what if exc.after_s is None or wait != exc.after_s else \
                         f"{exc.what} (asked to retry after {exc.after_s:g}s, past the deadline)"
-                    raise ExportError(self._describe(what, attempts, start)) from None
+                    raise ExportError(self._describe(what, attempts, start), unreachable) from None
                 log.debug("OTLP export to %s: %s; retrying in %.2fs", self.display_endpoint, redact(exc.what, cfg), wait)
                 if stop.wait(wait):
-                    raise ExportError(self._describe(f"{exc.what}; stopped by shutdown", attempts, start)) from None
+                    raise ExportError(self._describe(f"{exc.what}; stopped by shutdown", attempts, start), unreachable) from None
 
     @property
     def display_endpoint(self) -> str:
@@ -354,7 +367,8 @@ class OtlpClient:
                 # The receiver's size limit, not a full queue: the same request will never fit.
                 raise _Fail(f"{what}{TOO_LARGE_HINT}") from None
             if code in retryable:
-                raise _Retry(what, grpc_retry_delay(exc), busy=code == grpc.StatusCode.RESOURCE_EXHAUSTED) from None
+                raise _Retry(what, grpc_retry_delay(exc), busy=code == grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             unreachable=code == grpc.StatusCode.UNAVAILABLE) from None
             if code == grpc.StatusCode.UNIMPLEMENTED:
                 raise _Unsupported(what) from None
             raise _Fail(what) from None
@@ -441,7 +455,7 @@ class OtlpClient:
             if watchdog.fired:
                 what = "stopped by shutdown" if stop.is_set() else f"timed out: no complete answer within the deadline ({what})"
                 raise _Fail(what) from None
-            raise _Retry(what) from None
+            raise _Retry(what, unreachable=True) from None
         watchdog.cancel()
         status = resp.status
         if resp.getheader("Connection", "").lower() == "close" and self._conn is not None:
@@ -504,9 +518,11 @@ def _payloads(batch: SpanBatch, config: OtlpConfig) -> Iterable[bytes]:
         yield from encode_requests(batch, max_bytes=config.max_request_bytes)
 
 
-def export_spans(client: OtlpClient, batch: SpanBatch, stop: threading.Event | None = None) -> ExportStats:
+def export_spans(client: OtlpClient, batch: SpanBatch, stop: threading.Event | None = None,
+                 max_attempts: int | None = None) -> ExportStats:
     """Export every span of the batch over an open client; raises ExportError when a request cannot be
-    delivered within the timeout (each request has its own deadline, retries and slow reads included).
+    delivered within the timeout (each request has its own deadline, retries and slow reads included;
+    ``max_attempts`` as in :meth:`OtlpClient.export`).
 
     Requests go one after another (one per trace, split at ``config.max_request_bytes``); the first
     that fails for good stops the export. Partial-success rejections are counted in the stats and
@@ -517,7 +533,7 @@ def export_spans(client: OtlpClient, batch: SpanBatch, stop: threading.Event | N
     start = time.monotonic()
     attempts0 = client.attempts
     for body in _payloads(batch, config):
-        rejected, message = client.export(body, stop=stop)
+        rejected, message = client.export(body, stop=stop, max_attempts=max_attempts)
         stats.requests += 1
         stats.bytes += len(body)
         stats.bytes_sent += client.last_sent_bytes

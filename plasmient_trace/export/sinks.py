@@ -12,6 +12,7 @@ import stat
 import sys
 import tempfile
 import threading
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -62,7 +63,8 @@ class RemoteSink(Protocol):
     name: str
     signal: str
 
-    def export(self, batch: SpanBatch, stop: threading.Event) -> Any: ...
+    # probe: the collector is known to be down; one attempt tells whether it is back, no retries
+    def export(self, batch: SpanBatch, stop: threading.Event, probe: bool = False) -> Any: ...
     def reset(self) -> None: ...
     def close(self) -> None: ...
 
@@ -367,24 +369,35 @@ class OtlpSink:
         self.signal = signal
         self.config = config if signal == "traces" else config.for_signal(signal)
         self.name = f"{otlp.redact_url(self.config.endpoint)} ({self.config.protocol})"
+        # The collector as a server: both signals' sinks of one collector share it (for HTTP their paths differ).
+        endpoint = self.config.endpoint.strip()
+        self.collector = urllib.parse.urlsplit(endpoint).netloc if "://" in endpoint else endpoint
         self._client: Any = None
+        self._attempts_before = 0  # of clients closed since
         # One cumulative plasmient.steps series per rank/fleet across every batch this sink sends.
         self._steps = metrics.StepCounter()
 
-    def export(self, batch: SpanBatch, stop: threading.Event) -> Any:
+    def export(self, batch: SpanBatch, stop: threading.Event, probe: bool = False) -> Any:
         from plasmient_trace.export import metrics, otlp
 
         if self._client is None:
             self._client = otlp.OtlpClient(self.config)
+        attempts = 1 if probe else None
         if self.signal == "traces":
-            return otlp.export_spans(self._client, batch, stop)
-        return metrics.export_metrics(self._client, batch, stop, self._steps)
+            return otlp.export_spans(self._client, batch, stop, max_attempts=attempts)
+        return metrics.export_metrics(self._client, batch, stop, self._steps, max_attempts=attempts)
+
+    @property
+    def attempts(self) -> int:
+        """Requests tried so far, retries included, over this sink's clients (0 before the first)."""
+        return self._attempts_before + (self._client.attempts if self._client is not None else 0)
 
     def reset(self) -> None:
         self._client = None  # the parent's channel belongs to the parent: forget it, never close it
 
     def close(self) -> None:
         if self._client is not None:
+            self._attempts_before += self._client.attempts
             self._client.close()
             self._client = None
 

@@ -42,7 +42,7 @@ def parse_percent(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a percentage (e.g. 5%)") from None
     if not 0 <= value < 100:
         raise argparse.ArgumentTypeError(f"{text!r}: the drop must be between 0% and 100%")
-    return value / 100.0
+    return value / 100.0 + 0.0  # -0 is 0: the limit line said "--0%"
 
 
 def add_diff_arguments(parser: argparse.ArgumentParser) -> None:
