@@ -16,6 +16,7 @@ from typing import Any
 
 from . import __version__
 from .conventions import MAX_FLAG_VALUE
+from .messages import one_printable_line, say_error
 from .stitch import ids
 
 EXIT_BAD_INPUT = 2
@@ -175,13 +176,13 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         import importlib.util
 
         if importlib.util.find_spec("ray") is None:
-            print("plasmient: error: --ray needs Ray: pip install 'plasmient-trace[ray]'", file=sys.stderr)
+            say_error("plasmient", "--ray needs Ray: pip install 'plasmient-trace[ray]'")
             return EXIT_BAD_INPUT
         if args.ray and (Path(args.ray).is_file() or Path(args.ray).is_dir()):  # "" is the local Ray, not "."
             # `--ray rank-0.json rank-1.json` or `--ray traces/`: argparse took the first input for the address.
             args.paths, args.ray = [args.ray, *args.paths], ""
     if not args.paths:
-        print("plasmient: error: no trace given: name the trace files, a directory of them, or - (stdin)", file=sys.stderr)
+        say_error("plasmient", "no trace given: name the trace files, a directory of them, or - (stdin)")
         return EXIT_BAD_INPUT
     from .export import sinks
     from .export.sinks import OutputError, check_distinct_outputs, check_not_an_input, is_stdout
@@ -194,14 +195,14 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         job_id = args.job_id or _job_id_of_input(args.paths[0])
         args.paths = traces_in(args.paths)
     except ValueError as err:
-        print(f"plasmient: error: {err}", file=sys.stderr)
+        say_error("plasmient", str(err))
         return EXIT_BAD_INPUT
     try:  # a mistake in the OTLP settings is said before the traces are read, not after
         from .export import otlp, selection
 
         config = otlp.OtlpConfig.from_env(endpoint=args.endpoint, protocol=args.protocol)
     except ValueError as err:
-        print(f"plasmient: error: {otlp.redact(str(err))}", file=sys.stderr)
+        say_error("plasmient", f"{otlp.redact(str(err))}")
         return EXIT_BAD_INPUT
     choice = selection.select_exporters(os.environ, config.explicit)
     for note in choice.notes:
@@ -214,7 +215,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         if args.parquet:
             sinks.check_output_dir(args.parquet)
     except OutputError as err:
-        print(f"plasmient: error: cannot write {err}", file=sys.stderr)
+        say_error("plasmient", f"cannot write {err}")
         return EXIT_BAD_INPUT
     try:
         if out:
@@ -225,14 +226,14 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
             check_distinct_outputs({"--out": out, **{f"--parquet ({f.name})": f for f in parquet_files(args.parquet)}})
     except OutputError as err:
-        print(f"plasmient: error: {err}", file=sys.stderr)
+        say_error("plasmient", str(err))
         return EXIT_BAD_INPUT
     # the summary and the progress bar go where the spans do not
     console = None if args.quiet else _console(stderr=args.out is not None and is_stdout(args.out))
     try:
         options = stitch_options_from_args(args, job_id)
     except ModelConfigError as err:
-        print(f"plasmient: error: {err}", file=sys.stderr)
+        say_error("plasmient", str(err))
         return EXIT_BAD_INPUT
     options.ray = args.ray
     options.keep_records = bool(args.parquet)  # else each rank's tables stay in the worker that read them
@@ -260,7 +261,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
             _say(args, f"plasmient: {note}")
         status, summary = _deliver(args, stream, _Destinations(config, choice, out), bar)
     except TraceFormatError as err:
-        print(f"plasmient: error: {err}", file=sys.stderr)
+        say_error("plasmient", str(err))
         return EXIT_BAD_INPUT
     except (ValueError, IndexError, TypeError, ArithmeticError, MemoryError) as err:
         # Input that parsed but that the stitcher could not use: still one line naming the input.
@@ -269,8 +270,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
             raise
         names = ", ".join(str(p) for p in args.paths)
         what = str(err).splitlines()[0][:200] if str(err) else ""
-        print(f"plasmient: error: {names}: cannot stitch ({type(err).__name__}{': ' + what if what else ''})",
-              file=sys.stderr)
+        say_error("plasmient", f"{names}: cannot stitch ({type(err).__name__}{': ' + what if what else ''})")
         return EXIT_BAD_INPUT
     finally:
         if bar is not None:
@@ -348,7 +348,7 @@ def _deliver(args: argparse.Namespace, stream: Any, where: _Destinations, bar: A
             raise BrokenPipeError(str(err)) from None  # main() ends quietly
         if not isinstance(err, sinks.OutputError):
             raise
-        print(f"plasmient: error: cannot write {err}", file=sys.stderr)
+        say_error("plasmient", f"cannot write {err}")
         return EXIT_BAD_INPUT, None
     if bar is not None:
         bar.stop()
@@ -370,7 +370,7 @@ def _report_delivery(args: argparse.Namespace, stats: Any, config: Any, spill_pa
     status = 0
     for signal, why in stats.unsupported.items():
         if signal == "traces":
-            print(f"plasmient: error: {why}; no span was delivered", file=sys.stderr)
+            say_error("plasmient", f"{why}; no span was delivered")
             status = EXIT_EXPORT_FAILED
         else:
             # Printed even with --quiet: the user should switch the signal off, not see this every run.
@@ -386,7 +386,7 @@ def _report_delivery(args: argparse.Namespace, stats: Any, config: Any, spill_pa
         # never "spilled, resend" for spans that are gone: a spill directory that cannot be written keeps none
         tail = [f"{' and '.join(kept)} spilled to {spill_path}; resend with `plasmient replay {spill_path}`"] if kept else []
         tail += [f"{' and '.join(lost)} could not be spilled to {spill_path} and are lost"] if lost else []
-        print(f"plasmient: error: {stats.errors[failed[0]]}; {'; '.join(tail) or 'nothing was spilled'}", file=sys.stderr)
+        say_error("plasmient", f"{stats.errors[failed[0]]}; {'; '.join(tail) or 'nothing was spilled'}")
         status = EXIT_EXPORT_FAILED
     endpoint = otlp.redact_url(config.endpoint)
     if "traces" in stats.sent and "traces" not in stats.errors:
@@ -405,7 +405,7 @@ def _say(args: argparse.Namespace, line: str) -> None:
 def _warn(line: str) -> None:
     """A line about what the result lacks or what was ignored (an unknown device, an exporter no one can
     use): printed with --quiet too, which means no progress bar and no summary, not fewer warnings."""
-    print(line, file=sys.stderr)
+    print(one_printable_line(line), file=sys.stderr)  # an input's name may hold a newline or an escape
 
 
 def _naming_hint(gpu_model: str | None, cpu: bool = False) -> str:
@@ -443,7 +443,7 @@ def _cmd_link(args: argparse.Namespace) -> int:
         lines += [tempo_link(args.tempo, trace, datasource=args.tempo_datasource)] if args.tempo else []
         print("\n".join(lines or [trace]))
     except ValueError as err:  # a URL that is not http(s): said in one line, like any bad argument
-        print(f"plasmient link: error: {err}", file=sys.stderr)
+        say_error("plasmient link", str(err))
         return 2
     return 0
 
@@ -562,7 +562,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # a refusal of the file system no command foresaw (a name longer than it allows): one line, not a traceback
         where = f"{exc.filename}: " if exc.filename is not None else ""
         prefix = f"plasmient {args.command}" if args.command in ("report", "diff", "link") else "plasmient"
-        print(f"{prefix}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        say_error(prefix, f"{where}{exc.strerror or exc}")
         return 2
     finally:
         if previous is not None:

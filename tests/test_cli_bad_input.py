@@ -302,3 +302,20 @@ def test_an_output_that_is_one_of_the_inputs_is_refused_and_the_input_kept(tmp_p
         assert capsys.readouterr().err.strip().splitlines() == [
             f"{prefix}{out}: is the input {source}; writing there would destroy it"], argv
         assert {p: p.read_bytes() for p in kept} == kept
+
+
+def test_a_file_name_with_a_newline_or_an_escape_stays_on_its_one_line_in_every_command(tmp_path, capsys):
+    # "plasmient: error: /runs/trunc" then "ated.json: not JSON" on a line of its own: a log grep for the error
+    # line saw half of it, and an escape in a name recoloured the terminal
+    for name in ("trunc\nated", "esc\x1b[31mred"):
+        bad = tmp_path / f"{name}.json"
+        bad.write_bytes(b"xx")
+        shown = str(bad).replace("\n", "\\n").replace("\x1b", "\\x1b")
+        for argv, prefix in [(["ingest", str(bad), "--out", str(tmp_path / "o.jsonl"), "--quiet"], "plasmient: error: "),
+                             (["report", str(bad)], "plasmient report: error: "),
+                             (["diff", str(bad), str(bad)], "plasmient diff: error: "),
+                             (["replay", str(bad)], "plasmient: error: ")]:
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err.splitlines()
+            assert len(err) == 1 and err[0].startswith(prefix) and shown in err[0], (argv, err)
+            assert "\x1b" not in err[0]

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..cli import _fraction, _positive_float, _positive_int
 from .autostart import RUN_DIR_VAR
+from ..messages import say_error
 
 
 def register(subparsers: Any) -> None:
@@ -56,7 +57,7 @@ def run_command(args: argparse.Namespace) -> int:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        print("plasmient: error: run needs a command after --, e.g. plasmient run -- python train.py", file=sys.stderr)
+        say_error("plasmient", "run needs a command after --, e.g. plasmient run -- python train.py")
         return 2
     if args.install_hook:
         print(f"plasmient: installed {install_pth()}", file=sys.stderr)
@@ -65,7 +66,7 @@ def run_command(args: argparse.Namespace) -> int:
         try:
             proc = subprocess.Popen(cmd, env=child_env(args, shim_dir))
         except OSError as err:
-            print(f"plasmient: error: cannot run {cmd[0]!r}: {err}", file=sys.stderr)
+            say_error("plasmient", f"cannot run {cmd[0]!r}: {err}")
             return 127
         code = _wait_forwarding(proc)
         if not any(Path(shim_dir).glob("started.*")):

@@ -38,6 +38,7 @@ from plasmient_trace.export.files import is_special_file
 from plasmient_trace.export.otlp_json import batch_from_otlp_dicts
 from plasmient_trace.held_signals import HeldSignals
 from plasmient_trace.memory import cyclic_gc_paused
+from plasmient_trace.messages import say_error
 
 __all__ = ["SIGNALS", "SpillDir", "SpillFull", "append_lines", "default_spill_dir", "replay", "register", "write_whole"]
 
@@ -284,20 +285,20 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
     spill = SpillDir(Path(args.spill))
     if not Path(args.spill).is_dir():
-        print(f"plasmient: error: {args.spill}: no such directory", file=sys.stderr)
+        say_error("plasmient", f"{args.spill}: no such directory")
         return 2
     if not spill.pending():
-        print(f"plasmient: error: {args.spill}: no spilled spans there (a spill directory holds traces*.jsonl)", file=sys.stderr)
+        say_error("plasmient", f"{args.spill}: no spilled spans there (a spill directory holds traces*.jsonl)")
         return 2
     if not spill.is_spill_dir():
         # replay renames what it sends and deletes it once sent: never a run's own traces.jsonl
-        print(f"plasmient: error: {args.spill}: not a spill directory (plasmient leaves a .lock in the ones it spills "
-              "to); replay deletes what it sends, so it does not touch other files", file=sys.stderr)
+        say_error("plasmient", f"{args.spill}: not a spill directory (plasmient leaves a .lock in the ones it spills "
+                               "to); replay deletes what it sends, so it does not touch other files")
         return 2
     try:
         config = otlp.OtlpConfig.from_env(endpoint=args.endpoint, protocol=args.protocol)
     except ValueError as err:
-        print(f"plasmient: error: {otlp.redact(str(err))}", file=sys.stderr)
+        say_error("plasmient", f"{otlp.redact(str(err))}")
         return 2
     with otlp.OtlpClient(config) as traces, otlp.OtlpClient(config.for_signal("metrics")) as metrics_client:
         senders = {"traces": lambda b: otlp.export_spans(traces, b),
@@ -305,7 +306,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         try:
             stats = replay(spill.path, senders)
         except otlp.ExportError as err:
-            print(f"plasmient: error: replay stopped: {err}; run it again to resume (nothing is sent twice)", file=sys.stderr)
+            say_error("plasmient", f"replay stopped: {err}; run it again to resume (nothing is sent twice)")
             return 1
     metrics_part = f" and {stats.metric_lines} metrics line(s)" if stats.metric_lines else ""
     print(f"plasmient: replayed {stats.traces} trace line(s), {stats.spans} spans{metrics_part} from {stats.segments} "

@@ -20,6 +20,7 @@ from plasmient_trace import conventions as cv
 from plasmient_trace.cli import _console, _fraction, _output_path, _positive_float, _positive_int, stdin_for_dash
 from plasmient_trace.conventions import DEFAULT_BASELINE_MFU, SpanBatch
 from plasmient_trace.export.sinks import OutputError, check_not_an_input, check_output_path
+from plasmient_trace.messages import say_error
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -228,7 +229,7 @@ def run_report(args: argparse.Namespace) -> int:
             batch = read_span_files(list(args.files), notes, progress=update)
     except (ReportInputError, OutputError, ValueError) as exc:
         # Plain print, not the rich console: rich wraps long lines, and this must stay one line.
-        print(f"plasmient report: error: {exc}", file=sys.stderr)
+        say_error("plasmient report", str(exc))
         return 2
     if not args.quiet:
         for note in notes:
@@ -240,7 +241,7 @@ def run_report(args: argparse.Namespace) -> int:
             out = write_report(batch, args.html, title=title, fleet_gpus=args.fleet_gpus,
                                price_per_gpu_hour=args.price_per_gpu_hour, baseline_mfu=args.baseline_mfu)
         except OutputError as exc:
-            print(f"plasmient report: error: {exc}", file=sys.stderr)
+            say_error("plasmient report", str(exc))
             return 2
         if not args.quiet:
             # one line, the path as it is: rich would wrap it at the console's width and read [..] in it as markup

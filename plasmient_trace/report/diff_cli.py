@@ -24,6 +24,7 @@ from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.export.files import remove_written_files
 from plasmient_trace.export.sinks import (OutputError, check_distinct_outputs, check_not_an_input, check_output_path,
                                          write_output_file)
+from plasmient_trace.messages import say_error
 from plasmient_trace.report import diff as D
 from plasmient_trace.report.summary import _ellipsize, fmt_pct, fmt_seconds, fmt_usd, print_uncut, progress
 
@@ -298,7 +299,7 @@ def run_diff(args: argparse.Namespace) -> int:
             batch_b = load_side(args.b, args, update)
             b = D.side_from_batch(batch_b, args.b)
     except (DiffInputError, OutputError, ValueError) as err:
-        print(f"plasmient diff: error: {err}", file=sys.stderr)  # plain print: rich would wrap the one line
+        say_error("plasmient diff", str(err))  # plain print: rich would wrap the one line
         return D.EXIT_BAD_INPUT
     result = D.diff(a, b, per_step=args.per_step)
     if not args.quiet:
@@ -324,9 +325,12 @@ def run_diff(args: argparse.Namespace) -> int:
     except OutputError as err:
         # all the outputs or none: a JSON beside a missing page reads as a run that went through
         remove_written_files(written)
-        print(f"plasmient diff: error: {err}", file=sys.stderr)
+        say_error("plasmient diff", str(err))
         return D.EXIT_BAD_INPUT
     status, line = gate(result, args.fail_if_mfu_drops)
     if line:
-        print(f"plasmient diff: {'error: ' if status == D.EXIT_BAD_INPUT else ''}{line}", file=sys.stderr)
+        if status == D.EXIT_BAD_INPUT:
+            say_error("plasmient diff", line)
+        else:
+            print(f"plasmient diff: {line}", file=sys.stderr)
     return status
