@@ -76,6 +76,9 @@ class IngestOptions:
     # Records stitched at once (stitch.chunks): memory holds one group of steps' spans. None: a share of
     # the input (stitch.inputs.default_chunk_rows).
     chunk_rows: int | None = None
+    # Build the fleet and node spans from these ranks' summaries. False where they are built elsewhere from
+    # every rank's (live multi-rank: capture.distributed gathers them through the c10d store).
+    top_spans: bool = True
 
 
 @dataclass
@@ -208,7 +211,8 @@ def stream_records(record_sets: list[RecordSet], options: IngestOptions,
 
     def parts() -> Iterator[SpanBatch]:
         totals = StreamTotals()
-        for part in stitch_stream(inputs, stitch_options(options), on_groups=_groups_progress(progress)):
+        for part in stitch_stream(inputs, stitch_options(options), with_top_spans=options.top_spans,
+                                  on_groups=_groups_progress(progress)):
             stream.joined = part.joined
             totals.add(part)
             yield part.batch

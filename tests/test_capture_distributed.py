@@ -46,7 +46,10 @@ def _levels(table: pa.Table, *levels: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def a100():
-    alone = [pipeline.ingest_paths([TRACES / f"rank-{r}.json.gz"], OPTIONS).batch for r in (0, 1)]
+    # each rank stitched alone and without fleet/node spans, as a live rank is (IngestOptions.top_spans)
+    alone = [pipeline.ingest_paths([TRACES / f"rank-{r}.json.gz"], dataclasses.replace(OPTIONS, top_spans=False)).batch
+             for r in (0, 1)]
+    assert not any(_levels(b.table, "fleet", "node") for b in alone)
     joint = pipeline.ingest_paths([TRACES / "rank-0.json.gz", TRACES / "rank-1.json.gz"], OPTIONS).batch
     return alone, joint
 

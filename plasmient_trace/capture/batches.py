@@ -99,6 +99,8 @@ def process(session: CaptureSession, items: list[StepCapture]) -> SpanBatch:
 
     agree_job_id(session)
     rs = record_set(session, items)
+    # once per batch: the training thread may find the process group between the stitch and the exchange
+    multi_rank = distributed.active()
     full = {c.step for c in items if c.full}
     facts = StepFacts(signatures={c.step: c.signature for c in items if c.signature is not None},
                       measured=session.memory.measured, not_carried={c.step for c in items if c.compiled},
@@ -108,15 +110,16 @@ def process(session: CaptureSession, items: list[StepCapture]) -> SpanBatch:
     options = IngestOptions(job_id=session.job_id, peak_tflops=session.config.peak_tflops, gpu_price=session.config.gpu_price,
                             service_name=session.config.service_name, full_depth_steps=full, step_facts=facts,
                             cpu_spec=session.sources.cpu_spec_for_stitch(lambda: session.closed),
-                            # each rank stitches alone: its share of the trace's span budget
-                            world_size=distributed.world_size())
+                            # each rank stitches alone: its share of the trace's span budget; the fleet and
+                            # node spans are built from every rank's summaries (distributed.coordinate)
+                            world_size=distributed.world_size(), top_spans=not multi_rank)
     result = stitch_records([rs], options)
     facts.remember(result.summaries)  # later batches carry what this batch's full steps measured
     session.memory.preceding = facts.preceding  # and open their first tile where this batch's last one closed
     batch = result.batch
     update_threshold(session, batch.table, items)
-    # Multi-rank: this rank's fleet/node rows give way to ones built from every rank's summary.
-    return distributed.coordinate(batch, session.job_id, stitch_options(options), say_once)
+    # Multi-rank: the fleet and node spans built from every rank's summary join this rank's subtree.
+    return distributed.coordinate(batch, session.job_id, stitch_options(options), say_once) if multi_rank else batch
 
 
 def agree_job_id(session: CaptureSession) -> None:

@@ -1,10 +1,10 @@
 """Live multi-rank traces: ranks exchange per-step summaries so one fleet span and one node span per host
 are emitted for each step, instead of every rank emitting its own partial copies.
 
-Each rank stitches only its own records, so its batch carries fleet and node rows holding its numbers
-alone, under the ids every rank computes. Here (on the capture's background thread, after the stitch)
-those rows are dropped, this rank's :class:`~plasmient_trace.stitch.fleet.RankSummary` of each step is
-published as JSON to the default process group's c10d store (``plasmient/{job}/{step}/{rank}``), and:
+Each rank stitches only its own records, without fleet and node spans (``IngestOptions.top_spans``): those
+would hold its numbers alone. Here (on the capture's background thread, after the stitch) this rank's
+:class:`~plasmient_trace.stitch.fleet.RankSummary` of each step is published as JSON to the default
+process group's c10d store (``plasmient/{job}/{step}/{rank}``), and:
 
 * global rank 0 waits, bounded by PLASMIENT_FLEET_WAIT_S (default 10 s), for all world_size summaries of
   the step and emits the fleet span;
@@ -161,23 +161,6 @@ def _wait_keys(store: Any, keys: list[str], deadline: float) -> list[str]:
     return [k for k in keys if k not in missing]
 
 
-def _with_missing(top: SpanBatch, missing_by_step: dict[int, int]) -> SpanBatch:
-    """plasmient.fleet.ranks_missing on each fleet/node row: ranks whose summary had not arrived."""
-    if top.table.num_rows == 0:
-        return top
-    name = "plasmient.fleet.ranks_missing"
-    steps = top.table.column("plasmient.step").to_pylist()
-    values = pa.array([missing_by_step.get(s, 0) for s in steps], pa.int64())
-    idx = top.table.schema.get_field_index(name)
-    return SpanBatch(table=top.table.set_column(idx, top.table.schema.field(idx), values), resources=top.resources)
-
-
-def _without_top_rows(batch: SpanBatch) -> SpanBatch:
-    level = batch.table.column("plasmient.level")
-    keep = pc.invert(pc.is_in(level, value_set=pa.array(["fleet", "node"])))
-    return SpanBatch(table=batch.table.filter(keep), resources=batch.resources)
-
-
 def _append(batch: SpanBatch, top: SpanBatch) -> SpanBatch:
     if top.table.num_rows == 0:
         return batch
@@ -209,7 +192,7 @@ def _coordinate(group: Group, batch: SpanBatch, job_id: str, options: "StitchOpt
     store = group.store
     # the stitcher's own per-step reductions of this rank (they carry the step's collectives, for stragglers)
     mine = list(batch.summaries)
-    own = _without_top_rows(batch)
+    own = batch  # this rank's subtree: stitched without fleet and node spans (IngestOptions.top_spans)
     if not mine:
         return own
     host = mine[0].host
@@ -270,10 +253,9 @@ def _coordinate(group: Group, batch: SpanBatch, job_id: str, options: "StitchOpt
         if unaligned and say:
             say("fleet-clocks", f"the clocks of host(s) {unaligned} could not be aligned on shared collectives: "
                                 "their ranks are left out of the fleet's straggler and skew numbers")
-    top = fleet.top_spans(gathered, options, local_hosts={host} if is_leader else set(), include_fleet=is_root)
-    top = _with_missing(top, missing_by_step)
-    own = _append(own, top)
-    return own
+    top = fleet.top_spans(gathered, options, local_hosts={host} if is_leader else set(), include_fleet=is_root,
+                          ranks_missing=missing_by_step)
+    return _append(own, top)
 
 
 def _release(store: Any, key: str, readers: int) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -99,9 +99,10 @@ class RankSummary:
 
 
 def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_hosts: Iterable[str] | None = None,
-              include_fleet: bool = True) -> cv.SpanBatch:
+              include_fleet: bool = True, ranks_missing: Mapping[int, int] | None = None) -> cv.SpanBatch:
     """Fleet span (when include_fleet) and node spans (every host, or only local_hosts) of each step
-    in the summaries, with the ids, metrics and resources the stitcher gives them."""
+    in the summaries, with the ids, metrics and resources the stitcher gives them. ``ranks_missing``: per
+    step, the ranks whose summary did not arrive (live multi-rank), absent where not given."""
     by_step: dict[int, list[RankSummary]] = {}
     for s in summaries:
         by_step.setdefault(int(s.step), []).append(s)
@@ -250,6 +251,8 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
             lists[i] = rows
     cols.update(culprit_columns(n, lists))
     top_columns(cols, g)
+    if ranks_missing is not None:
+        cols["plasmient.fleet.ranks_missing"] = pa.array([ranks_missing.get(step, 0) for _, step, _, _ in groups], pa.int64())
     return cv.SpanBatch(table=cv.span_table_from_columns(cols, n), resources=resources)
 
 
