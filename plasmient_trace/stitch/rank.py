@@ -191,9 +191,11 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions, tl: D
     cs, ce, devs, share_s = tl.clip_start[live_k], tl.clip_end[live_k], tl.device[live_k], tl.share_s[live_k]
     dur_s = (ce - cs) / 1e9
     ideal = np.where(work.flops[live_k] > 0, work.flops[live_k] / peaks[live_k], np.where(np.isnan(peaks[live_k]), np.nan, 0.0))
+    # Model FLOPs faster than the peak allows: the kernel ran fewer multiplies than the op it computes
+    # (Winograd or FFT convolutions). Counted, and kept: ideal_s stays flops/peak, so a step's MFU is its
+    # flops/(peak*window) as FlopCounterMode's would be; each span's MFU is still at most its util.
     over = ideal > dur_s
     over_peak_by_step = np.bincount(kstep[live_k][over], minlength=n_steps) if n_steps else np.zeros(0, np.int64)
-    ideal = np.where(over, dur_s, ideal)
     rc_live = k_rc[live_k]
     waste = mc.kernel_waste_s(share_s, np.where(rc_live, 0.0, ideal), options.baseline_mfu)
     kind_live = kinds[live_k]
