@@ -294,3 +294,37 @@ def test_the_budget_holds_for_a_trace_stitched_from_several_ranks():
     assert max(per_trace.values()) <= 1000
     kernels = Counter((r["trace_id"], r["plasmient.rank"]) for r in rows if r["plasmient.level"] == "kernel")
     assert len(kernels) == 2 * len(per_trace)  # both ranks keep kernel spans in every trace
+
+
+@pytest.mark.parametrize("ranks_per_node", [8, 1])
+def test_every_second_of_waste_is_one_span_s_own_in_a_multi_rank_trace(ranks_per_node):
+    """Per trace, the .self values of waste and cost above the kernels add up to the root's total: the ranks' time outside
+    their own windows is their node's own, the nodes' time outside theirs the fleet's. The fleet of a
+    one-node job carried its node's skew as its own too (0.000961 s twice on step 551). Recomputed here from
+    the rank windows: a node's own waste is its ranks' time outside their windows, the fleet's the time its
+    nodes' windows leave of its own."""
+    from plasmient_trace.pipeline import IngestOptions, ingest_paths
+    from conftest import trace_path
+
+    files = [trace_path("a100_multirank/rank-0.json.gz"), trace_path("a100_multirank/rank-1.json.gz")]
+    options = IngestOptions(job_id="self", gpu_model="NVIDIA A100-SXM4-80GB", ranks_per_node=ranks_per_node)
+    rows = ingest_paths(files, options).batch.table.to_pylist()
+    for trace in {r["trace_id"] for r in rows}:
+        spans = [r for r in rows if r["trace_id"] == trace]
+        (fleet,) = [r for r in spans if r["plasmient.level"] == "fleet"]
+        nodes = [r for r in spans if r["plasmient.level"] == "node"]
+        ranks = [r for r in spans if r["plasmient.level"] == "rank"]
+        assert len(nodes) == 2 // ranks_per_node + (ranks_per_node > 2)
+        for key in ("plasmient.wasted_s", "plasmient.cost.usd", "plasmient.cost.wasted_usd"):
+            # a kernel is its op's own work (the op's .self holds it): spans above the kernels
+            own = sum(r[key + ".self"] or 0.0 for r in spans if r["plasmient.level"] != "kernel")
+            assert own == pytest.approx(fleet[key], rel=1e-9), key
+
+        def outside(outer, inner):  # the inner window lies in the outer one: the difference of their lengths
+            assert outer["plasmient.device.start_ns"] <= inner["plasmient.device.start_ns"]
+            return (outer["plasmient.device.window_s"] - inner["plasmient.device.window_s"]) * inner["plasmient.gpus"]
+
+        for node in nodes:
+            mine = [r for r in ranks if r["parent_span_id"] == node["span_id"]]
+            assert node["plasmient.wasted_s.self"] == pytest.approx(sum(outside(node, r) for r in mine), rel=1e-6, abs=1e-12)
+        assert fleet["plasmient.wasted_s.self"] == pytest.approx(sum(outside(fleet, n) for n in nodes), rel=1e-6, abs=1e-12)

@@ -7,8 +7,9 @@ them, so the two paths produce the same spans by construction.
 
 A node's (fleet's) window is the extent of its ranks' windows, charged for all their GPUs. Additive
 quantities are the ranks' sums; the device-seconds a rank spent outside its own window but inside the
-node's (it finished early and waited for a straggler) are the node's own waste (``wasted_s.self``), so
-totals still add up. Culprit rows are the ranks' rows summed by (kernel, op, module).
+node's (it finished early and waited for a straggler) are the node's own waste (``wasted_s.self``), and
+those outside its node's window but inside the fleet's are the fleet's own, so totals and .self values
+still add up. Culprit rows are the ranks' rows summed by (kernel, op, module).
 """
 
 from __future__ import annotations
@@ -136,6 +137,13 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
     price = g.values("price_per_hour")
     skew = total(outside)
     skew_usd = total(outside * price / 3600)
+    # Whose waste it is: a node's own is its ranks' time outside their windows; the fleet's own is only its
+    # nodes' time outside theirs (the rest is in the node spans below it, and counting it twice broke the
+    # sum of the .self values over a trace).
+    beyond_node = np.where(g.per_pair(np.array([lvl == "fleet" for lvl, *_ in groups])),
+                           (g.per_pair(window_s) - _node_window_s(g)) * g.values("gpus"), outside)
+    beyond_node = np.where(beyond_node > 0.0, beyond_node, 0.0)
+    own_skew, own_skew_usd = total(beyond_node), total(beyond_node * price / 3600)
     busy, known, ideal = total("busy_s"), total("known_s"), total("ideal_s")
     wasted = total("wasted_s") + skew
     cost = total(g.values("charged_s") * price / 3600) + skew_usd
@@ -208,11 +216,11 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
         "plasmient.bytes.self": np.zeros(n),
         "plasmient.arithmetic_intensity": intensity,
         "plasmient.cost.usd": cv.nan_to_null(cost),
-        "plasmient.cost.usd.self": cv.nan_to_null(skew_usd),
+        "plasmient.cost.usd.self": cv.nan_to_null(own_skew_usd),
         "plasmient.cost.wasted_usd": wasted_usd,
-        "plasmient.cost.wasted_usd.self": skew_usd,
+        "plasmient.cost.wasted_usd.self": own_skew_usd,
         "plasmient.wasted_s": wasted,
-        "plasmient.wasted_s.self": skew,
+        "plasmient.wasted_s.self": own_skew,
         "plasmient.kernels": kernels.astype(np.int64),
         "plasmient.kernel_s": total("kernel_s"),
         **_overlap_columns(g),
@@ -254,6 +262,18 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
     if ranks_missing is not None:
         cols["plasmient.fleet.ranks_missing"] = pa.array([ranks_missing.get(step, 0) for _, step, _, _ in groups], pa.int64())
     return cv.SpanBatch(table=cv.span_table_from_columns(cols, n), resources=resources)
+
+
+def _node_window_s(g: SummaryGroups) -> np.ndarray:
+    """Per (group, member) pair: the window of the member's node within the group (the extent of the windows
+    of the group's members on its host)."""
+    _, host = np.unique(np.array([s.host for s in g.members], dtype=object).astype(str), return_inverse=True)
+    _, node = np.unique(g.group * (int(host.max(initial=0)) + 1) + host, return_inverse=True)
+    start = np.full(node.max(initial=-1) + 1, np.iinfo(np.int64).max)
+    end = np.full(len(start), np.iinfo(np.int64).min)
+    np.minimum.at(start, node, g.values("window_start_ns", np.int64))
+    np.maximum.at(end, node, g.values("window_end_ns", np.int64))
+    return np.maximum(end - start, 0)[node] / 1e9
 
 
 def bandwidth_columns(g: SummaryGroups) -> dict[str, Any]:
