@@ -328,3 +328,22 @@ def test_every_second_of_waste_is_one_span_s_own_in_a_multi_rank_trace(ranks_per
             mine = [r for r in ranks if r["parent_span_id"] == node["span_id"]]
             assert node["plasmient.wasted_s.self"] == pytest.approx(sum(outside(node, r) for r in mine), rel=1e-6, abs=1e-12)
         assert fleet["plasmient.wasted_s.self"] == pytest.approx(sum(outside(fleet, n) for n in nodes), rel=1e-6, abs=1e-12)
+
+
+def test_fleet_and_node_spans_say_what_the_budget_folded_under_them():
+    # the schema promised kernels.folded* and spans.folded on fleet and node spans; they had none
+    from plasmient_trace.pipeline import IngestOptions, ingest_paths
+    from conftest import trace_path
+
+    files = [trace_path("a100_multirank/rank-0.json.gz"), trace_path("a100_multirank/rank-1.json.gz")]
+    rows = ingest_paths(files, IngestOptions(job_id="folded", max_spans=1000)).batch.table.to_pylist()
+    folded = ("plasmient.kernels.folded", "plasmient.kernels.folded_s", "plasmient.kernels.folded_flops", "plasmient.spans.folded")
+    for trace in {r["trace_id"] for r in rows}:
+        spans = [r for r in rows if r["trace_id"] == trace]
+        ranks = [r for r in spans if r["plasmient.level"] == "rank"]
+        kernel_spans = sum(r["plasmient.level"] == "kernel" for r in spans)
+        for top in (r for r in spans if r["plasmient.level"] in ("fleet", "node")):
+            for key in folded:
+                assert top[key] == pytest.approx(sum(r[key] for r in ranks), rel=1e-12), key
+            # every kernel under it is a span or folded
+            assert top["plasmient.kernels.folded"] == top["plasmient.kernels"] - kernel_spans > 0

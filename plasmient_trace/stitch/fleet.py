@@ -88,6 +88,11 @@ class RankSummary:
     full_depth: bool = True
     device_measured: bool = True
     flops_coverage: float | None = None  # a carried step's coverage (its busy time may be unknown)
+    # what the span budget folded under the rank span (plasmient.kernels.folded*, spans.folded)
+    kernels_folded: int = 0
+    kernels_folded_s: float = 0.0
+    kernels_folded_flops: float = 0.0  # NaN: some folded kernels' FLOPs unknown and none known
+    spans_folded: int = 0
 
     def to_json(self) -> dict[str, Any]:
         # NaN is not JSON: None stands for it on the wire.
@@ -258,10 +263,25 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
         if rows:
             lists[i] = rows
     cols.update(culprit_columns(n, lists))
+    cols.update(_folded_columns(g))
     top_columns(cols, g)
     if ranks_missing is not None:
         cols["plasmient.fleet.ranks_missing"] = pa.array([ranks_missing.get(step, 0) for _, step, _, _ in groups], pa.int64())
     return cv.SpanBatch(table=cv.span_table_from_columns(cols, n), resources=resources)
+
+
+def _folded_columns(g: SummaryGroups) -> dict[str, Any]:
+    """What the span budget folded under the ranks of a node or the fleet, summed as the rank spans carry it:
+    the FLOPs unknown where the known ones add to 0 and some rank's were unknown."""
+    flops = g.values("kernels_folded_flops")
+    known = g.total(np.nan_to_num(flops, nan=0.0))
+    unknown = g.any(np.isnan(flops))
+    return {
+        "plasmient.kernels.folded": g.total("kernels_folded").astype(np.int64),
+        "plasmient.kernels.folded_s": g.total("kernels_folded_s"),
+        "plasmient.kernels.folded_flops": cv.nan_to_null(np.where((known == 0) & unknown, np.nan, known)),
+        "plasmient.spans.folded": g.total("spans_folded").astype(np.int64),
+    }
 
 
 def _node_window_s(g: SummaryGroups) -> np.ndarray:

@@ -20,6 +20,8 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from .. import conventions as cv
 from ..records import RecordSet
@@ -131,8 +133,10 @@ def stitch_steps(prepared: PreparedRank, s0: int, s1: int, options: StitchOption
     export = choose_exported(tree, allowance, options.full_depth_steps, j.steps.astype(np.int64))
     batch = rank_columns(inp, j, tree, met, export, rank, node, options, culprits)
     service = batch.resources[0].get("service.name") if batch.resources else None
+    folded = _folded_by_step(batch.table)
     summaries = [RankSummary(job_id=options.job_id, rank=rank, host=node, price_per_hour=float(tree.price),
-                             bandwidth=bandwidth, device_type=inp.spec.device_type, service_name=service, **fields)
+                             bandwidth=bandwidth, device_type=inp.spec.device_type, service_name=service,
+                             **fields, **folded.get(fields["step"], {}))
                  for fields in _summary_fields(tree, j, culprits)]
     stats = {"spans": int(export.sum()), "kernels": tree.n_k,
              "kernels_folded": int((~export[tree.base["kernel"]:tree.base["kernel"] + tree.n_k] &
@@ -143,6 +147,19 @@ def stitch_steps(prepared: PreparedRank, s0: int, s1: int, options: StitchOption
 
 # The rank span's totals a summary carries as they are (flops, ideal_s and kernels are derived below).
 _SUMMED = ("busy_s", "known_s", "bytes_known_s", "bytes", "kernel_s", "comm_s", "copy_s", "wasted_s", "charged_s", "idle_s", "recompute_flops")
+
+
+def _folded_by_step(table: pa.Table) -> dict[int, dict[str, Any]]:
+    """Per step, what the span budget folded under the rank span, as its row says (for fleet.RankSummary)."""
+    ranks = table.filter(pc.equal(table.column("plasmient.level"), "rank"))
+    if ranks.num_rows == 0:
+        return {}
+    flops = ranks.column("plasmient.kernels.folded_flops").fill_null(np.nan).to_numpy(zero_copy_only=False)
+    return {step: {"kernels_folded": k, "kernels_folded_s": s, "kernels_folded_flops": f, "spans_folded": p}
+            for step, k, s, f, p in zip(ranks.column("plasmient.step").to_pylist(),
+                                        ranks.column("plasmient.kernels.folded").fill_null(0).to_pylist(),
+                                        ranks.column("plasmient.kernels.folded_s").fill_null(0.0).to_pylist(),
+                                        flops.tolist(), ranks.column("plasmient.spans.folded").fill_null(0).to_pylist())}
 
 
 def _summary_fields(tree: RankTree, j: JoinedRank, culprits: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
