@@ -16,7 +16,7 @@ from typing import Any
 
 from . import __version__
 from .conventions import MAX_FLAG_VALUE
-from .messages import one_printable_line, say_error
+from .messages import OneLineErrorParser, one_printable_line, say_error
 from .stitch import ids
 
 EXIT_BAD_INPUT = 2
@@ -57,6 +57,16 @@ def _step_number(text: str) -> int:
     if not 0 <= value <= MAX_INT_FLAG:
         raise argparse.ArgumentTypeError(f"steps are numbered from 0 (ProfilerStep#N), not {text!r}")
     return value
+
+
+def _gpu_model(text: str) -> str:
+    """A name the hardware table knows: a typo made ingest drop the device the trace named, exit 0, no MFU."""
+    from .metrics.hardware import SPECS, knows_name
+
+    if not knows_name(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is none of {', '.join(SPECS)} (nor a device name a trace "
+                                         "records for one); set --peak-tflops for a device the table lacks")
+    return text
 
 
 def _output_path(text: str) -> str:
@@ -103,7 +113,7 @@ def add_stitch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peak-tflops", type=_positive_float, help="override the device's dense peak, TFLOP/s")
     p.add_argument("--bandwidth-gbs", type=_positive_float, help="override the device's memory bandwidth, GB/s")
     p.add_argument("--gpu-price", type=_positive_float, help="USD per GPU-hour (default: the hardware table's list price)")
-    p.add_argument("--gpu-model", help="GPU model to assume instead of the trace's: a device name (e.g. 'NVIDIA A100-SXM4-80GB') "
+    p.add_argument("--gpu-model", type=_gpu_model, help="GPU model to assume instead of the trace's: a device name (e.g. 'NVIDIA A100-SXM4-80GB') "
                                        "or a hardware-table model (e.g. 'H100 SXM')")
     p.add_argument("--baseline-mfu", type=_fraction, default=None, help="MFU counted as not wasted (default 0.46)")
     p.add_argument("--ranks-per-node", type=_positive_int, default=8, help="ranks per node when the trace names no host (default 8)")
@@ -449,7 +459,7 @@ def _cmd_link(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="plasmient", description="Vertical OpenTelemetry traces for GPU jobs, with MFU and cost on every span.")
+    parser = OneLineErrorParser(prog="plasmient", description="Vertical OpenTelemetry traces for GPU jobs, with MFU and cost on every span.")
     parser.add_argument("--version", action="version", version=f"plasmient-trace {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -6,9 +6,11 @@ through :func:`say_error`, which shows such characters escaped."""
 
 from __future__ import annotations
 
+import argparse
 import sys
+from typing import NoReturn
 
-__all__ = ["one_printable_line", "say_error"]
+__all__ = ["OneLineErrorParser", "one_printable_line", "say_error"]
 
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -24,3 +26,11 @@ def one_printable_line(text: str) -> str:
 def say_error(program: str, message: str) -> None:
     """``program: error: message`` on stderr, on one line."""
     print(f"{program}: error: {one_printable_line(message)}", file=sys.stderr)
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse with its errors on one line: the usage block before them made a bad flag 14 lines of
+    output where every other bad input is one. --help still prints the usage. Subcommands inherit it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {one_printable_line(message)} (see {self.prog} --help)\n")

@@ -311,6 +311,13 @@ def _close(mem_gb: float | None, nominal: int) -> bool:
     return mem_gb is not None and 0.85 * nominal <= mem_gb <= 1.15 * nominal * (2**30 / 1e9)
 
 
+def knows_name(name: str) -> bool:
+    """Whether a device name (as Kineto records it, or a table model as a user names it) is one :func:`lookup`
+    can match, given the device's memory where the name leaves it open."""
+    key = _normalise(name)
+    return key in _NAMES or key in _MODELS or key in _BOARD_NAMES or key in _BY_PROPERTIES
+
+
 def lookup(device_properties: Mapping[str, Any]) -> GpuSpec | None:
     """The table entry for one Kineto ``deviceProperties`` entry, or None for an unknown device."""
     name = device_properties.get("name")

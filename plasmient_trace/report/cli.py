@@ -20,7 +20,7 @@ from plasmient_trace import conventions as cv
 from plasmient_trace.cli import _console, _fraction, _output_path, _positive_float, _positive_int, stdin_for_dash
 from plasmient_trace.conventions import DEFAULT_BASELINE_MFU, SpanBatch
 from plasmient_trace.export.sinks import OutputError, check_not_an_input, check_output_path
-from plasmient_trace.messages import say_error
+from plasmient_trace.messages import OneLineErrorParser, say_error
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -251,7 +251,7 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="plasmient report", description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(prog="plasmient report", description=__doc__.splitlines()[0])
     add_report_arguments(parser)
     return run_report(parser.parse_args(argv))
 
