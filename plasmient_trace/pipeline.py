@@ -236,13 +236,20 @@ def stitch_records(record_sets: list[RecordSet], options: IngestOptions) -> Inge
 def pair_capture(path: Path, records: RecordSet, options: IngestOptions) -> tuple[RecordSet, str | None]:
     """Pair a CUDA/HIP graph replay with its capture trace, when it has one; the note that says how well."""
     capture = Path(options.graph_capture) if options.graph_capture is not None else capture_trace_for(path)
-    if capture is None:
-        return records, None
+    if capture is None or _same_file(capture, path):
+        return records, None  # the capture trace ingested itself: nothing is replayed in it
     records, pairing = pair_graph_capture(records, read_kineto(capture), launch_kernel_names(capture), options.moe)
     return records, (f"{path.name}: {pairing['paired']} of {pairing['graph_kernels']} replayed graph kernels paired "
                      f"with their capture-time ops in {capture.name}"
                      + (f"; {pairing['name_mismatches']} kernel names did not match and stay unknown"
                         if pairing["name_mismatches"] else ""))
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:
+        return False
 
 
 def ingest_stream(

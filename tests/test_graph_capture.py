@@ -245,3 +245,14 @@ def test_ingest_pairs_the_replay_by_itself_and_the_step_carries_the_flops_and_th
     # the culprits name the capture-time op, not the replay call
     culprits = json.loads(step["plasmient.culprits"])
     assert any(c["op"] == "vllm::moe_forward" for c in culprits)
+
+
+def test_the_capture_trace_ingested_alone_is_paired_with_nothing(tmp_path, capsys):
+    # it sits beside execution_details.json, which names it: ingest paired it with itself and said
+    # "0 of 0 replayed graph kernels paired with their capture-time ops in <the same file>"
+    from plasmient_trace.cli import main
+
+    capture = capture_trace_for(next((TRACES / "cc94_vllm_decode").glob("*graph_execution*.json.gz")))
+    assert capture is not None and capture_trace_for(capture) == capture
+    assert main(["ingest", str(capture), "--out", str(tmp_path / "capture.jsonl")]) == 0
+    assert "paired" not in capsys.readouterr().err

@@ -191,7 +191,7 @@ def test_render_prints_the_row_numbers_and_culprits_with_suggestions():
         assert cells == {
             "step": str(r["step"]),
             "ranks": "2",
-            "wall": fmt_seconds(r["wall_s"]),
+            "window": fmt_seconds(r["wall_s"]),  # the device window the ratios divide by
             "cov.": fmt_pct(r["coverage"]),
             "util.resident": fmt_pct(r["util"]),
             "MFU": fmt_pct(r["mfu"]),

@@ -402,7 +402,8 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
     for col, just in (
         ("step", "right"),
         ("ranks", "right"),
-        ("wall", "right"),
+        # the device window util and MFU divide by (plasmient.device.window_s), not the step's CPU wall time
+        ("window", "right"),
         ("cov.", "right"),
         ("util.resident", "right"),
         ("MFU", "right"),
