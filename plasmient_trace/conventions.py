@@ -107,6 +107,7 @@ SPAN_ATTRIBUTES: tuple[SpanAttribute, ...] = (
     SpanAttribute("plasmient.input.clamped_events", _I, "{event}", ("step",), "on the first step of a rank: trace events whose times were clamped into range"),
     SpanAttribute("plasmient.input.invalid_values", _I, "{value}", ("step",), "on the first step of a rank: other field values the source rejected (ids, sizes)"),
     SpanAttribute("plasmient.kernels.outside_steps", _I, "{kernel}", ("step",), "on the first step of a rank: kernels of the trace that belong to no step (launched before the first or after the last), in no span"),
+    SpanAttribute("plasmient.ops.outside_steps", _I, "{op}", ("step",), "on the first step of a rank: ops of the trace that belong to no step (run before the first or after the last), in no span; on a CPU, where the ops are the work, what kernels.outside_steps is on a GPU"),
     SpanAttribute("plasmient.kernels.over_peak", _I, "{kernel}", ("step",), "kernels whose modelled flops exceed peak * duration (fewer multiplies run than modelled: Winograd, FFT); their ideal_s stays flops/peak, their own mfu is their util"),
     SpanAttribute("plasmient.unjoined_kernels", _I, "{kernel}", ("step",), "kernels with no launch or no op; kept, parented to the step"),
     SpanAttribute("plasmient.peak_flops", _F, "{flop}/s", ("fleet", "node", "rank", "step", "kernel"), "kernel (one with FLOPs): the dense peak of the precision its math ran at (fp32, tf32, 3xtf32, bf16, ...), its roof; above the step: the device's headline dense peak, bf16 tensor math on a GPU, fp32 on a CPU"),

@@ -347,3 +347,18 @@ def test_fleet_and_node_spans_say_what_the_budget_folded_under_them():
                 assert top[key] == pytest.approx(sum(r[key] for r in ranks), rel=1e-12), key
             # every kernel under it is a span or folded
             assert top["plasmient.kernels.folded"] == top["plasmient.kernels"] - kernel_spans > 0
+
+
+def test_ops_outside_every_step_are_counted_on_the_first_step():
+    # On the CPU trace the ops are the work: 8 gloo:all_reduce calls (1.79 s) after the one profiled step
+    # were in no span and no counter. Recomputed from the raw JSON: every cpu_op and user annotation (the
+    # step markers aside) that no ProfilerStep# interval holds.
+    name = "cpu_only/rank-34.json.gz"
+    events = [e for e in raw_trace(name)["traceEvents"] if e.get("ph") == "X"]
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    outside = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation")
+               and not str(e.get("name", "")).startswith("ProfilerStep#")
+               and not any(a <= e["ts"] and e["ts"] + e.get("dur", 0) <= b for a, b in steps)]
+    assert Counter(e["name"] for e in outside)["gloo:all_reduce"] == 8
+    counted = [r["plasmient.ops.outside_steps"] for r in _rows(name) if r["plasmient.ops.outside_steps"] is not None]
+    assert counted == [len(outside)]

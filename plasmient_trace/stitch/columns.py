@@ -231,6 +231,7 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     cols["plasmient.unjoined_kernels"] = on_rows(unjoined[sel[step_rows]], step_rows, m)
     first_step = step_rows[srow[step_rows] + j.origin.first_step == 0]
     cols["plasmient.kernels.outside_steps"] = on_rows(np.full(len(first_step), t.outside_kernels, np.int64), first_step, m)
+    cols["plasmient.ops.outside_steps"] = on_rows(np.full(len(first_step), j.stats.ops_outside_steps, np.int64), first_step, m)
     for key in ("input.dropped_events", "input.clamped_events", "input.invalid_values"):
         count = inp.records.counters.get(key)
         if count is not None:
