@@ -424,6 +424,8 @@ def test_a_header_entry_without_key_value_is_named_on_the_failure_never_shown(ca
             assert "1 entry of OTEL_EXPORTER_OTLP_HEADERS had no key=value and was not sent" in str(err.value)
             assert "hunter2" not in str(err.value)
     assert caplog.messages and not any("hunter2" in m for m in caplog.messages), caplog.messages
+    # in a traced job's stderr (Python's last-resort handler prints the bare message) it says whose it is
+    assert [m for m in caplog.messages if "header entr" in m][0].startswith("plasmient: ignoring 1 OTLP header entry")
 
 
 def test_redact_covers_the_escaped_forms_messages_quote() -> None:

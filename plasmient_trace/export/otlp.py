@@ -540,7 +540,7 @@ def export_spans(client: OtlpClient, batch: SpanBatch, stop: threading.Event | N
         if rejected or message:
             stats.rejected += rejected
             stats.messages.append(message)
-            log.warning("OTLP endpoint %s rejected %d span(s): %s", stats.endpoint, rejected, message or "(no message)")
+            log.warning("plasmient: OTLP endpoint %s rejected %d span(s): %s", stats.endpoint, rejected, message or "(no message)")
     stats.retries = client.attempts - attempts0 - stats.requests
     stats.seconds = time.monotonic() - start
     return stats

@@ -60,7 +60,7 @@ def parse_headers(value: str) -> dict[str, str]:
     headers, ignored = _split_headers(value)
     if ignored:
         # never the entry itself: "Authorization Bearer <token>" is the usual one
-        log.warning("ignoring %d OTLP header entr%s without key=value (not shown: it may hold a secret)",
+        log.warning("plasmient: ignoring %d OTLP header entr%s without key=value (not shown: it may hold a secret)",
                     ignored, "y" if ignored == 1 else "ies")
     return headers
 
