@@ -267,7 +267,8 @@ _ROW_UNITS = {"busy_s": ("s", "exclusive busy device-seconds (sum of plasmient.b
               "kernels": ("{kernel}", "kernel spans in the row (a count, never divided per step)"),
               "mfu": ("1", "ideal_s / busy_s of the row, a lower bound where coverage < 1; null without busy time, "
                       "without a known peak, without any kernel whose FLOPs are known, or where the known FLOPs are "
-                      "zero and coverage < 1"),
+                      "zero and coverage < 1; above 1 for kernels whose model FLOPs beat the peak in their time "
+                      "(Winograd, FFT: plasmient.kernels.over_peak)"),
               "coverage": ("1", "covered_s / busy_s: the share of the row's busy time whose FLOPs are known")}
 
 
