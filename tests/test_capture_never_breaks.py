@@ -410,6 +410,33 @@ def test_a_signal_mid_run_flushes_every_finished_step_and_keeps_the_exit_status(
     assert b"Traceback" not in err or sig == signal.SIGINT  # SIGINT: the job's own KeyboardInterrupt
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGUSR1, signal.SIGTERM])
+def test_a_signal_sent_to_plasmient_run_alone_reaches_the_job_once(tmp_path: Path, sig: int) -> None:
+    """A supervisor, an IDE's stop button or `timeout --foreground` signals the pid it started. SIGINT was
+    not passed on (the job trained to the end and exited 0) and SIGUSR1 killed only the wrapper (the job
+    trained on, orphaned). Each now ends the job as it ends the plain one, and SIGINT arrives once, so the
+    flush at exit is not cut short by a second one."""
+    script = _script(tmp_path, "steps.py", STEPS_JOB)
+    cmd = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+           "os.execv(sys.argv[1], sys.argv[1:])", sys.executable, "-m", "plasmient_trace.cli", "run", "--out",
+           str(tmp_path / "t.jsonl"), "--", sys.executable, str(script), "100000", "0.02"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    printed = []
+    for line in proc.stdout:
+        printed.append(line)
+        if len(printed) == 30:
+            break
+    os.kill(proc.pid, sig)  # this process only, not its group
+    rest, err = proc.communicate(timeout=TIMEOUT)
+    finished = len(printed) + len(rest.splitlines())
+    assert proc.returncode == -sig, err.decode()[-2000:]
+    assert finished < 100000  # the job stopped, as the plain one does
+    if sig != signal.SIGUSR1:  # whose default action is to end the job without a flush, plain or traced
+        steps = _steps(tmp_path / "t.jsonl")
+        assert steps[: finished] == list(range(finished))
+
+
 CHAINING_JOB = STEPS_JOB.replace("for i in range(steps):", """import os, signal
 stop = []
 replaced = signal.getsignal(signal.SIGTERM)

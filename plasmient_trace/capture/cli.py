@@ -64,11 +64,16 @@ def run_command(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="plasmient-run-") as shim_dir:
         write_shim(shim_dir)
         try:
-            proc = subprocess.Popen(cmd, env=child_env(args, shim_dir))
+            # At a terminal the command stays in its foreground group: Ctrl-C and job control reach it as
+            # they would without us. Elsewhere (a scheduler, a supervisor, CI) it gets a group of its own,
+            # so a signal sent to this process's group reaches the command once, through us, with its workers.
+            own_group = not _in_terminal_foreground()
+            proc = subprocess.Popen(cmd, env=child_env(args, shim_dir), process_group=0 if own_group else None,
+                                    preexec_fn=_terminated_with_us if own_group else None)
         except OSError as err:
             say_error("plasmient", f"cannot run {cmd[0]!r}: {err}")
             return 127
-        code = _wait_forwarding(proc)
+        code = _wait_forwarding(proc, own_group)
         if not any(Path(shim_dir).glob("started.*")):
             print("plasmient: nothing was traced: no process of the command imported torch with the startup hook "
                   "loaded (python -I, -E or -S skips it: drop the flag, or call plasmient_trace.capture.start() "
@@ -78,32 +83,64 @@ def run_command(args: argparse.Namespace) -> int:
     return code
 
 
-def _wait_forwarding(proc: subprocess.Popen) -> int:
-    """Wait for the child. SIGTERM/SIGHUP sent to this process alone (a scheduler, ``kill``) are
-    passed on so the child can flush; SIGINT from a terminal already reached the whole group."""
-    forwarded = (signal.SIGTERM, signal.SIGHUP)
-    saved = {}
+# What `plasmient run` passes on to the command, as a process supervisor does: whatever is sent to this
+# process alone would otherwise stop only the wrapper (USR1, QUIT) or nothing at all (INT), and leave the job
+# running on its own.
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+# si_code of a signal the kernel sent: a terminal's Ctrl-C and Ctrl-\, which reach the whole foreground
+# process group, the command included; passing them on would interrupt it twice.
+_SI_KERNEL = 0x80
+_FROM_THE_TERMINAL = (signal.SIGINT, signal.SIGQUIT)
 
-    def forward(signum: int, _frame: Any) -> None:
-        try:
-            proc.send_signal(signum)
-        except OSError:
-            pass
 
-    for sig in forwarded:
-        try:
-            saved[sig] = signal.signal(sig, forward)
-        except ValueError:  # not the main thread
-            pass
+def _terminated_with_us() -> None:
+    """In the child before exec: a SIGTERM when `plasmient run` dies (SIGKILL from `timeout -k`, an OOM kill),
+    which would otherwise leave it running in its own process group, which the kill of ours did not reach."""
     try:
-        while True:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except Exception:
+        pass  # not Linux: no such call
+
+
+def _in_terminal_foreground() -> bool:
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):  # no terminal, a closed or replaced stdin
+        return False
+
+
+def _wait_forwarding(proc: subprocess.Popen, own_group: bool = False) -> int:
+    """Wait for the child, passing on every signal in FORWARDED that this process receives: to the child's
+    own process group (the command and its workers) when it has one, else to the child, except the
+    terminal's own Ctrl-C and Ctrl-\\ (the child got those already). The signals are blocked and taken with
+    sigtimedwait, whose siginfo says who sent each; SIGCHLD ends the wait as soon as the child exits."""
+    waited = {*FORWARDED, signal.SIGCHLD}
+    try:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
+    except (ValueError, OSError):  # not the main thread, or no such mask here: plain waiting
+        return proc.wait()
+    try:
+        while proc.poll() is None:
+            info = signal.sigtimedwait(waited, 0.5)
+            if info is None or info.si_signo == signal.SIGCHLD:
+                continue
+            if not own_group and info.si_signo in _FROM_THE_TERMINAL and info.si_code == _SI_KERNEL:
+                continue
             try:
-                return proc.wait()
-            except KeyboardInterrupt:
-                continue  # the child got the same SIGINT; wait for it to flush and exit
+                if own_group:
+                    os.killpg(proc.pid, info.si_signo)
+                else:
+                    proc.send_signal(info.si_signo)
+            except OSError:
+                pass
+        return proc.returncode
     finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
+        # what came after the child's end is for no one: taken, not delivered to this process on unblocking
+        while signal.sigtimedwait(waited, 0) is not None:
+            pass
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _die_like_child(signum: int) -> None:
