@@ -437,6 +437,28 @@ def test_a_signal_sent_to_plasmient_run_alone_reaches_the_job_once(tmp_path: Pat
         assert steps[: finished] == list(range(finished))
 
 
+def test_plasmient_run_inside_plasmient_run_traces_once_and_the_job_s_own_sitecustomize_runs_once(tmp_path: Path) -> None:
+    # the two shims on the path each chained to the other: "Error in sitecustomize ... RecursionError" in the
+    # job's stderr, and the outer run said "nothing was traced" though the inner one's file held every step
+    script = _script(tmp_path, "steps.py", STEPS_JOB)
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text("import os, sys\nif sys.argv[0].endswith('steps.py'):\n"
+                                         "    print('the job sitecustomize ran', file=sys.stderr)\n")
+    env = _env(tmp_path)
+    env["PYTHONPATH"] = os.pathsep.join([str(own), env["PYTHONPATH"]])
+    plain = subprocess.run([sys.executable, str(script), "4", "0"], cwd=tmp_path, env=env, capture_output=True,
+                           timeout=TIMEOUT)
+    run = [sys.executable, "-m", "plasmient_trace.cli", "run", "--out"]
+    nested = subprocess.run([*run, str(tmp_path / "outer.jsonl"), "--", *run, str(tmp_path / "inner.jsonl"), "--",
+                             sys.executable, str(script), "4", "0"], cwd=tmp_path, env=env, capture_output=True,
+                            timeout=TIMEOUT)
+    assert plain.stderr.decode().count("the job sitecustomize ran") == 1
+    _same_run(plain, nested)
+    assert b"nothing was traced" not in nested.stderr and b"sitecustomize" not in nested.stderr.replace(b"the job sitecustomize ran", b"")
+    assert _steps(tmp_path / "inner.jsonl") == [0, 1, 2, 3]
+
+
 CHAINING_JOB = STEPS_JOB.replace("for i in range(steps):", """import os, signal
 stop = []
 replaced = signal.getsignal(signal.SIGTERM)

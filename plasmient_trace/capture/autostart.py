@@ -51,12 +51,12 @@ def _is_child_process() -> bool:
 
 def note_started() -> None:
     """Leave this process's mark for `plasmient run` (see RUN_DIR_VAR); never raises."""
-    where = os.environ.get(RUN_DIR_VAR)
-    if where:
-        try:
-            os.close(os.open(os.path.join(where, f"started.{os.getpid()}"), os.O_CREAT | os.O_WRONLY, 0o600))
-        except OSError:
-            pass
+    for where in os.environ.get(RUN_DIR_VAR, "").split(os.pathsep):  # one per `plasmient run` around it
+        if where:
+            try:
+                os.close(os.open(os.path.join(where, f"started.{os.getpid()}"), os.O_CREAT | os.O_WRONLY, 0o600))
+            except OSError:
+                pass
 
 
 def _start() -> None:
@@ -127,8 +127,11 @@ try:
     _plasmient_autostart.maybe_install()
 except Exception as _err:
     print("plasmient-trace: tracing not started: %s" % (_err,), file=sys.stderr)
-_here = os.path.dirname(os.path.abspath(__file__))
-_rest = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+# every plasmient shim met so far is skipped (`plasmient run` inside `plasmient run` puts two on the path:
+# each chaining to the other recursed until Python gave up), so the chain ends at the job's own, if any
+_shims = sys.__dict__.setdefault("_plasmient_shim_dirs", set())
+_shims.add(os.path.dirname(os.path.abspath(__file__)))
+_rest = [p for p in sys.path if os.path.abspath(p or ".") not in _shims]
 _spec = importlib.machinery.PathFinder.find_spec("sitecustomize", _rest)
 if _spec is not None and _spec.loader is not None:
     _mod = importlib.util.module_from_spec(_spec)

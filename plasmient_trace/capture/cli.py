@@ -46,7 +46,7 @@ def child_env(args: argparse.Namespace, shim_dir: str, environ: dict[str, str] |
         if value is not None:
             env[var] = os.path.abspath(value) if flag == "out" else str(value)
     env["PYTHONPATH"] = os.pathsep.join([shim_dir] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env[RUN_DIR_VAR] = shim_dir
+    env[RUN_DIR_VAR] = os.pathsep.join([shim_dir] + ([env[RUN_DIR_VAR]] if env.get(RUN_DIR_VAR) else []))
     return env
 
 
