@@ -214,6 +214,35 @@ def test_torch_compile_job_runs_unchanged_and_every_step_is_traced(tmp_path: Pat
     assert fused and all(r["plasmient.busy_s"] > 0 and r["plasmient.flops"] is None for r in fused)
 
 
+RECOMPILE_JOB = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 1))
+compiled = torch.compile(m)
+opt = torch.optim.SGD(m.parameters(), lr=0.01)
+for i in range(8):
+    x = torch.randn(8 if i < 4 else 12, 16)  # a smaller last batch, or a new sequence length: a recompile
+    loss = compiled(x).square().mean(); opt.zero_grad(); loss.backward(); opt.step()
+    print(i, f"{loss.item():.4f}")
+"""
+
+
+def test_a_recompile_for_a_new_shape_leaves_the_job_s_stderr_alone_and_counts_no_tracing_work(tmp_path: Path) -> None:
+    """Dynamo's recompile runs the model's ops on fake tensors with symbolic sizes: reading those sizes threw
+    inside PyTorch ("INTERNAL ASSERT FAILED ... dispatch_on_subclass", a line of ours in the job's stderr),
+    and the ops that did read counted as the step's work (46,479 FLOPs on the recompiling step against
+    27,990 on the next one, which runs the same compiled code on the same shapes)."""
+    script = _script(tmp_path, "recompiled.py", RECOMPILE_JOB)
+    plain = _plain(tmp_path, script)
+    assert plain.returncode == 0, plain.stderr.decode()[-2000:]
+    traced = _traced(tmp_path, script, PLASMIENT_EVERY="1")
+    _same_run(plain, traced)
+    t = read_jsonl(tmp_path / "t.jsonl").table.to_pylist()
+    flops = {r["plasmient.step"]: r["plasmient.flops"] for r in t if r["plasmient.level"] == "step"}
+    assert sorted(flops) == list(range(8))
+    assert flops[4] == flops[5] == flops[7] > flops[3]  # the recompiling step: the work of its shape, no more
+
+
 NO_STEP_JOB = """
 import torch
 model = torch.nn.Linear(32, 32)

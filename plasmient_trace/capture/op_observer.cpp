@@ -175,16 +175,31 @@ struct Hasher {
   }
 };
 
-void hash_input(const c10::IValue& v, Hasher& h) {
+// A tensor whose ops Python handles: a FakeTensor while torch.compile traces (its sizes may be symbolic,
+// and reading them threw from inside PyTorch's argument parser), a FunctionalTensor, a DTensor. The op on
+// it is no work of its own: the real ops it runs (a DTensor's on its local shard) are recorded, and a fake
+// one runs none.
+bool dispatched_to_python(const at::Tensor& t) {
+  return t.defined() && (t.unsafeGetTensorImpl()->is_python_dispatch() ||
+                         t.unsafeGetTensorImpl()->has_symbolic_sizes_strides());
+}
+
+// False when an input is dispatched_to_python: the op is not recorded.
+bool hash_input(const c10::IValue& v, Hasher& h) {
   h.add(static_cast<uint64_t>(v.tag));
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
-    if (!t.defined()) return h.add(0xdeadULL);
+    if (!t.defined()) {
+      h.add(0xdeadULL);
+      return true;
+    }
+    if (dispatched_to_python(t)) return false;
     h.add(static_cast<uint64_t>(t.scalar_type()));
     h.add(static_cast<uint64_t>(t.dim()));
     for (int64_t s : t.sizes()) h.add(static_cast<uint64_t>(s));
   } else if (v.isTensorList()) {
     for (const at::Tensor& t : v.toTensorList().vec()) {
+      if (dispatched_to_python(t)) return false;
       h.add(t.defined() ? static_cast<uint64_t>(t.dim()) : 0xdeadULL);
       if (t.defined()) for (int64_t s : t.sizes()) h.add(static_cast<uint64_t>(s));
     }
@@ -200,6 +215,7 @@ void hash_input(const c10::IValue& v, Hasher& h) {
   } else if (v.isString()) {
     h.add(v.toStringRef().c_str());
   }
+  return true;
 }
 
 // ---- signature spelling (once per new signature)
@@ -329,14 +345,22 @@ Signature spell(const at::RecordFunction& fn, bool with_inputs) {
   return sig;
 }
 
-// Returns the signature id, with kUnbracketed set for ops named in set_unbracketed.
+constexpr uint32_t kNotRecorded = 0xFFFFFFFFu;  // an op on a tensor dispatched_to_python
+
+// Returns the signature id, with kUnbracketed set for ops named in set_unbracketed, or kNotRecorded.
 uint32_t signature_id(const at::RecordFunction& fn, ThreadState& ts, bool table_full = false) {
   const bool with_inputs = !table_full && fn.needsInputs();
   Hasher h;
   h.add(fn.name());
   h.add(with_inputs ? 1 : 0);
-  if (with_inputs)
-    for (const c10::IValue& v : fn.inputs()) hash_input(v, h);
+  if (with_inputs) {
+    for (const c10::IValue& v : fn.inputs())
+      if (!hash_input(v, h)) return kNotRecorded;
+  } else if (table_full && fn.needsInputs()) {
+    Hasher ignored;
+    for (const c10::IValue& v : fn.inputs())
+      if (!hash_input(v, ignored)) return kNotRecorded;
+  }
   auto hit = ts.signature_ids.find(h.h);
   if (hit != ts.signature_ids.end()) return hit->second;
   {
@@ -376,6 +400,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     auto ctx = std::make_unique<Context>();
     OpRecord& r = ctx->rec;
     const uint32_t sig = signature_id(fn, ts);
+    if (sig == kNotRecorded) return nullptr;
     r.signature = sig & ~kUnbracketed;
     r.tid = ts.tid;
     r.sequence_nr = fn.seqNr();
