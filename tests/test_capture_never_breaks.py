@@ -506,6 +506,32 @@ for i in range(steps):
         break""")
 
 
+EXIT_CHAINING_JOB = STEPS_JOB.replace("for i in range(steps):", """import os, signal
+replaced = signal.getsignal(signal.SIGTERM)
+print("handler found:", replaced, flush=True)
+def on_term(signum, frame):  # the usual idiom: call the handler it replaced, else end as the default would
+    if callable(replaced):
+        replaced(signum, frame)
+    else:
+        sys.exit(143)
+signal.signal(signal.SIGTERM, on_term)
+for i in range(steps):
+    if i == 4:
+        os.kill(os.getpid(), signal.SIGTERM)""")
+
+
+def test_a_job_that_ends_on_sigterm_unless_a_handler_was_there_before_still_ends(tmp_path: Path) -> None:
+    """signal.getsignal found our handler, callable: the job called it and trained on to the end, exit 0,
+    where the plain job exits 143 at the notice, a preemption swallowed. The job now sees what it would see
+    without us, and every step up to the notice is in the file."""
+    script = _script(tmp_path, "exit_chaining.py", EXIT_CHAINING_JOB)
+    plain = _plain(tmp_path, script, "20", "0")
+    assert plain.returncode == 143  # and what it printed of the handler it found is the traced run's too
+    traced = _traced(tmp_path, script, "20", "0", PLASMIENT_EVERY="2")
+    _same_run(plain, traced)
+    assert _steps(tmp_path / "t.jsonl") == list(range(4))
+
+
 @pytest.mark.parametrize("end", ["break", "_exit"])
 def test_a_job_that_chains_our_sigterm_handler_into_its_own_decides_whether_it_ends(tmp_path: Path, end: str) -> None:
     """Lightning composes the SIGTERM handler it finds into its own and trains on to a step boundary (or

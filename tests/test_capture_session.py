@@ -1068,3 +1068,32 @@ def test_an_op_recorder_keeps_at_most_its_limit_between_two_takes(op_hook):
         assert record(10) == (everything // 25, 0)  # each take starts the count again
     finally:
         recorder.limit = 0
+
+
+def test_the_ending_signal_handler_is_invisible_to_the_job_and_removal_restores_everything() -> None:
+    """While ours serves SIGTERM, the job sees the default; a handler the job sets is called after a flush
+    and is what getsignal returns; remove() leaves the job's own handler and the original functions."""
+    import os
+    import signal as sig
+
+    from plasmient_trace.capture import ending_signals
+
+    real_signal, real_getsignal = sig.signal, sig.getsignal
+    saved = real_getsignal(sig.SIGTERM)
+    real_signal(sig.SIGTERM, sig.SIG_DFL)
+    flushed: list[int] = []
+    try:
+        ending_signals.install(flush=lambda: flushed.append(1), stop=lambda: None)
+        assert sig.getsignal(sig.SIGTERM) is sig.SIG_DFL  # what the job would see without us
+        got: list[int] = []
+        assert sig.signal(sig.SIGTERM, lambda s, f: got.append(s)) is sig.SIG_DFL
+        job_handler = sig.getsignal(sig.SIGTERM)
+        assert callable(job_handler) and not getattr(job_handler, "_plasmient_flushes_first", False)
+        os.kill(os.getpid(), sig.SIGTERM)
+        assert got == [sig.SIGTERM] and flushed == [1]  # written first, then the job's own handler
+        ending_signals.remove()
+        assert sig.signal is real_signal and sig.getsignal is real_getsignal
+        assert real_getsignal(sig.SIGTERM) is job_handler
+    finally:
+        ending_signals.remove()
+        real_signal(sig.SIGTERM, saved)

@@ -72,60 +72,20 @@ def start(config: Any = None, exporters: list | None = None, **overrides: Any) -
         return _session
 
 
-# Signals whose default action ends the process without running atexit, so without a flush: a scheduler's
-# SIGTERM, and the SIGHUP a job started from a terminal gets when its ssh session drops.
-_ENDING_SIGNALS = ("SIGTERM", "SIGHUP")
-
-
-def _ending_signals() -> list[int]:
-    import signal
-
-    return [getattr(signal, name) for name in _ENDING_SIGNALS if hasattr(signal, name)]
-
-
-def _flush_on_ending_signals() -> None:
-    """Where the job left SIGTERM or SIGHUP at its default, flush (bounded by PLASMIENT_FLUSH_TIMEOUT_S)
-    and then die of the signal as the job would have, so the exit status is unchanged. A handler the job
-    sets later replaces ours: where it ends the job through SystemExit, atexit flushes. SIGINT needs
-    nothing: KeyboardInterrupt runs atexit."""
-    import signal
-
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for sig in _ending_signals():
+def _flush_queued() -> None:
+    """Write what the session has queued, bounded by PLASMIENT_FLUSH_TIMEOUT_S; never raises."""
+    session = _session
+    if session is not None and not session.closed:
         try:
-            if signal.getsignal(sig) is signal.SIG_DFL:
-                signal.signal(sig, _on_ending_signal)
-        except (ValueError, OSError):
+            session.flush(session.config.flush_timeout_s)
+        except Exception:
             pass
 
 
-def _on_ending_signal(signum: int, _frame: Any) -> None:
-    import os
-    import signal
+def _flush_on_ending_signals() -> None:
+    from . import ending_signals
 
-    if signal.getsignal(signum) is not _on_ending_signal:
-        # Called from a handler the job put in front of ours that calls the one it replaced (Lightning's
-        # signal connector does, and may go on training: SLURM's preemption notice). Whether the job
-        # ends is the job's to decide; what is queued is written now in case it ends without atexit.
-        session = _session
-        if session is not None and not session.closed:
-            try:
-                session.flush(session.config.flush_timeout_s)
-            except Exception:
-                pass
-        return
-    # A second signal is common (a scheduler signals the process group and `plasmient run` forwards
-    # its own): ignored while the bounded flush runs, then the default action ends the process.
-    ours = [sig for sig in _ending_signals() if signal.getsignal(sig) is _on_ending_signal]
-    for sig in ours:
-        signal.signal(sig, signal.SIG_IGN)
-    try:
-        stop()
-    finally:
-        for sig in ours:
-            signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+    ending_signals.install(flush=_flush_queued, stop=stop)
 
 
 def stop(timeout: float | None = None) -> None:
@@ -135,14 +95,8 @@ def stop(timeout: float | None = None) -> None:
         session, _session = _session, None
     if session is not None:
         session.close(timeout)
-    try:
-        import signal
-
-        for sig in _ending_signals():
-            if signal.getsignal(sig) is _on_ending_signal:
-                signal.signal(sig, signal.SIG_DFL)
-    except (ValueError, OSError):
-        pass
+    if "plasmient_trace.capture.ending_signals" in sys.modules:
+        sys.modules["plasmient_trace.capture.ending_signals"].remove()
 
 
 def _stop_at_exit() -> None:
