@@ -64,7 +64,8 @@ from plasmient_trace.export.otlp_answers import (
     retry_after,
     speaks_tls,
 )
-from plasmient_trace.export.otlp_config import DEFAULT_PROTOCOL, PROTOCOLS, OtlpConfig, parse_headers, redact, redact_url
+from plasmient_trace.export.otlp_config import (DEFAULT_PROTOCOL, PROTOCOLS, OtlpConfig, parse_headers, redact, redact_url,
+                                                url_credentials_headers)
 from plasmient_trace.export.otlp_proto import encode_requests
 
 __all__ = ["PROTOCOLS", "DEFAULT_PROTOCOL", "ExportError", "UnsupportedSignal", "OtlpConfig", "ExportStats", "OtlpClient", "export_spans", "send_spans",
@@ -162,6 +163,7 @@ class OtlpClient:
         # a plain-text endpoint's (host, port, named with http://), asked once whether it speaks TLS
         # when it drops a request; None: nothing to ask (TLS already, a unix socket, asked before)
         self._plain_port: tuple[str, int, bool] | None = None
+        self._headers = {**config.headers, **url_credentials_headers(config.endpoint, config.headers)}
         if config.protocol == "grpc":
             self._open_grpc()
         else:
@@ -283,7 +285,8 @@ class OtlpClient:
         if "://" in endpoint:
             parts = urllib.parse.urlsplit(endpoint)
             if parts.scheme in ("http", "https"):
-                target, secure = parts.netloc, parts.scheme == "https"
+                # the credentials travel as a header (url_credentials_headers), never in the target
+                target, secure = parts.netloc.rsplit("@", 1)[-1], parts.scheme == "https"
             else:  # unix:, dns:, ... : a gRPC target as is
                 target, secure = endpoint, not cfg.insecure
         else:
@@ -319,7 +322,7 @@ class OtlpClient:
             self._plain_port = host_port(target, "://" in endpoint)
         # Bytes in, bytes out: the request is already serialized.
         self._grpc_call = self._channel.unary_unary(self._method_path, request_serializer=None, response_deserializer=None)
-        self._metadata = tuple(cfg.headers.items())
+        self._metadata = tuple(self._headers.items())
 
     def _grpc_attempt(self, payload: bytes, timeout: float, stop: threading.Event) -> tuple[int, str]:
         import grpc
@@ -418,7 +421,7 @@ class OtlpClient:
         headers = {
             "Content-Type": "application/json" if json_body else "application/x-protobuf",
             "User-Agent": self._user_agent,
-            **cfg.headers,
+            **self._headers,
         }
         if cfg.compression == "gzip":
             headers["Content-Encoding"] = "gzip"

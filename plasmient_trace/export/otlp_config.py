@@ -19,6 +19,7 @@ never printed.
 
 from __future__ import annotations
 
+import base64
 import logging
 import math
 import os
@@ -361,6 +362,17 @@ def redact_url(url: str) -> str:
     return _USERINFO.sub(r"\1***@", str(url))
 
 
+def url_credentials_headers(endpoint: str, headers: Mapping[str, str]) -> dict[str, str]:
+    """``authorization: Basic ...`` from an endpoint's ``user:password@`` when the headers carry no
+    authorization of their own: HTTP dropped the credentials without a word, and gRPC refused the target
+    ("Misformatted domain name"). Empty when there are none."""
+    parts = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"//{endpoint}")
+    if parts.username is None or any(k.lower() == "authorization" for k in headers):
+        return {}
+    pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+    return {"authorization": "Basic " + base64.b64encode(pair.encode()).decode()}
+
+
 def redact(text: str, config: OtlpConfig | None = None) -> str:
     """``text`` with URL credentials and every configured header value (also as the escaped forms
     error messages quote: repr, percent-encoded, line by line) replaced by ``***``."""
@@ -371,7 +383,7 @@ def redact(text: str, config: OtlpConfig | None = None) -> str:
     userinfo = urllib.parse.urlsplit(config.endpoint if "://" in config.endpoint else f"//{config.endpoint}").netloc
     if "@" in userinfo:  # also where a library quotes the netloc without its scheme (gRPC's resolver)
         secrets.add(userinfo.rsplit("@", 1)[0])
-    for value in config.headers.values():
+    for value in [*config.headers.values(), *url_credentials_headers(config.endpoint, config.headers).values()]:
         value = str(value)
         forms = {value, repr(value)[1:-1], repr(value.encode("utf-8", "replace"))[2:-1],
                  urllib.parse.quote(value, safe=""), urllib.parse.quote(value)}
