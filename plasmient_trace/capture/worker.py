@@ -39,7 +39,11 @@ class StepWorker:
     def __init__(self, config: CaptureConfig, handle: Callable[[list[Any]], None]) -> None:
         self.config = config
         self._handle = handle
-        self._queue: queue.Queue = queue.Queue(maxsize=config.queue_steps)
+        # unbounded as a queue: offer() holds the bounds (full-depth steps apart from the rest)
+        self._queue: queue.Queue = queue.Queue()
+        self._count_lock = threading.Lock()
+        self._full_waiting = 0
+        self._step_depth_waiting = 0
         self._flush_now = threading.Event()
         self._arrived = threading.Event()  # steps to take now, or a flush asked for the batch now
         self._wake_at = max(1, min(config.max_batch_steps, config.queue_steps // 4))
@@ -50,11 +54,18 @@ class StepWorker:
         self._thread.start()
 
     def offer(self, step: Any) -> bool:
-        """Queue a finished step; False (the step is dropped) when the queue is full."""
-        try:
-            self._queue.put_nowait(step)
-        except queue.Full:
-            return False
+        """Queue a finished step; False (the step is dropped) when its kind's bound is reached: ``queue_steps``
+        full-depth steps, ``queue_step_depth_steps`` others."""
+        with self._count_lock:
+            if step.full:
+                if self._full_waiting >= self.config.queue_steps:
+                    return False
+                self._full_waiting += 1
+            else:
+                if self._step_depth_waiting >= self.config.queue_step_depth_steps:
+                    return False
+                self._step_depth_waiting += 1
+        self._queue.put_nowait(step)
         # Waking the thread for every step costs the training thread a GIL hand-off a step. It is woken by
         # a full-depth step (counted against max_batch_full_steps) and by a quarter of the queue waiting,
         # which it moves into its batch (the queue stays far from full and from the backlog at which
@@ -64,8 +75,21 @@ class StepWorker:
         return True
 
     def backlog(self) -> int:
+        """How far behind the worker is, in full-depth steps: those queued and not yet taken into a batch, plus
+        one for every ``max_batch_steps`` step-depth steps (the steps one batch takes)."""
+        with self._count_lock:
+            return self._full_waiting + self._step_depth_waiting // max(1, self.config.max_batch_steps)
+
+    def queued(self) -> int:
         """Steps queued and not yet taken into a batch."""
         return self._queue.qsize()
+
+    def _taken(self, step: Any) -> None:
+        with self._count_lock:
+            if step.full:
+                self._full_waiting -= 1
+            else:
+                self._step_depth_waiting -= 1
 
     def unfinished(self) -> int:
         """Steps queued or in the batch being handled."""
@@ -86,13 +110,10 @@ class StepWorker:
             self._flush_now.clear()
 
     def stop(self) -> None:
-        """Ask the thread to end once the queue is empty. With the queue full the thread is left: it is a
-        daemon, and a wedged handler dies with the process."""
-        try:
-            self._queue.put_nowait(None)
-            self._arrived.set()
-        except queue.Full:
-            pass
+        """Ask the thread to end once the queue is empty (a wedged handler dies with the process: the thread
+        is a daemon)."""
+        self._queue.put_nowait(None)
+        self._arrived.set()
 
     def _run(self) -> None:
         _import_processing()
@@ -102,6 +123,7 @@ class StepWorker:
             if item is None:
                 self._queue.task_done()
                 return
+            self._taken(item)
             items = [item]
             deadline = time.monotonic() + self.config.export_interval_s
             # Step-depth steps are small (a step span and its kernels): up to max_batch_steps of them spread
@@ -122,6 +144,7 @@ class StepWorker:
                     self._queue.task_done()
                     stop = True
                     break
+                self._taken(nxt)
                 items.append(nxt)
                 full += int(nxt.full)
             try:
