@@ -212,7 +212,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
         config = otlp.OtlpConfig.from_env(endpoint=args.endpoint, protocol=args.protocol)
     except ValueError as err:
-        say_error("plasmient", f"{otlp.redact(str(err))}")
+        say_error("plasmient", otlp.redact(str(err)))
         return EXIT_BAD_INPUT
     choice = selection.select_exporters(os.environ, config.explicit)
     for note in choice.notes:

@@ -397,10 +397,10 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   }
   try {
     ThreadState& ts = thread_state();
-    auto ctx = std::make_unique<Context>();
-    OpRecord& r = ctx->rec;
     const uint32_t sig = signature_id(fn, ts);
     if (sig == kNotRecorded) return nullptr;
+    auto ctx = std::make_unique<Context>();
+    OpRecord& r = ctx->rec;
     r.signature = sig & ~kUnbracketed;
     r.tid = ts.tid;
     r.sequence_nr = fn.seqNr();

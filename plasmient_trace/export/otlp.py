@@ -64,8 +64,7 @@ from plasmient_trace.export.otlp_answers import (
     retry_after,
     speaks_tls,
 )
-from plasmient_trace.export.otlp_config import (DEFAULT_PROTOCOL, PROTOCOLS, OtlpConfig, parse_headers, redact, redact_url,
-                                                url_credentials_headers)
+from plasmient_trace.export.otlp_config import DEFAULT_PROTOCOL, PROTOCOLS, OtlpConfig, parse_headers, redact, redact_url
 from plasmient_trace.export.otlp_proto import encode_requests
 
 __all__ = ["PROTOCOLS", "DEFAULT_PROTOCOL", "ExportError", "UnsupportedSignal", "OtlpConfig", "ExportStats", "OtlpClient", "export_spans", "send_spans",
@@ -163,7 +162,7 @@ class OtlpClient:
         # a plain-text endpoint's (host, port, named with http://), asked once whether it speaks TLS
         # when it drops a request; None: nothing to ask (TLS already, a unix socket, asked before)
         self._plain_port: tuple[str, int, bool] | None = None
-        self._headers = {**config.headers, **url_credentials_headers(config.endpoint, config.headers)}
+        self._headers = config.request_headers
         if config.protocol == "grpc":
             self._open_grpc()
         else:
@@ -285,7 +284,7 @@ class OtlpClient:
         if "://" in endpoint:
             parts = urllib.parse.urlsplit(endpoint)
             if parts.scheme in ("http", "https"):
-                # the credentials travel as a header (url_credentials_headers), never in the target
+                # the credentials travel as a header (OtlpConfig.request_headers), never in the target
                 target, secure = parts.netloc.rsplit("@", 1)[-1], parts.scheme == "https"
             else:  # unix:, dns:, ... : a gRPC target as is
                 target, secure = endpoint, not cfg.insecure

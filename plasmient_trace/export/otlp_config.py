@@ -338,6 +338,12 @@ class OtlpConfig:
             **kwargs,
         )
 
+    @property
+    def request_headers(self) -> dict[str, str]:
+        """What every request carries: the configured headers, and Basic auth from the endpoint's
+        ``user:password@`` (:func:`url_credentials_headers`); what :func:`redact` keeps out of messages."""
+        return {**self.headers, **url_credentials_headers(self.endpoint, self.headers)}
+
     def for_signal(self, signal: str, env: Mapping[str, str] | None = None) -> OtlpConfig:
         """The same settings for another signal (e.g. metrics): its own endpoint variable
         (OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, used as is) wins, else the generic endpoint + /v1/<signal>."""
@@ -383,7 +389,7 @@ def redact(text: str, config: OtlpConfig | None = None) -> str:
     userinfo = urllib.parse.urlsplit(config.endpoint if "://" in config.endpoint else f"//{config.endpoint}").netloc
     if "@" in userinfo:  # also where a library quotes the netloc without its scheme (gRPC's resolver)
         secrets.add(userinfo.rsplit("@", 1)[0])
-    for value in [*config.headers.values(), *url_credentials_headers(config.endpoint, config.headers).values()]:
+    for value in config.request_headers.values():
         value = str(value)
         forms = {value, repr(value)[1:-1], repr(value.encode("utf-8", "replace"))[2:-1],
                  urllib.parse.quote(value, safe=""), urllib.parse.quote(value)}

@@ -17,7 +17,6 @@ on a missing table. Each file is written beside its name and renamed into place
 
 from __future__ import annotations
 
-
 import os
 from pathlib import Path
 from typing import Any

@@ -298,7 +298,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     try:
         config = otlp.OtlpConfig.from_env(endpoint=args.endpoint, protocol=args.protocol)
     except ValueError as err:
-        say_error("plasmient", f"{otlp.redact(str(err))}")
+        say_error("plasmient", otlp.redact(str(err)))
         return 2
     with otlp.OtlpClient(config) as traces, otlp.OtlpClient(config.for_signal("metrics")) as metrics_client:
         senders = {"traces": lambda b: otlp.export_spans(traces, b),

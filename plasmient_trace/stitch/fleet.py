@@ -287,7 +287,7 @@ def _folded_columns(g: SummaryGroups) -> dict[str, Any]:
 def _node_window_s(g: SummaryGroups) -> np.ndarray:
     """Per (group, member) pair: the window of the member's node within the group (the extent of the windows
     of the group's members on its host)."""
-    _, host = np.unique(np.array([s.host for s in g.members], dtype=object).astype(str), return_inverse=True)
+    _, host = np.unique(g.values("host", object).astype(str), return_inverse=True)
     _, node = np.unique(g.group * (int(host.max(initial=0)) + 1) + host, return_inverse=True)
     start = np.full(node.max(initial=-1) + 1, np.iinfo(np.int64).max)
     end = np.full(len(start), np.iinfo(np.int64).min)

@@ -149,9 +149,15 @@ def stitch_steps(prepared: PreparedRank, s0: int, s1: int, options: StitchOption
 _SUMMED = ("busy_s", "known_s", "bytes_known_s", "bytes", "kernel_s", "comm_s", "copy_s", "wasted_s", "charged_s", "idle_s", "recompute_flops")
 
 
+_FOLDED_COLUMNS = ("plasmient.kernels.folded", "plasmient.kernels.folded_s", "plasmient.kernels.folded_flops",
+                   "plasmient.spans.folded")
+
+
 def _folded_by_step(table: pa.Table) -> dict[int, dict[str, Any]]:
     """Per step, what the span budget folded under the rank span, as its row says (for fleet.RankSummary)."""
-    ranks = table.filter(pc.equal(table.column("plasmient.level"), "rank"))
+    # the five columns read, not the span table's 120, through the filter: it runs once per group of steps
+    wanted = table.select(["plasmient.step", *_FOLDED_COLUMNS])
+    ranks = wanted.filter(pc.equal(table.column("plasmient.level"), "rank"))
     if ranks.num_rows == 0:
         return {}
     flops = ranks.column("plasmient.kernels.folded_flops").fill_null(np.nan).to_numpy(zero_copy_only=False)
