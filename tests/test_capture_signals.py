@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,15 +19,15 @@ from test_capture_never_breaks import (STEPS_JOB, TIMEOUT, _env, _plain, _same_r
 __all__ = ["_warm_cache"]  # the autouse fixture that fills the native build cache the jobs share
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_a_signal_mid_run_flushes_every_finished_step_and_keeps_the_exit_status(tmp_path: Path, sig: int) -> None:
+def _signal_a_traced_job_mid_run(tmp_path: Path, send: Callable[[int], None]) -> tuple[int, int, bytes]:
+    """`plasmient run` of a 100,000-step job; once 30 steps printed, ``send(pid of plasmient run)``. Returns the
+    exit status, the steps the job printed (finished) and its stderr."""
     script = _script(tmp_path, "steps.py", STEPS_JOB)
-    cmd = [sys.executable, "-m", "plasmient_trace.cli", "run", "--out", str(tmp_path / "t.jsonl"), "--",
-           sys.executable, str(script), "100000", "0.02"]
     # A terminal's job takes SIGINT. Run from a shell's background job (no job control), the tests would
     # inherit SIGINT ignored, and so would the job: it would never die of it. Exec it with the default.
     cmd = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-           "os.execv(sys.argv[1], sys.argv[1:])", *cmd]
+           "os.execv(sys.argv[1], sys.argv[1:])", sys.executable, "-m", "plasmient_trace.cli", "run", "--out",
+           str(tmp_path / "t.jsonl"), "--", sys.executable, str(script), "100000", "0.02"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     printed = []
@@ -34,11 +35,17 @@ def test_a_signal_mid_run_flushes_every_finished_step_and_keeps_the_exit_status(
         printed.append(line)
         if len(printed) == 30:
             break
-    os.killpg(proc.pid, sig)  # as a terminal or a scheduler does: the whole process group
+    send(proc.pid)
     rest, err = proc.communicate(timeout=TIMEOUT)
-    finished = len(printed) + len(rest.splitlines())
+    return proc.returncode, len(printed) + len(rest.splitlines()), err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_mid_run_flushes_every_finished_step_and_keeps_the_exit_status(tmp_path: Path, sig: int) -> None:
+    # as a terminal or a scheduler does: the whole process group
+    code, finished, err = _signal_a_traced_job_mid_run(tmp_path, lambda pid: os.killpg(pid, sig))
     # the child died of the signal and `plasmient run` reports it the way the plain job would
-    assert proc.returncode == -sig, err.decode()[-2000:]
+    assert code == -sig, err.decode()[-2000:]
     steps = _steps(tmp_path / "t.jsonl")
     assert steps[: finished] == list(range(finished))  # every step the job finished is in the file
     assert b"Traceback" not in err or sig == signal.SIGINT  # SIGINT: the job's own KeyboardInterrupt
@@ -50,21 +57,8 @@ def test_a_signal_sent_to_plasmient_run_alone_reaches_the_job_once(tmp_path: Pat
     not passed on (the job trained to the end and exited 0) and SIGUSR1 killed only the wrapper (the job
     trained on, orphaned). Each now ends the job as it ends the plain one, and SIGINT arrives once, so the
     flush at exit is not cut short by a second one."""
-    script = _script(tmp_path, "steps.py", STEPS_JOB)
-    cmd = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-           "os.execv(sys.argv[1], sys.argv[1:])", sys.executable, "-m", "plasmient_trace.cli", "run", "--out",
-           str(tmp_path / "t.jsonl"), "--", sys.executable, str(script), "100000", "0.02"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    printed = []
-    for line in proc.stdout:
-        printed.append(line)
-        if len(printed) == 30:
-            break
-    os.kill(proc.pid, sig)  # this process only, not its group
-    rest, err = proc.communicate(timeout=TIMEOUT)
-    finished = len(printed) + len(rest.splitlines())
-    assert proc.returncode == -sig, err.decode()[-2000:]
+    code, finished, err = _signal_a_traced_job_mid_run(tmp_path, lambda pid: os.kill(pid, sig))  # not its group
+    assert code == -sig, err.decode()[-2000:]
     assert finished < 100000  # the job stopped, as the plain one does
     if sig != signal.SIGUSR1:  # whose default action is to end the job without a flush, plain or traced
         steps = _steps(tmp_path / "t.jsonl")
