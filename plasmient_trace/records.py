@@ -42,6 +42,20 @@ def collective_kernel_names(names: pa.Array) -> pa.Array:
     """is_collective_kernel for each name of an Arrow string array, as Arrow booleans (null for a null name)."""
     return pc.match_substring_regex(names, COLLECTIVE_KERNEL, ignore_case=True)
 
+
+# Host ops (RecordFunction names) of collectives: c10d's, the backends' own scopes (gloo:all_reduce, nccl:...).
+_COLLECTIVE_OP = ("nccl", "rccl", "gloo", "c10d::", "allreduce", "all_reduce", "allgather", "all_gather",
+                  "reduce_scatter", "reducescatter", "alltoall", "all_to_all", "broadcast_", "barrier")
+
+
+def collective_op_names(names: pa.Array) -> pa.Array:
+    """Per host op name of an Arrow string array: is it a collective's (Arrow booleans)."""
+    lower = pc.utf8_lower(names)
+    hit = pc.match_substring(lower, _COLLECTIVE_OP[0])
+    for token in _COLLECTIVE_OP[1:]:
+        hit = pc.or_(hit, pc.match_substring(lower, token))
+    return hit
+
 KERNELS = pa.schema(
     [
         pa.field("device", pa.int32(), nullable=False, metadata={"doc": "GPU ordinal within the process's node"}),
@@ -130,6 +144,9 @@ STEPS = pa.schema(
         pa.field("start_ns", pa.int64(), nullable=False),
         pa.field("end_ns", pa.int64(), nullable=False),
         pa.field("name", pa.string(), nullable=False),
+        pa.field("pid", pa.int64(), metadata={"doc": "process of the thread that ran the step (null: not known)"}),
+        pa.field("tid", pa.int64(), metadata={"doc": "the thread that ran the step (ProfilerStep's, the training loop's); "
+                                                     "ops of threads unrelated to it stay out of the step (null: no filter)"}),
     ]
 )
 

@@ -44,7 +44,8 @@ def record_set(session: CaptureSession, items: list[StepCapture]) -> RecordSet:
     rs = RecordSet(devices=list(session.sources.devices), resource=dict(session.resource), source=session.sources.label())
     rs.steps = table_from_columns("steps", {
         "step": [c.step for c in items], "start_ns": [c.start_ns for c in items],
-        "end_ns": [c.end_ns for c in items], "name": [c.name for c in items]})
+        "end_ns": [c.end_ns for c in items], "name": [c.name for c in items],
+        "pid": [session._pid] * len(items), "tid": [c.tid for c in items]})
     # One table per run of steps from the same recorder, not one per step: a table of a chunk per step
     # makes every later take and cast of the stitch resolve chunks (a full-depth batch holds up to 32
     # steps). Runs keep the steps' order where the recorder changed mid-batch (auto: dispatch, then native).

@@ -72,6 +72,7 @@ class StepCapture:
     signature: str | None = None  # input-shape signature of the step's first module call with tensors and the
     #                               shapes of that module's later calls in the step
     compiled: bool = False        # torch.compile traced a frame during the step: its ops include the compiler's
+    tid: int | None = None        # the thread that opened the step (ops of threads unrelated to it stay out)
 
 
 _STEP_NAMES = {"optimizer": "optimizer.step#{n}", "profiler": "ProfilerStep#{n}", "explicit": "step#{n}"}
@@ -125,6 +126,7 @@ class CaptureSession:
         self._full = False
         self._full_owed = False  # a sampled full-depth step was put off while the worker was behind
         self._step_start = 0
+        self._step_thread: int | None = None
         self._mode_entered = False
         self.worker = StepWorker(self.config, self._handle_batch)
         self.memory = batches.BatchMemory()  # what each batch leaves the next (worker thread)
@@ -389,6 +391,7 @@ class CaptureSession:
                 self._full_owed = True
                 self.stats["samples_held"] += int(periodic)
         self._step_start = now
+        self._step_thread = threading.get_native_id()
         self._open = True
         self.signatures.begin()
         self.modules.repeat_module = None
@@ -486,7 +489,7 @@ class CaptureSession:
         cap = StepCapture(step=self.step_index, name=_STEP_NAMES.get(self._kind or "explicit", "step#{n}").format(n=self.step_index),
                           start_ns=self._step_start + self._epoch, end_ns=now + self._epoch, full=full,
                           ops=ops, op_recorder=self.sources.ops, modules=modules, kineto=trace,
-                          signature=self.signatures.finish(), compiled=compiled)
+                          signature=self.signatures.finish(), compiled=compiled, tid=self._step_thread)
         for rec in (self.sources.ops, self.modules):
             if rec.failed is not None:
                 err, rec.failed = rec.failed, None

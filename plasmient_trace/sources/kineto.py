@@ -224,7 +224,7 @@ class _Columns:
             "ts", "dur", "pid", "tid", "name", "category", "external_id", "sequence_number", "fwd_thread_id",
             "input_dims", "input_types", "kineto_flops", "concrete_inputs")}
         self.modules: dict[str, Any] = {k: _column(k) for k in ("ts", "dur", "pid", "tid", "name")}
-        self.steps: dict[str, Any] = {k: _column(k) for k in ("ts", "dur", "step", "name")}
+        self.steps: dict[str, Any] = {k: _column(k) for k in ("ts", "dur", "step", "name", "pid", "tid")}
         self.arrow: dict[tuple[str, str], list[pa.Array]] = {}  # (table, column) -> compacted chunks
         self.loose: set[tuple[str, str]] = set()  # columns left as lists
 
@@ -273,7 +273,7 @@ def _collect(path: Path, events: list[msgspec.Raw], cols: _Columns | None = None
     l_ts, l_dur, l_pid, l_tid, l_name, l_corr, l_ext = (L[k] for k in L)
     o_ts, o_dur, o_pid, o_tid, o_name, o_cat, o_ext, o_seq, o_fwd, o_dims, o_types, o_flops, o_conc = (O[k] for k in O)
     m_ts, m_dur, m_pid, m_tid, m_name = (M[k] for k in M)
-    s_ts, s_dur, s_step, s_name = (S[k] for k in S)
+    s_ts, s_dur, s_step, s_name, s_pid, s_tid = (S[k] for k in S)
     index = first - 1
     e = None
     decode = EVENT.decode
@@ -290,6 +290,7 @@ def _collect(path: Path, events: list[msgspec.Raw], cols: _Columns | None = None
                     tail = name[len(_STEP_PREFIX):]
                     if tail.isdigit():
                         s_step.append(int(tail)); s_ts.append(e.ts); s_dur.append(e.dur); s_name.append(name)
+                        s_pid.append(_id(e.pid)); s_tid.append(_id(e.tid))
                         continue
                 a = e.args or _NO_ARGS
                 o_pid.append(_id(e.pid)); o_tid.append(_id(e.tid))

@@ -151,6 +151,7 @@ def slice_rank(inp: RankInput, j: JoinedRank, tl: DeviceTimeline, s0: int, s1: i
         kernel_start=j.kernel_start[kernels], kernel_end=j.kernel_end[kernels],
         kernel_launch=_renumber(j.kernel_launch[kernels], launches),
         kernel_op=op_rows(j.kernel_op[kernels]), kernel_step=j.kernel_step[kernels] - s0, stats=j.stats,
+        step_ops_other_threads=None if j.step_ops_other_threads is None else j.step_ops_other_threads[s0:s1],
         origin=RowOrigin(first_step=j.origin.first_step + s0, module=j.origin.of("module", mods),
                          op=j.origin.of("op", ops), kernel=j.origin.of("kernel", kernel_origin)),
     )

@@ -224,6 +224,8 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
 
     # ---- step and rank counters
     cols["plasmient.kernels.over_peak"] = on_rows(np.asarray(t.over_peak_by_step, np.int64)[srow[step_rows]], step_rows, m)
+    if j.step_ops_other_threads is not None:
+        cols["plasmient.ops.other_threads"] = on_rows(j.step_ops_other_threads[srow[step_rows]], step_rows, m)
     k_parent_is_step = np.zeros(n, bool)
     kr = np.arange(b["kernel"], b["kernel"] + t.n_k)
     k_parent_is_step[kr] = t.alive[kr] & (t.level[np.maximum(t.parent[kr], 0)] == LEVEL_CODE["step"])

@@ -14,7 +14,9 @@
    accumulation (AccumulateGrad, no sequence number) goes with the backward root that ran just before it
    on its thread, the node that produced the gradient, so it lands in the module owning the parameter.
 4. everything -> step by time; kernels take the step of the op that launched them (with no launch record: of
-   their start, but no later than the next launched kernel's on their stream).
+   their start, but no later than the next launched kernel's on their stream). Ops of a thread unrelated
+   to the steps' (no step, module, backward op or collective on it: a user's background thread) belong to
+   no step; each step counts those that ran inside it, and their kernels stay in it without an op.
 Kernel timestamps are shifted per device so that no kernel starts before its launch (stitch.clock).
 """
 
@@ -26,7 +28,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..records import RecordSet
+from ..metrics.grouping import match_distinct
+from ..records import RecordSet, collective_op_names
 from .nesting import any_ancestor_of, innermost_enclosing, innermost_enclosing_points, tree_depth, tree_root
 
 # Tolerance for "the op is active at the launch": Kineto rounds to 1 ns (new) or 1 µs (old files).
@@ -132,6 +135,8 @@ class JoinedRank:
     kernel_step: np.ndarray    # kernel -> step row (-1)
     stats: JoinStats
     origin: RowOrigin = field(default_factory=RowOrigin)
+    # per step row: ops of threads unrelated to the step's that ran inside it (None: the steps name no thread)
+    step_ops_other_threads: np.ndarray | None = None
 
 
 def join_rank(records: RecordSet) -> JoinedRank:
@@ -188,6 +193,14 @@ def join_rank(records: RecordSet) -> JoinedRank:
     names = ops.column("name")
     is_bwd_name = pc.starts_with(names, "autograd::engine::evaluate_function").to_numpy(zero_copy_only=False) if len(o_start) else np.zeros(0, bool)
     is_backward = (fwd_tid > 0) | is_bwd_name
+
+    # ---- ops of threads unrelated to the steps' (a user's background thread): in no step, counted per step
+    unrelated = _ops_of_unrelated_threads(records, o_thread, is_backward, m_thread)
+    step_ops_other_threads = None
+    if unrelated is not None:
+        unrelated &= op_step >= 0
+        step_ops_other_threads = np.bincount(op_step[unrelated], minlength=len(steps))
+        op_step = np.where(unrelated, -1, op_step)
 
     # ---- op -> module (root ops only), forward
     op_module = np.full(len(o_start), -1, np.int64)
@@ -315,6 +328,11 @@ def join_rank(records: RecordSet) -> JoinedRank:
             found = _lookup(ext_keys, ext_rows, k_ext[orphan])
             kernel_op[orphan] = found
             stats.kernels_by_external_id = int((found >= 0).sum())
+    if unrelated is not None and n_k and unrelated.any():
+        # an unrelated thread's kernels are its work, not a step op's: they stay in the step's device time
+        # (the device was busy), by their launch, with no op
+        of_unrelated = (kernel_op >= 0) & unrelated[np.maximum(kernel_op, 0)]
+        kernel_op = np.where(of_unrelated, -1, kernel_op)
     stats.kernels = n_k
     stats.kernels_with_launch = int((kernel_launch >= 0).sum())
     stats.kernels_with_op = int((kernel_op >= 0).sum())
@@ -354,8 +372,33 @@ def join_rank(records: RecordSet) -> JoinedRank:
         module_parent=module_parent, module_step=module_step, module_path=module_path,
         module_phase=module_phase, module_start=module_start, module_end=module_end,
         kernel_start=k_start, kernel_end=k_end, kernel_launch=kernel_launch, kernel_op=kernel_op,
-        kernel_step=kernel_step, stats=stats,
+        kernel_step=kernel_step, stats=stats, step_ops_other_threads=step_ops_other_threads,
     )
+
+
+def _ops_of_unrelated_threads(records: RecordSet, o_thread: np.ndarray, is_backward: np.ndarray,
+                              m_thread: np.ndarray) -> np.ndarray | None:
+    """Per op: does it run on a thread unrelated to the steps? Related are the threads that ran a step
+    (ProfilerStep's, the training loop's), an nn.Module call (DataParallel's replicas), a backward op (the
+    autograd engine's device threads) or a collective (a backend's worker). torch's FlopCounterMode counts
+    the same: the step's thread and the autograd engine it drives. None where the steps name no thread
+    (synthetic steps, older records) or one that ran no op: nothing to tell them apart by."""
+    steps = records.steps
+    if not steps.num_rows or "tid" not in steps.column_names or not len(o_thread):
+        return None
+    known = pc.and_(pc.is_valid(steps.column("pid")), pc.is_valid(steps.column("tid")))
+    if not pc.any(known).as_py():
+        return None
+    known_steps = steps.filter(known)
+    step_thread = _np(known_steps, "pid") * (1 << 32) + (_np(known_steps, "tid") & 0xFFFFFFFF)
+    if not np.isin(step_thread, o_thread).any():
+        return None  # the steps' ids are not the ops' (a trace whose ProfilerStep has a pid of its own)
+    unrelated = ~np.isin(o_thread, np.concatenate([step_thread, m_thread, o_thread[is_backward]]))
+    if unrelated.any():
+        rows = np.nonzero(unrelated)[0]
+        collective = match_distinct(records.ops.column("name").take(rows), collective_op_names)
+        unrelated &= ~np.isin(o_thread, o_thread[rows[collective]])
+    return unrelated
 
 
 def _without_scoped_backward_roots(op_parent: np.ndarray, is_backward: np.ndarray) -> np.ndarray:

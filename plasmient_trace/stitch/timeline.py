@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from ..metrics.flops import yields_flops
 from ..metrics.grouping import match_distinct
-from ..records import collective_kernel_names
+from ..records import collective_kernel_names, collective_op_names
 from .inputs import KIND_CODE, RankInput, StitchOptions
 from .joins import JoinedRank
 from .nesting import any_ancestor
@@ -31,10 +31,6 @@ from .ownership import cpu_kernel_ops, own_time_gaps
 from .windows import kernel_shares_ns, step_tiles
 
 _BIG = np.iinfo(np.int64).max
-
-_COLLECTIVE_OP = ("nccl", "rccl", "gloo", "c10d::", "allreduce", "all_reduce", "allgather", "all_gather",
-                  "reduce_scatter", "reducescatter", "alltoall", "all_to_all", "broadcast_", "barrier")
-
 
 @dataclass
 class DeviceTimeline:
@@ -60,14 +56,6 @@ class DeviceTimeline:
         return len(self.start) - len(self.synth_ops)
 
 
-def _collective_op_names(names: pa.Array) -> pa.Array:
-    lower = pc.utf8_lower(names)
-    hit = pc.match_substring(lower, _COLLECTIVE_OP[0])
-    for token in _COLLECTIVE_OP[1:]:
-        hit = pc.or_(hit, pc.match_substring(lower, token))
-    return hit
-
-
 # Scopes torch records around its own machinery, not the model's ops: dynamo's guard check before each compiled
 # frame (24-130 us a call on a small MLP here). Their time is framework overhead, as Python is.
 _FRAMEWORK_SCOPES = pa.array(["TorchDynamo Cache Lookup"])
@@ -86,7 +74,7 @@ def _python_only_scopes(ops: pa.Table, rows: np.ndarray, owns: np.ndarray) -> np
     scope |= pc.is_in(names, value_set=_FRAMEWORK_SCOPES).fill_null(False).to_numpy(zero_copy_only=False)
     if not scope.any():
         return scope
-    collective = match_distinct(names, _collective_op_names)
+    collective = match_distinct(names, collective_op_names)
     return scope & ~collective & ~owns[rows]
 
 
@@ -127,7 +115,7 @@ def kernel_kinds(inp: RankInput, synth_ops: np.ndarray) -> np.ndarray:
         comm = match_distinct(rs.kernels.column("name"), collective_kernel_names)
         codes[:n_k][comm & (codes[:n_k] == KIND_CODE["kernel"])] = KIND_CODE["collective"]
     if len(synth_ops):
-        hit = match_distinct(rs.ops.column("name").combine_chunks().take(synth_ops), _collective_op_names)
+        hit = match_distinct(rs.ops.column("name").combine_chunks().take(synth_ops), collective_op_names)
         codes[n_k:] = np.where(hit, KIND_CODE["collective"], KIND_CODE["kernel"])
     return codes
 
