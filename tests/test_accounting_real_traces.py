@@ -120,12 +120,11 @@ def test_additive_quantities_add_up(name):
             own = r.get(key + ".self")
             if own is not None and r["plasmient.level"] not in ("kernel",):
                 non_kernel = sum(c[key] or 0.0 for c in children if c["plasmient.level"] != "kernel")
-                if r["plasmient.kernels.folded"]:
-                    continue  # folded kernels are part of self but not exported as children
                 kernel_kids = sum(c[key] or 0.0 for c in children if c["plasmient.level"] == "kernel")
                 if r["plasmient.level"] in ("module", "op", "step"):
                     assert own == pytest.approx(r[key] - non_kernel, rel=1e-6, abs=1e-9)
-                    if r["plasmient.level"] == "op" and r["plasmient.device.type"] == "gpu":  # on a CPU the op is its own kernel
+                    if (r["plasmient.level"] == "op" and r["plasmient.device.type"] == "gpu"  # on a CPU the op is its own kernel
+                            and not r["plasmient.kernels.folded"]):  # folded kernels are its own, not spans
                         assert own == pytest.approx(kernel_kids, rel=1e-6, abs=1e-9)
         if r["plasmient.level"] in ("step", "rank", "node", "fleet") and r["plasmient.device.window_s"]:
             # a pipelined step's own kernels that ran in the previous step's window stay its own work
@@ -282,6 +281,31 @@ def test_the_span_budget_is_held_and_keeps_the_worst_kernels(name, budget):
     # every exported span's parent is exported (chains are kept whole)
     ids = {(r["trace_id"], r["span_id"]) for r in rows}
     assert all(not r["parent_span_id"] or (r["trace_id"], r["parent_span_id"]) in ids for r in rows)
+
+
+@pytest.mark.parametrize("name", ALL_TRACES)
+def test_what_the_budget_folds_is_the_nearest_exported_spans_own(name):
+    """Under a tight budget every exported span's .self and its exported module/op children still add up to
+    its total, and no total depends on the budget: the folded spans' work is their exported parent's own."""
+    rows = _rows(name, 300)
+    whole = {(r["trace_id"], r["span_id"]): r for r in _rows(name, 10**7)}
+    kids = defaultdict(list)
+    for r in rows:
+        kids[(r["trace_id"], r["parent_span_id"])].append(r)
+    folded_somewhere = False
+    for r in rows:
+        for key in (*ADDITIVE, "plasmient.bytes", "plasmient.cost.wasted_usd"):
+            unbudgeted = whole[(r["trace_id"], r["span_id"])][key]
+            assert (r[key] is None) == (unbudgeted is None), key
+            assert r[key] is None or r[key] == pytest.approx(unbudgeted, rel=1e-9, abs=1e-15), key
+            own = r.get(key + ".self")
+            if own is None or r[key] is None or r["plasmient.level"] not in ("module", "op", "step"):
+                continue
+            non_kernel = sum(c[key] or 0.0 for c in kids[(r["trace_id"], r["span_id"])] if c["plasmient.level"] != "kernel")
+            assert own + non_kernel == pytest.approx(r[key], rel=1e-6, abs=1e-9), (key, r["name"])
+        folded_somewhere |= bool(r.get("plasmient.spans.folded"))
+    if sum(r["plasmient.level"] in ("module", "op") for r in whole.values()) > 300 * 2:
+        assert folded_somewhere
 
 
 def test_the_budget_holds_for_a_trace_stitched_from_several_ranks():

@@ -134,16 +134,19 @@ def test_two_ranks_totals_and_rows_equal_the_raw_span_sums(spans_dir: Path, tmp_
     assert idle["wasted_s_a"] == pytest.approx(_sum(a, "plasmient.wasted_s.self", "step"), rel=1e-9)
 
 
+@pytest.mark.parametrize("budget", [None, 300])
 @pytest.mark.parametrize("name", ALL_TRACES)
-def test_every_table_partitions_the_fleet_totals_of_every_shared_trace(name: str) -> None:
+def test_every_table_partitions_the_fleet_totals_of_every_shared_trace(name: str, budget: int | None) -> None:
     """Each device-second, wasted second, FLOP, ideal second and wasted dollar of a trace is in exactly one
     row of each table: the rows sum to the fleet spans' inclusive totals, whatever the trace holds (CUDA
-    graphs, NCCL, AMD, CPU only, folded kernels)."""
+    graphs, NCCL, AMD, CPU only, folded kernels, module and op spans a tight span budget folded), and the
+    idle row holds the steps' idle gaps, no work."""
     import pyarrow.compute as pc
 
     from plasmient_trace.report.diff import diff, side_from_batch
+    from plasmient_trace.stitch.culprits import IDLE_LABEL
 
-    batch = ingested(name).batch
+    batch = ingested(name, budget).batch
     side = side_from_batch(batch, name)
     result = diff(side, side)
     fleet = batch.table.filter(pc.equal(batch.table.column("plasmient.level"), "fleet"))
@@ -160,6 +163,12 @@ def test_every_table_partitions_the_fleet_totals_of_every_shared_trace(name: str
         for dim in ("module", "op", "kernel"):
             rows = [r[f"{q}_a"] for r in result[dim] if r[f"{q}_a"] is not None]
             assert sum(rows) == pytest.approx(ref, rel=1e-6, abs=1e-12), (q, dim)
+    steps = batch.table.filter(pc.equal(batch.table.column("plasmient.level"), "step"))
+    idle_s = pc.sum(steps.column("plasmient.idle_s")).as_py() or 0.0
+    for dim in ("module", "op", "kernel"):
+        idle = [r for r in result[dim] if r["name"] == IDLE_LABEL]
+        assert sum(r["wasted_s_a"] or 0.0 for r in idle) == pytest.approx(idle_s, rel=1e-6, abs=1e-12)
+        assert all(not r["busy_s_a"] and not r["flops_a"] for r in idle)
 
 
 @pytest.mark.parametrize("name", ALL_TRACES)

@@ -6,8 +6,9 @@ time, so every device-second of a side lands in exactly one row of each table:
 
 - every kernel span, with its own busy/wasted seconds, FLOPs, ideal seconds and wasted $;
 - the part of a non-kernel span's exclusive (``.self``) quantities that no kernel child carries: on an op or
-  module, the kernels the span budget folded (``[kernels not exported]``); on a step, its host gaps
-  (``[device idle]``); on rank, node and fleet, the time spent waiting for a straggler.
+  module, the kernels and spans the span budget folded (``[kernels not exported]``); on a step, its host gaps
+  (``[device idle]``, its ``plasmient.idle_s``) and what the budget folded under it; on rank, node and
+  fleet, the time spent waiting for a straggler.
 
 A unit is named by its kernel name, by its nearest op (itself or an ancestor) and by the module pattern of its
 nearest module (layer numbers as ``*``, as the culprit rows name them, so twelve layers are one row). The
@@ -77,12 +78,10 @@ def unit_table(batch: SpanBatch) -> pa.Table:
     kernel = np.nonzero(level == LEVEL_CODE["kernel"])[0]
     other = np.nonzero((level >= 0) & (level != LEVEL_CODE["kernel"]))[0]
     values: dict[str, np.ndarray] = {}
-    residual_any = np.zeros(frame.n, dtype=bool)
     for q, col in _SELF_COLUMNS.items():
         exclusive = frame.num(col)
         res = exclusive - _children_sum(frame, exclusive, kernel)
         res[np.abs(res) <= _RESIDUAL_RTOL * np.abs(exclusive)] = 0.0
-        residual_any |= np.nan_to_num(res) != 0
         values[q] = np.where(level == LEVEL_CODE["kernel"], exclusive, res)
     # ideal_s and covered_s (busy seconds of kernels whose FLOPs are known: coverage * busy) have no .self:
     # a span's own share is its total minus its children's, as both are additive.
@@ -92,7 +91,37 @@ def unit_table(batch: SpanBatch) -> pa.Table:
         res = total - _children_sum(frame, total, children)
         res[np.abs(res) <= _RESIDUAL_RTOL * np.abs(total)] = 0.0
         values[q] = np.where(level == LEVEL_CODE["kernel"], total, res)
-    units = np.union1d(kernel, other[residual_any[other]])
+
+    # A step's residual is two units: its idle gaps (waste, no work) and the module/op spans the budget
+    # folded under it (their work is the step's own in the exported tree).
+    step = other[level[other] == LEVEL_CODE["step"]]
+    idle_s = np.minimum(np.nan_to_num(frame.num("plasmient.idle_s")[step]), np.nan_to_num(values["wasted_s"][step]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        usd_per_s = np.where(values["wasted_s"][step] > 0, values["wasted_usd"][step] / values["wasted_s"][step], 0.0)
+    idle = {q: np.where(np.isnan(values[q][step]), np.nan, 0.0) for q in QUANTITIES}  # no work; unknown stays unknown
+    # dollars unknown on the step (no price) stay unknown on both of its units
+    idle["wasted_s"] = idle_s
+    idle["wasted_usd"] = np.where(np.isnan(values["wasted_usd"][step]), np.nan, idle_s * usd_per_s)
+    folded = {q: values[q][step] - idle[q] for q in QUANTITIES}
+    for q in QUANTITIES:
+        folded[q][np.abs(folded[q]) <= _RESIDUAL_RTOL * np.abs(np.nan_to_num(values[q][step]))] = 0.0
+
+    def nonzero(vals: dict[str, np.ndarray], n: int) -> np.ndarray:
+        """Units with exclusive time, waste or FLOPs of their own (ideal and covered seconds ride along)."""
+        return np.logical_or.reduce([np.nan_to_num(vals[q]) != 0 for q in _SELF_COLUMNS]) if n else np.zeros(0, bool)
+
+    rest = other[level[other] != LEVEL_CODE["step"]]
+    rest = rest[nonzero({q: values[q][rest] for q in QUANTITIES}, len(rest))]
+    folded_keep = nonzero(folded, len(step))
+    for q in QUANTITIES:  # a folded part with no time of its own stays with the step's idle unit
+        idle[q] = np.where(folded_keep, idle[q], values[q][step])
+    idle_keep = nonzero(idle, len(step))
+    units = np.concatenate([kernel, rest, step[idle_keep], step[folded_keep]])
+    unit_values = {q: np.concatenate([values[q][kernel], values[q][rest], idle[q][idle_keep], folded[q][folded_keep]])
+                   for q in QUANTITIES}
+    # the label a unit takes in all three dimensions where it is not a span's own (-1: by its span)
+    special_code = np.concatenate([np.full(len(kernel) + len(rest), -1), np.zeros(int(idle_keep.sum()), np.int64),
+                                   np.full(int(folded_keep.sum()), 2)])
 
     # Every label is a code into one vocabulary: the bracketed labels of time outside any kernel, op or
     # module first, then the span names and module patterns, so no Python runs per span.
@@ -105,7 +134,7 @@ def unit_table(batch: SpanBatch) -> pa.Table:
     name_base, pattern_base = len(special), len(special) + len(names)
 
     lvl = level[units]
-    own = np.where(lvl == LEVEL_CODE["step"], 0, np.where(lvl < LEVEL_CODE["step"], 1, 2))
+    own = np.where(special_code >= 0, special_code, np.where(lvl < LEVEL_CODE["step"], 1, 2))
     is_kernel = lvl == LEVEL_CODE["kernel"]
     k_code = np.where(is_kernel, name_base + name_code[units], own)
     o_of = frame.ancestor_at("op", include_self=True)[units]
@@ -117,7 +146,7 @@ def unit_table(batch: SpanBatch) -> pa.Table:
                                (("module", m_code), ("op", o_code), ("kernel", k_code))}
     columns["kernels"] = pa.array(is_kernel.astype(np.int64))
     for q in QUANTITIES:
-        v = values[q][units]
+        v = unit_values[q]
         columns[q] = pa.array(v, pa.float64(), mask=np.isnan(v))
     return pa.table(columns)
 

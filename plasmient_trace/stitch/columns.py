@@ -151,24 +151,30 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     cols["plasmient.wall_s"] = (t.end[sel] - t.start[sel]) / 1e9
     cols["plasmient.device.window_s"] = nan_to_null(met.window_s[sel])
     cols["plasmient.device.start_ns"] = masked(t.win_start[sel], ~dev)
+
+    def value(key: str, inclusive: bool) -> np.ndarray:
+        """A column's total, or its exclusive value in the exported tree: what the budget folded under a span
+        is its own, so nothing is lost between a span and its exported children."""
+        return t.col(key) if inclusive else t.exported_self(key, export)
+
     for name, key in (("plasmient.busy_s", "busy_s"), ("plasmient.wasted_s", "wasted_s")):
         cols[name] = masked(t.col(key)[sel], ~dev)
-        cols[f"{name}.self"] = masked(t.col(key, False)[sel], ~dev)
+        cols[f"{name}.self"] = masked(value(key, False)[sel], ~dev)
 
     # A sum of known work that is 0 beside busy time of unknown work is unknown, not 0 (metrics.compute.
     # zero_says_nothing); in a step sampled at step depth, step_facts decides (measured or carried).
     sampled = step_depth_rows(t, sel)
 
     def unknown(values: np.ndarray, known: str, inclusive: bool) -> np.ndarray:
-        busy_s, known_s = t.col("busy_s", inclusive)[sel], t.col(known, inclusive)[sel]
+        busy_s, known_s = value("busy_s", inclusive)[sel], value(known, inclusive)[sel]
         return ~dev | (~sampled & mc.zero_says_nothing(values, busy_s, known_s))
 
     flops_absent = {}
     for inclusive, suffix in ((True, ""), (False, ".self")):
-        nbytes = t.col("bytes", inclusive)[sel]
+        nbytes = value("bytes", inclusive)[sel]
         cols[f"plasmient.bytes{suffix}"] = masked(nbytes, unknown(nbytes, "bytes_known_s", inclusive))
         # model FLOPs: recomputed forward work (activation checkpointing) is hardware work, reported apart
-        flops = (t.col("flops", inclusive) - t.col("recompute_flops", inclusive))[sel]
+        flops = (value("flops", inclusive) - value("recompute_flops", inclusive))[sel]
         flops_absent[inclusive] = unknown(flops, "known_s", inclusive)
         cols[f"plasmient.flops{suffix}"] = masked(flops, flops_absent[inclusive])
     recomputed = t.col("recompute_flops")[sel]
@@ -190,9 +196,13 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     bound = met.bound[sel].astype(np.int64)
     cols["plasmient.bound"] = pa.array(list(cv.BOUNDS), pa.string()).take(pa.array(np.maximum(bound, 0), mask=bound < 0))
     cols["plasmient.cost.usd"] = nan_to_null(np.where(dev, met.cost[sel], np.nan))
-    cols["plasmient.cost.usd.self"] = nan_to_null(np.where(dev, met.cost_self[sel], np.nan))
+    # met's exclusive dollars are the spans' own: the folded children's are added as for the seconds above
+    per_s = t.price / 3600.0
+    folded_charged = (value("charged_s", False) - t.col("charged_s", False))[sel]
+    folded_wasted = (value("wasted_s", False) - t.col("wasted_s", False))[sel]
+    cols["plasmient.cost.usd.self"] = nan_to_null(np.where(dev, met.cost_self[sel] + per_s * folded_charged, np.nan))
     cols["plasmient.cost.wasted_usd"] = nan_to_null(np.where(dev, met.wasted_usd[sel], np.nan))
-    cols["plasmient.cost.wasted_usd.self"] = nan_to_null(np.where(dev, met.wasted_usd_self[sel], np.nan))
+    cols["plasmient.cost.wasted_usd.self"] = nan_to_null(np.where(dev, met.wasted_usd_self[sel] + per_s * folded_wasted, np.nan))
     cols["plasmient.kernels"] = masked(t.col("kernels")[sel].astype(np.int64), ~dev & ~upper)
 
     # ---- what the budget folded, inclusive (the step: everything under it that is not a span)
