@@ -139,3 +139,27 @@ def test_step_depth_steps_wake_the_thread_once_a_quarter_of_the_queue_waits():
     assert wakes.sets == before + 1
     assert worker.flush(30)
     assert batches == [list(range(41))]
+
+
+def test_a_batch_processed_while_the_interpreter_exits_imports_what_it_needs(tmp_path):
+    """A job shorter than the worker's background import of the processing modules ends with its steps still
+    queued: the exit flush then imports them while Python is shutting down, when threading no longer takes
+    exit hooks. An import that registers one there (concurrent.futures.process does) raised "can't register
+    atexit after shutdown", and every step of the job was lost with a line in its stderr."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "late_import.py"
+    script.write_text(
+        "import sys, threading\n"
+        "import torch  # the job's\n"
+        "def late():\n"
+        "    from plasmient_trace.capture import worker\n"
+        "    worker._import_processing_or_raise()\n"
+        "    from plasmient_trace.capture import batches  # what StepWorker's handle calls\n"
+        "    from plasmient_trace.export import delivery, otlp, sinks, spill  # and what delivers\n"
+        "    import grpc  # the OTLP/gRPC client, imported at the first export\n"
+        "    print('imported', 'concurrent.futures.process' in sys.modules)\n"
+        "threading._register_atexit(late)  # runs where the exit flush runs: after threading's shutdown began\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout == "imported False\n", proc.stderr

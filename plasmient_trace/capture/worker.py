@@ -18,17 +18,24 @@ from typing import Any, Callable
 from .config import CaptureConfig, say_once
 
 
+def _import_processing_or_raise() -> None:
+    """Import what processing a batch needs. Nothing on this path may register a threading exit hook at
+    import (``concurrent.futures.process`` does): a short job's exit flush imports it while Python shuts
+    down, when threading refuses them."""
+    from .. import pipeline  # noqa: F401
+    from ..export import otlp_json  # noqa: F401
+    from ..sources import kineto  # noqa: F401
+    from ..stitch import step_facts  # noqa: F401
+    from . import cupti, kineto_fallback, torch_hooks  # noqa: F401
+
+
 def _import_processing() -> None:
     """Import what processing a batch needs now, while the job warms up, not at the first step end, and
-    never during interpreter exit: defining a dataclass there (an exec of its source) resets CPython's
-    note of an unhandled KeyboardInterrupt, and a job stopped by Ctrl-C before its first export would
-    exit with status 1 instead of dying of SIGINT."""
+    never during interpreter exit if it can be helped: defining a dataclass there (an exec of its source)
+    resets CPython's note of an unhandled KeyboardInterrupt, and a job stopped by Ctrl-C before its first
+    export would exit with status 1 instead of dying of SIGINT."""
     try:
-        from .. import pipeline  # noqa: F401
-        from ..export import otlp_json  # noqa: F401
-        from ..sources import kineto  # noqa: F401
-        from ..stitch import step_facts  # noqa: F401
-        from . import cupti, kineto_fallback, torch_hooks  # noqa: F401
+        _import_processing_or_raise()
     except Exception:
         pass
 

@@ -17,8 +17,6 @@ import multiprocessing
 import os
 import tempfile
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from ..records import RecordSet
@@ -66,6 +64,11 @@ def read_many(
             out.append(read_kineto(path))
         return out
     context = worker_context(start_method)
+    # imported here, not with the module: the live capture imports this module (through the pipeline) and may
+    # do so while Python exits, when concurrent.futures.process can no longer register its exit hook
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
     with ProcessPoolExecutor(max_workers=min(workers, len(paths)), mp_context=context) as pool:
         futures = [pool.submit(read_kineto, path) for path in paths]
         out = []
