@@ -4,6 +4,7 @@ ResNet trace that was recorded with checkpointing."""
 
 from __future__ import annotations
 
+import contextlib
 from functools import lru_cache
 
 import pytest
@@ -177,3 +178,45 @@ def test_gradient_accumulation_on_the_mi300x_resnet_follows_the_node_that_produc
         assert parent["plasmient.level"] == "module" and parent["name"].endswith(" [backward]")
         assert producer is not None and producer["trace_id"] == r["trace_id"] and producer["thread.id"] == r["thread.id"]
         assert r["parent_span_id"] == producer["parent_span_id"]
+
+
+def test_a_backward_that_builds_a_graph_is_model_work_not_recompute():
+    """A gradient penalty (WGAN-GP; MAML and Hessian-vector products alike) differentiates with
+    create_graph=True: autograd numbers those backward ops as it numbers a checkpoint's recomputed forward.
+    They run no module's forward, so they are the model's FLOPs (FlopCounterMode counts them), not recompute."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from capture_helpers import live_capture
+
+    nn = torch.nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256, bias=False), nn.Tanh(), nn.Linear(256, 1, bias=False))
+    x = torch.randn(32, 64, requires_grad=True)
+
+    def gradient_penalty_step() -> None:
+        out = model(x)
+        (grad,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+        (out.mean() + grad.pow(2).sum()).backward()
+
+    gradient_penalty_step()
+    class _NoModuleTracking(contextlib.nullcontext):  # torch 2.13's module tracker fails under autograd.grad
+        parents = {"Global"}
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    counter = FlopCounterMode(display=False)
+    counter.mod_tracker = _NoModuleTracking()
+    with counter:
+        gradient_penalty_step()
+    expected = counter.get_total_flops()
+    with live_capture(every=1, peak_tflops=0.05, job_id="gp") as (session, sink):
+        for _ in range(2):
+            with session.step():
+                gradient_penalty_step()
+    steps = [r for r in sink.rows() if r["plasmient.level"] == "step"]
+    assert len(steps) == 2
+    for step in steps:
+        assert step["plasmient.flops.recompute"] is None
+        # FlopCounterMode counts the matmuls; plasmient also tanh, its derivative's and the penalty's elementwise math
+        assert expected <= step["plasmient.flops"] <= 1.05 * expected, (step["plasmient.flops"], expected)

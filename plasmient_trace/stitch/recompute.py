@@ -5,7 +5,9 @@ did not keep. Those ops are forward ops (conv2d, linear, batch_norm, ...) record
 backward node, and because grad mode is on while they run, autograd numbers them: an op that carries a
 sequence number, is not itself a backward node, and sits under a backward node is a recompute root.
 Everything under a root is recompute too. Ordinary backward ops run with grad mode off and carry no
-sequence number, so they are never mistaken for recompute.
+sequence number, so they are never mistaken for recompute. A backward run with ``create_graph=True`` (a gradient
+penalty, a Hessian-vector product) numbers its ops too; where modules are recorded, a recompute root must lie in a
+module call made during the backward (the recompute re-runs the module's forward), which those ops never do.
 
 Recomputed FLOPs are hardware work, not model work: they count in ``plasmient.hfu`` and not in
 ``plasmient.mfu`` (PaLM's MFU/HFU). Module events recorded during the recompute become
@@ -54,14 +56,14 @@ def find_recompute(rs: RecordSet, j: JoinedRank) -> Recompute:
     if not numbered.any():
         return none
     root = numbered & ~any_ancestor(j.op_parent, numbered)  # the outermost numbered op: conv2d, not the convolution in it
-    rc = root | any_ancestor(j.op_parent, root)
-    rc &= ~is_node
-    out = Recompute(rc, none.modules, none.module_parent_op, none.op_module)
+
+    def recomputed(roots: np.ndarray) -> np.ndarray:
+        return (roots | any_ancestor(j.op_parent, roots)) & ~is_node
 
     # modules recorded while a backward op ran: innermost op on the same thread around their start
     n_mod = rs.modules.num_rows
     if n_mod == 0:
-        return out
+        return Recompute(recomputed(root), none.modules, none.module_parent_op, none.op_module)
     o_thread = _col(ops, "pid", 0) * (1 << 32) + (_col(ops, "tid", 0) & 0xFFFFFFFF)
     m_thread = _col(rs.modules, "pid", 0) * (1 << 32) + (_col(rs.modules, "tid", 0) & 0xFFFFFFFF)
     m_start, m_end = _col(rs.modules, "start_ns", 0), _col(rs.modules, "end_ns", 0)
@@ -79,4 +81,8 @@ def find_recompute(rs: RecordSet, j: JoinedRank) -> Recompute:
         inner = innermost_enclosing_points(m_thread[rc_mods], m_start[rc_mods], m_end[rc_mods], o_thread[roots],
                                            _col(ops, "start_ns", 0)[roots])
         op_module[roots] = np.where(inner >= 0, rc_mods[np.maximum(inner, 0)], -1)
-    return Recompute(rc, modules, parent_op, op_module)
+    # Where modules are recorded, a recompute re-runs a module's forward: numbered ops in a backward node with no
+    # module around them are a backward that builds a graph of its own (create_graph=True: a gradient penalty,
+    # a Hessian-vector product), whose ops autograd numbers too. That is model work, not recompute.
+    root &= op_module >= 0
+    return Recompute(recomputed(root), modules, parent_op, op_module)
