@@ -662,3 +662,48 @@ def test_in_place_shape_changes_are_a_known_zero_on_the_resnet_trace() -> None:
         assert F.op_cost("aten::detach_", args.get("Input Dims"), args.get("Input type")) == (0.0, 0.0, "other", "view")
     for name in ("aten::t_", "aten::transpose_", "aten::squeeze_", "aten::unsqueeze_", "aten::as_strided_"):
         assert F.op_cost(name, [[4, 8]], ["float"])[3] == "view", name
+
+
+def test_the_functional_arity_table_is_torchs():
+    """FUNCTIONAL_ARITY (how an out= call is told from a functional one by its argument count) is the most
+    arguments any non-out overload of each elementwise op takes in torch's own schemas."""
+    torch = pytest.importorskip("torch")
+    from plasmient_trace.metrics.flops.elementwise import FUNCTIONAL_ARITY
+
+    for name, arity in FUNCTIONAL_ARITY.items():
+        schemas = torch._C._jit_get_schemas_for_operator(f"aten::{name}")
+        functional = [len(s.arguments) for s in schemas if not any(a.is_out for a in s.arguments)]
+        assert max(functional) == arity, name
+
+
+def test_an_out_call_reads_its_inputs_once_and_writes_its_output_once(tmp_path) -> None:
+    """An elementwise op moves its inputs once and its output once, whether it returns a new tensor or writes an
+    ``out=`` one (ResNet's relu_ is clamp_min.out(self, 0, out=self)): the out tensor is written, not read."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile
+
+    n = 1 << 16
+    a, b, c = torch.randn(n), torch.randn(n), torch.empty(n)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        torch.neg(a, out=c)
+        torch.clamp_min(a, 0.0, out=c)
+        torch.mul(a, b, out=c)
+        torch.logical_and(a, b, out=torch.empty(n, dtype=torch.bool))
+        torch.neg(a)
+        torch.mul(a, b)
+    path = tmp_path / "out.json"
+    prof.export_chrome_trace(str(path))
+    events = [e for e in orjson.loads(path.read_bytes())["traceEvents"] if e.get("cat") == "cpu_op"]
+    expected = {  # bytes read + written, float32 unless bool: from the shapes above, not from the trace
+        ("aten::neg", 2): 2 * 4 * n, ("aten::clamp_min", 3): 2 * 4 * n, ("aten::mul", 3): 3 * 4 * n,
+        ("aten::logical_and", 3): 2 * 4 * n + n, ("aten::neg", 1): 2 * 4 * n, ("aten::mul", 2): 3 * 4 * n}
+    seen = Counter()
+    for e in events:
+        dims = e["args"].get("Input Dims")
+        key = (e["name"], len(dims or []))
+        if key in expected:
+            flops, nbytes, _, _ = op_cost(e["name"], dims, e["args"].get("Input type"), e["args"].get("Concrete Inputs"))
+            assert nbytes == expected[key], (key, nbytes)
+            assert flops == n
+            seen[key] += 1
+    assert set(seen) == set(expected)

@@ -15,10 +15,18 @@ def _main_es(a: OpArgs, idx: list[int]) -> float:
     return a.es(best)
 
 
-def _elementwise(a: OpArgs, k: float = 1.0, bool_out: bool = False, inplace: bool = False) -> FlopResult:
+def _elementwise(a: OpArgs, k: float = 1.0, bool_out: bool = False, inplace: bool = False,
+                 arity: int | None = None) -> FlopResult:
+    """``arity``: the most arguments a functional overload of the op takes (FUNCTIONAL_ARITY). More, the last
+    a tensor, is the out= overload (relu_ calls clamp_min.out(self, min, out=self)): ``out`` is written, not read."""
     idx = a.tensors()
     if not idx:
         return None
+    n_args = min(len(a.dims), len(a.types))
+    if not inplace and arity is not None and n_args > arity and len(idx) > 1 and idx[-1] == n_args - 1:
+        out_arg = idx.pop()
+        n = _prod(_broadcast([a.shape(i) for i in idx]))  # type: ignore[misc]
+        return k * n, sum(a.nbytes(i) for i in idx) + a.nbytes(out_arg), "elementwise"
     read = sum(a.nbytes(i) for i in idx)
     if inplace:
         # self (dims[0]) is read and written; the output is self's shape
@@ -113,19 +121,41 @@ _prelu_kernel_backward""".split()
 _COMPARE = """eq ne lt le gt ge logical_and logical_or logical_xor logical_not isnan isinf isfinite isposinf
 isneginf signbit""".split()
 _TWO_FLOPS = {"addcmul": 2.0, "addcdiv": 2.0, "lerp": 2.0}
+# The most arguments any functional (not out=) overload of each op takes, in torch 2.13's schemas
+# (tests/test_flops.py checks the table against torch): a call with more, the last a tensor, is out=.
+FUNCTIONAL_ARITY = {name: arity for arity, names in {
+    1: """abs acos angle asin atan bitwise_not ceil cos cosh erf erfc erfinv exp exp2 expm1 floor frac
+hardsigmoid hardswish isfinite isinf isnan isneginf isposinf log10 log1p log2 logical_not mish neg
+positive reciprocal relu relu6 rsqrt selu sgn sigmoid sign signbit silu sin sinh sqrt square tan
+tanh trunc""".split(),
+    2: """__and__ __lshift__ __or__ __rshift__ __xor__ _prelu_kernel atan2 bitwise_and bitwise_left_shift
+bitwise_or bitwise_right_shift bitwise_xor celu clamp_max clamp_min copysign eq float_power
+floor_divide fmax fmin fmod ge gelu glu gt hardshrink hardsigmoid_backward hardswish_backward
+heaviside hypot le leaky_relu log logical_and logical_or logical_xor logit lt maximum minimum
+mish_backward mul ne nextafter polar pow prelu remainder round sigmoid_backward silu_backward
+softshrink tanh_backward true_divide xlogy""".split(),
+    3: """_masked_scale _prelu_kernel_backward add clamp clip div gelu_backward glu_backward hardtanh lerp
+logit_backward masked_fill native_dropout_backward rsub softplus sub threshold threshold_backward
+where""".split(),
+    4: """addcdiv addcmul elu hardtanh_backward leaky_relu_backward mse_loss_backward nan_to_num
+softplus_backward""".split(),
+    5: """rrelu""".split(),
+    6: """elu_backward""".split(),
+    7: """rrelu_with_noise_backward""".split(),
+}.items() for name in names}
 
 for _base in _UNARY + _BINARY:
-    _reg([f"aten::{_base}"], _elementwise)
+    _reg([f"aten::{_base}"], partial(_elementwise, arity=FUNCTIONAL_ARITY.get(_base)))
     _reg([f"aten::{_base}_"], partial(_elementwise, inplace=True))
 for _base in _BACKWARD_EW:
-    _reg([f"aten::{_base}"], _elementwise)
+    _reg([f"aten::{_base}"], partial(_elementwise, arity=FUNCTIONAL_ARITY.get(_base)))
 for _base in _COMPARE:
-    _reg([f"aten::{_base}"], partial(_elementwise, bool_out=True))
+    _reg([f"aten::{_base}"], partial(_elementwise, bool_out=True, arity=FUNCTIONAL_ARITY.get(_base)))
     _reg([f"aten::{_base}_"], partial(_elementwise, inplace=True))
 for _base, _k in _TWO_FLOPS.items():
-    _reg([f"aten::{_base}"], partial(_elementwise, k=_k))
+    _reg([f"aten::{_base}"], partial(_elementwise, k=_k, arity=FUNCTIONAL_ARITY.get(_base)))
     _reg([f"aten::{_base}_"], partial(_elementwise, k=_k, inplace=True))
-_reg(["aten::mse_loss_backward"], partial(_elementwise, k=3.0))
+_reg(["aten::mse_loss_backward"], partial(_elementwise, k=3.0, arity=FUNCTIONAL_ARITY.get("mse_loss_backward")))
 _reg(["aten::copy_"], _copy)
 _reg(["aten::fill_", "aten::zero_", "aten::normal_", "aten::uniform_", "aten::bernoulli_", "aten::random_",
       "aten::exponential_"], _fill)
