@@ -196,11 +196,16 @@ def test_every_span_has_the_metrics_in_range(name):
             assert r["plasmient.level"] in ("module", "op"), r["name"]
             assert all(r[key] is None for key in DEVICE_METRICS), r["name"]
             continue
+        # a window of zero length (a kernel under the trace's clock resolution) has no utilisation: 0/0
+        zero_window = r["plasmient.device.window_s"] == 0
         for key in METRICS:
+            if zero_window and key in ("plasmient.util.resident", "plasmient.idle_fraction"):
+                assert r[key] is None, (key, r["name"])
+                continue
             assert r[key] is not None, (key, r["name"])
         util, mfu = r["plasmient.util.resident"], r["plasmient.mfu"]
-        assert 0.0 <= util <= 1.0
-        assert r["plasmient.idle_fraction"] == pytest.approx(1 - util)
+        assert zero_window or 0.0 <= util <= 1.0
+        assert zero_window or r["plasmient.idle_fraction"] == pytest.approx(1 - util)
         assert r["plasmient.bound"] in ("compute", "memory", "latency", "communication", "idle", "unknown")
         coverage = r["plasmient.flops.coverage"]
         partial = coverage is not None and coverage < 1 - 1e-9

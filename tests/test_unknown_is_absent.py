@@ -159,3 +159,19 @@ def test_bytes_are_known_where_a_model_or_the_record_sizes_them_and_absent_where
     assert copies and all(s["plasmient.bytes"] == sized[s["plasmient.correlation_id"]] for s in copies)
     gemms = [s for s in _op_spans(spans, "aten::mm") + _op_spans(spans, "aten::addmm") if s["plasmient.busy_s"]]
     assert gemms and all(s["plasmient.bytes"] > 0 for s in gemms)
+
+
+def test_a_zero_length_window_has_no_utilisation_and_is_not_idle():
+    """The V100 trace times kernels in whole microseconds: some last 0. A span whose device window is 0 long
+    has no utilisation to measure (0/0: absent, as its idle fraction), and it was not idle: its kernels ran
+    for all of it (latency, like any tiny kernel)."""
+    from conftest import ingested, raw_trace
+
+    name = "v100/resnet50_training.json.gz"
+    rows = ingested(name).batch.table.to_pylist()
+    zero = [r for r in rows if r["plasmient.device.window_s"] == 0.0]
+    raw_zero = [e for e in raw_trace(name)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "Kernel" and e["dur"] == 0]
+    assert raw_zero and len([r for r in zero if r["plasmient.level"] == "kernel"]) == len(raw_zero)
+    for r in zero:
+        assert r["plasmient.util.resident"] is None and r["plasmient.idle_fraction"] is None, r["name"]
+        assert r["plasmient.bound"] not in ("idle", None), r["name"]

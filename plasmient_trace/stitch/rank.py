@@ -318,7 +318,9 @@ def derive_metrics(tree: RankTree, bandwidth: float) -> SpanMetrics:
     ideal_hw = t.col("ideal_s")
     ideal = ideal_hw - t.col("recompute_ideal_s")
     with np.errstate(divide="ignore", invalid="ignore"):
-        util = np.where(device_s > 0, np.minimum(t.union_s / device_s, 1.0), np.where(t.has_device, 0.0, np.nan))
+        # a window of zero length (a kernel under the trace's microsecond resolution, the op around only it) has
+        # no utilisation to measure: 0/0 is unknown, not an idle device
+        util = np.where(device_s > 0, np.minimum(t.union_s / device_s, 1.0), np.nan)
         coverage = np.where(busy > 0, np.clip(known / busy, 0.0, 1.0), np.nan)
         measured = mc.flops_measured(t.col("flops"), coverage)
         measurable = t.peak_known & measured
@@ -328,7 +330,9 @@ def derive_metrics(tree: RankTree, bandwidth: float) -> SpanMetrics:
         intensity = np.where((t.col("bytes") > 0) & measured, t.col("flops") / t.col("bytes"), np.nan)
     kernels = t.col("kernels")
     bound = mc.bound_codes(
-        has_device=t.has_device, is_kernel=t.level == LEVEL_CODE["kernel"], util=np.nan_to_num(util), kernels=kernels,
+        # a zero-length window is not idle: its kernels ran for all of it
+        has_device=t.has_device, is_kernel=t.level == LEVEL_CODE["kernel"], util=np.where(np.isnan(util), 1.0, util),
+        kernels=kernels,
         kernel_s=t.col("kernel_s"), comm_s=t.col("comm_s"), copy_s=t.col("copy_s"),
         ideal_s=ideal_hw if t.peak_known else np.full(len(kernels), np.nan),
         memory_s=t.col("bytes") / bandwidth, coverage=np.nan_to_num(coverage),
