@@ -362,3 +362,41 @@ def test_a_step_that_calls_the_model_another_number_of_times_carries_nothing():
         else:
             assert n == 4 and expected[4] <= steps[i]["plasmient.flops"] <= 1.05 * expected[4]
     assert expected[8] == 2 * expected[4] == 4 * expected[2]
+
+
+def test_a_step_measured_on_its_new_shape_counts_the_work_before_its_first_module_call():
+    """A new shape sends a step-depth step to full depth at its first module call. What the step did before
+    that call (here a preprocessing GEMM outside any module) is its work too: the measured FLOPs, and the
+    FLOPs later steps of that shape carry, are the whole step's, as FlopCounterMode counts it."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256, bias=False), nn.ReLU(), nn.Linear(256, 64, bias=False))
+    project = torch.randn(64, 512)
+    inputs = {b: torch.randn(b, 512) for b in (16, 32)}
+
+    def step(b: int) -> None:
+        x = inputs[b] @ project.t()  # preprocessing before the model: 2 * b * 512 * 64 FLOPs
+        model.zero_grad(set_to_none=True)
+        model(x).pow(2).mean().backward()
+
+    expected = {}
+    for b in inputs:
+        step(b)
+        with FlopCounterMode(display=False) as counter:
+            step(b)
+        expected[b] = counter.get_total_flops()
+    batches = [16, 32, 16, 32, 16, 32]
+    with live_capture(every=4, peak_tflops=PEAK_TFLOPS, job_id="pre-module") as (session, sink):
+        for b in batches:
+            with session.step():
+                step(b)
+    steps = _by_step(sink.rows(), "step")
+    assert sorted(steps) == list(range(len(batches)))
+    sources = {}
+    for i, b in enumerate(batches):
+        s = steps[i]
+        sources[i] = s["plasmient.flops.source"]
+        # FlopCounterMode counts the GEMMs; plasmient also the ReLU, the loss and its backward: a few percent
+        assert expected[b] <= s["plasmient.flops"] <= 1.05 * expected[b], (i, b, s["plasmient.flops"], expected[b])
+    assert sources[1] == "measured" and sources[3] == "carried" and sources[5] == "carried"

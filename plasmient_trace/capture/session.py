@@ -75,6 +75,10 @@ class StepCapture:
     tid: int | None = None        # the thread that opened the step (ops of threads unrelated to it stay out)
 
 
+# Ops a step-depth step may record on average before its first module call keeps it at step depth (they are
+# dropped) before the session stops recording there (``CaptureSession._drop_pre_recorded``).
+PRE_RECORD_MAX_OPS = 256
+
 _STEP_NAMES = {"optimizer": "optimizer.step#{n}", "profiler": "ProfilerStep#{n}", "explicit": "step#{n}"}
 
 
@@ -125,6 +129,9 @@ class CaptureSession:
         self._open = False
         self._full = False
         self._full_owed = False  # a sampled full-depth step was put off while the worker was behind
+        self._pre_recording = False  # a step-depth step records ops until its first module call decides
+        self._pre_recorded = [0, 0]  # steps and ops recorded before a first module call that kept them at step depth
+        self._pre_record_off = False
         self._step_start = 0
         self._step_thread: int | None = None
         self._mode_entered = False
@@ -359,6 +366,7 @@ class CaptureSession:
 
     def _abort_open(self) -> None:
         if self._open:
+            self._pre_recording = False
             self._exit_mode()
             if self.sources.kineto is not None:
                 self.sources.kineto.abort()
@@ -401,8 +409,37 @@ class CaptureSession:
             self._go_full()
             if self.sources.kineto is not None and self.sources.kineto.running:
                 self._step_start = perf_counter_ns()  # starting torch.profiler (the fallback) is ours too
+        elif self._may_pre_record():
+            # The first module call may find a new shape and send the step to full depth: record from the
+            # start, so the work before that call (data preparation, a preprocessing op) is measured too.
+            self._pre_recording = True
+            self._record_api(True)
+            self._enter_mode()
         else:
             self._record_api(self.config.cupti_api_always)
+
+    def _may_pre_record(self) -> bool:
+        """Through the native observer only: a dispatch mode entered here could not leave mid-step under a
+        user's own mode, and torch.profiler (the fallback) starts where the step goes full."""
+        from . import torch_hooks
+
+        return (not self._pre_record_off and self.signatures.may_measure() and self.sources.kineto is None
+                and isinstance(self.sources.ops, torch_hooks.NativeOpRecorder))
+
+    def _drop_pre_recorded(self) -> None:
+        """The step stays at step depth: what it recorded since its start goes. A job that does much before its
+        first module call (a DataLoader's transforms on the training thread) would pay for that on every step:
+        past PRE_RECORD_MAX_OPS a step on average, the session stops (a new shape is then measured from its
+        first module call)."""
+        self._pre_recording = False
+        self._exit_mode()
+        chunk = self.sources.ops.take()
+        self._pre_recorded[0] += 1
+        self._pre_recorded[1] += len(chunk.get("start_ns", b"")) // 8 + self.sources.ops.taken_over
+        steps, ops = self._pre_recorded
+        if steps >= 16 and ops > PRE_RECORD_MAX_OPS * steps:
+            self._pre_record_off = True
+        self._record_api(self.config.cupti_api_always)
 
     def _go_full(self) -> None:
         """Capture the open step at full depth from now on (its start, or its first module call)."""
@@ -434,7 +471,10 @@ class CaptureSession:
             if self.signatures.key is not None:
                 self.modules.repeat_module = module  # its later calls in the step join the signature
             if outcome == signature.MEASURE:
+                self._pre_recording = False
                 self._go_full()
+            elif self._pre_recording:
+                self._drop_pre_recorded()
 
     def _start_kineto(self) -> bool:
         """Profile this full-depth step with torch.profiler (its ops replace the dispatch hooks');
@@ -461,6 +501,8 @@ class CaptureSession:
             except Exception as err:
                 say_once("kineto-export", f"torch.profiler trace of a step not exported ({type(err).__name__}: "
                                           f"{err}); such steps carry modules only")
+        if self._pre_recording:
+            self._drop_pre_recorded()  # no module call decided: the step stays at step depth
         self._exit_mode()
         if self.sources.cpu_pending:
             self.sources.start_cpu_calibration()

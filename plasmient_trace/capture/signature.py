@@ -5,8 +5,10 @@ A step's signature is the model's class, train/eval mode, grad mode and the shap
 tensors passed to the step's first module call that takes one (``torch_hooks.input_signature``), plus the
 number and shapes of that module's later calls in the step: with gradient accumulation or a ``generate``
 loop the first call is the same whatever the step does after it. A signature never measured sends the rest
-of its step to full depth (at most ``max_signatures`` of them); a compiled model is measured on its second
-call with new shapes, as its first one compiles. Everything here runs on the training thread, once per
+of its step to full depth (at most ``max_signatures`` of them); the ops the step ran before that call are
+recorded from its start where that can happen (``may_measure``) and dropped when it does not, so the
+measurement is the whole step's. A compiled model is measured on its second call with new shapes, as its
+first one compiles. Everything here runs on the training thread, once per
 module call of the signature's module and once per step otherwise.
 """
 
@@ -31,11 +33,18 @@ class StepSignatures:
         self.seen: set[str] = set()        # measured at full depth
         self.first_seen: set[str] = set()  # compiled models: seen once, at step depth (that call compiled)
         self.key: str | None = None        # the open step's first-call signature, once seen
+        self.previous_key: str | None = None  # the last step's: a model whose steps have a signature
         self._tries = 0
         self._repeats: list[Any] = []
 
     def begin(self) -> None:
+        self.previous_key = self.key
         self.key, self._tries, self._repeats = None, 0, []
+
+    def may_measure(self) -> bool:
+        """Could this step's first module call send it to full depth? Only where steps have signatures (the
+        last one had) and room is left for a new one."""
+        return self.previous_key is not None and len(self.seen) < self.max_signatures
 
     def first_call(self, module: Any, args: Any, full: bool) -> str:
         """A module call while the step has no signature: WAIT (no tensor argument: show the next call),
