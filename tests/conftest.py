@@ -42,7 +42,8 @@ def raw_activities(doc: dict) -> list[dict]:
     and end (ns after Kineto's epoch anchor), its launch time (None without a launch record) and its step.
     An activity belongs to the ProfilerStep#N whose CPU range holds its launch (as every kernel belongs to the
     step of the op that launched it); one with no launch record, to the step holding its start, but no later
-    than the step of the next launched activity on its stream (a stream runs in launch order). A trace without
+    than the step of the next launched activity on its stream (a stream runs in launch order), or where no step
+    holds its start, to the one holding its end. A trace without
     ProfilerStep markers is one step, 0; an activity outside every step has step None."""
     base = doc.get("baseTimeNanoseconds") or 0
     launch, steps = {}, []
@@ -62,6 +63,9 @@ def raw_activities(doc: dict) -> list[dict]:
         at = launch.get(e.get("args", {}).get("correlation"))
         when = at if at is not None else s
         step = next((n for a, b, n in steps if a <= when < b), 0 if not steps else None)
+        end = s + ns_of_us(float(e.get("dur", 0)))
+        if step is None and at is None:  # started before a step and ran into it: that step's
+            step = next((n for a, b, n in steps if a <= max(end - 1, s) < b), None)
         out.append({"event": e, "start_ns": s, "end_ns": s + ns_of_us(float(e.get("dur", 0))), "launch_ns": at,
                     "step": step})
     next_launched: dict = {}  # (device, stream) -> step of the latest-starting launched activity seen so far

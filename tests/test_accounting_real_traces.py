@@ -62,6 +62,14 @@ def test_steps_tile_the_device_timeline(name):
     result = ingested(name)
     offset = max(result.joined[0].stats.clock_offset_ns.values(), default=0)
     j = result.joined[0]
+    # a step's resident time is every GPU activity of the rank inside its window, whichever step launched it or
+    # none (one that started before the first step and ran into it): the raw intervals' union, clipped
+    if gpus == 1 and len(result.joined) == 1:
+        raw_all = [(a["start_ns"] + offset, a["end_ns"] + offset) for a in raw_activities(raw_trace(name))]
+        for s, (w0, w1) in zip(steps, windows):
+            if w1 > w0:
+                inside = union_ns([(max(a, w0), min(b, w1)) for a, b in raw_all if b > w0 and a < w1])
+                assert s["plasmient.util.resident"] == pytest.approx(inside / (w1 - w0), abs=2e-6), s["name"]
     # elapsed device time of the steps' kernels, from the raw JSON (shifted by the clock mapping only)
     in_step = j.kernel_step >= 0
     raw = kernels[in_step] + offset if len(kernels) == len(in_step) else kernels + offset

@@ -257,15 +257,19 @@ def _shared_seconds(kernels: list[tuple[int, int, object]]) -> dict[object, floa
 
 @pytest.mark.parametrize("name", ALL_TRACES)
 def test_busy_time_is_the_shared_time_of_the_steps_kernels(name):
-    """A step's busy seconds are its kernels' shares of the device (concurrent kernels split each instant,
-    whichever step they belong to), and its resident utilization is the union of every kernel of the rank
+    """A step's busy seconds are its kernels' shares of the device inside the rank's device time (concurrent
+    kernels split each instant, whichever step they belong to), and its resident utilization is the union of every kernel of the rank
     inside its window: where no other step's kernel overlaps, both are the union of its own kernels."""
     rows = spans(name)
     steps = [r for r in rows if r["plasmient.level"] == "step"]
     if any(s["plasmient.kernels.folded"] or s["plasmient.gpus"] != 1 for s in steps):
         return
-    kernels = [(k["start_ns"], k["end_ns"], (k["trace_id"], k["span_id"])) for k in rows
-               if k["plasmient.level"] == "kernel" and k["end_ns"] > k["start_ns"]]
+    # the rank's device time runs from its first window's start to its last one's end: a kernel that started
+    # before the first step (and ran into it) is its step's work from there on
+    first = min(s["plasmient.device.start_ns"] for s in steps)
+    last = max(s["plasmient.device.start_ns"] + round(s["plasmient.device.window_s"] * 1e9) for s in steps)
+    kernels = [(max(k["start_ns"], first), min(k["end_ns"], last), (k["trace_id"], k["span_id"])) for k in rows
+               if k["plasmient.level"] == "kernel" and min(k["end_ns"], last) > max(k["start_ns"], first)]
     if not kernels:
         return
     share = _shared_seconds(kernels)

@@ -362,6 +362,10 @@ def join_rank(records: RecordSet) -> JoinedRank:
         if need.any():
             kernel_step[need] = _no_later_than_next_on_stream(
                 to_step(k_start[need]), np.nonzero(need)[0], kernel_step, k_dev, _np(kernels, "stream"), k_start)
+            # one that started before the first step and ran into it is that step's: it held the device there
+            straddles = np.nonzero(need & (kernel_step < 0))[0]
+            if len(straddles):
+                kernel_step[straddles] = to_step(np.maximum(k_end[straddles] - 1, k_start[straddles]))
         stats.kernels_outside_steps = int((kernel_step < 0).sum())
     else:
         kernel_step = np.zeros(0, np.int64)
