@@ -161,3 +161,40 @@ def test_a_profiled_background_thread_is_counted_apart_on_ingest(tmp_path):
     for s in steps:
         assert int(s["plasmient.ops.other_threads"]) == expected_other[int(s["plasmient.step"])]
         assert expected <= s["plasmient.flops"] <= 1.05 * expected, (s["plasmient.flops"], expected)
+
+
+def test_a_profiled_forward_on_a_pool_thread_is_the_steps_work_without_module_events(tmp_path):
+    """torch.profiler without with_stack records no module events: a forward run on another thread (as
+    nn.DataParallel's replicas run) is tied to the step by its autograd nodes, which the step's backward ran."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from plasmient_trace.cli import main
+    from test_cpu_own_work import _spans_of
+
+    model, x = _model()
+    _train_step(model, x, None)
+    expected = _flop_counter_step(model, x)
+    every_thread = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(lambda: None).result()  # the thread exists before the profiler starts, as a replica's would
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True, experimental_config=every_thread,
+                     schedule=schedule(wait=0, warmup=1, active=2, repeat=1)) as prof:
+            for _ in range(3):
+                loss = pool.submit(lambda: model(x).pow(2).mean()).result()
+                loss.backward()
+                prof.step()
+    trace = tmp_path / "pool.json"
+    prof.export_chrome_trace(str(trace))
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
+    step_tid = {e["tid"] for e in events if e["name"].startswith("ProfilerStep#")}
+    assert any(e["name"] == "aten::addmm" and e["tid"] not in step_tid for e in events), "the forward ran elsewhere"
+    assert not any(e.get("cat") == "python_function" for e in events)
+    out = tmp_path / "spans.jsonl"
+    assert main(["ingest", str(trace), "--job-id", "pool", "--out", str(out), "--quiet", "--peak-tflops", "0.05"]) == 0
+    steps = [s for s in _spans_of(out.read_bytes().splitlines()) if s["plasmient.level"] == "step"]
+    assert len(steps) == 2
+    for s in steps:
+        assert int(s["plasmient.ops.other_threads"]) == 0
+        assert expected <= s["plasmient.flops"] <= 1.05 * expected, (s["plasmient.flops"], expected)

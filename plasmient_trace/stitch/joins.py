@@ -195,7 +195,7 @@ def join_rank(records: RecordSet) -> JoinedRank:
     is_backward = (fwd_tid > 0) | is_bwd_name
 
     # ---- ops of threads unrelated to the steps' (a user's background thread): in no step, counted per step
-    unrelated = _ops_of_unrelated_threads(records, o_thread, is_backward, m_thread)
+    unrelated = _ops_of_unrelated_threads(records, o_thread, is_backward, m_thread, seq)
     step_ops_other_threads = None
     if unrelated is not None:
         unrelated &= op_step >= 0
@@ -360,12 +360,14 @@ def join_rank(records: RecordSet) -> JoinedRank:
             kernel_step[has_launch] = to_step(l_start[kernel_launch[has_launch]])
         need = kernel_step < 0
         if need.any():
+            by_time = to_step(k_start[need])
+            # one that started before every step and ran into one is that step's: it held the device there
+            before = by_time < 0
+            if before.any():
+                late = np.nonzero(need)[0][before]
+                by_time[before] = to_step(np.maximum(k_end[late] - 1, k_start[late]))
             kernel_step[need] = _no_later_than_next_on_stream(
-                to_step(k_start[need]), np.nonzero(need)[0], kernel_step, k_dev, _np(kernels, "stream"), k_start)
-            # one that started before the first step and ran into it is that step's: it held the device there
-            straddles = np.nonzero(need & (kernel_step < 0))[0]
-            if len(straddles):
-                kernel_step[straddles] = to_step(np.maximum(k_end[straddles] - 1, k_start[straddles]))
+                by_time, np.nonzero(need)[0], kernel_step, k_dev, _np(kernels, "stream"), k_start)
         stats.kernels_outside_steps = int((kernel_step < 0).sum())
     else:
         kernel_step = np.zeros(0, np.int64)
@@ -381,12 +383,13 @@ def join_rank(records: RecordSet) -> JoinedRank:
 
 
 def _ops_of_unrelated_threads(records: RecordSet, o_thread: np.ndarray, is_backward: np.ndarray,
-                              m_thread: np.ndarray) -> np.ndarray | None:
+                              m_thread: np.ndarray, seq: np.ndarray) -> np.ndarray | None:
     """Per op: does it run on a thread unrelated to the steps? Related are the threads that ran a step
-    (ProfilerStep's, the training loop's), an nn.Module call (DataParallel's replicas), a backward op (the
-    autograd engine's device threads) or a collective (a backend's worker). torch's FlopCounterMode counts
-    the same: the step's thread and the autograd engine it drives. None where the steps name no thread
-    (synthetic steps, older records) or one that ran no op: nothing to tell them apart by."""
+    (ProfilerStep's, the training loop's), an nn.Module call or a forward op whose autograd node a backward
+    op ran (DataParallel's replicas, with or without module events), a backward op (the autograd engine's
+    device threads) or a collective (a backend's worker). torch's FlopCounterMode counts the same: the
+    step's thread and the autograd engine it drives. None where the steps name no thread (synthetic steps,
+    older records) or one that ran no op: nothing to tell them apart by."""
     steps = records.steps
     if not steps.num_rows or "tid" not in steps.column_names or not len(o_thread):
         return None
@@ -398,6 +401,11 @@ def _ops_of_unrelated_threads(records: RecordSet, o_thread: np.ndarray, is_backw
     if not np.isin(step_thread, o_thread).any():
         return None  # the steps' ids are not the ops' (a trace whose ProfilerStep has a pid of its own)
     unrelated = ~np.isin(o_thread, np.concatenate([step_thread, m_thread, o_thread[is_backward]]))
+    if unrelated.any():
+        # sequence numbers count per thread, so another thread's may collide: that errs towards keeping its ops
+        backprop = np.unique(seq[is_backward & (seq >= 0)])
+        fed_backward = unrelated & ~is_backward & (seq >= 0) & np.isin(seq, backprop)
+        unrelated &= ~np.isin(o_thread, o_thread[fed_backward])
     if unrelated.any():
         rows = np.nonzero(unrelated)[0]
         collective = match_distinct(records.ops.column("name").take(rows), collective_op_names)
