@@ -220,3 +220,42 @@ def test_a_backward_that_builds_a_graph_is_model_work_not_recompute():
         assert step["plasmient.flops.recompute"] is None
         # FlopCounterMode counts the matmuls; plasmient also tanh, its derivative's and the penalty's elementwise math
         assert expected <= step["plasmient.flops"] <= 1.05 * expected, (step["plasmient.flops"], expected)
+
+
+def test_a_checkpointed_functions_functional_ops_are_recompute_too():
+    """A checkpointed function with functional ops beside its module (ReLU and a scale after a Linear): its
+    recompute re-runs them outside any module call, in the backward node that re-ran the Linear. They are
+    recompute: every op's model FLOPs are what the same step counts without checkpointing, except the
+    gradient additions (aten::add_) checkpoint's own backward makes."""
+    from collections import Counter
+
+    from torch.utils.checkpoint import checkpoint
+
+    from capture_helpers import live_capture
+
+    nn = torch.nn
+    torch.manual_seed(0)
+    layers = nn.ModuleList([nn.Linear(64, 64, bias=False) for _ in range(3)])
+    x = torch.randn(32, 64, requires_grad=True)
+
+    def step(checkpointed: bool) -> None:
+        h = x
+        for layer in layers:
+            fn = lambda t, layer=layer: layer(t).relu() * 2.0  # noqa: E731
+            h = checkpoint(fn, h, use_reentrant=False) if checkpointed else fn(h)
+        h.sum().backward()
+
+    per_op, recomputed = {}, {}
+    for checkpointed in (False, True):
+        with _full_recompute(), live_capture(every=1, peak_tflops=0.05, job_id="fn-ckpt") as (session, sink):
+            with session.step():
+                step(checkpointed)
+        rows = sink.rows()
+        per_op[checkpointed] = Counter()
+        for r in rows:
+            if r["plasmient.level"] == "op" and r["name"] != "aten::add_":
+                per_op[checkpointed][r["name"]] += r.get("plasmient.flops.self") or 0.0
+        recomputed[checkpointed] = next(r for r in rows if r["plasmient.level"] == "step")["plasmient.flops.recompute"]
+    assert recomputed[False] is None and recomputed[True] > 0
+    assert +per_op[True] == +per_op[False]
+    assert per_op[False]["aten::clamp_min"] or per_op[False]["aten::relu"]  # the functional ops count, once

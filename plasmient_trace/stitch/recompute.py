@@ -81,8 +81,24 @@ def find_recompute(rs: RecordSet, j: JoinedRank) -> Recompute:
         inner = innermost_enclosing_points(m_thread[rc_mods], m_start[rc_mods], m_end[rc_mods], o_thread[roots],
                                            _col(ops, "start_ns", 0)[roots])
         op_module[roots] = np.where(inner >= 0, rc_mods[np.maximum(inner, 0)], -1)
-    # Where modules are recorded, a recompute re-runs a module's forward: numbered ops in a backward node with no
-    # module around them are a backward that builds a graph of its own (create_graph=True: a gradient penalty,
-    # a Hessian-vector product), whose ops autograd numbers too. That is model work, not recompute.
-    root &= op_module >= 0
+    # Where modules are recorded, a recompute re-runs a module's forward: a backward node that called no module
+    # ran a backward that builds a graph of its own (create_graph=True: a gradient penalty, a Hessian-vector
+    # product), whose ops autograd numbers too. That is model work, not recompute. In a node that called one,
+    # every numbered op is the recompute (a checkpointed function's functional ops beside its modules).
+    node_of = _nearest_marked(j.op_parent, is_node)
+    recomputing = np.unique(node_of[np.maximum(around[rc_mods], 0)]) if len(rc_mods) else np.zeros(0, np.int64)
+    root &= (op_module >= 0) | np.isin(node_of, recomputing[recomputing >= 0])
     return Recompute(recomputed(root), modules, parent_op, op_module)
+
+
+def _nearest_marked(parent: np.ndarray, mark: np.ndarray) -> np.ndarray:
+    """Per row, the nearest row at or above it (itself, its parent, ...) that ``mark`` holds; -1 where none."""
+    out = np.where(mark, np.arange(len(parent)), -1)
+    todo = np.nonzero(~mark & (parent >= 0))[0]
+    cur = parent[todo]
+    while len(todo):
+        hit = mark[cur]
+        out[todo[hit]] = cur[hit]
+        keep = ~hit & (parent[cur] >= 0)
+        todo, cur = todo[keep], parent[cur[keep]]
+    return out
