@@ -400,3 +400,51 @@ def test_a_step_measured_on_its_new_shape_counts_the_work_before_its_first_modul
         # FlopCounterMode counts the GEMMs; plasmient also the ReLU, the loss and its backward: a few percent
         assert expected[b] <= s["plasmient.flops"] <= 1.05 * expected[b], (i, b, s["plasmient.flops"], expected[b])
     assert sources[1] == "measured" and sources[3] == "carried" and sources[5] == "carried"
+
+
+def test_a_step_whose_second_model_sees_other_shapes_carries_nothing_measured_without_them():
+    """An encoder of fixed shape, then a decoder whose length changes (two models of one class): the step's
+    signature is the encoder's first call, and a step carried what a step with another decoder length
+    measured (7x under FlopCounterMode). The other models' shapes join the signature: a step is carried
+    only from one whose every model saw the same shapes, and is unknown otherwise, never wrong."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+
+    def mlp() -> nn.Module:
+        return nn.Sequential(nn.Linear(64, 256, bias=False), nn.ReLU(), nn.Linear(256, 64, bias=False))
+
+    enc, dec = mlp(), mlp()
+    image = torch.randn(32, 64)
+    tokens = {n: torch.randn(n, 64) for n in (8, 256)}
+
+    def step(n: int) -> None:
+        loss = dec(tokens[n]).pow(2).mean() + enc(image).pow(2).mean()
+        loss.backward()
+
+    step_order = [8, 256, 8, 256, 8, 256, 8, 256]
+    expected = {}
+    for n in tokens:
+        step(n)
+        with FlopCounterMode(display=False) as counter:
+            step(n)
+        expected[n] = counter.get_total_flops()
+
+    def enc_first(n: int) -> None:  # the encoder's call gives the signature
+        h = enc(image).pow(2).mean()
+        (h + dec(tokens[n]).pow(2).mean()).backward()
+
+    with live_capture(every=4, peak_tflops=PEAK_TFLOPS, job_id="enc-dec") as (session, sink):
+        for n in step_order:
+            with session.step():
+                enc_first(n)
+    steps = _by_step(sink.rows(), "step")
+    assert sorted(steps) == list(range(len(step_order)))
+    for i, n in enumerate(step_order):
+        s = steps[i]
+        if s["plasmient.flops.source"] == "unknown":
+            assert s["plasmient.flops"] is None
+            continue
+        assert expected[n] <= s["plasmient.flops"] <= 1.05 * expected[n], (i, n, s["plasmient.flops.source"], s["plasmient.flops"])
+    # the shape measured at full depth (steps 0 and 4: n=8) is carried to the steps of the same shape
+    assert [steps[i]["plasmient.flops.source"] for i in (2, 6)] == ["carried", "carried"]

@@ -185,7 +185,7 @@ class CaptureSession:
         self.resource["plasmient.source"] = self.sources.label()
         self.sources.choose_op_recorder()
         self.modules = torch_hooks.ModuleRecorder(on_forward=self._on_forward, on_signature=self._on_signature,
-                                                  on_repeat=self.signatures.repeat)
+                                                  on_repeat=self.signatures.repeat, on_root=self.signatures.other_model)
         self.modules.limit = cfg.max_step_ops
         self.modules.install()
         self.inductor_kernels.install()
@@ -403,6 +403,7 @@ class CaptureSession:
         self._open = True
         self.signatures.begin()
         self.modules.repeat_module = None
+        self.modules.watch_roots = False
         self._compiled_at_begin = _frames_compiled()
         self.modules.want_signature = True
         if full:
@@ -470,6 +471,7 @@ class CaptureSession:
             self.modules.want_signature = False
             if self.signatures.key is not None:
                 self.modules.repeat_module = module  # its later calls in the step join the signature
+                self.modules.watch_roots = True  # and so do other models' calls
             if outcome == signature.MEASURE:
                 self._pre_recording = False
                 self._go_full()
@@ -509,6 +511,7 @@ class CaptureSession:
         self.modules.enabled = False
         self.modules.want_signature = False
         self.modules.repeat_module = None
+        self.modules.watch_roots = False
         self._open = False
         compiled = self._full and _frames_compiled() != self._compiled_at_begin
         if compiled:

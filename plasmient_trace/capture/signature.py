@@ -3,8 +3,10 @@ FLOPs a full-depth step measured.
 
 A step's signature is the model's class, train/eval mode, grad mode and the shapes and dtypes of the
 tensors passed to the step's first module call that takes one (``torch_hooks.input_signature``), plus the
-number and shapes of that module's later calls in the step: with gradient accumulation or a ``generate``
-loop the first call is the same whatever the step does after it. A signature never measured sends the rest
+number and shapes of that module's later calls in the step (with gradient accumulation or a ``generate``
+loop the first call is the same whatever the step does after it), and the shapes of the calls of the step's
+other models (a module named as the root of its own tree: a decoder after an encoder, a loss module), so a
+step whose decoder sees another length carries nothing measured on a different one. A signature never measured sends the rest
 of its step to full depth (at most ``max_signatures`` of them); the ops the step ran before that call are
 recorded from its start where that can happen (``may_measure``) and dropped when it does not, so the
 measurement is the whole step's. A compiled model is measured on its second call with new shapes, as its
@@ -36,10 +38,11 @@ class StepSignatures:
         self.previous_key: str | None = None  # the last step's: a model whose steps have a signature
         self._tries = 0
         self._repeats: list[Any] = []
+        self._others: list[Any] = []  # the shapes of other models' calls after the signature's
 
     def begin(self) -> None:
         self.previous_key = self.key
-        self.key, self._tries, self._repeats = None, 0, []
+        self.key, self._tries, self._repeats, self._others = None, 0, [], []
 
     def may_measure(self) -> bool:
         """Could this step's first module call send it to full depth? Only where steps have signatures (the
@@ -80,6 +83,13 @@ class StepSignatures:
 
         self._repeats.append(input_signature(args) if len(self._repeats) < MAX_REPEATS else None)
 
+    def other_model(self, args: Any) -> None:
+        """A call of another model after the signature's first (a decoder after an encoder, a loss module): a
+        step whose other models see other shapes does other work, and carries nothing measured without them."""
+        from .torch_hooks import input_signature
+
+        self._others.append(input_signature(args) if len(self._others) < MAX_REPEATS else None)
+
     def compiled_during(self) -> None:
         """The full-depth step just measured compiled a frame: its ops include the compiler's, so measure
         its signature again on a later call."""
@@ -90,7 +100,13 @@ class StepSignatures:
     def finish(self) -> str | None:
         """The signature the step's FLOPs are carried under: a step of two micro-batches never carries
         what a step of four measured."""
-        if self.key is None or not self._repeats:
-            return self.key
-        calls = hashlib.blake2b(repr(self._repeats).encode(), digest_size=8).hexdigest()
-        return f"{self.key}|{len(self._repeats)} more calls {calls}"
+        if self.key is None:
+            return None
+        key = self.key
+        if self._repeats:
+            calls = hashlib.blake2b(repr(self._repeats).encode(), digest_size=8).hexdigest()
+            key = f"{key}|{len(self._repeats)} more calls {calls}"
+        if self._others:
+            others = hashlib.blake2b(repr(self._others).encode(), digest_size=8).hexdigest()
+            key = f"{key}|{len(self._others)} other model calls {others}"
+        return key

@@ -291,7 +291,8 @@ class ModuleRecorder:
 
     def __init__(self, on_forward: Callable[[], None] | None = None,
                  on_signature: Callable[[torch.nn.Module, Any], None] | None = None,
-                 on_repeat: Callable[[Any], None] | None = None) -> None:
+                 on_repeat: Callable[[Any], None] | None = None,
+                 on_root: Callable[[Any], None] | None = None) -> None:
         self.records: list[tuple] = []
         self.enabled = False
         self._on_forward = on_forward
@@ -304,6 +305,11 @@ class ModuleRecorder:
         # shapes, does not carry the FLOPs of one that did not. One identity test per call.
         self.repeat_module: torch.nn.Module | None = None
         self._on_repeat = on_repeat
+        # Once the step has its signature, the calls of every other model (a module first seen at the top of
+        # the stack: a second tower, a decoder, a loss module) are shown to on_root, so their shapes join it.
+        self.watch_roots = False
+        self._roots: set[int] = set()  # ids of modules named as the root of their tree
+        self._on_root = on_root
         self._paths: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
         self._local = threading.local()
         self._handles: list[Any] = []
@@ -349,6 +355,8 @@ class ModuleRecorder:
             return path
         # First sight of a model (or of a module built on the fly): name its whole subtree once.
         root = type(module).__name__ if parent_path is None else f"{parent_path}.{type(module).__name__}"
+        if parent_path is None:
+            self._roots.add(id(module))
         for name, sub in module.named_modules():
             if sub not in self._paths:
                 self._paths[sub] = f"{root}.{name}" if name else root
@@ -370,6 +378,14 @@ class ModuleRecorder:
         elif self.want_signature and self._on_signature is not None:
             try:
                 self._on_signature(module, args)
+            except Exception as err:  # pragma: no cover - defensive
+                self.failed = self.failed or err
+        elif self.watch_roots and self._on_root is not None and (
+                id(module) in self._roots
+                # at full depth a model seen for the first time is named a root below, when no call is open
+                or (self.enabled and module not in self._paths and not self._stack())):
+            try:
+                self._on_root(args)
             except Exception as err:  # pragma: no cover - defensive
                 self.failed = self.failed or err
         if not self.enabled or type(module).__name__ == "OptimizedModule":
