@@ -53,6 +53,30 @@ def _flop_counter(model: nn.Module, x) -> float:
     return float(counter.get_total_flops())
 
 
+def _flop_counter_per_input(step, inputs: dict) -> dict:
+    """FlopCounterMode's count of ``step(key)`` for each key of ``inputs``, each run once before, untimed."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    out = {}
+    for key in inputs:
+        step(key)
+        with FlopCounterMode(display=False) as counter:
+            step(key)
+        out[key] = counter.get_total_flops()
+    return out
+
+
+def _every_4th_step_full(step, order: list, job_id: str) -> dict[int, dict]:
+    """Live explicit steps ``step(key)`` for each key of ``order``, full depth every 4th: the step spans by number."""
+    with live_capture(every=4, peak_tflops=PEAK_TFLOPS, job_id=job_id) as (session, sink):
+        for key in order:
+            with session.step():
+                step(key)
+    steps = _by_step(sink.rows(), "step")
+    assert sorted(steps) == list(range(len(order)))
+    return steps
+
+
 def _capture(batches: list[int], **config) -> tuple[list[dict], Collect, dict[int, float]]:
     """Explicit steps of one model, step i on a batch of batches[i]; the rows, the sink and
     FlopCounterMode's count for each batch size."""
@@ -368,8 +392,6 @@ def test_a_step_measured_on_its_new_shape_counts_the_work_before_its_first_modul
     """A new shape sends a step-depth step to full depth at its first module call. What the step did before
     that call (here a preprocessing GEMM outside any module) is its work too: the measured FLOPs, and the
     FLOPs later steps of that shape carry, are the whole step's, as FlopCounterMode counts it."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256, bias=False), nn.ReLU(), nn.Linear(256, 64, bias=False))
     project = torch.randn(64, 512)
@@ -380,19 +402,9 @@ def test_a_step_measured_on_its_new_shape_counts_the_work_before_its_first_modul
         model.zero_grad(set_to_none=True)
         model(x).pow(2).mean().backward()
 
-    expected = {}
-    for b in inputs:
-        step(b)
-        with FlopCounterMode(display=False) as counter:
-            step(b)
-        expected[b] = counter.get_total_flops()
+    expected = _flop_counter_per_input(step, inputs)
     batches = [16, 32, 16, 32, 16, 32]
-    with live_capture(every=4, peak_tflops=PEAK_TFLOPS, job_id="pre-module") as (session, sink):
-        for b in batches:
-            with session.step():
-                step(b)
-    steps = _by_step(sink.rows(), "step")
-    assert sorted(steps) == list(range(len(batches)))
+    steps = _every_4th_step_full(step, batches, "pre-module")
     sources = {}
     for i, b in enumerate(batches):
         s = steps[i]
@@ -407,8 +419,6 @@ def test_a_step_whose_second_model_sees_other_shapes_carries_nothing_measured_wi
     signature is the encoder's first call, and a step carried what a step with another decoder length
     measured (7x under FlopCounterMode). The other models' shapes join the signature: a step is carried
     only from one whose every model saw the same shapes, and is unknown otherwise, never wrong."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     torch.manual_seed(0)
 
     def mlp() -> nn.Module:
@@ -423,23 +433,13 @@ def test_a_step_whose_second_model_sees_other_shapes_carries_nothing_measured_wi
         loss.backward()
 
     step_order = [8, 256, 8, 256, 8, 256, 8, 256]
-    expected = {}
-    for n in tokens:
-        step(n)
-        with FlopCounterMode(display=False) as counter:
-            step(n)
-        expected[n] = counter.get_total_flops()
+    expected = _flop_counter_per_input(step, tokens)
 
     def enc_first(n: int) -> None:  # the encoder's call gives the signature
         h = enc(image).pow(2).mean()
         (h + dec(tokens[n]).pow(2).mean()).backward()
 
-    with live_capture(every=4, peak_tflops=PEAK_TFLOPS, job_id="enc-dec") as (session, sink):
-        for n in step_order:
-            with session.step():
-                enc_first(n)
-    steps = _by_step(sink.rows(), "step")
-    assert sorted(steps) == list(range(len(step_order)))
+    steps = _every_4th_step_full(enc_first, step_order, "enc-dec")
     for i, n in enumerate(step_order):
         s = steps[i]
         if s["plasmient.flops.source"] == "unknown":
