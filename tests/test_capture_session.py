@@ -1098,3 +1098,37 @@ def test_the_ending_signal_handler_is_invisible_to_the_job_and_removal_restores_
     finally:
         ending_signals.remove()
         real_signal(sig.SIGTERM, saved)
+
+
+def test_two_models_of_one_class_have_their_own_names_and_a_rebuilt_one_takes_its_name_back():
+    """An encoder and a decoder of one class, both called at the top of the step: their spans and their layers'
+    are told apart (MLP, MLP#2), so a layer's time and waste land on the right model."""
+    import gc
+
+    from capture_helpers import live_capture
+
+    nn = torch.nn
+
+    class MLP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.down = nn.Linear(16, 64), nn.Linear(64, 16)
+
+        def forward(self, x):
+            return self.down(self.up(x).relu())
+
+    enc, dec = MLP(), MLP()
+    with live_capture(every=1, job_id="names") as (session, sink):
+        with session.step():
+            (dec(enc(torch.randn(4, 16))).sum()).backward()
+        del dec
+        gc.collect()
+        rebuilt = MLP()
+        with session.step():
+            (rebuilt(enc(torch.randn(4, 16))).sum()).backward()
+    by_step: dict[int, set] = {}
+    for r in sink.rows():
+        if r["plasmient.level"] == "module" and not r["name"].endswith("[backward]"):
+            by_step.setdefault(r["plasmient.step"], set()).add(r["name"])
+    assert by_step[0] == {"MLP", "MLP.up", "MLP.down", "MLP#2", "MLP#2.up", "MLP#2.down"}
+    assert by_step[1] == by_step[0]  # the rebuilt decoder is MLP#2 again, the encoder still MLP

@@ -285,8 +285,8 @@ class ModuleRecorder:
 
     The record's ``name`` is the path *relative to the enclosing recorded module*, because the
     stitcher builds the full dotted path by nesting in time (parent path + '.' + name). The outermost
-    module of a model is named by its class (``TinyLM``), its children by ``named_modules()``
-    (``TinyLM.layers.0.attn`` in full).
+    module of a model is named by its class (``TinyLM``; a second live model of the class ``TinyLM#2``),
+    its children by ``named_modules()`` (``TinyLM.layers.0.attn`` in full).
     """
 
     def __init__(self, on_forward: Callable[[], None] | None = None,
@@ -311,6 +311,7 @@ class ModuleRecorder:
         self._roots: set[int] = set()  # ids of modules named as the root of their tree
         self._on_root = on_root
         self._paths: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
+        self._named: dict[str, weakref.ref] = {}  # a model's name -> the model that holds it
         self._local = threading.local()
         self._handles: list[Any] = []
         self.failed: BaseException | None = None
@@ -354,13 +355,27 @@ class ModuleRecorder:
         if path is not None:
             return path
         # First sight of a model (or of a module built on the fly): name its whole subtree once.
-        root = type(module).__name__ if parent_path is None else f"{parent_path}.{type(module).__name__}"
+        base = type(module).__name__ if parent_path is None else f"{parent_path}.{type(module).__name__}"
+        root = self._free_name(base, module)
         if parent_path is None:
             self._roots.add(id(module))
         for name, sub in module.named_modules():
             if sub not in self._paths:
                 self._paths[sub] = f"{root}.{name}" if name else root
         return self._paths[module]
+
+    def _free_name(self, base: str, module: torch.nn.Module) -> str:
+        """``base``, or ``base#2``, ``base#3``... while another live model holds it: an encoder and a decoder of
+        one class get two names, so their layers are told apart; a model rebuilt after the last one was freed
+        takes its name back."""
+        n = 1
+        while True:
+            name = base if n == 1 else f"{base}#{n}"
+            owner = self._named.get(name)
+            if owner is None or owner() is None or owner() is module:
+                self._named[name] = weakref.ref(module)
+                return name
+            n += 1
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
         if _compiling():
