@@ -37,6 +37,19 @@ def ns_of_us(us: float) -> int:
     return whole * 1000 + round((us - whole) * 1000)
 
 
+def raw_steps(doc: dict) -> list[tuple[int, int, int]]:
+    """(start, end, step number) of each host ProfilerStep#N range of a raw Kineto document, ns after its epoch
+    anchor."""
+    base = doc.get("baseTimeNanoseconds") or 0
+    steps = []
+    for e in doc["traceEvents"]:
+        if (e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
+                and e.get("cat") in ("cpu_op", "user_annotation", "Operator")):
+            s = base + ns_of_us(float(e["ts"]))
+            steps.append((s, s + ns_of_us(float(e["dur"])), int(e["name"][13:])))
+    return steps
+
+
 def raw_activities(doc: dict) -> list[dict]:
     """Every GPU activity of a raw Kineto document, read here independently of the parser: the event, its start
     and end (ns after Kineto's epoch anchor), its launch time (None without a launch record) and its step.
@@ -46,15 +59,10 @@ def raw_activities(doc: dict) -> list[dict]:
     holds its start, to the one holding its end. A trace without
     ProfilerStep markers is one step, 0; an activity outside every step has step None."""
     base = doc.get("baseTimeNanoseconds") or 0
-    launch, steps = {}, []
+    launch, steps = {}, raw_steps(doc)
     for e in doc["traceEvents"]:
-        if e.get("ph") != "X":
-            continue
-        if e.get("cat") in RAW_RUNTIME_CATS and "correlation" in e.get("args", {}):
+        if e.get("ph") == "X" and e.get("cat") in RAW_RUNTIME_CATS and "correlation" in e.get("args", {}):
             launch[e["args"]["correlation"]] = base + ns_of_us(float(e["ts"]))
-        if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") in ("cpu_op", "user_annotation", "Operator"):
-            s = base + ns_of_us(float(e["ts"]))
-            steps.append((s, s + ns_of_us(float(e["dur"])), int(e["name"][13:])))
     out = []
     for e in doc["traceEvents"]:
         if e.get("ph") != "X" or e.get("cat") not in RAW_KERNEL_CATS:

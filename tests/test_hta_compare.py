@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pyarrow.compute as pc
 import pytest
-from conftest import RAW_COLLECTIVE_KERNEL, RAW_KERNEL_CATS, ingested, ns_of_us, raw_activities, raw_trace, union_ns
+from conftest import RAW_COLLECTIVE_KERNEL, RAW_KERNEL_CATS, ingested, ns_of_us, raw_activities, raw_steps, raw_trace, union_ns
 from device_timeline import rank_timeline
 from hta_oracle import hta_analysis, needs_hta
 
@@ -75,11 +75,7 @@ def _what_hta_counts_more_s(name: str) -> float:
     if name == "h100/qwen1.5_0.5b_chat_inference.json.gz":
         # plasmient: the steps' activities, from the first step's start (one with no launch record began
         # 15 us before it and ran into it: counted from there); HTA: every activity, whole
-        doc = raw_trace(name)
-        base = doc.get("baseTimeNanoseconds") or 0
-        first = min(base + ns_of_us(e["ts"]) for e in doc["traceEvents"]
-                    if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
-                    and e.get("cat") in ("cpu_op", "user_annotation", "Operator"))
+        first = min(start for start, _, _ in raw_steps(raw_trace(name)))
         ours = [(max(a, first), b) for a, b in _activities(name, lambda a: a["step"] is not None) if b > first]
         return _union_s(every) - _union_s(ours)
     raise KeyError(name)

@@ -6,12 +6,12 @@ tensors passed to the step's first module call that takes one (``torch_hooks.inp
 number and shapes of that module's later calls in the step (with gradient accumulation or a ``generate``
 loop the first call is the same whatever the step does after it), and the shapes of the calls of the step's
 other models (a module named as the root of its own tree: a decoder after an encoder, a loss module), so a
-step whose decoder sees another length carries nothing measured on a different one. A signature never measured sends the rest
-of its step to full depth (at most ``max_signatures`` of them); the ops the step ran before that call are
-recorded from its start where that can happen (``may_measure``) and dropped when it does not, so the
-measurement is the whole step's. A compiled model is measured on its second call with new shapes, as its
-first one compiles. Everything here runs on the training thread, once per
-module call of the signature's module and once per step otherwise.
+step whose decoder sees another length carries nothing measured on a different one. A signature never
+measured sends the rest of its step to full depth (at most ``max_signatures`` of them); the ops the step ran
+before that call are recorded from its start where that can happen (``may_measure``) and dropped when it
+does not, so the measurement is the whole step's. A compiled model is measured on its second call with new
+shapes, as its first one compiles. Everything here runs on the training thread, once per call of the
+signature's module or of another model, and once per step otherwise.
 """
 
 from __future__ import annotations

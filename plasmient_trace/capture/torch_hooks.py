@@ -371,8 +371,9 @@ class ModuleRecorder:
         n = 1
         while True:
             name = base if n == 1 else f"{base}#{n}"
-            owner = self._named.get(name)
-            if owner is None or owner() is None or owner() is module:
+            ref = self._named.get(name)
+            holder = ref() if ref is not None else None
+            if holder is None or holder is module:
                 self._named[name] = weakref.ref(module)
                 return name
             n += 1

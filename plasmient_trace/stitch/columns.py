@@ -155,7 +155,7 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     def value(key: str, inclusive: bool) -> np.ndarray:
         """A column's total, or its exclusive value in the exported tree: what the budget folded under a span
         is its own, so nothing is lost between a span and its exported children."""
-        return t.col(key) if inclusive else t.exported_self(key, export)
+        return t.col(key) if inclusive else t.col(key, False) + t.folded_under(key, export)
 
     for name, key in (("plasmient.busy_s", "busy_s"), ("plasmient.wasted_s", "wasted_s")):
         cols[name] = masked(t.col(key)[sel], ~dev)
@@ -198,8 +198,8 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     cols["plasmient.cost.usd"] = nan_to_null(np.where(dev, met.cost[sel], np.nan))
     # met's exclusive dollars are the spans' own: the folded children's are added as for the seconds above
     per_s = t.price / 3600.0
-    folded_charged = (value("charged_s", False) - t.col("charged_s", False))[sel]
-    folded_wasted = (value("wasted_s", False) - t.col("wasted_s", False))[sel]
+    folded_charged = t.folded_under("charged_s", export)[sel]
+    folded_wasted = t.folded_under("wasted_s", export)[sel]
     cols["plasmient.cost.usd.self"] = nan_to_null(np.where(dev, met.cost_self[sel] + per_s * folded_charged, np.nan))
     cols["plasmient.cost.wasted_usd"] = nan_to_null(np.where(dev, met.wasted_usd[sel], np.nan))
     cols["plasmient.cost.wasted_usd.self"] = nan_to_null(np.where(dev, met.wasted_usd_self[sel] + per_s * folded_wasted, np.nan))

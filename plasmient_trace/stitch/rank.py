@@ -110,16 +110,13 @@ class RankTree:
             cached = self._exclusive[name] = self.total[COL[name]] - under
         return cached
 
-    def exported_self(self, name: str, export: np.ndarray) -> np.ndarray:
-        """A span's exclusive value in the exported tree: its own (``col(name, False)``) plus the totals of its
-        module/op children that ``export`` folds. A folded span's subtree is folded whole (the budget keeps
-        ancestors first), so a span's exported children and this add up to its total, budget or not."""
+    def folded_under(self, name: str, export: np.ndarray) -> np.ndarray:
+        """Per span, the totals of its module/op children that ``export`` folds: in the exported tree they are
+        the span's own. A folded span's subtree is folded whole (the budget keeps ancestors first), so a span's
+        exported children, ``col(name, False)`` and this add up to its total, budget or not."""
         child, parent = self.under_child, self.under_parent
         folded = self.alive[child] & ~export[child] & export[parent]
-        if not folded.any():
-            return self.col(name, False)
-        extra = np.bincount(parent[folded], weights=self.total[COL[name], child[folded]], minlength=self.total.shape[1])
-        return self.col(name, False) + extra
+        return np.bincount(parent[folded], weights=self.total[COL[name], child[folded]], minlength=self.total.shape[1])
 
 
 def _widen(parent: np.ndarray, depth: np.ndarray, start: np.ndarray, end: np.ndarray, alive: np.ndarray,

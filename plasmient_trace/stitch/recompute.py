@@ -7,7 +7,8 @@ sequence number, is not itself a backward node, and sits under a backward node i
 Everything under a root is recompute too. Ordinary backward ops run with grad mode off and carry no
 sequence number, so they are never mistaken for recompute. A backward run with ``create_graph=True`` (a gradient
 penalty, a Hessian-vector product) numbers its ops too; where modules are recorded, a recompute root must lie in a
-module call made during the backward (the recompute re-runs the module's forward), which those ops never do.
+module call made during the backward or in a backward node that made one (the recompute re-runs the checkpointed
+function: its modules, and its functional ops beside them), which those ops never do.
 
 Recomputed FLOPs are hardware work, not model work: they count in ``plasmient.hfu`` and not in
 ``plasmient.mfu`` (PaLM's MFU/HFU). Module events recorded during the recompute become
