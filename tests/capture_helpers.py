@@ -40,19 +40,6 @@ def live_capture(close_timeout: float = 30, **config: Any) -> Iterator[tuple[Any
         session.close(timeout=close_timeout)
 
 
-def warm_cpu_calibration(env: dict[str, str], threads: set[int] | None = None) -> None:
-    """Fill env's PLASMIENT_CACHE_DIR with the CPU peaks a job will look up, as a user's earlier run (or an
-    image build) would: live capture measures them in a detached child process that a short job can outlive."""
-    import subprocess
-    import sys
-
-    import torch
-
-    for n in sorted(threads or {1, torch.get_num_threads()}):
-        subprocess.run([sys.executable, "-m", "plasmient_trace.metrics.cpu_peak", "--threads", str(n),
-                        "--cache-dir", env["PLASMIENT_CACHE_DIR"]], env=env, check=True, capture_output=True, timeout=600)
-
-
 def sampled_live_run(out: Path, every: int, steps: int = 12) -> Path:
     """A real live capture of a small model, full depth every `every`-th step, the rest at step depth."""
     import pytest

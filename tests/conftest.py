@@ -174,6 +174,41 @@ def native_observer():
     return observer
 
 
+# The CPU's peaks are timed only on an otherwise idle machine, which a test worker beside others never is:
+# they are measured once, before the workers start (pytest_configure runs in xdist's controller first).
+CPU_CALIBRATION_DIR = "PLASMIENT_TEST_CPU_CALIBRATION"
+
+
+def pytest_configure(config) -> None:
+    if hasattr(config, "workerinput") or os.environ.get(CPU_CALIBRATION_DIR):
+        return
+    import shutil
+    import subprocess
+    import tempfile
+
+    cache = tempfile.mkdtemp(prefix="plasmient-test-calibration-")
+    os.environ[CPU_CALIBRATION_DIR] = cache   # inherited by the workers
+    config.add_cleanup(lambda: shutil.rmtree(cache, ignore_errors=True))
+    try:
+        import torch
+
+        threads = sorted({1, torch.get_num_threads()})
+    except ImportError:
+        threads = [1]
+    for n in threads:
+        subprocess.run([sys.executable, "-m", "plasmient_trace.metrics.cpu_peak", "--threads", str(n),
+                        "--cache-dir", cache], check=True, timeout=900)
+
+
+def calibrated_cpu(into: Path) -> Path:
+    """Copy the suite's CPU calibration into the cache directory ``into`` (as a user's earlier run left it)."""
+    import shutil
+
+    into.mkdir(parents=True, exist_ok=True)
+    shutil.copy(Path(os.environ[CPU_CALIBRATION_DIR]) / "cpu_calibration.json", into / "cpu_calibration.json")
+    return into
+
+
 @pytest.fixture(scope="session")
 def warm_cache(tmp_path_factory, native_observer) -> Path:
     """A PLASMIENT_CACHE_DIR for the capture tests' subprocesses, as a user's machine has it after a first
@@ -181,11 +216,8 @@ def warm_cache(tmp_path_factory, native_observer) -> Path:
     modules that run example jobs, so neither rebuilds the observer (15 s of CPU) nor recalibrates."""
     import shutil
 
-    from capture_helpers import warm_cpu_calibration
-
     root = tmp_path_factory.mktemp("plasmient-cache")
     build = Path(native_observer.__file__).parent
     shutil.copytree(build, root / "native" / build.name)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PLASMIENT_"))}
-    warm_cpu_calibration({**env, "PLASMIENT_CACHE_DIR": str(root)})
+    calibrated_cpu(root)
     return root

@@ -269,8 +269,30 @@ def test_a_short_job_on_a_cold_cache_exits_without_waiting_for_the_calibration(h
     assert len(traces) == 2 and "Traceback" not in proc.stderr
     import time
 
-    deadline = time.monotonic() + 180
+    # It times the CPU only on an otherwise idle machine, which other tests may keep busy: it has filled the
+    # cache, or it is still alive (it outlived the job) and waiting at idle priority.
+    deadline = time.monotonic() + 60
     cache = tmp_path / "cold-cache" / "cpu_calibration.json"
+    waiting: int | None = None
     while not cache.exists() and time.monotonic() < deadline:
+        waiting = _idle_calibration_child(tmp_path / "cold-cache")
+        if waiting is not None:
+            break
         time.sleep(0.5)
-    assert cache.exists(), "the detached calibration did not fill the cache"
+    if waiting is not None:
+        os.kill(waiting, 9)
+    assert cache.exists() or waiting, "the detached calibration neither filled the cache nor outlived the job"
+
+
+def _idle_calibration_child(cache_dir: Path) -> int | None:
+    """The pid of the calibration child for ``cache_dir`` once all its threads run at idle priority."""
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if (str(cache_dir).encode() in environ.read_bytes()
+                    and b"cpu_peak" in (environ.parent / "cmdline").read_bytes()
+                    and all(os.sched_getscheduler(int(t.name)) == os.SCHED_IDLE
+                            for t in (environ.parent / "task").iterdir())):
+                return int(environ.parent.name)
+        except OSError:
+            continue
+    return None

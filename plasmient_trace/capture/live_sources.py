@@ -43,6 +43,7 @@ class LiveSources:
         self.cpu_pending = False
         self.native_pending = False
         self._cpu_future: futures.Future | None = None
+        self._cpu_wait_until = 0.0
         self._cupti_later: dict[str, pa.Table] = {}  # records of a step still open at the last flush
 
     def label(self) -> str:
@@ -197,28 +198,32 @@ class LiveSources:
 
             from ..metrics import hardware
 
+            self._cpu_wait_until = time.monotonic() + float(self.config.environ.get("PLASMIENT_CALIBRATION_WAIT_S", "10"))
             self._cpu_future = hardware.start_cpu_calibration(torch.get_num_threads())
         except Exception as err:
             say_once("cpu-spec", f"CPU peak calibration failed ({err}): no MFU on CPU spans")
 
     def cpu_spec_for_stitch(self, closing: Callable[[], bool]) -> Any:
-        """The calibrated CPU spec, waiting (on the worker) at most PLASMIENT_CALIBRATION_WAIT_S for the
-        child process, and not at all once ``closing()``: steps are never held back from the exit flush
-        for it. None (no MFU, said once) while it is not known."""
+        """The calibrated CPU spec, waiting (on the worker) until PLASMIENT_CALIBRATION_WAIT_S after the
+        calibration started for the child process, and not at all once ``closing()``: steps are never held
+        back from the exit flush for it. None (no MFU, said once) while it is not known; the steps of a
+        later batch get it once the child is done."""
         future = self._cpu_future
         if self.cpu_spec is not None or future is None:
             return self.cpu_spec
-        deadline = time.monotonic() + float(self.config.environ.get("PLASMIENT_CALIBRATION_WAIT_S", "60"))
-        while not future.done() and not closing() and time.monotonic() < deadline:
+        while not future.done() and not closing() and time.monotonic() < self._cpu_wait_until:
             futures.wait([future], timeout=0.25)
         if future.done():
             self._cpu_future = None
             try:
                 self.cpu_spec = future.result()
             except Exception as err:
-                say_once("cpu-spec", f"CPU peak calibration failed ({type(err).__name__}: {err}): no MFU on CPU spans")
+                say_once("cpu-spec", f"CPU peak calibration failed ({type(err).__name__}: {err}): no MFU on CPU "
+                                     "spans; `python -m plasmient_trace.metrics.cpu_peak --threads N` on an idle "
+                                     "machine calibrates it, or PLASMIENT_PEAK_TFLOPS gives it")
         else:
-            say_once("cpu-spec-pending", "CPU peak calibration still running: steps exported meanwhile carry no MFU")
+            say_once("cpu-spec-pending", "CPU peak calibration still running (it times the CPU only while the "
+                                         "machine is otherwise idle): steps exported meanwhile carry no MFU")
         return self.cpu_spec
 
     # ---- per batch (worker thread)

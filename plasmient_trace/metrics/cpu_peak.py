@@ -1,10 +1,11 @@
 """The CPU as a device: GEMM peaks per dtype and copy bandwidth, measured (best of several runs,
-with the job's thread count), cached per CPU model and thread count, calibrated off the training
-thread when live (:func:`start_cpu_calibration`), and raised when an op proves it wrong
-(:func:`raise_cpu_peak`)."""
+with the job's thread count) only while nothing else uses the CPU, cached per CPU model and thread
+count, calibrated at idle priority in a child process when live (:func:`start_cpu_calibration`), and
+raised when an op proves it wrong (:func:`raise_cpu_peak`)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -17,13 +18,13 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 from .hardware import GpuSpec
 
-__all__ = ["cpu_spec", "raise_cpu_peak", "start_cpu_calibration", "CPU_PRICE_PER_THREAD_HOUR"]
+__all__ = ["cpu_spec", "raise_cpu_peak", "start_cpu_calibration", "CalibrationNotQuiet", "CPU_PRICE_PER_THREAD_HOUR"]
 
 # --------------------------------------------------------------------------------------------- CPU
 # Default CPU price: USD per vCPU-hour times the threads torch uses. Basis: AWS m7i on-demand
@@ -38,9 +39,20 @@ _COPY_BYTES = 256 * 2**20   # well above any L3, so the copy streams from DRAM
 _COPY_RUNS = 3
 _CACHE_FILE = "cpu_calibration.json"
 # Entries a version before 2 raised may hold the rate of an op that did not do its own math (an autocast
-# wrapper around a bf16 GEMM raised fp32 to 1.8x the real peak): those are measured again.
-_CACHE_FORMAT = 2
+# wrapper around a bf16 GEMM raised fp32 to 1.8x the real peak); entries before 3 were timed whatever
+# else ran (a training job beside the calibration made its 2-thread fp32 peak 5x too low, every MFU of
+# that machine 5x too high): both are measured again.
+_CACHE_FORMAT = 3
 _clock = time.perf_counter   # looked up at call time so tests can substitute a fake clock
+# A set of timed runs counts only if the rest of the machine stayed idle meanwhile: other processes' CPU
+# time at most this share of the set's wall time (all cores), plus one of /proc/stat's ticks per core (its
+# resolution). A set lasts at least _SET_S (more runs of a fast call) so that a tick is small beside it.
+_OTHERS_SHARE = 0.05
+_SET_S = 0.5
+_MAX_RUNS = 200
+_QUIET_DEADLINE_S = 300.0        # foreground (`python -m plasmient_trace.metrics.cpu_peak`)
+_BACKGROUND_DEADLINE_S = 3600.0  # the idle-priority child of a live job, which may outlive it
+_RETRY_S = 1.0
 _log = logging.getLogger(__name__)
 
 
@@ -71,17 +83,54 @@ def _cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "plasmient-trace"
 
 
-def _best_time(fn: Any, runs: int) -> float:
-    fn()  # warm-up: first call pays allocation, thread-pool start and cache misses
-    best = float("inf")
-    for _ in range(runs):
+class CalibrationNotQuiet(RuntimeError):
+    """The CPU never stayed idle long enough to time a peak: a peak timed beside other work is too low."""
+
+
+def _machine_busy_s() -> float | None:
+    """CPU seconds every core spent busy since boot (/proc/stat; hypervisor steal counts as busy), or
+    None where there is no /proc/stat."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = fields + [0] * (8 - len(fields))
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _best_time(fn: Any, runs: int, deadline: float) -> float:
+    """Best wall time of ``runs`` timed calls, from a set during which no other process used the CPU.
+    A set that shared the machine is timed again after a pause, until ``deadline`` (a ``_clock`` value);
+    past it, :class:`CalibrationNotQuiet`. Where the machine's busy time cannot be read the set is
+    taken as it is (the spec's notes say so)."""
+    tick_s = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+    cpus = os.cpu_count() or 1
+    while True:
         t0 = _clock()
-        fn()
-        best = min(best, _clock() - t0)
-    return best
+        fn()  # warm-up: first call pays allocation, thread-pool start and cache misses
+        first = max(_clock() - t0, 1e-9)
+        busy0, own0, wall0 = _machine_busy_s(), time.process_time(), _clock()
+        best = float("inf")
+        for _ in range(max(runs, min(_MAX_RUNS, int(_SET_S / first) + 1))):
+            t0 = _clock()
+            fn()
+            best = min(best, _clock() - t0)
+        wall = _clock() - wall0
+        busy1, own1 = _machine_busy_s(), time.process_time()
+        if busy0 is None or busy1 is None:
+            return best
+        others = (busy1 - busy0) - (own1 - own0)
+        if others <= _OTHERS_SHARE * wall * cpus + cpus * tick_s:
+            return best
+        if _clock() + _RETRY_S >= deadline:
+            raise CalibrationNotQuiet(
+                f"other processes used {others:.2f} CPU-s of a {wall:.2f} s timing, and the CPU was never idle "
+                "long enough to time its peak")
+        time.sleep(_RETRY_S)
 
 
-def _measure_gemm(dtype_name: str) -> float:
+def _measure_gemm(dtype_name: str, deadline: float) -> float:
     n = _GEMM_N
     try:
         import torch
@@ -98,17 +147,17 @@ def _measure_gemm(dtype_name: str) -> float:
         b = np.random.standard_normal((n, n)).astype(dtype_name)
         out = np.empty((n, n), dtype=dtype_name)
         fn = lambda: np.matmul(a, b, out=out)  # noqa: E731
-    dt_s = _best_time(fn, _GEMM_RUNS)
+    dt_s = _best_time(fn, _GEMM_RUNS, deadline)
     return 2.0 * n * n * n / dt_s
 
 
-def _measure_copy() -> float:
+def _measure_copy(deadline: float) -> float:
     import numpy as np
 
     n = _COPY_BYTES // 8
     src = np.ones(n, dtype=np.float64)
     dst = np.empty_like(src)
-    dt_s = _best_time(lambda: np.copyto(dst, src), _COPY_RUNS)
+    dt_s = _best_time(lambda: np.copyto(dst, src), _COPY_RUNS, deadline)
     return 2.0 * n * 8 / dt_s  # every byte read once and written once
 
 
@@ -174,8 +223,10 @@ def _write_cache(path: Path, cache: dict[str, Any]) -> None:
         pass  # an unwritable cache only costs a re-measurement next time
 
 
-def _measure_all(threads: int) -> dict[str, Any]:
-    """Time every dtype with ``threads`` intra-op threads (restored afterwards)."""
+def _measure_all(threads: int, deadline_s: float = _QUIET_DEADLINE_S) -> dict[str, Any]:
+    """Time every dtype with ``threads`` intra-op threads (restored afterwards), each on an otherwise idle
+    machine; :class:`CalibrationNotQuiet` when it is not idle for long enough within ``deadline_s``."""
+    deadline = _clock() + deadline_s
     torch: Any = None
     try:
         import torch
@@ -185,43 +236,81 @@ def _measure_all(threads: int) -> dict[str, Any]:
     if torch is not None and before != threads:
         torch.set_num_threads(threads)
     try:
-        entry: dict[str, Any] = {"fp32": _measure_gemm("float32"), "fp64": _measure_gemm("float64")}
+        entry: dict[str, Any] = {"fp32": _measure_gemm("float32", deadline),
+                                 "fp64": _measure_gemm("float64", deadline)}
         if torch is not None and _cpu_has_bf16():
-            entry["bf16"] = _measure_gemm("bfloat16")
-        entry["bandwidth"] = _measure_copy()
+            entry["bf16"] = _measure_gemm("bfloat16", deadline)
+        entry["bandwidth"] = _measure_copy(deadline)
     finally:
         if torch is not None and before != threads:
             torch.set_num_threads(before)
-    entry.update(gemm_n=_GEMM_N, copy_bytes=_COPY_BYTES, runs=_GEMM_RUNS, measured_at=time.time(), format=_CACHE_FORMAT)
+    entry.update(gemm_n=_GEMM_N, copy_bytes=_COPY_BYTES, runs=_GEMM_RUNS, measured_at=time.time(), format=_CACHE_FORMAT,
+                 idle_checked=_machine_busy_s() is not None)
     return entry
 
 
 def _valid(entry: Any) -> bool:
     want = ("fp32", "fp64", "bandwidth") + (("bf16",) if _cpu_has_bf16() else ())
     return (isinstance(entry, dict) and all(isinstance(entry.get(k), (int, float)) and entry[k] > 0 for k in want)
-            and not (entry.get("raised") and entry.get("format", 1) < _CACHE_FORMAT))
+            and entry.get("format", 1) >= _CACHE_FORMAT)
 
 
-def cpu_spec(cache_dir: str | os.PathLike[str] | None = None, threads: int | None = None) -> GpuSpec:
+def cpu_spec(cache_dir: str | os.PathLike[str] | None = None, threads: int | None = None,
+             deadline_s: float = _QUIET_DEADLINE_S) -> GpuSpec:
     """The CPU as a device: per-dtype GEMM peaks (fp32, fp64, bf16 where the CPU has bf16 math) and
     copy bandwidth, each the best of several timed runs with ``threads`` intra-op threads (default:
     torch's current count), measured once and cached.
 
     The cache is a JSON file under ``cache_dir`` (default ``$PLASMIENT_CACHE_DIR`` or
-    ``~/.cache/plasmient-trace``) keyed by CPU model and thread count. Measuring takes seconds and
-    loads every core: in a live job call :func:`start_cpu_calibration` outside the steps instead.
+    ``~/.cache/plasmient-trace``) keyed by CPU model and thread count. Measuring takes seconds, loads
+    every core and needs the machine otherwise idle (:class:`CalibrationNotQuiet` after ``deadline_s``);
+    processes sharing a cache measure one at a time. In a live job call :func:`start_cpu_calibration`.
     """
     model = _cpu_model()
     threads = threads or _threads()
     key = f"{model}|threads={threads}"
     path = _cache_dir(cache_dir) / _CACHE_FILE
-    cache = _read_cache(path)
-    entry = cache.get(key)
+    entry = _read_cache(path).get(key)
     if not _valid(entry):
-        entry = _measure_all(threads)
-        cache[key] = entry
-        _write_cache(path, cache)
+        deadline = _clock() + deadline_s
+        with _measuring_alone(path, deadline):
+            cache = _read_cache(path)   # another process may have measured it while this one waited
+            entry = cache.get(key)
+            if not _valid(entry):
+                entry = _measure_all(threads, deadline - _clock())
+                cache[key] = entry
+                _write_cache(path, cache)
     return _spec_from_entry(model, threads, entry)
+
+
+@contextlib.contextmanager
+def _measuring_alone(path: Path, deadline: float) -> Iterator[None]:
+    """Hold the cache's lock file: two calibrations at once (ranks of one node, test workers) would each
+    time the other's load. Waits at most until ``deadline``; without fcntl (Windows) nothing is held."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_suffix(".lock"), "a")
+    except OSError:
+        yield   # an unwritable cache directory: measure without it, as the cache is not written either
+        return
+    with lock:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if _clock() >= deadline:
+                    raise CalibrationNotQuiet("another process kept calibrating this CPU past the deadline") from None
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _spec_from_entry(model: str, threads: int, entry: Mapping[str, Any]) -> GpuSpec:
@@ -240,6 +329,8 @@ def _spec_from_entry(model: str, threads: int, entry: Mapping[str, Any]) -> GpuS
         notes=f"best of {entry.get('runs', _GEMM_RUNS)} {entry.get('gemm_n', _GEMM_N)}^3 GEMMs per dtype; "
               f"copy of {entry.get('copy_bytes', _COPY_BYTES)} bytes; "
               + ("bf16 measured" if "bf16" in peak else "no native bf16: bf16 uses the fp32 peak")
+              + ("; timed while the machine was otherwise idle" if entry.get("idle_checked")
+                 else "; the machine's idleness could not be read (no /proc/stat): timed as it was")
               + (f"; {raised}" if raised else ""),
     )
 
@@ -266,7 +357,7 @@ def raise_cpu_peak(spec: GpuSpec, observed: Mapping[str, float], threads: int | 
         return spec
     path = _cache_dir(cache_dir) / _CACHE_FILE
     cache = _read_cache(path)
-    entry = dict(cache.get(key) or {})
+    entry = dict(cache[key]) if _valid(cache.get(key)) else {}   # an entry due to be measured again stays so
     for d in raised:
         if (key, d) not in _RAISED_SAID:
             _RAISED_SAID.add((key, d))
@@ -291,8 +382,10 @@ def start_cpu_calibration(threads: int | None = None,
     """Calibrate the CPU off the training thread: a child process (its own torch, its own thread
     pool, so the job's threads are neither borrowed nor reconfigured) measures with ``threads``
     threads and fills the cache; the Future resolves to :func:`cpu_spec` read from it. A cached
-    machine resolves at once without starting anything. The caller picks when: before the first
-    step or between steps, never inside one (the measurement loads every core for seconds)."""
+    machine resolves at once without starting anything. The child runs at idle priority, so the job
+    keeps its cores, and times only while the machine is otherwise idle: beside a busy job that is
+    often after the job ends (it is detached and fills the cache for the next run), and the Future
+    then fails with :class:`CalibrationNotQuiet`'s reason."""
     threads = threads or _threads()
     done: Future[GpuSpec] = Future()
     path = _cache_dir(cache_dir) / _CACHE_FILE
@@ -302,14 +395,16 @@ def start_cpu_calibration(threads: int | None = None,
 
     def run() -> None:
         try:
-            cmd = [sys.executable, "-m", "plasmient_trace.metrics.cpu_peak", "--threads", str(threads)]
+            cmd = [sys.executable, "-m", "plasmient_trace.metrics.cpu_peak", "--threads", str(threads), "--background"]
             if cache_dir is not None:
                 cmd += ["--cache-dir", str(cache_dir)]
             # Detached (own session, no pipes): a job that exits first does not kill the measurement, so
             # the cache is filled for its next run.
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL, start_new_session=True)
-            code = proc.wait(timeout=600)
+            code = proc.wait()
+            if code == _NOT_QUIET_EXIT:
+                raise CalibrationNotQuiet(f"the CPU was never idle for {_BACKGROUND_DEADLINE_S:.0f} s of trying")
             if code != 0:
                 raise RuntimeError(f"calibration process exited {code}")
             done.set_result(cpu_spec(cache_dir, threads))
@@ -320,14 +415,39 @@ def start_cpu_calibration(threads: int | None = None,
     return done
 
 
+_NOT_QUIET_EXIT = 3
+
+
+def _idle_priority() -> None:
+    """This process (its threads, and those it starts later: torch's pool) runs only on cores nothing else
+    wants."""
+    try:
+        for tid in os.listdir("/proc/self/task"):   # numpy's import has started BLAS threads already
+            os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))   # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        try:
+            os.nice(19)
+        except (AttributeError, OSError):
+            pass
+
+
 def _main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(description="Measure the CPU's peaks into plasmient's cache.")
+    parser = argparse.ArgumentParser(description="Measure the CPU's peaks into plasmient's cache, on an otherwise "
+                                                 "idle machine.")
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--cache-dir")
+    parser.add_argument("--background", action="store_true",
+                        help=f"idle priority, and wait up to {_BACKGROUND_DEADLINE_S:.0f} s for the machine to be idle")
     args = parser.parse_args(argv)
-    cpu_spec(args.cache_dir, args.threads)
+    if args.background:
+        _idle_priority()
+    try:
+        cpu_spec(args.cache_dir, args.threads, _BACKGROUND_DEADLINE_S if args.background else _QUIET_DEADLINE_S)
+    except CalibrationNotQuiet as err:
+        print(f"plasmient: CPU peak not calibrated: {err}", file=sys.stderr)
+        return _NOT_QUIET_EXIT
     return 0
 
 
