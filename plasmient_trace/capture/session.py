@@ -123,8 +123,10 @@ class CaptureSession:
         self.stats = {"steps": 0, "steps_full": 0, "steps_deferred": 0, "samples_held": 0, "steps_dropped": 0,
                       "steps_too_many_ops": 0, "exported_batches": 0, "export_errors": 0}
         self._budget = FullDepthBudget(self.config.overhead)
-        self._kind: str | None = None
+        self._kind: str | None = None  # the step clock between explicit steps: optimizer | profiler, first seen
         self._explicit_depth = 0  # explicit step contexts entered and not left (nested ones join the outer)
+        self._explicit_seen = False
+        self._step_explicit = False  # the open step is an explicit one
         self._forked_child = False  # this is a fork()ed child's copy of its parent's session (detach_in_child)
         self._open = False
         self._full = False
@@ -143,6 +145,7 @@ class CaptureSession:
         self.inductor_kernels = InductorKernelNames(self.config.environ)
         self._opt_hook: Any = None
         self._opt_clock: Any = None
+        self._opt_rival: Any = None  # weakref: an optimizer that stepped since the clock last did
         self._opt_wrapped_depth = 0
         self.sources = LiveSources(self.config)
         self._user_profilers = 0   # the job's own torch.profiler runs now active
@@ -290,8 +293,11 @@ class CaptureSession:
 
     # ---- step boundaries (training thread)
     def _on_forward(self) -> None:
-        # The first module forward opens step 0 (before it there is only setup: imports, model build).
-        if not self._open and self._kind != "explicit" and not self.failed and not self.closed:
+        # The first module forward opens step 0 (before it there is only setup: imports, model build), and
+        # after an explicit step the next training step (an eval loop in `with plasmient_trace.step()`
+        # between epochs); a job whose only boundaries are explicit steps has nothing between them.
+        if (not self._open and not self._explicit_depth and (self._kind is not None or not self._explicit_seen)
+                and not self.failed and not self.closed):
             if _in_data_loader_worker():
                 # A DataLoader worker started with the spawn method starts its own session, as every
                 # process of the job does, and runs modules: torchvision's transforms are nn.Modules. It
@@ -309,7 +315,9 @@ class CaptureSession:
         """A step boundary of ``kind`` (optimizer | profiler): ends the open step, opens the next.
 
         The first kind seen is the step clock; boundaries of another kind are ignored, so a loop that
-        calls both optimizer.step() and prof.step() still gets one trace per iteration."""
+        calls both optimizer.step() and prof.step() still gets one trace per iteration. Inside an explicit
+        step (``with plasmient_trace.step()``) the explicit step is the boundary; once explicit steps are
+        seen, a boundary with no step open opens none (the next module forward does)."""
         if self.failed or self.closed:
             if self._forked_child:
                 # a forked child trains: it is not traced, and says so once (one that only runs modules, a
@@ -322,33 +330,37 @@ class CaptureSession:
             with self._lock:
                 if self._kind is None:
                     self._kind = kind
-                if kind != self._kind:
+                if kind != self._kind or self._explicit_depth:
                     return
                 now = perf_counter_ns()
                 if self._open:
                     self._end(now)
                     now = perf_counter_ns()  # the step end's own work is ours, not the next step's
+                elif self._explicit_seen:
+                    return  # an optimizer.step() after an explicit step that held the forward and backward
                 self._begin(now)
         except Exception as err:
             self._fail("step", err)
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
-        """``with plasmient_trace.step():`` - an explicit step (inference loops); explicit steps take
-        over from optimizer/profiler boundaries for the rest of the run. A step entered inside another
-        (a library's step inside the user's loop) is part of it: the outermost one is the step."""
+        """``with plasmient_trace.step():`` - an explicit step (an inference loop, an eval loop between
+        training epochs). Optimizer/profiler boundaries still end the steps between explicit ones, so an
+        eval loop loses no training step; a training step still open when an explicit one begins (what
+        ran after the last optimizer.step()) is dropped, as it ended at no boundary. A step entered inside
+        another (a library's step inside the user's loop) is part of it: the outermost one is the step."""
         active = False
         if not (self.failed or self.closed):
             try:
                 with self._lock:
                     self._explicit_depth += 1
                     if self._explicit_depth == 1:
-                        if self._kind != "explicit":
+                        self._explicit_seen = True
+                        if self._open and not self._step_explicit:
                             self._abort_open()
-                            self._kind = "explicit"
                         if self._open:
                             self._end(perf_counter_ns())
-                        self._begin(perf_counter_ns())
+                        self._begin(perf_counter_ns(), explicit=True)
                     active = True
             except Exception as err:
                 self._fail("step", err)
@@ -375,7 +387,7 @@ class CaptureSession:
             self.modules.take()
             self._open = False
 
-    def _begin(self, now: int) -> None:
+    def _begin(self, now: int, explicit: bool = False) -> None:
         if self.sources.devices_pending:
             self._detect_devices()  # CUPTI and NVML start here, the first time: up to seconds
             now = perf_counter_ns()  # the step starts when our setup is done: that time is not the job's
@@ -400,6 +412,7 @@ class CaptureSession:
                 self.stats["samples_held"] += int(periodic)
         self._step_start = now
         self._step_thread = threading.get_native_id()
+        self._step_explicit = explicit
         self._open = True
         self.signatures.begin()
         self.modules.repeat_module = None
@@ -531,7 +544,8 @@ class CaptureSession:
                 say_once("step-ops", f"step {self.step_index} made more than {self.config.max_step_ops:,} op or "
                                      "module calls: it and steps like it go out at step depth, their FLOPs "
                                      "unknown (raise PLASMIENT_MAX_STEP_OPS to trace them whole)")
-        cap = StepCapture(step=self.step_index, name=_STEP_NAMES.get(self._kind or "explicit", "step#{n}").format(n=self.step_index),
+        kind = "explicit" if self._step_explicit or self._kind is None else self._kind
+        cap = StepCapture(step=self.step_index, name=_STEP_NAMES[kind].format(n=self.step_index),
                           start_ns=self._step_start + self._epoch, end_ns=now + self._epoch, full=full,
                           ops=ops, op_recorder=self.sources.ops, modules=modules, kineto=trace,
                           signature=self.signatures.finish(), compiled=compiled, tid=self._step_thread)

@@ -105,12 +105,17 @@ def yield_kineto(session: CaptureSession) -> None:
 
 def optimizer_stepped(session: CaptureSession, optimizer: Any, args: Any, kwargs: Any) -> None:
     # With several optimizers (GANs, per-group optimizers) the first one that steps is the step
-    # clock, so one iteration is one step; a replacement optimizer takes over once it is gone.
+    # clock, so one iteration is one step. Another optimizer that steps twice while the clock does not
+    # takes over: a replacement, whether the old one is gone or kept alive (a head trained alone, then
+    # the whole model with a new optimizer: every later step was lost while the old one lived).
     try:
         clock = session._opt_clock() if session._opt_clock is not None else None
-        if clock is None:
-            session._opt_clock = weakref.ref(optimizer)
-        elif clock is not optimizer:
+        if clock is optimizer:
+            session._opt_rival = None
+        elif clock is None or (session._opt_rival is not None and session._opt_rival() is optimizer):
+            session._opt_clock, session._opt_rival = weakref.ref(optimizer), None
+        else:
+            session._opt_rival = weakref.ref(optimizer)
             return
     except TypeError:
         pass
