@@ -275,9 +275,10 @@ def _exemplar_steps(rows: list[dict], points: list, level: str) -> list[int]:
     return out
 
 
-def test_input_signature_is_shapes_and_dtypes_of_nested_tensors_only():
+def test_input_signature_is_shapes_and_dtypes_of_nested_tensors_and_the_numbers_beside_them():
     a, b = torch.zeros(2, 3), torch.zeros(4, dtype=torch.int64)
-    assert input_signature((a, {"mask": b, "n": 7}, [None, "x"])) == (((2, 3), "float32"), ((4,), "int64"))
+    assert input_signature((a, {"mask": b, "n": 7}, [None, "x"])) == \
+        (((2, 3), "float32"), ((4,), "int64"), ("int", 7), ("str", "x"))
     assert input_signature((a,)) != input_signature((torch.zeros(3, 3),))
     assert input_signature((1, "text", None)) is None
     deep = (((((((a,),),),),),),)

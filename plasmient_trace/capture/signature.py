@@ -1,8 +1,10 @@
 """A live step's input-shape signature: which steps do the same work, so a step at step depth can carry the
 FLOPs a full-depth step measured.
 
-A step's signature is the model's class, train/eval mode, grad mode and the shapes and dtypes of the
-tensors passed to the step's first module call that takes one (``torch_hooks.input_signature``), plus the
+A step's signature is the model's class, train/eval mode, grad mode, which of its parameters require
+gradients (a layer unfrozen mid-run adds its weight gradients), the shapes and dtypes of the tensors
+passed to the step's first module call that takes one and the numbers beside them
+(``torch_hooks.input_signature``), the number of backward passes the step ran, plus the
 number and shapes of that module's later calls in the step (with gradient accumulation or a ``generate``
 loop the first call is the same whatever the step does after it), and the shapes of the calls of the step's
 other models (a module named as the root of its own tree: a decoder after an encoder, a loss module), so a
@@ -39,10 +41,12 @@ class StepSignatures:
         self._tries = 0
         self._repeats: list[Any] = []
         self._others: list[Any] = []  # the shapes of other models' calls after the signature's
+        self.backward_passes = 0  # torch.autograd.backward / grad calls in the open step (step_hooks)
 
     def begin(self) -> None:
         self.previous_key = self.key
         self.key, self._tries, self._repeats, self._others = None, 0, [], []
+        self.backward_passes = 0
 
     def may_measure(self) -> bool:
         """Could this step's first module call send it to full depth? Only where steps have signatures (the
@@ -64,8 +68,9 @@ class StepSignatures:
         model = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the model it wraps
         compiled = model is not module
         # the same shapes through another model, in eval mode or without grad are other work
+        trained = hashlib.blake2b(bytes(p.requires_grad for p in model.parameters()), digest_size=8).hexdigest()
         key = self.key = f"{type(model).__qualname__}|{'train' if module.training else 'eval'}|" \
-                         f"{'grad' if torch.is_grad_enabled() else 'nograd'}|{shapes}"
+                         f"{'grad' if torch.is_grad_enabled() else 'nograd'}|requires_grad {trained}|{shapes}"
         if full:
             self.seen.add(key)
         elif key in self.seen or len(self.seen) >= self.max_signatures:
@@ -99,10 +104,10 @@ class StepSignatures:
 
     def finish(self) -> str | None:
         """The signature the step's FLOPs are carried under: a step of two micro-batches never carries
-        what a step of four measured."""
+        what a step of four measured, nor one that skipped its backward what a step with one measured."""
         if self.key is None:
             return None
-        key = self.key
+        key = f"{self.key}|{self.backward_passes} backward"
         if self._repeats:
             calls = hashlib.blake2b(repr(self._repeats).encode(), digest_size=8).hexdigest()
             key = f"{key}|{len(self._repeats)} more calls {calls}"

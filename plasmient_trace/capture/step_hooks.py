@@ -6,6 +6,7 @@
   hooks them (at a class's first instance), so even the first step ends outside its scope.
 * ``torch.profiler.profile.step`` ends a step; while the job's own profiler runs, CUPTI and the Kineto
   fallback stand aside (one activity client per process) and resume when it stops.
+* ``torch.autograd.backward`` and ``grad`` count the step's backward passes for its signature.
 
 Every patch is recorded in ``session._patched`` with what it replaced; ``CaptureSession.close`` restores
 them, and each wrapper keeps ``__wrapped__``.
@@ -29,6 +30,7 @@ def install(session: CaptureSession, torch: Any) -> None:
 
     session._opt_hook = register_optimizer_step_post_hook(functools.partial(optimizer_stepped, session))
     wrap_optimizers(session, torch)
+    count_backward_passes(session, torch)
     prof_cls = torch.profiler.profile
     original = prof_cls.step
 
@@ -59,6 +61,23 @@ def install(session: CaptureSession, torch: Any) -> None:
 
         setattr(prof_cls, name, wrapped)
         session._patched.append((prof_cls, name, orig))
+
+
+def count_backward_passes(session: CaptureSession, torch: Any) -> None:
+    """Count the step's backward passes (``loss.backward()`` calls ``torch.autograd.backward``; a
+    gradient penalty calls ``torch.autograd.grad``) for its signature: a step that skipped its backward
+    does a third of the work of one that ran it, with the same input shapes."""
+    signatures = session.signatures
+    for name in ("backward", "grad"):
+        original = getattr(torch.autograd, name)
+
+        @functools.wraps(original)
+        def counted(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            signatures.backward_passes += 1
+            return _original(*args, **kwargs)
+
+        setattr(torch.autograd, name, counted)
+        session._patched.append((torch.autograd, name, original))
 
 
 def suspend_cupti(session: CaptureSession) -> None:

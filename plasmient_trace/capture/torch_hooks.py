@@ -442,22 +442,28 @@ class ModuleRecorder:
 
 def input_signature(args: Any, limit: int = 32, max_depth: int = 4) -> tuple | None:
     """Shapes and dtypes of the tensors in a call's arguments, in order, looking into tuples, lists and
-    dict values (at most ``limit`` tensors, ``max_depth`` levels); None when there is no tensor. Steps
-    with equal signatures through the same module do the same work, so they share one FLOP count.
-    Runs on the training thread once per step, outside any dynamo trace (the caller returns first)."""
+    dict values (at most ``limit`` tensors, ``max_depth`` levels), and the values of the numbers and short
+    strings beside them (a decode loop's position, ``forward(tokens, start_pos)``, decides how much of a
+    KV cache held in buffers its attention reads); None when there is no tensor. Steps with equal
+    signatures through the same module do the same work, so they share one FLOP count. Runs on the
+    training thread once per step, outside any dynamo trace (the caller returns first)."""
     out: list[tuple] = []
+    tensors = 0
     stack: list[tuple[Any, int]] = [(args, 0)]
     visited = 0
-    while stack and len(out) < limit and visited < 8 * limit:
+    while stack and tensors < limit and visited < 8 * limit:
         value, depth = stack.pop()
         visited += 1
         if isinstance(value, _Tensor):
+            tensors += 1
             out.append((tuple(value.shape), str(value.dtype).replace("torch.", "")))
+        elif isinstance(value, (int, float, str)):   # bool is an int
+            out.append((type(value).__name__, value if not isinstance(value, str) else value[:64]))
         elif depth < max_depth and isinstance(value, (list, tuple)):
             stack.extend((v, depth + 1) for v in reversed(value[:limit]))
         elif depth < max_depth and isinstance(value, dict):
             stack.extend((v, depth + 1) for v in reversed(list(value.values())[:limit]))
-    return tuple(out) or None
+    return tuple(out) if tensors else None
 
 
 # ---------------------------------------------------------------------------------------------

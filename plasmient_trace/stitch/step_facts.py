@@ -7,7 +7,8 @@ what it did not is a fact of the capture, given to the stitcher in :class:`StepF
 * ``plasmient.flops.source`` on every step, rank, node and fleet span: ``measured`` (full depth: FLOPs from
   its own ops), ``carried`` (step depth: the FLOPs, recompute FLOPs, ideal seconds and coverage of the latest
   full-depth step with the same input-shape signature, carried forward; MFU is those ideal seconds over the
-  step's *own* device window) or ``unknown`` (step depth, nothing to carry: no FLOPs, no MFU).
+  step's *own* device window) or ``unknown`` (step depth, nothing to carry: no FLOPs, no MFU; also the
+  steps of a signature whose last two full-depth measurements disagreed, :func:`keep_measured`).
 * Device activity: a step-depth step on a GPU under CUPTI still has its kernels, hence busy time and util;
   one with no kernel recorded (a CPU, whose ops are its kernels, or the Kineto fallback) has neither, so its
   busy time, util and kernel counts are absent rather than zero.
@@ -24,7 +25,7 @@ Offline ingest passes no facts: every step is ``measured``. Hooks: :func:`with_s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -69,6 +70,7 @@ class CarriedWork:
     recompute_flops: float
     recompute_ideal_s: float
     coverage: float           # share of its busy time with known FLOPs
+    disputed: bool = False    # the measurement of its signature before it found other work: carry nothing
 
 
 @dataclass
@@ -103,7 +105,22 @@ class StepFacts:
             work = _work_of(int(s.step), s.flops, s.ideal_s, s.recompute_flops, s.recompute_ideal_s,
                             s.known_s / s.busy_s if s.busy_s > 0 else float("nan"))
             if work is not None:
-                self.measured[sig] = work
+                keep_measured(self.measured, sig, work)
+
+
+# Two successive full-depth steps of one signature whose FLOPs differ by more than this show that the signature
+# does not decide the step's work (state it cannot see: a KV cache whose position the model keeps, data-dependent
+# control flow): its steps carry nothing until two successive measurements agree again (a first step that
+# differs from the rest: gradients assigned, not yet accumulated), rather than a count wrong for some of them.
+CARRY_AGREEMENT = 0.01
+
+
+def keep_measured(measured: dict[str, CarriedWork], sig: str, work: CarriedWork) -> None:
+    """Remember ``work`` as what ``sig``'s steps do, disputed when the measurement before it disagrees."""
+    before = measured.get(sig)
+    total = work.flops + work.recompute_flops
+    measured[sig] = replace(work, disputed=before is not None and abs(
+        total - (before.flops + before.recompute_flops)) > CARRY_AGREEMENT * max(abs(total), 1.0))
 
 
 def _work_of(step: int, flops: float, ideal: float, rc_flops: float, rc_ideal: float, coverage: float) -> CarriedWork | None:
@@ -155,9 +172,10 @@ def with_step_facts(tree: Any, options: Any, steps: np.ndarray, samples: pa.Tabl
             ideal = total[COL["ideal_s"], r] - total[COL["recompute_ideal_s"], r] if t.peak_known else np.nan
             work = _work_of(int(steps[s]), model, ideal, total[COL["recompute_flops"], r], total[COL["recompute_ideal_s"], r], cov)
             if sig is not None and work is not None and int(steps[s]) not in facts.not_carried:
-                known[sig] = work
+                keep_measured(known, sig, work)
             continue
         work = known.get(sig) if sig is not None else None
+        work = None if work is not None and work.disputed else work
         for row in (t.base["rank"] + s, r):
             if work is None:
                 total[[COL["flops"], COL["ideal_s"]], row] = np.nan
