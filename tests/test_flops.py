@@ -707,3 +707,48 @@ def test_an_out_call_reads_its_inputs_once_and_writes_its_output_once(tmp_path) 
             assert flops == n
             seen[key] += 1
     assert set(seen) == set(expected)
+
+
+def test_a_broadcast_input_is_read_once_however_far_it_is_expanded(tmp_path) -> None:
+    """``expand`` makes a stride-0 view: its elements are read once, not once per position of the broadcast.
+    Kineto records the strides ('Input Strides'); the ops table keeps them where an input is broadcast."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile
+
+    from plasmient_trace.sources.kineto import read_kineto
+
+    n, m = 512, 256
+    column, full = torch.randn(n, 1), torch.randn(n, m)
+    index = torch.randint(0, m, (n, 1))
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        torch.mul(column.expand(n, m), full)
+        torch.gather(full, 1, index.expand(n, m))
+        torch.mul(full, full)
+    path = tmp_path / "expand.json"
+    prof.export_chrome_trace(str(path))
+    # From the shapes above, not from the trace: a float32 column read once, the full matrix, the output.
+    expected = {"aten::mul": [n * 4 + n * m * 4 + n * m * 4, 3 * n * m * 4]}
+    rs = read_kineto(path)
+    costs = model_ops(rs.ops)
+    names = rs.ops.column("name").to_pylist()
+    assert sorted(b for nm, b in zip(names, costs.bytes) if nm == "aten::mul") == sorted(expected["aten::mul"])
+    gather = [(b, s) for nm, b, s in zip(names, costs.bytes, rs.ops.column("input_strides").to_pylist())
+              if nm == "aten::gather"]
+    assert len(gather) == 1 and gather[0][1] is not None
+    # gather reads the int64 index column once, and as many source elements as it writes
+    assert gather[0][0] == n * 8 + 2 * n * m * 4
+
+
+def test_the_b200_embeddings_gather_reads_its_expanded_index_once() -> None:
+    # Its aten::gather index is a [888, 1] int64 column expanded to [888, 2880] (strides [1, 0]); the 888
+    # rows of 2880 bf16 it gathers and writes were 30.7 MB before, 3x the 10.2 MB the embedding moves.
+    events = op_events("b200/eager_rank0_of8.json.gz")
+    gather = [e for e in events if e["name"] == "aten::gather"]
+    assert len(gather) == 1
+    (rows, width), index_strides = gather[0]["args"]["Input Dims"][2], gather[0]["args"]["Input Strides"][2]
+    assert index_strides == [1, 0]
+    oracle = 2 * rows * width * 2 + rows * 8   # bf16 rows read and written, the index column once
+    spans = [r for r in ingested("b200/eager_rank0_of8.json.gz").batch.table.to_pylist()
+             if r["name"] in ("aten::gather", "aten::embedding")]
+    assert {r["name"] for r in spans} == {"aten::gather", "aten::embedding"}
+    assert all(r["plasmient.bytes"] == oracle for r in spans)

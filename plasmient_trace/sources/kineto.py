@@ -128,6 +128,18 @@ def _json_text(value: Any) -> str | None:
     return None if value is None else _dumps(value).decode()
 
 
+def _broadcast_strides(strides: Any, dims: Any) -> str | None:
+    """'Input Strides' as JSON text when some input is broadcast (a stride 0 over a dimension longer than 1,
+    as ``expand`` makes), else None: dense inputs need no strides, and most ops have none of them."""
+    if type(strides) is not list or type(dims) is not list:
+        return None
+    for st, d in zip(strides, dims):
+        if type(st) is list and 0 in st and type(d) is list and len(d) == len(st) \
+                and any(k == 0 and type(n) is int and n > 1 for k, n in zip(st, d)):
+            return _json_text(strides)
+    return None
+
+
 def _ext(args: KinetoArgs) -> Any:
     return args.external_id_lower if args.external_id is UNSET else args.external_id
 
@@ -222,7 +234,7 @@ class _Columns:
             "ts", "dur", "pid", "tid", "name", "correlation_id", "external_id")}
         self.ops: dict[str, Any] = {k: _column(k) for k in (
             "ts", "dur", "pid", "tid", "name", "category", "external_id", "sequence_number", "fwd_thread_id",
-            "input_dims", "input_types", "kineto_flops", "concrete_inputs")}
+            "input_dims", "input_types", "kineto_flops", "concrete_inputs", "input_strides")}
         self.modules: dict[str, Any] = {k: _column(k) for k in ("ts", "dur", "pid", "tid", "name")}
         self.steps: dict[str, Any] = {k: _column(k) for k in ("ts", "dur", "step", "name", "pid", "tid")}
         self.arrow: dict[tuple[str, str], list[pa.Array]] = {}  # (table, column) -> compacted chunks
@@ -271,7 +283,8 @@ def _collect(path: Path, events: list[msgspec.Raw], cols: _Columns | None = None
     k_smem, k_graph, k_bytes, k_mflops, k_mbytes = K["shared_memory"], K["graph_id"], K["bytes"], K["model_flops"], K["model_bytes"]
     k_coll, k_in, k_out, k_group, k_cdtype, k_pg = (K[k] for k in _COMM_COLUMNS)
     l_ts, l_dur, l_pid, l_tid, l_name, l_corr, l_ext = (L[k] for k in L)
-    o_ts, o_dur, o_pid, o_tid, o_name, o_cat, o_ext, o_seq, o_fwd, o_dims, o_types, o_flops, o_conc = (O[k] for k in O)
+    o_ts, o_dur, o_pid, o_tid, o_name, o_cat, o_ext, o_seq, o_fwd, o_dims, o_types, o_flops, o_conc, o_strides = (
+        O[k] for k in O)
     m_ts, m_dur, m_pid, m_tid, m_name = (M[k] for k in M)
     s_ts, s_dur, s_step, s_name, s_pid, s_tid = (S[k] for k in S)
     index = first - 1
@@ -299,6 +312,7 @@ def _collect(path: Path, events: list[msgspec.Raw], cols: _Columns | None = None
                 o_dims.append(_json_text(a.input_dims)); o_types.append(_json_text(a.input_types))
                 o_flops.append(None if a.flops is None else float(a.flops))
                 o_conc.append(_json_text(a.concrete_inputs))
+                o_strides.append(_broadcast_strides(a.input_strides, a.input_dims))
             elif cat in _KERNEL_CATS:
                 a = e.args or _NO_ARGS
                 kind = _KERNEL_CATS[cat]

@@ -25,6 +25,7 @@ class KinetoArgs(Struct, gc=False):
     input_dims: Any = field(default=None, name="Input Dims")
     input_types: Any = field(default=None, name="Input type")
     concrete_inputs: Any = field(default=None, name="Concrete Inputs")
+    input_strides: Any = field(default=None, name="Input Strides")
     flops: Any = None
     device: Any = UNSET
     stream: Any = UNSET

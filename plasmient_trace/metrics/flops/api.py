@@ -39,11 +39,13 @@ def _first_dtype(types: list[Any] | None) -> str:
     return "other"
 
 
-def op_cost(name: str | None, dims: Any, types: Any, concrete: Any = None) -> tuple[float, float, str, str]:
+def op_cost(name: str | None, dims: Any, types: Any, concrete: Any = None,
+            strides: Any = None) -> tuple[float, float, str, str]:
     """(flops, bytes, dtype, model) of one op from its recorded inputs.
 
-    ``dims``/``types``/``concrete`` are Kineto's 'Input Dims', 'Input type' and 'Concrete Inputs',
-    either parsed lists or their JSON text (as stored in the ops record table). Pure: the same
+    ``dims``/``types``/``concrete``/``strides`` are Kineto's 'Input Dims', 'Input type', 'Concrete Inputs'
+    and 'Input Strides' (None: dense inputs), either parsed lists or their JSON text (as stored in the ops
+    record table). Pure: the same
     arguments always give the same answer, which is what lets :func:`model_ops` call it once per
     distinct signature.
     """
@@ -56,7 +58,7 @@ def op_cost(name: str | None, dims: Any, types: Any, concrete: Any = None) -> tu
     if d is None:
         return 0.0, 0.0, dtype, "none"
     try:
-        res = fn(OpArgs(d, t, _as_list(concrete)))
+        res = fn(OpArgs(d, t, _as_list(concrete), _as_list(strides)))
     except (TypeError, ValueError, IndexError, ZeroDivisionError, OverflowError, AttributeError):
         # Recorded shapes are untrusted input: one malformed record must not abort a 10^6-op pass.
         res = None
@@ -76,13 +78,14 @@ _COSTS: dict[tuple[Any, ...], tuple[Any, tuple[float, float, str, str]]] = {}
 _MAX_COSTS = 1 << 14
 
 
-def _signature_cost(name: str | None, dims: Any, types: Any, concrete: Any) -> tuple[float, float, str, str]:
-    key = (name, dims, types, concrete)
+def _signature_cost(name: str | None, dims: Any, types: Any, concrete: Any,
+                    strides: Any = None) -> tuple[float, float, str, str]:
+    key = (name, dims, types, concrete, strides)
     fn = formula_for(name)
     hit = _COSTS.get(key)
     if hit is not None and hit[0] is fn:
         return hit[1]
-    cost = op_cost(name, dims, types, concrete)
+    cost = op_cost(name, dims, types, concrete, strides)
     if len(_COSTS) >= _MAX_COSTS:
         _COSTS.clear()
     _COSTS[key] = (fn, cost)
@@ -142,7 +145,7 @@ def _text(labels: Labels, width: int) -> np.ndarray:
 def model_ops(ops: pa.Table, moe: MoEConfig | None = None) -> OpCosts:
     """Costs of every op in an ops record table (records.OPS), one :func:`op_cost` call per signature.
 
-    A signature is the distinct (name, input_dims, input_types[, concrete_inputs]) combination;
+    A signature is the distinct (name, input_dims, input_types[, concrete_inputs, input_strides]) combination;
     training and serving loops repeat the same shapes every step, so a 10^6-row table typically has
     a few thousand signatures. The columns are dictionary-encoded, combined into one integer key,
     grouped by hashing (``metrics.grouping``), and the per-signature answers are mapped back with a take. ``moe`` is the
@@ -169,10 +172,9 @@ def coded_model_ops(ops: pa.Table, moe: MoEConfig | None = None) -> CodedOpCosts
     dtype_u: list[str] = []
     model_u: list[str] = []
     for j, row in enumerate(first):
-        args = [values[codes[row]] if codes[row] >= 0 else None for codes, values in encoded]
-        name, dims, types = args[0], args[1] if len(args) > 1 else None, args[2] if len(args) > 2 else None
-        conc = args[3] if len(args) > 3 else None
-        f, b, dt, mo = _signature_cost(name, dims, types, conc)
+        args = {c: values[codes[row]] if codes[row] >= 0 else None for c, (codes, values) in zip(cols, encoded)}
+        f, b, dt, mo = _signature_cost(args.get("name"), args.get("input_dims"), args.get("input_types"),
+                                       args.get("concrete_inputs"), args.get("input_strides"))
         flops_u[j] = f
         bytes_u[j] = b
         dtype_u.append(dt)

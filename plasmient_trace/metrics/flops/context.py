@@ -30,7 +30,7 @@ from .moe import MOE_OPS, MoEConfig, moe_forward_cost
 from .vendor import VLLM_ATTENTION_OPS, vllm_attention_cost, vllm_batch_stats
 
 # The columns that make two ops the same call, in order (model_ops groups by them too).
-SIGNATURE_COLUMNS = ("name", "input_dims", "input_types", "concrete_inputs")
+SIGNATURE_COLUMNS = ("name", "input_dims", "input_types", "concrete_inputs", "input_strides")
 # How far past a conv to look for its consumer: the consumer follows directly in eager code, after
 # at most the bookkeeping ops of the conv's own wrappers (resize_, empty, a scalar add).
 _LOOKAHEAD = 32
@@ -105,7 +105,8 @@ class _Rows:
 
     def args(self, r: int) -> OpArgs | None:
         d, t = self.get("input_dims", r), self.get("input_types", r)
-        return OpArgs(d, t, self.get("concrete_inputs", r)) if isinstance(d, list) and isinstance(t, list) else None
+        return (OpArgs(d, t, self.get("concrete_inputs", r), self.get("input_strides", r))
+                if isinstance(d, list) and isinstance(t, list) else None)
 
     def signature(self, r: int) -> tuple[int, ...]:
         return tuple(self.code(c, r) for c in SIGNATURE_COLUMNS)

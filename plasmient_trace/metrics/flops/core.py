@@ -117,12 +117,13 @@ class OpArgs:
     """One op's recorded arguments by position: ``shape(i)`` of tensor argument i, ``value(i)`` of a
     scalar/list argument from ``Concrete Inputs`` (None when not recorded), element size and bytes."""
 
-    __slots__ = ("dims", "types", "conc")
+    __slots__ = ("dims", "types", "conc", "strides")
 
-    def __init__(self, dims: list[Any], types: list[Any], conc: list[Any] | None):
+    def __init__(self, dims: list[Any], types: list[Any], conc: list[Any] | None, strides: list[Any] | None = None):
         self.dims = dims
         self.types = types
         self.conc = conc
+        self.strides = strides  # Kineto's 'Input Strides' where recorded; None: dense
 
     def is_tensor(self, i: int) -> bool:
         return (i < len(self.types) and i < len(self.dims) and self.types[i] in _DTYPES
@@ -139,8 +140,15 @@ class OpArgs:
         return _prod(s) if s is not None else 0
 
     def nbytes(self, i: int) -> float:
+        """Bytes of tensor argument i in memory: a broadcast dimension (stride 0, an ``expand``) holds one
+        element however long it is, so its reads are counted once."""
         s = self.shape(i)
-        return _prod(s) * self.es(i) if s is not None else 0.0
+        if s is None:
+            return 0.0
+        st = self.strides[i] if self.strides is not None and i < len(self.strides) else None
+        if isinstance(st, list) and len(st) == len(s) and 0 in st:
+            return _prod([n for n, k in zip(s, st) if k != 0]) * self.es(i)
+        return _prod(s) * self.es(i)
 
     def tensors(self) -> list[int]:
         return [i for i in range(min(len(self.dims), len(self.types))) if self.is_tensor(i)]

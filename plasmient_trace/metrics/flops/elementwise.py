@@ -56,7 +56,7 @@ def _dropout(a: OpArgs) -> FlopResult:
     if X is None:
         return None
     n = _prod(X)
-    return 2.0 * n, a.nbytes(0) + a.nbytes(0) + n * 1.0, "elementwise"
+    return 2.0 * n, a.nbytes(0) + n * a.es(0) + n * 1.0, "elementwise"
 
 
 def _pad(a: OpArgs) -> FlopResult:
