@@ -134,3 +134,20 @@ def test_a_signature_whose_measurements_disagree_carries_nothing_after():
                        "measured", "unknown", "unknown", "measured"]
     for s in (0, 3, 6, 9):
         assert 1.0 <= rows[s]["plasmient.flops"] / expected[s] <= 1.05
+
+
+def test_a_freed_models_id_stops_being_a_root():
+    # CPython reuses a freed object's id: a submodule built later at that address would have had its calls
+    # counted as another model's in every step's signature.
+    import gc
+
+    from plasmient_trace.capture.torch_hooks import ModuleRecorder
+
+    recorder = ModuleRecorder()
+    model = nn.Linear(2, 2)
+    recorder.path_of(model, None)
+    address = id(model)
+    assert address in recorder._roots
+    del model
+    gc.collect()
+    assert address not in recorder._roots

@@ -359,6 +359,8 @@ class ModuleRecorder:
         root = self._free_name(base, module)
         if parent_path is None:
             self._roots.add(id(module))
+            # a freed model's id may be reused by a submodule, whose calls would then join the signature
+            weakref.finalize(module, self._roots.discard, id(module))
         for name, sub in module.named_modules():
             if sub not in self._paths:
                 self._paths[sub] = f"{root}.{name}" if name else root
