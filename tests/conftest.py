@@ -196,8 +196,30 @@ def pytest_configure(config) -> None:
     except ImportError:
         threads = [1]
     for n in threads:
-        subprocess.run([sys.executable, "-m", "plasmient_trace.metrics.cpu_peak", "--threads", str(n),
-                        "--cache-dir", cache], check=True, timeout=900)
+        done = subprocess.run([sys.executable, "-m", "plasmient_trace.metrics.cpu_peak", "--threads", str(n),
+                               "--cache-dir", cache, "--deadline", "60"], timeout=900)
+        if done.returncode == 3:
+            # Another workload kept this machine busy for a minute (CI's is idle here): the capture tests get a
+            # stand-in peak, far above what the CPU reaches, in place of a user's earlier calibration.
+            _stand_in_calibration(Path(cache), n)
+            print(f"conftest: the CPU was never idle; {n}-thread capture tests use a stand-in peak of "
+                  f"{STAND_IN_PEAK_FLOPS:.0e} FLOP/s", file=sys.stderr)
+        elif done.returncode:
+            raise RuntimeError(f"CPU calibration for the tests exited {done.returncode}")
+
+
+STAND_IN_PEAK_FLOPS = 1e12
+
+
+def _stand_in_calibration(cache: Path, threads: int) -> None:
+    from plasmient_trace.metrics import cpu_peak
+
+    path = cache / cpu_peak._CACHE_FILE
+    entries = json.loads(path.read_text()) if path.exists() else {}
+    entries[f"{cpu_peak._cpu_model()}|threads={threads}"] = {
+        "fp32": STAND_IN_PEAK_FLOPS, "fp64": STAND_IN_PEAK_FLOPS, "bf16": STAND_IN_PEAK_FLOPS, "bandwidth": 1e11,
+        "format": cpu_peak._CACHE_FORMAT, "idle_checked": False, "gemm_n": 0, "runs": 0}
+    path.write_text(json.dumps(entries))
 
 
 def calibrated_cpu(into: Path) -> Path:

@@ -440,11 +440,16 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir")
     parser.add_argument("--background", action="store_true",
                         help=f"idle priority, and wait up to {_BACKGROUND_DEADLINE_S:.0f} s for the machine to be idle")
+    parser.add_argument("--deadline", type=float, metavar="SECONDS",
+                        help=f"give up (exit {_NOT_QUIET_EXIT}) when the machine was not idle for long enough within "
+                             f"SECONDS (default {_QUIET_DEADLINE_S:.0f}, {_BACKGROUND_DEADLINE_S:.0f} with --background)")
     args = parser.parse_args(argv)
     if args.background:
         _idle_priority()
+    deadline = args.deadline if args.deadline is not None else (
+        _BACKGROUND_DEADLINE_S if args.background else _QUIET_DEADLINE_S)
     try:
-        cpu_spec(args.cache_dir, args.threads, _BACKGROUND_DEADLINE_S if args.background else _QUIET_DEADLINE_S)
+        cpu_spec(args.cache_dir, args.threads, deadline)
     except CalibrationNotQuiet as err:
         print(f"plasmient: CPU peak not calibrated: {err}", file=sys.stderr)
         return _NOT_QUIET_EXIT
