@@ -104,7 +104,7 @@ SPAN_ATTRIBUTES: tuple[SpanAttribute, ...] = (
     SpanAttribute("plasmient.kernels.folded_flops", _F, "{flop}", ("fleet", "node", "rank", "step", "module", "op"), "flops of those kernels (part of this span's flops); absent where they are 0 and some of those kernels' FLOPs are unknown"),
     SpanAttribute("plasmient.spans.folded", _I, "{span}", ("fleet", "node", "rank", "step", "module", "op"), "module and op spans under the span that are not exported (span budget), inclusive"),
     SpanAttribute("plasmient.input.dropped_events", _I, "{event}", ("step",), "on the first step of a rank: trace events dropped as impossible (negative or absurd times), counted by the source"),
-    SpanAttribute("plasmient.input.clamped_events", _I, "{event}", ("step",), "on the first step of a rank: trace events whose times were clamped into range"),
+    SpanAttribute("plasmient.input.clamped_events", _I, "{event}", ("step",), "on the first step of a rank: trace events whose times were clamped into range, and kernels recorded far before their launch (past the device clock's shift) moved to it"),
     SpanAttribute("plasmient.input.invalid_values", _I, "{value}", ("step",), "on the first step of a rank: other field values the source rejected (ids, sizes)"),
     SpanAttribute("plasmient.kernels.outside_steps", _I, "{kernel}", ("step",), "on the first step of a rank: kernels of the trace that belong to no step (launched before the first or after the last), in no span"),
     SpanAttribute("plasmient.ops.outside_steps", _I, "{op}", ("step",), "on the first step of a rank: ops of the trace that belong to no step (run before the first or after the last), in no span; on a CPU, where the ops are the work, what kernels.outside_steps is on a GPU"),

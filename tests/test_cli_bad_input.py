@@ -323,3 +323,105 @@ def test_a_file_name_with_a_newline_or_an_escape_stays_on_its_one_line_in_every_
             err = capsys.readouterr().err.splitlines()
             assert len(err) == 1 and err[0].startswith(prefix) and shown in err[0], (argv, err)
             assert "\x1b" not in err[0]
+
+
+def _raw_kineto(name: str) -> dict:
+    import gzip
+    import json
+
+    with gzip.open(trace_path(name), "rt") as f:
+        return json.load(f)
+
+
+def _levels(path) -> dict[str, list[dict]]:
+    import orjson
+
+    out: dict[str, list[dict]] = {}
+    for line in path.read_bytes().splitlines():
+        for rs in orjson.loads(line).get("resourceSpans", []):
+            for ss in rs["scopeSpans"]:
+                for sp in ss["spans"]:
+                    a = {x["key"]: _value(x["value"]) for x in sp["attributes"]}
+                    out.setdefault(a["plasmient.level"], []).append({"name": sp["name"], "span_id": sp["spanId"], **a})
+    return out
+
+
+def _value(v: dict):
+    (kind, value), = v.items()
+    return int(value) if kind == "intValue" else value
+
+
+def test_a_device_clock_behind_the_host_is_shifted_and_one_kernel_before_its_launch_is_clamped(tmp_path, capsys):
+    import json
+
+    trace = trace_path("h100/bert_small_inference.json.gz")
+    assert main(["ingest", str(trace), "--out", str(tmp_path / "plain.jsonl"), "--quiet"]) == 0
+    plain = _levels(tmp_path / "plain.jsonl")["step"][0]
+    device = ("kernel", "gpu_memcpy", "gpu_memset")
+    # Every device event 50 us early (a GPU clock behind the host's): the stitch refused the trace ("cannot
+    # stitch (ValueError: assignment destination is read-only)").
+    skewed = _raw_kineto("h100/bert_small_inference.json.gz")
+    for e in skewed["traceEvents"]:
+        if e.get("cat") in device:
+            e["ts"] -= 50
+    (tmp_path / "skew.json").write_text(json.dumps(skewed))
+    assert main(["ingest", str(tmp_path / "skew.json"), "--out", str(tmp_path / "skew.jsonl"), "--quiet"]) == 0
+    rank = _levels(tmp_path / "skew.jsonl")["rank"][0]
+    # the lag of the kernels that ran soonest after their launch: 50 us less their shortest queue wait
+    raw = _raw_kineto("h100/bert_small_inference.json.gz")["traceEvents"]
+    launch = {e["args"]["correlation"]: e["ts"] for e in raw if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    waits = sorted(e["ts"] - launch[e["args"]["correlation"]] for e in raw
+                   if e.get("cat") == "kernel" and e["args"].get("correlation") in launch)
+    assert rank["plasmient.clock.offset_ns"] == pytest.approx((50 - waits[2]) * 1000, abs=2)
+    # One kernel recorded 1 s before its launch moved every kernel of the device by 1 s (a 4.4 ms step read
+    # 1.004 s, MFU 8.3e-6): now it alone starts at its launch, and is counted.
+    early = _raw_kineto("h100/bert_small_inference.json.gz")
+    kernels = [e for e in early["traceEvents"] if e.get("cat") == "kernel"]
+    kernels[len(kernels) // 2]["ts"] -= 1e6
+    (tmp_path / "early.json").write_text(json.dumps(early))
+    assert main(["ingest", str(tmp_path / "early.json"), "--out", str(tmp_path / "early.jsonl"), "--quiet"]) == 0
+    step = _levels(tmp_path / "early.jsonl")["step"][0]
+    assert step["plasmient.input.clamped_events"] == 1
+    for key in ("plasmient.wall_s", "plasmient.mfu", "plasmient.util.resident", "plasmient.cost.usd"):
+        assert step[key] == plain[key], key
+
+
+def test_a_profiler_step_written_twice_is_one_step(tmp_path):
+    import copy
+    import json
+
+    doc = _raw_kineto("h100/bert_small_inference.json.gz")
+    (step,) = [e for e in doc["traceEvents"]
+               if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") == "user_annotation"]
+    doc["traceEvents"].append(copy.deepcopy(step))
+    (tmp_path / "twice.json").write_text(json.dumps(doc))
+    assert main(["ingest", str(tmp_path / "twice.json"), "--out", str(tmp_path / "twice.jsonl"), "--quiet"]) == 0
+    assert main(["ingest", str(trace_path("h100/bert_small_inference.json.gz")), "--out", str(tmp_path / "once.jsonl"),
+                 "--quiet"]) == 0
+    twice, once = _levels(tmp_path / "twice.jsonl"), _levels(tmp_path / "once.jsonl")
+    # it made two rank and step spans under one span id, a node of 2 GPUs and twice the cost
+    for level in ("fleet", "node", "rank", "step"):
+        assert len(twice[level]) == 1, level
+        assert twice[level][0]["plasmient.cost.usd"] == once[level][0]["plasmient.cost.usd"], level
+    assert twice["node"][0]["plasmient.gpus"] == 1
+    assert twice["step"][0]["plasmient.input.dropped_events"] == 1
+
+
+def test_a_full_disk_leaves_no_temporary_file_nor_empty_directory(tmp_path):
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past the limit fails with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
+
+    trace = str(trace_path("h100/bert_small_inference.json.gz"))
+    for out in (["--out", str(tmp_path / "x.jsonl")], ["--out", str(tmp_path / "x.jsonl.gz")],
+                ["--out", str(tmp_path / "y.jsonl"), "--parquet", str(tmp_path / "pq")]):
+        proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "ingest", trace, *out, "--quiet"],
+                              capture_output=True, text=True, preexec_fn=small_files, timeout=300)
+        assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, (out, proc.stderr)
+        assert "File too large" in proc.stderr
+        assert list(tmp_path.iterdir()) == [], (out, list(tmp_path.iterdir()))

@@ -124,6 +124,7 @@ def write_parquet(record_sets: list[RecordSet], batch: SpanBatch | None, out_dir
     sets' resources.
     """
     out = Path(out_dir)
+    created = not out.exists()   # a directory made here and left empty by a failure goes too
     out.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
     try:
@@ -134,6 +135,11 @@ def write_parquet(record_sets: list[RecordSet], batch: SpanBatch | None, out_dir
     except BaseException:
         # a set missing a table reads as a whole one with nothing in it: none of it, as for every output
         remove_written_files(files)
+        if created:
+            try:
+                out.rmdir()
+            except OSError:
+                pass   # not empty: something else wrote there meanwhile
         raise
     return files
 

@@ -225,8 +225,9 @@ class FileSink:
                 if commit:
                     _move_into_place(f, tmp, self.path)
             finally:
-                f.close()
-                if tmp is not None:
+                try:
+                    f.close()   # on a full disk this fails again, flushing what its buffer still holds
+                finally:
                     tmp.unlink(missing_ok=True)  # gone already once moved into place
         except OSError as err:
             raise _output_failed(self.path, err) from None

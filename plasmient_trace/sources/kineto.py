@@ -440,10 +440,25 @@ def _build(path: Path, columns: _Columns, meta: dict[str, Any]) -> RecordSet:
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as err:
         raise TraceFormatError(f"{path}: unexpected field types ({str(err).splitlines()[0][:160]})") from None
 
+    records.steps = _without_repeated_steps(records.steps, checker)
     records.devices = devices_of(meta)
     records.resource = resource_of(meta, pids)
     records.counters.update(checker.counters())
     return records
+
+
+def _without_repeated_steps(steps: pa.Table, checker: TimeChecker) -> pa.Table:
+    """A ProfilerStep event written twice (a concatenated or re-exported trace) is one step: as two, its rank
+    was counted twice under one span id, doubling the node's GPUs and cost. Dropped, and counted."""
+    if steps.num_rows < 2:
+        return steps
+    key = np.stack([steps.column(c).to_numpy(zero_copy_only=False).astype(np.int64)
+                    for c in ("step", "start_ns", "end_ns")], axis=1)
+    _, first = np.unique(key, axis=0, return_index=True)
+    if len(first) == steps.num_rows:
+        return steps
+    checker.dropped += steps.num_rows - len(first)
+    return steps.take(pa.array(np.sort(first)))
 
 
 def _nonnegative_or_null(values: list[Any], checker: TimeChecker) -> pa.Array:

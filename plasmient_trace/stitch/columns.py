@@ -246,6 +246,8 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     cols["plasmient.ops.outside_steps"] = on_rows(np.full(len(first_step), j.stats.ops_outside_steps, np.int64), first_step, m)
     for key in ("input.dropped_events", "input.clamped_events", "input.invalid_values"):
         count = inp.records.counters.get(key)
+        if key == "input.clamped_events" and j.stats.kernels_clamped_to_launch:
+            count = (count or 0) + j.stats.kernels_clamped_to_launch
         if count is not None:
             cols[f"plasmient.{key}"] = on_rows(np.full(len(first_step), int(count), np.int64), first_step, m)
     spec = inp.spec

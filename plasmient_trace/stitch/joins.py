@@ -94,6 +94,46 @@ class JoinStats:
     kernels_outside_steps: int = 0
     backward_ops_mapped: int = 0
     clock_offset_ns: dict[int, int] = field(default_factory=dict)
+    kernels_clamped_to_launch: int = 0   # a kernel far before its launch, past the device's clock shift
+
+
+# A device clock behind the host's puts its kernels before their launches: the device is shifted by the lag
+# that at least this many of its kernels show (at least 3, or 1 in 1,000), so one corrupt timestamp cannot
+# move every kernel of the device (one kernel 1 s early made a 4.4 ms step 1.004 s). Kernels still before
+# their launch after the shift start at it (their duration kept); those moved by more than
+# _CLAMP_TOLERANCE_NS are counted in plasmient.input.clamped_events.
+_SHIFT_SUPPORT = (3, 0.001)
+_CLAMP_TOLERANCE_NS = 10_000
+
+
+def _kernels_after_launches(k_start: np.ndarray, k_end: np.ndarray, k_dev: np.ndarray, kernel_launch: np.ndarray,
+                            l_start: np.ndarray, stats: JoinStats) -> tuple[np.ndarray, np.ndarray]:
+    joined = np.nonzero(kernel_launch >= 0)[0]
+    launch = l_start[kernel_launch[joined]]
+    lag = launch - k_start[joined]
+    devs = k_dev[joined]
+    if not (lag > 0).any():
+        for dev in np.unique(devs):
+            stats.clock_offset_ns[int(dev)] = 0
+        return k_start, k_end
+    k_start, k_end = k_start.copy(), k_end.copy()   # Arrow's buffers are read-only
+    for dev in np.unique(devs):
+        mine = devs == dev
+        ordered = np.sort(lag[mine])
+        support = min(len(ordered), max(_SHIFT_SUPPORT[0], int(np.ceil(_SHIFT_SUPPORT[1] * len(ordered)))))
+        shift = int(max(0, ordered[-support]))
+        stats.clock_offset_ns[int(dev)] = shift
+        if shift:
+            on_dev = k_dev == dev
+            k_start[on_dev] += shift
+            k_end[on_dev] += shift
+        early = joined[mine][lag[mine] > shift]
+        if len(early):
+            moved = l_start[kernel_launch[early]] - k_start[early]
+            k_end[early] += moved
+            k_start[early] += moved
+            stats.kernels_clamped_to_launch += int((moved > _CLAMP_TOLERANCE_NS).sum())
+    return k_start, k_end
 
 
 @dataclass
@@ -339,17 +379,7 @@ def join_rank(records: RecordSet) -> JoinedRank:
 
     # ---- clock: no kernel before its launch
     if n_k and stats.kernels_with_launch:
-        joined = kernel_launch >= 0
-        lag = l_start[kernel_launch[joined]] - k_start[joined]
-        devs = k_dev[joined]
-        for dev in np.unique(devs):
-            shift = int(max(0, lag[devs == dev].max()))
-            stats.clock_offset_ns[int(dev)] = shift
-            if shift:
-                sel = k_dev == dev
-                k_start = k_start.copy() if not k_start.flags.writeable else k_start
-                k_start[sel] += shift
-                k_end[sel] += shift
+        k_start, k_end = _kernels_after_launches(k_start, k_end, k_dev, kernel_launch, l_start, stats)
 
     # ---- kernel -> step: the launching op's step, else the launch's, else the kernel's own time
     if n_k:
