@@ -160,6 +160,11 @@ SAMPLES = pa.schema(
     ]
 )
 
+# A live step's input signature (stitch.step_facts.StepFacts) that ends so is carried only once two successive
+# measurements of it agree: a number passed to the model took too many values to stay in it, and may decide
+# the work (capture.signature).
+NEEDS_CONFIRMATION = "|confirm"
+
 TABLE_SCHEMAS: dict[str, pa.Schema] = {
     "kernels": KERNELS,
     "launches": LAUNCHES,

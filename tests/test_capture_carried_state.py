@@ -117,8 +117,10 @@ def _decode_hidden(model, i):
 def test_a_decode_position_passed_as_a_number_is_part_of_the_signature():
     # The old signature saw one tensor shape on every step: step 9 carried step 0's FLOPs, 0.41x the count.
     make = _Decoder
-    sources = _check(_live(make, _decode, 10, every=100), _oracle(make, _decode, 10))
-    assert sources == ["measured"] * 10
+    sources = _check(_live(make, _decode, 16, every=3), _oracle(make, _decode, 16))
+    # one signature a position for 8 positions; then a signature without it, never carried as its
+    # measurements (the samples every 3rd step) disagree
+    assert sources[:9] == ["measured"] * 9 and "carried" not in sources
     x = torch.zeros(2, 3)
     assert input_signature((x, 32)) != input_signature((x, 64))
 
@@ -151,3 +153,88 @@ def test_a_freed_models_id_stops_being_a_root():
     del model
     gc.collect()
     assert address not in recorder._roots
+
+
+def test_a_compiled_function_that_calls_autograd_grad_runs_as_it_does_untraced(tmp_path):
+    # Counting backward passes by patching torch.autograd.grad crashed this job ("Trying to backward through
+    # the graph a second time") when dynamo was loaded before the capture started: dynamo traced into the
+    # patch instead of breaking the graph at torch.autograd.grad. The count is now a hook on the root model's
+    # output node, and the gradients are the untraced run's. (A fresh process: dynamo's tables are per process.)
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "job.py"
+    script.write_text("""
+import sys
+import torch
+sys.path.insert(0, sys.argv[1])
+from capture_helpers import live_capture
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+def train(x):
+    loss = model(x).pow(2).mean()
+    return loss, torch.autograd.grad(loss, list(model.parameters()))
+compiled = torch.compile(train, backend="aot_eager")   # dynamo is loaded; it compiles at the first call
+inputs = [torch.randn(4, 8) for _ in range(3)]
+with live_capture(every=10, peak_tflops=1.0, job_id="compiled-grad") as (session, sink):
+    for x in inputs:
+        loss, grads = compiled(x)
+        expected = torch.autograd.grad(model(x).pow(2).mean(), list(model.parameters()))
+        assert all(torch.allclose(a, b) for a, b in zip(grads, expected))
+        for p, g in zip(model.parameters(), grads):
+            p.grad = g
+        opt.step()
+assert not session.failed and session.stats["steps"] == 3, session.stats
+print("same gradients")
+""")
+
+    tests = Path(__file__).parent
+    proc = subprocess.run([sys.executable, str(script), str(tests)], capture_output=True, text=True, timeout=600,
+                          cwd=tests.parent)
+    assert proc.returncode == 0 and proc.stdout.strip() == "same gradients", proc.stderr[-2000:]
+
+
+class _KeywordOnly(nn.Module):
+    """Called with keywords only (as Hugging Face models are): its first call with a tensor is a layer's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = _mlp()
+
+    def forward(self, *, x):
+        return self.body(x)
+
+
+def test_which_parameters_train_is_the_whole_models_when_it_is_called_with_keywords():
+    # The signature's first call with a tensor is the first layer's: hashing only that layer's parameters, a
+    # later layer unfrozen at step 3 carried 0.8x FlopCounterMode's count on steps 3-5.
+    def step(model, i):
+        model.body[2].weight.requires_grad_(i >= 3)
+        model(x=X).pow(2).mean().backward()
+
+    sources = _check(_live(_KeywordOnly, step, 6, every=100), _oracle(_KeywordOnly, step, 6))
+    assert sources == ["measured", "carried", "carried", "measured", "carried", "carried"]
+
+
+def test_a_number_that_changes_every_step_leaves_the_signature_after_8_values():
+    # A step counter passed to forward: every step a new signature, so full depth for the first 64 steps
+    # and `unknown` ever after. Past 8 values at its position it no longer counts: steps carry again.
+    class Counted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = _mlp()
+
+        def forward(self, x, step: int):
+            return self.body(x)
+
+    def step(model, i):
+        model(X, i).pow(2).mean().backward()
+
+    sources = _check(_live(Counted, step, 20, every=3), _oracle(Counted, step, 20))
+    # steps 0-7: a value each, measured; 8: the first without it, measured; 9 carries nothing until a second
+    # measurement (the sample at 9) agrees; from then on the steps carry
+    assert sources[:10] == ["measured"] * 10 and set(sources[10:]) == {"measured", "carried"}
+    assert sources.count("carried") >= 6

@@ -146,6 +146,8 @@ class CaptureSession:
         self._opt_hook: Any = None
         self._opt_clock: Any = None
         self._opt_rival: Any = None  # weakref: an optimizer that stepped since the clock last did
+        self._opt_rival_steps = 0    # its steps since then
+        self._opt_longest_run = 0    # the most steps another optimizer made between two clock steps
         self._opt_wrapped_depth = 0
         self.sources = LiveSources(self.config)
         self._user_profilers = 0   # the job's own torch.profiler runs now active
@@ -188,7 +190,8 @@ class CaptureSession:
         self.resource["plasmient.source"] = self.sources.label()
         self.sources.choose_op_recorder()
         self.modules = torch_hooks.ModuleRecorder(on_forward=self._on_forward, on_signature=self._on_signature,
-                                                  on_repeat=self.signatures.repeat, on_root=self.signatures.other_model)
+                                                  on_repeat=self.signatures.repeat, on_root=self.signatures.other_model,
+                                                  on_backward=self.signatures.backward_pass)
         self.modules.limit = cfg.max_step_ops
         self.modules.install()
         self.inductor_kernels.install()
@@ -478,7 +481,7 @@ class CaptureSession:
             self.modules.want_signature = False
             return
         with self._lock:
-            outcome = self.signatures.first_call(module, args, self._full)
+            outcome = self.signatures.first_call(module, args, self._full, root=self.modules.root_of(module))
             if outcome == signature.WAIT:
                 return
             self.modules.want_signature = False

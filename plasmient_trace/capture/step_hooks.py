@@ -6,7 +6,6 @@
   hooks them (at a class's first instance), so even the first step ends outside its scope.
 * ``torch.profiler.profile.step`` ends a step; while the job's own profiler runs, CUPTI and the Kineto
   fallback stand aside (one activity client per process) and resume when it stops.
-* ``torch.autograd.backward`` and ``grad`` count the step's backward passes for its signature.
 
 Every patch is recorded in ``session._patched`` with what it replaced; ``CaptureSession.close`` restores
 them, and each wrapper keeps ``__wrapped__``.
@@ -23,6 +22,10 @@ from .config import say_once
 if TYPE_CHECKING:
     from .session import CaptureSession
 
+# Steps in a row, with the clock optimizer silent, after which another optimizer is the clock (unless some
+# optimizer has stepped more often than half of that between two clock steps before: a WGAN's critic).
+TAKEOVER_RUN = 8
+
 
 def install(session: CaptureSession, torch: Any) -> None:
     """The optimizer post hook, the optimizer wrappers and the profiler patches."""
@@ -30,7 +33,6 @@ def install(session: CaptureSession, torch: Any) -> None:
 
     session._opt_hook = register_optimizer_step_post_hook(functools.partial(optimizer_stepped, session))
     wrap_optimizers(session, torch)
-    count_backward_passes(session, torch)
     prof_cls = torch.profiler.profile
     original = prof_cls.step
 
@@ -61,23 +63,6 @@ def install(session: CaptureSession, torch: Any) -> None:
 
         setattr(prof_cls, name, wrapped)
         session._patched.append((prof_cls, name, orig))
-
-
-def count_backward_passes(session: CaptureSession, torch: Any) -> None:
-    """Count the step's backward passes (``loss.backward()`` calls ``torch.autograd.backward``; a
-    gradient penalty calls ``torch.autograd.grad``) for its signature: a step that skipped its backward
-    does a third of the work of one that ran it, with the same input shapes."""
-    signatures = session.signatures
-    for name in ("backward", "grad"):
-        original = getattr(torch.autograd, name)
-
-        @functools.wraps(original)
-        def counted(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
-            signatures.backward_passes += 1
-            return _original(*args, **kwargs)
-
-        setattr(torch.autograd, name, counted)
-        session._patched.append((torch.autograd, name, original))
 
 
 def suspend_cupti(session: CaptureSession) -> None:
@@ -123,19 +108,27 @@ def yield_kineto(session: CaptureSession) -> None:
 
 
 def optimizer_stepped(session: CaptureSession, optimizer: Any, args: Any, kwargs: Any) -> None:
-    # With several optimizers (GANs, per-group optimizers) the first one that steps is the step
-    # clock, so one iteration is one step. Another optimizer that steps twice while the clock does not
-    # takes over: a replacement, whether the old one is gone or kept alive (a head trained alone, then
-    # the whole model with a new optimizer: every later step was lost while the old one lived).
+    # With several optimizers (GANs, per-group optimizers) the first one that steps is the step clock, so
+    # one iteration is one step. Another optimizer takes over when it steps more often in a row than another
+    # optimizer ever did between two clock steps (at least TAKEOVER_RUN times): a replacement, whether the old
+    # one is gone or kept alive (a head trained alone, then the whole model with a new optimizer: every later
+    # step was lost while the old one lived). A WGAN critic stepping 5 times a generator step never does; the
+    # replacement's first steps until it takes over are one step.
     try:
         clock = session._opt_clock() if session._opt_clock is not None else None
-        if clock is optimizer:
-            session._opt_rival = None
-        elif clock is None or (session._opt_rival is not None and session._opt_rival() is optimizer):
-            session._opt_clock, session._opt_rival = weakref.ref(optimizer), None
+        if clock is optimizer or clock is None:
+            session._opt_clock = weakref.ref(optimizer)
+            session._opt_longest_run = max(session._opt_longest_run, session._opt_rival_steps)
+            session._opt_rival, session._opt_rival_steps = None, 0
         else:
-            session._opt_rival = weakref.ref(optimizer)
-            return
+            rival = session._opt_rival() if session._opt_rival is not None else None
+            if rival is not optimizer:
+                session._opt_rival, session._opt_rival_steps = weakref.ref(optimizer), 0
+            session._opt_rival_steps += 1
+            if session._opt_rival_steps < max(TAKEOVER_RUN, 2 * session._opt_longest_run + 1):
+                return
+            session._opt_clock, session._opt_rival = weakref.ref(optimizer), None
+            session._opt_rival_steps = session._opt_longest_run = 0
     except TypeError:
         pass
     if session._opt_wrapped_depth:

@@ -292,7 +292,8 @@ class ModuleRecorder:
     def __init__(self, on_forward: Callable[[], None] | None = None,
                  on_signature: Callable[[torch.nn.Module, Any], None] | None = None,
                  on_repeat: Callable[[Any], None] | None = None,
-                 on_root: Callable[[Any], None] | None = None) -> None:
+                 on_root: Callable[[Any], None] | None = None,
+                 on_backward: Callable[[], None] | None = None) -> None:
         self.records: list[tuple] = []
         self.enabled = False
         self._on_forward = on_forward
@@ -309,6 +310,7 @@ class ModuleRecorder:
         # the stack: a second tower, a decoder, a loss module) are shown to on_root, so their shapes join it.
         self.watch_roots = False
         self._roots: set[int] = set()  # ids of modules named as the root of their tree
+        self._on_backward = on_backward
         self._on_root = on_root
         self._paths: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
         self._named: dict[str, weakref.ref] = {}  # a model's name -> the model that holds it
@@ -366,6 +368,12 @@ class ModuleRecorder:
                 self._paths[sub] = f"{root}.{name}" if name else root
         return self._paths[module]
 
+    def root_of(self, module: torch.nn.Module) -> torch.nn.Module | None:
+        """The model ``module`` was named under (the root of its tree), when it was named and is alive."""
+        path = self._paths.get(module)
+        ref = self._named.get(path.split(".", 1)[0]) if path is not None else None
+        return ref() if ref is not None else None
+
     def _free_name(self, base: str, module: torch.nn.Module) -> str:
         """``base``, or ``base#2``, ``base#3``... while another live model holds it: an encoder and a decoder of
         one class get two names, so their layers are told apart; a model rebuilt after the last one was freed
@@ -417,6 +425,8 @@ class ModuleRecorder:
         return None
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self.watch_roots and self._on_backward is not None and id(module) in self._roots and not _compiling():
+            self._count_backward_of(output)
         if not self.enabled or _compiling() or type(module).__name__ == "OptimizedModule":
             return None
         try:
@@ -440,6 +450,41 @@ class ModuleRecorder:
         except Exception as err:  # pragma: no cover - defensive
             self.failed = self.failed or err
         return None
+
+
+    def _count_backward_of(self, output: Any) -> None:
+        """A backward pass through a root model's output runs its autograd node: a pre-hook on it counts the
+        step's backward passes for its signature (no patch of torch.autograd, which torch.compile would
+        trace into)."""
+        try:
+            node = _grad_fn_of(output)
+            if node is not None:
+                node.register_prehook(self._backward_reached)
+        except Exception as err:  # pragma: no cover - defensive
+            self.failed = self.failed or err
+
+    def _backward_reached(self, grad_outputs: Any) -> None:
+        try:
+            self._on_backward()  # type: ignore[misc]
+        except Exception as err:  # pragma: no cover - defensive
+            self.failed = self.failed or err
+        return None
+
+
+def _grad_fn_of(output: Any, max_depth: int = 3) -> Any:
+    """The autograd node of the first tensor of a module's output that has one (a tensor, a tuple or list, a
+    dict or a ModelOutput), or None."""
+    stack: list[tuple[Any, int]] = [(output, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, _Tensor):
+            if value.grad_fn is not None:
+                return value.grad_fn
+        elif depth < max_depth and isinstance(value, (list, tuple)):
+            stack.extend((v, depth + 1) for v in reversed(value[:8]))
+        elif depth < max_depth and isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in reversed(list(value.values())[:8]))
+    return None
 
 
 def input_signature(args: Any, limit: int = 32, max_depth: int = 4) -> tuple | None:

@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 
 from ..conventions import nan_to_null, numbers_on_rows, scatter_rows
 from ..metrics.compute import flops_measured
+from ..records import NEEDS_CONFIRMATION
 
 FLOPS_SOURCES = ("measured", "carried", "unknown")
 MEASURED, CARRIED, UNKNOWN = range(3)
@@ -116,11 +117,15 @@ CARRY_AGREEMENT = 0.01
 
 
 def keep_measured(measured: dict[str, CarriedWork], sig: str, work: CarriedWork) -> None:
-    """Remember ``work`` as what ``sig``'s steps do, disputed when the measurement before it disagrees."""
+    """Remember ``work`` as what ``sig``'s steps do, disputed when the measurement before it disagrees (or
+    there is none, for a signature that needs confirmation)."""
     before = measured.get(sig)
     total = work.flops + work.recompute_flops
-    measured[sig] = replace(work, disputed=before is not None and abs(
-        total - (before.flops + before.recompute_flops)) > CARRY_AGREEMENT * max(abs(total), 1.0))
+    if before is None:
+        disputed = sig.endswith(NEEDS_CONFIRMATION)
+    else:
+        disputed = abs(total - (before.flops + before.recompute_flops)) > CARRY_AGREEMENT * max(abs(total), 1.0)
+    measured[sig] = replace(work, disputed=disputed)
 
 
 def _work_of(step: int, flops: float, ideal: float, rc_flops: float, rc_ideal: float, coverage: float) -> CarriedWork | None:
