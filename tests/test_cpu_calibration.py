@@ -89,7 +89,9 @@ def test_a_calibrated_cpu_resolves_at_once_with_the_jobs_threads(tmp_path: Path)
     for threads in sorted({1, torch.get_num_threads()}):
         future = H.start_cpu_calibration(threads=threads, cache_dir=tmp_path)
         assert future.done() and future.result().model.endswith(f"({threads} threads)")
-        assert "timed while the machine was otherwise idle" in future.result().notes
+        stand_in = json.loads((tmp_path / C._CACHE_FILE).read_text())[f"{C._cpu_model()}|threads={threads}"]
+        if not stand_in.get("stand_in"):   # the suite's machine was busy: conftest's stand-in peak
+            assert "timed while the machine was otherwise idle" in future.result().notes
     assert not _children_calibrating(tmp_path)
 
 
@@ -108,3 +110,16 @@ def test_a_peak_timed_before_the_idle_check_is_measured_again(tmp_path: Path, mo
     path.write_text(json.dumps({key: stale}))
     H.raise_cpu_peak(spec, {"fp32": 2 * spec.peak_flops("fp32")}, threads=1, cache_dir=tmp_path)
     assert json.loads(path.read_text())[key] == stale
+
+
+def test_a_jobs_calibration_child_leaves_the_measuring_to_one_already_at_it(tmp_path: Path) -> None:
+    # Repeated short jobs on a busy CPU each left a child queued on the lock for up to an hour.
+    import fcntl
+
+    with open(tmp_path / "cpu_calibration.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "plasmient_trace.metrics.cpu_peak", "--threads", "1",
+                               "--cache-dir", str(tmp_path), "--background"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3 and "another process is calibrating this CPU" in proc.stderr
+    assert time.monotonic() - started < 120

@@ -87,37 +87,57 @@ class CalibrationNotQuiet(RuntimeError):
     """The CPU never stayed idle long enough to time a peak: a peak timed beside other work is too low."""
 
 
-def _machine_busy_s() -> float | None:
-    """CPU seconds every core spent busy since boot (/proc/stat; hypervisor steal counts as busy), or
-    None where there is no /proc/stat."""
+def _usable_cpus() -> set[int] | None:
+    """The CPUs this process may run on (a container's cpuset, taskset), or None where that is not known."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def _machine_busy_s(cpus: set[int] | None = None) -> float | None:
+    """CPU seconds the CPUs ``cpus`` (default: all) spent busy since boot (/proc/stat's per-CPU lines;
+    hypervisor steal counts as busy), or None where there is no /proc/stat. On a 64-core host a 2-CPU
+    container's calibration must not count the 62 idle CPUs it cannot use as room to spare."""
+    busy = 0
     try:
         with open("/proc/stat", encoding="ascii") as f:
-            fields = [int(v) for v in f.readline().split()[1:9]]
+            for line in f:
+                name, _, rest = line.partition(" ")
+                if not name.startswith("cpu"):
+                    break
+                if name == "cpu" or (cpus is not None and int(name[3:]) not in cpus):
+                    continue
+                fields = [int(v) for v in rest.split()[:8]]
+                user, nice, system, idle, iowait, irq, softirq, steal = fields + [0] * (8 - len(fields))
+                busy += user + nice + system + irq + softirq + steal
     except (OSError, ValueError):
         return None
-    user, nice, system, idle, iowait, irq, softirq, steal = fields + [0] * (8 - len(fields))
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def _best_time(fn: Any, runs: int, deadline: float) -> float:
-    """Best wall time of ``runs`` timed calls, from a set during which no other process used the CPU.
-    A set that shared the machine is timed again after a pause, until ``deadline`` (a ``_clock`` value);
-    past it, :class:`CalibrationNotQuiet`. Where the machine's busy time cannot be read the set is
-    taken as it is (the spec's notes say so)."""
+    """Best wall time of ``runs`` timed calls, from a set during which no other process used the CPUs this
+    one may run on. (That this process's threads ran all the time is not enough: a busy SMT sibling slows
+    them without taking their CPU, and a 1-thread fp32 peak came out 62.5 GFLOP/s against 90.5 so.) A set
+    that shared the machine is timed again after a pause, until ``deadline`` (a ``_clock`` value); past it,
+    :class:`CalibrationNotQuiet`. Where the machine's busy time cannot be read the set is taken as it is
+    (the spec's notes say so)."""
     tick_s = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
-    cpus = os.cpu_count() or 1
+    usable = _usable_cpus()
+    cpus = len(usable) if usable else (os.cpu_count() or 1)
     while True:
         t0 = _clock()
         fn()  # warm-up: first call pays allocation, thread-pool start and cache misses
         first = max(_clock() - t0, 1e-9)
-        busy0, own0, wall0 = _machine_busy_s(), time.process_time(), _clock()
+        busy0, own0, wall0 = _machine_busy_s(usable), time.process_time(), _clock()
         best = float("inf")
         for _ in range(max(runs, min(_MAX_RUNS, int(_SET_S / first) + 1))):
             t0 = _clock()
             fn()
             best = min(best, _clock() - t0)
         wall = _clock() - wall0
-        busy1, own1 = _machine_busy_s(), time.process_time()
+        busy1, own1 = _machine_busy_s(usable), time.process_time()
         if busy0 is None or busy1 is None:
             return best
         others = (busy1 - busy0) - (own1 - own0)
@@ -256,7 +276,7 @@ def _valid(entry: Any) -> bool:
 
 
 def cpu_spec(cache_dir: str | os.PathLike[str] | None = None, threads: int | None = None,
-             deadline_s: float = _QUIET_DEADLINE_S) -> GpuSpec:
+             deadline_s: float = _QUIET_DEADLINE_S, wait_for_others: bool = True) -> GpuSpec:
     """The CPU as a device: per-dtype GEMM peaks (fp32, fp64, bf16 where the CPU has bf16 math) and
     copy bandwidth, each the best of several timed runs with ``threads`` intra-op threads (default:
     torch's current count), measured once and cached.
@@ -264,7 +284,8 @@ def cpu_spec(cache_dir: str | os.PathLike[str] | None = None, threads: int | Non
     The cache is a JSON file under ``cache_dir`` (default ``$PLASMIENT_CACHE_DIR`` or
     ``~/.cache/plasmient-trace``) keyed by CPU model and thread count. Measuring takes seconds, loads
     every core and needs the machine otherwise idle (:class:`CalibrationNotQuiet` after ``deadline_s``);
-    processes sharing a cache measure one at a time. In a live job call :func:`start_cpu_calibration`.
+    processes sharing a cache measure one at a time (``wait_for_others=False``: none waits for another,
+    it gives up). In a live job call :func:`start_cpu_calibration`.
     """
     model = _cpu_model()
     threads = threads or _threads()
@@ -273,7 +294,7 @@ def cpu_spec(cache_dir: str | os.PathLike[str] | None = None, threads: int | Non
     entry = _read_cache(path).get(key)
     if not _valid(entry):
         deadline = _clock() + deadline_s
-        with _measuring_alone(path, deadline):
+        with _measuring_alone(path, deadline if wait_for_others else _clock()):
             cache = _read_cache(path)   # another process may have measured it while this one waited
             entry = cache.get(key)
             if not _valid(entry):
@@ -305,7 +326,7 @@ def _measuring_alone(path: Path, deadline: float) -> Iterator[None]:
                 break
             except OSError:
                 if _clock() >= deadline:
-                    raise CalibrationNotQuiet("another process kept calibrating this CPU past the deadline") from None
+                    raise CalibrationNotQuiet("another process is calibrating this CPU") from None
                 time.sleep(0.2)
         try:
             yield
@@ -449,7 +470,8 @@ def _main(argv: list[str] | None = None) -> int:
     deadline = args.deadline if args.deadline is not None else (
         _BACKGROUND_DEADLINE_S if args.background else _QUIET_DEADLINE_S)
     try:
-        cpu_spec(args.cache_dir, args.threads, deadline)
+        # a job's child leaves the measuring to one already at it (repeated short jobs would queue up children)
+        cpu_spec(args.cache_dir, args.threads, deadline, wait_for_others=not args.background)
     except CalibrationNotQuiet as err:
         print(f"plasmient: CPU peak not calibrated: {err}", file=sys.stderr)
         return _NOT_QUIET_EXIT
