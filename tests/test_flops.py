@@ -752,3 +752,20 @@ def test_the_b200_embeddings_gather_reads_its_expanded_index_once() -> None:
              if r["name"] in ("aten::gather", "aten::embedding")]
     assert {r["name"] for r in spans} == {"aten::gather", "aten::embedding"}
     assert all(r["plasmient.bytes"] == oracle for r in spans)
+
+
+@pytest.mark.parametrize("name, dims, extra", [
+    ("aten::softmax", [[512, 256], []], ["", "-1", "False"]),
+    ("aten::_softmax", [[512, 256], []], ["", "-1", "False"]),
+    ("aten::cumsum", [[512, 256], []], ["", "1", ""]),
+    ("aten::layer_norm", [[512, 256], [], [256], [256]], ["", "[256]", "", "", "1e-05", "True"]),
+])
+def test_a_broadcast_input_is_read_once_and_its_dense_output_written_whole(name, dims, extra) -> None:
+    # A [512, 256] float32 input broadcast from a [512, 1] column (strides [1, 0]): 2 KB read, but the output
+    # is a dense [512, 256]: 512 KB written (the output was counted at the input's 2 KB, 4 KB in all).
+    types = ["float" if d and i in (0, 2, 3) else "" for i, d in enumerate(dims)]
+    strides = [[1, 0]] + [[] for _ in dims[1:]]
+    _, dense, _, _ = op_cost(name, dims, types, extra)
+    _, broadcast, _, model = op_cost(name, dims, types, extra, strides)
+    assert model != "none"
+    assert dense - broadcast == 512 * 255 * 4   # the input's repeated elements, not read; the output unchanged

@@ -150,6 +150,11 @@ class OpArgs:
             return _prod([n for n, k in zip(s, st) if k != 0]) * self.es(i)
         return _prod(s) * self.es(i)
 
+    def dense_bytes(self, i: int) -> float:
+        """Bytes of a tensor of argument i's shape and dtype laid out densely: what an output of its shape
+        writes, whether or not argument i itself is broadcast."""
+        return self.numel(i) * self.es(i)
+
     def tensors(self) -> list[int]:
         return [i for i in range(min(len(self.dims), len(self.types))) if self.is_tensor(i)]
 

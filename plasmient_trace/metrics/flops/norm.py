@@ -47,22 +47,22 @@ def _norm(a: OpArgs, lay: _NormLayout) -> FlopResult:
     if lay.backward:
         gb = a.nbytes(lay.grad_out) if lay.grad_out is not None else xb
         # reads grad_out, input, params; writes grad_input and the parameter gradients
-        return 2.0 * per * n, gb + xb + params + xb + params, "norm"
-    return float(per * n), xb + xb + params, "norm"
+        return 2.0 * per * n, gb + xb + params + a.dense_bytes(lay.input) + params, "norm"
+    return float(per * n), xb + a.dense_bytes(lay.input) + params, "norm"
 
 
 def _softmax(a: OpArgs) -> FlopResult:
     X = a.shape(0)
     if X is None:
         return None
-    return 5.0 * _prod(X), 2 * a.nbytes(0), "softmax"
+    return 5.0 * _prod(X), a.nbytes(0) + a.dense_bytes(0), "softmax"
 
 
 def _softmax_backward(a: OpArgs) -> FlopResult:
     G = a.shape(0)
     if G is None:
         return None
-    return 4.0 * _prod(G), a.nbytes(0) + a.nbytes(1) + a.nbytes(0), "softmax"
+    return 4.0 * _prod(G), a.nbytes(0) + a.nbytes(1) + a.dense_bytes(0), "softmax"
 
 
 

@@ -48,7 +48,7 @@ def _scan(a: OpArgs) -> FlopResult:
     if not idx:
         return None
     n = a.numel(idx[0])
-    return float(n), 2 * a.nbytes(idx[0]), "reduction"
+    return float(n), a.nbytes(idx[0]) + a.dense_bytes(idx[0]), "reduction"
 
 
 def _pool(a: OpArgs, nsp: int = 2, stride_idx: int = 2, pad_idx: int = 3, dil_idx: int | None = 4,
