@@ -355,6 +355,20 @@ def test_secrets_never_reach_an_error_line(tmp_path: Path, monkeypatch, capsys) 
     assert code == 2 and len(err.strip().splitlines()) == 1 and "authorization" in err and "hunter2" not in err
 
 
+@pytest.mark.parametrize("endpoint", ["http://user:pa/ss-hunter2@127.0.0.1:{port}", "http://user:p#ss-hunter2@127.0.0.1:{port}",
+                                      "user:pass-hunter2@127.0.0.1:{port}"])
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_password_a_url_cannot_hold_is_not_quoted_by_the_error(endpoint, protocol, capsys) -> None:
+    # A '/' or '#' in the password ends the URL's authority for its parser: the password was printed whole
+    # ("OTLP endpoint 'http://user:pa/ss...@...'"), and the parser's own words quoted a piece of it ("as 'pa'").
+    # With no scheme, a gRPC target's user:password@ was printed as given.
+    url = endpoint.format(port=free_port())
+    code = main(["ingest", str(trace_path(TRACE)), "--quiet", "--protocol", protocol, "--endpoint", url])
+    err = capsys.readouterr().err
+    assert code in (1, 2) and "***@127.0.0.1" in err, err
+    assert "hunter2" not in err and "'pa'" not in err and "'p'" not in err, err
+
+
 @pytest.mark.parametrize("protocol, name", [("grpc", "%zz"), ("grpc", "x tenant"), ("http/protobuf", "x tenant")])
 def test_a_header_name_the_protocol_cannot_carry_is_one_line_before_anything_is_sent(protocol, name, tmp_path) -> None:
     # '%zz' went as far as gRPC's C core, which wrote its own 8 lines to the process's stderr (a job's, when

@@ -43,7 +43,11 @@ DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_BACKPRESSURE_S = 120.0
 _DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 _DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
-_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@")
+# user:password@ after a scheme, up to the last '@' of the URL (a password may hold an unescaped '/', '#' or
+# '@', which ends the URL's authority early for its parser but not for whoever reads the line), or with no
+# scheme (a gRPC target, user:password@host:port)
+_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^\s'\"]*@")
+_BARE_USERINFO = re.compile(r"(?<![\w.+/:@-])[\w.%+~-]+:(?!//)[^\s'\"]*@(?=[\w.\[\]-])")
 
 
 # Header names each protocol can carry: gRPC metadata keys (lower case, digits, '-', '_', '.'), and HTTP's
@@ -190,7 +194,7 @@ class OtlpConfig:
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"OTLP protocol {self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
-        problem = _endpoint_problem(self.endpoint, self.protocol)
+        problem = _usable_problem(self.endpoint, self.protocol)
         if problem:
             # a mistake in the setting, not a collector that is down: said at once, nothing spilled for it
             raise ValueError(f"OTLP endpoint {redact_url(self.endpoint)!r} ({self.protocol}) is not usable: {problem}")
@@ -269,7 +273,8 @@ class OtlpConfig:
                 value = generic
                 endpoint = _signal_endpoint(generic, protocol, signal)
         except ValueError as exc:  # the URL parser's own words ("Invalid IPv6 URL") name no endpoint
-            raise ValueError(f"OTLP endpoint {redact_url(str(value))!r} ({protocol}) is not usable: {exc}") from None
+            said = str(exc) if redact_url(str(value)) == str(value) else "its user:password part cannot be parsed"
+            raise ValueError(f"OTLP endpoint {redact_url(str(value))!r} ({protocol}) is not usable: {said}") from None
         explicit = "signal_endpoint" in given or generic is not None or bool(env.get(f"OTEL_EXPORTER_OTLP_{sig}_ENDPOINT", "").strip())
 
         if "headers" in given:
@@ -364,8 +369,18 @@ class OtlpConfig:
 
 
 def redact_url(url: str) -> str:
-    """The URL with any ``user:password@`` replaced by ``***@``."""
-    return _USERINFO.sub(r"\1***@", str(url))
+    """The URL (or a text quoting URLs) with any ``user:password@`` replaced by ``***@``."""
+    return _BARE_USERINFO.sub("***@", _USERINFO.sub(r"\1***@", str(url)))
+
+
+def _usable_problem(endpoint: str, protocol: str) -> str | None:
+    """:func:`_endpoint_problem` in words that quote nothing of the endpoint's credentials: the URL parser's
+    message for a password holding a '/' quoted part of it ("Port could not be cast to integer value as 'pa'")."""
+    problem = _endpoint_problem(endpoint, protocol)
+    if problem is None or redact_url(endpoint) == endpoint:
+        return problem
+    return _endpoint_problem(redact_url(endpoint), protocol) or (
+        "its user:password holds a character a URL must percent-encode there (/ ? # @)")
 
 
 def url_credentials_headers(endpoint: str, headers: Mapping[str, str]) -> dict[str, str]:
