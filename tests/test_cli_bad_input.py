@@ -425,3 +425,21 @@ def test_a_full_disk_leaves_no_temporary_file_nor_empty_directory(tmp_path):
         assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, (out, proc.stderr)
         assert "File too large" in proc.stderr
         assert list(tmp_path.iterdir()) == [], (out, list(tmp_path.iterdir()))
+
+
+def test_an_op_name_or_input_shapes_of_megabytes_are_cut_in_the_spans(tmp_path):
+    # A 240 MB op name became one 241 MB line (and one OTLP request); 180 MB of Input Dims 121 MB of output.
+    import json
+
+    doc = _raw_kineto("h100/bert_small_inference.json.gz")
+    ops = [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op"]
+    ops[0]["name"] = "aten::" + "x" * 2_000_000
+    ops[1]["args"]["Input Dims"] = [[1] * 500_000]
+    ops[1]["args"]["Input type"] = ["float"]
+    (tmp_path / "long.json").write_text(json.dumps(doc))
+    assert main(["ingest", str(tmp_path / "long.json"), "--out", str(tmp_path / "long.jsonl"), "--quiet"]) == 0
+    spans = _levels(tmp_path / "long.jsonl")["op"]
+    assert max(len(s["name"]) for s in spans) == 1024
+    dims = [s["plasmient.op.input_dims"] for s in spans if "plasmient.op.input_dims" in s]
+    assert max(len(d) for d in dims) == 16385 and sum(d.endswith("…") for d in dims) == 1
+    assert (tmp_path / "long.jsonl").stat().st_size < 20 * 2**20

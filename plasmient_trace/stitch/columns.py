@@ -27,6 +27,20 @@ from .rank import RankTree, SpanMetrics
 from .step_facts import step_columns, step_depth_rows
 
 _NAME_LIMIT = 1024
+# An op's recorded input shapes and types as span attributes: 1,000 inputs' worth of text. Past it the text
+# ends in "…" (not JSON): a 180 MB 'Input Dims' became 121 MB of one span, sent in one OTLP request.
+_ARGS_LIMIT = 16384
+
+
+def _capped(text: pa.Array | pa.ChunkedArray, limit: int, mark: str = "") -> pa.Array | pa.ChunkedArray:
+    """Strings longer than ``limit`` code units cut to it (with ``mark`` after); the column as it is when none is."""
+    if not len(text) or text.null_count == len(text):
+        return text
+    longest = pc.max(pc.utf8_length(text)).as_py()
+    if longest is None or longest <= limit:
+        return text
+    cut = pc.utf8_slice_codeunits(text, 0, limit)
+    return pc.if_else(pc.greater(pc.utf8_length(text), limit), pc.binary_join_element_wise(cut, mark, ""), text) if mark else cut
 
 
 # numeric span-table columns with nulls (one np.packbits for the validity, conventions.with_nulls)
@@ -114,12 +128,12 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     n_ks = n - b["kernel"]
     if n_ks > len(kn):
         kn = pa.concat_arrays([kn, pa.array(["cpu"] * (n_ks - len(kn)), pa.string())])
-    if len(kn) and pc.max(pc.binary_length(kn)).as_py() > _NAME_LIMIT:
-        kn = pc.utf8_slice_codeunits(kn, 0, _NAME_LIMIT)
+    kn = _capped(kn, _NAME_LIMIT)
     names = pa.concat_arrays([
         pa.array([f"rank {rank}"] * n_steps + step_names, pa.string()),
         pa.array(t.module_labels, pa.string()),
-        rs.ops.column("name").combine_chunks().cast(pa.string()) if t.n_op else pa.array([], pa.string()),
+        _capped(rs.ops.column("name").combine_chunks().cast(pa.string()), _NAME_LIMIT) if t.n_op
+        else pa.array([], pa.string()),
         kn,
     ])
 
@@ -335,8 +349,8 @@ def _record_values(kind: str, inp: RankInput, j: JoinedRank, rows: np.ndarray, f
         t = _rows_of(rs.ops, ["external_id", "sequence_number", "input_dims", "input_types", "kineto_flops", "start_ns", "end_ns", "tid"], rows, full)
         vals["plasmient.op.external_id"] = t.column("external_id")
         vals["plasmient.op.sequence_number"] = t.column("sequence_number")
-        vals["plasmient.op.input_dims"] = t.column("input_dims")
-        vals["plasmient.op.input_types"] = t.column("input_types")
+        vals["plasmient.op.input_dims"] = _capped(t.column("input_dims"), _ARGS_LIMIT, "…")
+        vals["plasmient.op.input_types"] = _capped(t.column("input_types"), _ARGS_LIMIT, "…")
         vals["plasmient.op.dtype"] = inp.op_dtype[rows].to_arrow()
         vals["plasmient.op.flops_model"] = inp.op_model[rows].to_arrow()
         vals["plasmient.op.model_flops"] = pa.array(inp.op_flops[rows], pa.float64(), mask=inp.op_model[rows].equals("none"))
