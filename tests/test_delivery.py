@@ -215,8 +215,11 @@ class Answering:
     def __init__(self, status: int, headers: dict[str, str], body: bytes = b"") -> None:
         import http.server
 
+        paths = self.paths = []  # of the requests, in order
+
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                paths.append(self.path)
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 self.send_response(status)
                 for key, value in {**headers, "Content-Length": str(len(body))}.items():
@@ -236,6 +239,19 @@ class Answering:
 
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
+
+
+def test_a_collector_busy_past_the_budget_is_not_asked_again_for_the_metrics(tmp_path, monkeypatch, capsys) -> None:
+    # Traces spent the backpressure budget on 503s, then the metrics spent it again: an ingest against an
+    # always-busy collector took 35 s of a 20 s budget. The metrics of the batch now go where the traces went.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PLASMIENT_OTLP_BACKPRESSURE_S", "3")
+    monkeypatch.setenv("PLASMIENT_SPILL_DIR", str(tmp_path / "spill"))
+    with Answering(503, {"Retry-After": "1"}) as peer:
+        code = main(["ingest", str(trace_path(TRACE)), "--quiet", "--protocol", "http/protobuf",
+                     "--endpoint", peer.endpoint])
+    assert code == 1 and "busy" in capsys.readouterr().err.lower()
+    assert peer.paths and all(p.endswith("/v1/traces") for p in peer.paths), peer.paths
 
 
 def test_a_200_whose_body_is_no_otlp_answer_counts_as_taken() -> None:

@@ -218,7 +218,9 @@ class Delivery:
                 err = ExportError(text)
             outage_known = bool(self._down)
             self._down[key] = time.monotonic()
-            if getattr(err, "unreachable", False) and collector is not None:
+            if getattr(err, "retried_out", False) and collector is not None:
+                # down or busy past the budget: its other signal would spend the budget again (an ingest
+                # against an always-busy collector took 35 s of a 20 s budget, traces then metrics)
                 self._down[collector] = self._down[key]
             self.stats.errors.setdefault(sink.signal, str(err))
             hint = f" (resend them with `plasmient replay {self.spill.path}`)" if self.spill is not None else ""
