@@ -227,6 +227,11 @@ class Delivery:
             if not outage_known:  # one line for the whole outage, whichever signal notices it first
                 signals = " and ".join(dict.fromkeys(s.signal for s in self.remote))
                 self.say("down", f"{err}; {signals} go to {self._spill_where()} until it answers{hint}")
+            unsent = getattr(err, "unsent", None)
+            if unsent is not None and len(unsent) < len(batch):
+                # the traces the collector took before it failed are not spilled: replayed, they came twice
+                self.stats.sent[sink.signal] = self.stats.sent.get(sink.signal, 0) + len(batch) - len(unsent)
+                batch = unsent
             self._spill(sink, batch, str(err))
             return
         if down is not None:

@@ -41,6 +41,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.export.otlp_json import encode_jsonl_lines, package_version
 from plasmient_trace.export.otlp_answers import (
@@ -96,6 +99,7 @@ class ExportError(RuntimeError):
         super().__init__(message)
         self.unreachable = unreachable
         self.retried_out = retried_out or unreachable
+        self.unsent: SpanBatch | None = None  # export_spans: the spans of the traces not wholly delivered
 
 
 class UnsupportedSignal(ExportError):
@@ -514,12 +518,23 @@ class _Watchdog:
 # --------------------------------------------------------------------------------------------
 
 
-def _payloads(batch: SpanBatch, config: OtlpConfig) -> Iterable[bytes]:
+def _payloads(batch: SpanBatch, config: OtlpConfig, traces: list[bytes]) -> Iterable[bytes]:
     if config.protocol == "http/json":
-        for line in encode_jsonl_lines(batch, max_bytes=config.max_request_bytes):
+        for line in encode_jsonl_lines(batch, max_bytes=config.max_request_bytes, traces=traces):
             yield line.rstrip(b"\n")
     else:
-        yield from encode_requests(batch, max_bytes=config.max_request_bytes)
+        yield from encode_requests(batch, max_bytes=config.max_request_bytes, traces=traces)
+
+
+def _not_delivered(batch: SpanBatch, traces: list[bytes], sent: int) -> SpanBatch:
+    """The spans of ``batch`` in traces not all of whose requests went through (the first ``sent`` of the
+    requests whose trace ids ``traces`` lists did)."""
+    cut = traces[sent] if sent < len(traces) else None   # the failed request's trace: resent whole
+    delivered = set(traces[:sent]) - {cut}
+    if not delivered:
+        return batch
+    keep = pc.invert(pc.is_in(batch.table.column("trace_id"), value_set=pa.array(list(delivered), pa.binary(16))))
+    return SpanBatch(table=batch.table.filter(keep), resources=batch.resources, summaries=batch.summaries)
 
 
 def export_spans(client: OtlpClient, batch: SpanBatch, stop: threading.Event | None = None,
@@ -529,15 +544,22 @@ def export_spans(client: OtlpClient, batch: SpanBatch, stop: threading.Event | N
     ``max_attempts`` as in :meth:`OtlpClient.export`).
 
     Requests go one after another (one per trace, split at ``config.max_request_bytes``); the first
-    that fails for good stops the export. Partial-success rejections are counted in the stats and
-    logged, not raised: the collector accepted the request.
+    that fails for good stops the export, and its ExportError's ``unsent`` holds the spans of the traces
+    not wholly delivered (what to spill: a collector that failed after taking some traces got them twice
+    on replay). Partial-success rejections are counted in the stats and logged, not raised: the collector
+    accepted the request.
     """
     config = client.config
     stats = ExportStats(endpoint=client.display_endpoint, protocol=config.protocol, spans=len(batch))
     start = time.monotonic()
     attempts0 = client.attempts
-    for body in _payloads(batch, config):
-        rejected, message = client.export(body, stop=stop, max_attempts=max_attempts)
+    traces: list[bytes] = []  # the trace id of each request, as it is encoded
+    for body in _payloads(batch, config, traces):
+        try:
+            rejected, message = client.export(body, stop=stop, max_attempts=max_attempts)
+        except ExportError as err:
+            err.unsent = _not_delivered(batch, traces, stats.requests)
+            raise
         stats.requests += 1
         stats.bytes += len(body)
         stats.bytes_sent += client.last_sent_bytes

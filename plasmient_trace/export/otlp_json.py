@@ -362,7 +362,7 @@ _GROUP_TAIL = b"]}]}"
 
 
 def _json_pieces(batch: SpanBatch, max_bytes: int | None, chunk_rows: int | None = None,
-                 part_bytes: int = PART_BYTES) -> Iterator[bytes | memoryview | None]:
+                 part_bytes: int = PART_BYTES, line_traces: list[bytes] | None = None) -> Iterator[bytes | memoryview | None]:
     """Byte pieces of the JSONL output; None marks the end of a line (after its newline piece)."""
     layout = span_layout(batch)
     if layout.num_rows == 0:
@@ -391,6 +391,8 @@ def _json_pieces(batch: SpanBatch, max_bytes: int | None, chunk_rows: int | None
                 if group_open:
                     yield _GROUP_TAIL
                 yield _LINE_TAIL
+                if line_traces is not None:
+                    line_traces.append(layout.trace_ids[cur_trace])
                 yield None
             yield _LINE_HEAD
             line_size, line_spans, first_group, group_open = len(_LINE_HEAD), 0, True, False
@@ -422,6 +424,8 @@ def _json_pieces(batch: SpanBatch, max_bytes: int | None, chunk_rows: int | None
                         if group_open:
                             yield _GROUP_TAIL
                         yield _LINE_TAIL
+                        if line_traces is not None:
+                            line_traces.append(layout.trace_ids[cur_trace])
                         yield None
                         yield _LINE_HEAD
                         line_size, line_spans, first_group, group_open = len(_LINE_HEAD), 0, True, False
@@ -445,17 +449,20 @@ def _json_pieces(batch: SpanBatch, max_bytes: int | None, chunk_rows: int | None
         if group_open:
             yield _GROUP_TAIL
         yield _LINE_TAIL
+        if line_traces is not None:
+            line_traces.append(layout.trace_ids[cur_trace])
         yield None
 
 
-def encode_jsonl_lines(batch: SpanBatch, max_bytes: int | None = None) -> Iterator[bytes]:
+def encode_jsonl_lines(batch: SpanBatch, max_bytes: int | None = None, traces: list[bytes] | None = None) -> Iterator[bytes]:
     """Yield one OTLP/JSON ExportTraceServiceRequest line (newline included) per trace.
 
     With ``max_bytes`` a trace whose line would be longer is split over several lines (each a valid
-    request for the same trace id), e.g. to stay under an HTTP body limit.
+    request for the same trace id), e.g. to stay under an HTTP body limit. ``traces`` gets the trace id of
+    each line, appended before it is yielded.
     """
     pieces: list[bytes | memoryview] = []
-    for piece in _json_pieces(batch, max_bytes):
+    for piece in _json_pieces(batch, max_bytes, line_traces=traces):
         if piece is None:
             yield b"".join(pieces)
             pieces = []

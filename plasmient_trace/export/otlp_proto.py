@@ -214,10 +214,12 @@ def _field(tag: int, payload_len: int) -> bytes:
     return bytes([tag]) + varint(payload_len)
 
 
-def encode_requests(batch: SpanBatch, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES, chunk_rows: int = CHUNK_ROWS) -> Iterator[bytes]:
+def encode_requests(batch: SpanBatch, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES, chunk_rows: int = CHUNK_ROWS,
+                    traces: list[bytes] | None = None) -> Iterator[bytes]:
     """Yield serialized ExportTraceServiceRequest messages: one per trace, split to stay <= max_bytes.
 
     A single span larger than ``max_bytes`` is sent alone in a request of its own (it cannot be split).
+    ``traces`` gets the trace id of each request, appended before it is yielded.
     """
     layout = span_layout(batch)
     if layout.num_rows == 0:
@@ -251,6 +253,8 @@ def encode_requests(batch: SpanBatch, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES
         t = int(layout.group_trace[g])
         if t != cur_trace:
             if groups:
+                if traces is not None:
+                    traces.append(layout.trace_ids[cur_trace])
                 yield build()
             groups, req_size, cur_trace = [], 0, t
         res_idx = int(layout.group_resource[g])
@@ -263,6 +267,8 @@ def encode_requests(batch: SpanBatch, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES
             k = int(np.searchsorted(offs, offs[i] + budget, side="right")) - 1
             if k <= i:
                 if groups:
+                    if traces is not None:
+                        traces.append(layout.trace_ids[cur_trace])
                     yield build()
                     groups, req_size = [], 0
                     continue
@@ -278,4 +284,6 @@ def encode_requests(batch: SpanBatch, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES
             req_size += extra + len(piece)
             i = k
     if groups:
+        if traces is not None:
+            traces.append(layout.trace_ids[cur_trace])
         yield build()
