@@ -304,3 +304,34 @@ def test_paths_from_the_environment_expand_a_leading_tilde(monkeypatch, tmp_path
     assert default_spill_dir(None, {"PLASMIENT_SPILL_DIR": "~/spill"}) == tmp_path / "spill"
     monkeypatch.setenv("PLASMIENT_CACHE_DIR", "~/cache")
     assert _cache_dir(None) == tmp_path / "cache" and cache_dir() == tmp_path / "cache" / "native"
+
+
+def test_a_line_sent_in_several_requests_resumes_inside_it_without_repeats(tmp_path: Path, capsys) -> None:
+    # A trace line over the request size goes out in several requests; progress was committed per line, so
+    # a replay that failed between two of them sent the earlier ones again (4,199 of 18,171 spans twice).
+    from otlp_receiver import _Failure
+
+    from plasmient_trace.cli import main
+
+    batch = _batch("h100/bert_small_inference.json.gz")
+    spill = SpillDir(tmp_path / "spill")
+    spill.append("traces", list(encode_jsonl_lines(batch)))
+    with OtlpReceiver() as rx:
+        requests = []
+
+        def third_fails():
+            requests.append(1)
+            return _Failure(1, None, 400, None) if len(requests) == 3 else None   # a permanent error: no retry
+
+        rx._take_failure = third_fails
+        env = {"PLASMIENT_OTLP_MAX_REQUEST_MIB": str(32 / 1024)}   # 32 KiB requests: the line takes several
+        argv = ["replay", str(spill.path), "--endpoint", rx.http_endpoint, "--protocol", "http/protobuf"]
+        with pytest.MonkeyPatch.context() as mp:
+            for key, value in env.items():
+                mp.setenv(key, value)
+            assert main(argv) == 1 and "replay stopped" in capsys.readouterr().err
+            assert main(argv) == 0
+        keys = Counter((span.trace_id, span.span_id) for request in rx.traces for rs in request.resource_spans
+                       for ss in rs.scope_spans for span in ss.spans)
+    assert len(requests) > 4 and len(keys) == len(batch) and set(keys.values()) == {1}
+    assert not spill.pending()

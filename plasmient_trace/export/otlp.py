@@ -538,7 +538,8 @@ def _not_delivered(batch: SpanBatch, traces: list[bytes], sent: int) -> SpanBatc
 
 
 def export_spans(client: OtlpClient, batch: SpanBatch, stop: threading.Event | None = None,
-                 max_attempts: int | None = None) -> ExportStats:
+                 max_attempts: int | None = None, skip_requests: int = 0,
+                 on_request: Callable[[int], None] | None = None) -> ExportStats:
     """Export every span of the batch over an open client; raises ExportError when a request cannot be
     delivered within the timeout (each request has its own deadline, retries and slow reads included;
     ``max_attempts`` as in :meth:`OtlpClient.export`).
@@ -547,18 +548,24 @@ def export_spans(client: OtlpClient, batch: SpanBatch, stop: threading.Event | N
     that fails for good stops the export, and its ExportError's ``unsent`` holds the spans of the traces
     not wholly delivered (what to spill: a collector that failed after taking some traces got them twice
     on replay). Partial-success rejections are counted in the stats and logged, not raised: the collector
-    accepted the request.
+    accepted the request. ``skip_requests``: that many of the batch's first requests went through before
+    (a replay resuming inside a line); ``on_request(k)`` is told, before the batch's request k + 1 is sent,
+    that its first k went through (not before a batch's first or only request).
     """
     config = client.config
     stats = ExportStats(endpoint=client.display_endpoint, protocol=config.protocol, spans=len(batch))
     start = time.monotonic()
     attempts0 = client.attempts
     traces: list[bytes] = []  # the trace id of each request, as it is encoded
-    for body in _payloads(batch, config, traces):
+    for index, body in enumerate(_payloads(batch, config, traces)):
+        if index < skip_requests:
+            continue
+        if index and on_request is not None:
+            on_request(index)
         try:
             rejected, message = client.export(body, stop=stop, max_attempts=max_attempts)
         except ExportError as err:
-            err.unsent = _not_delivered(batch, traces, stats.requests)
+            err.unsent = _not_delivered(batch, traces, index)
             raise
         stats.requests += 1
         stats.bytes += len(body)

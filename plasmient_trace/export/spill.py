@@ -178,17 +178,19 @@ def _done_path(segment: Path) -> Path:
     return segment.with_name(segment.name + ".done")
 
 
-def _read_done(segment: Path) -> int:
+def _read_done(segment: Path) -> tuple[int, int]:
+    """(offset of the first line not wholly sent, requests of that line already sent)."""
     try:
-        return int(_done_path(segment).read_text().strip() or 0)
+        fields = [int(v) for v in _done_path(segment).read_text().split()]
     except (FileNotFoundError, ValueError):
-        return 0
+        return 0, 0
+    return (fields[0], fields[1] if len(fields) > 1 else 0) if fields else (0, 0)
 
 
-def _write_done(segment: Path, offset: int) -> None:
+def _write_done(segment: Path, offset: int, requests: int = 0) -> None:
     tmp = segment.with_name(segment.name + ".done.tmp")
     with open(tmp, "w") as f:
-        f.write(str(offset))
+        f.write(f"{offset} {requests}" if requests else str(offset))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, _done_path(segment))
@@ -211,8 +213,9 @@ def replay(spill_dir: str | os.PathLike[str], senders: dict[str, Callable[[SpanB
     The open segments are sealed first (writers move on to a new one). After each delivered line
     the segment's ``.done`` offset is replaced atomically, with SIGINT/SIGTERM held back from the
     send to that commit (:class:`~plasmient_trace.held_signals.HeldSignals`), so an interrupted replay
-    resumes exactly after the last delivered line; only SIGKILL between a send and its commit can repeat
-    that one line. A finished segment is deleted. Unparseable lines, and a segment's last line when a
+    resumes exactly after the last delivered line (or request, for a traces sender marked ``resumable``
+    that takes ``skip_requests`` and ``on_request``: a line sent in several requests); only SIGKILL between
+    a send and its commit can repeat that one line (request). A finished segment is deleted. Unparseable lines, and a segment's last line when a
     write cut it short, are moved to ``bad.jsonl``, skipped and counted (``bad_lines``, ``torn_lines``).
     """
     spill = SpillDir(Path(spill_dir))
@@ -239,7 +242,8 @@ def _keep_bad(spill: SpillDir, line: bytes) -> None:
 
 def _replay_segment(spill: SpillDir, segment: Path, signal_name: str, send: Callable[[SpanBatch], Any],
                     stats: ReplayStats, deferred: HeldSignals) -> None:
-    offset = _read_done(segment)
+    offset, sent_requests = _read_done(segment)
+    resumable = getattr(send, "resumable", False)
     with open(segment, "rb") as f:
         f.seek(offset)
         for line in f:
@@ -261,7 +265,14 @@ def _replay_segment(spill: SpillDir, segment: Path, signal_name: str, send: Call
                 _write_done(segment, end)
                 offset = end
                 continue
-            send(batch)
+            if resumable:
+                # a line over one request's size goes in several: each one that went through is committed
+                # before the next is sent, so a replay resumed inside the line sends none of them twice
+                start = offset
+                send(batch, skip_requests=sent_requests, on_request=lambda k: _write_done(segment, start, k))
+            else:
+                send(batch)
+            sent_requests = 0
             _write_done(segment, end)
             offset = end
             if signal_name == "traces":
@@ -301,8 +312,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         say_error("plasmient", otlp.redact(str(err)))
         return 2
     with otlp.OtlpClient(config) as traces, otlp.OtlpClient(config.for_signal("metrics")) as metrics_client:
-        senders = {"traces": lambda b: otlp.export_spans(traces, b),
-                   "metrics": lambda b: metrics.export_metrics(metrics_client, b)}
+        def send_traces(batch: SpanBatch, skip_requests: int = 0, on_request: Callable[[int], None] | None = None) -> Any:
+            return otlp.export_spans(traces, batch, skip_requests=skip_requests, on_request=on_request)
+
+        send_traces.resumable = True  # type: ignore[attr-defined]
+        senders = {"traces": send_traces, "metrics": lambda b: metrics.export_metrics(metrics_client, b)}
         try:
             stats = replay(spill.path, senders)
         except otlp.ExportError as err:
