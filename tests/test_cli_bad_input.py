@@ -36,6 +36,12 @@ def _dur_is_text() -> bytes:
     return json.dumps(doc).encode()
 
 
+def _dur_is_true() -> bytes:
+    # JSON true was taken as a duration of 1 us (exit 0, nothing counted)
+    doc = {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1.0, "dur": True, "pid": 1, "tid": 1}]}
+    return json.dumps(doc).encode()
+
+
 BAD_INPUTS = {
     "plain text": (lambda: b"this is not a trace\n", "not JSON"),
     "truncated gzip": (lambda: _real_gzip_bytes()[: len(_real_gzip_bytes()) // 2], "truncated gzip"),
@@ -47,7 +53,8 @@ BAD_INPUTS = {
     "no events": (lambda: b'{"traceEvents": []}', "no events"),
     "empty file": (lambda: b"", "empty"),
     "kernel without ts": (_kernel_without_ts, "missing field 'ts'"),
-    "dur is text": (_dur_is_text, "unexpected field types"),
+    "dur is text": (_dur_is_text, "got `str` at dur"),
+    "dur is true": (_dur_is_true, "got `bool` at dur"),
     "png image": (lambda: b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, "not JSON"),
 }
 
