@@ -450,3 +450,12 @@ def test_an_op_name_or_input_shapes_of_megabytes_are_cut_in_the_spans(tmp_path):
     dims = [s["plasmient.op.input_dims"] for s in spans if "plasmient.op.input_dims" in s]
     assert max(len(d) for d in dims) == 16385 and sum(d.endswith("…") for d in dims) == 1
     assert (tmp_path / "long.jsonl").stat().st_size < 20 * 2**20
+
+
+def test_a_report_that_cannot_be_written_is_one_line_even_without_quiet(tmp_path, capsys):
+    # the summary's tables went to stderr first, then the error: 55 lines for a failure
+    spans = tmp_path / "spans.jsonl"
+    assert main(["ingest", str(trace_path("h100/bert_small_inference.json.gz")), "--out", str(spans), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(spans), "--html", "/dev/full"]) == 2
+    assert capsys.readouterr().err.splitlines() == ["plasmient report: error: /dev/full: No space left on device"]

@@ -231,11 +231,10 @@ def run_report(args: argparse.Namespace) -> int:
         # Plain print, not the rich console: rich wraps long lines, and this must stay one line.
         say_error("plasmient report", str(exc))
         return 2
-    if not args.quiet:
-        for note in notes:
-            print(f"plasmient report: {note}", file=sys.stderr)
-        render_summary(batch, console=console, top=args.top)
+    out = None
     if args.html:
+        # written before the summary is shown: a report that cannot be written is one line (the tables first,
+        # then the error, read as a failure's output of 55 lines)
         title = args.title or "plasmient-trace: " + ", ".join(Path(f).name for f in args.files[:4]) + (" …" if len(args.files) > 4 else "")
         try:
             out = write_report(batch, args.html, title=title, fleet_gpus=args.fleet_gpus,
@@ -243,6 +242,11 @@ def run_report(args: argparse.Namespace) -> int:
         except OutputError as exc:
             say_error("plasmient report", str(exc))
             return 2
+    if not args.quiet:
+        for note in notes:
+            print(f"plasmient report: {note}", file=sys.stderr)
+        render_summary(batch, console=console, top=args.top)
+    if out is not None:
         if not args.quiet:
             # one line, the path as it is: rich would wrap it at the console's width and read [..] in it as markup
             console.print(f"report: {out} ({out.stat().st_size / 1e6:.2f} MB, {len(batch)} spans)", soft_wrap=True,
