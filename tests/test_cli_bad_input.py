@@ -53,7 +53,7 @@ BAD_INPUTS = {
     "no events": (lambda: b'{"traceEvents": []}', "no events"),
     "empty file": (lambda: b"", "empty"),
     "kernel without ts": (_kernel_without_ts, "missing field 'ts'"),
-    "dur is text": (_dur_is_text, "got `str` at dur"),
+    "dur is text": (_dur_is_text, "unexpected field types"),
     "dur is true": (_dur_is_true, "got `bool` at dur"),
     "png image": (lambda: b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, "not JSON"),
 }
@@ -388,6 +388,17 @@ def test_a_device_clock_behind_the_host_is_shifted_and_one_kernel_before_its_lau
     (tmp_path / "early.json").write_text(json.dumps(early))
     assert main(["ingest", str(tmp_path / "early.json"), "--out", str(tmp_path / "early.jsonl"), "--quiet"]) == 0
     step = _levels(tmp_path / "early.jsonl")["step"][0]
+    assert step["plasmient.input.clamped_events"] == 1
+    for key in ("plasmient.wall_s", "plasmient.mfu", "plasmient.util.resident", "plasmient.cost.usd"):
+        assert step[key] == plain[key], key
+    # The mirror case: a launch recorded 1 s late. Moving its kernel to it made the step read 1.002 s; the
+    # kernel stays where it was recorded (it would end past everything the device ran), and is counted.
+    late = _raw_kineto("h100/bert_small_inference.json.gz")
+    launches = [e for e in late["traceEvents"] if e.get("name") == "cudaLaunchKernel"]
+    launches[len(launches) // 2]["ts"] += 1e6
+    (tmp_path / "late.json").write_text(json.dumps(late))
+    assert main(["ingest", str(tmp_path / "late.json"), "--out", str(tmp_path / "late.jsonl"), "--quiet"]) == 0
+    step = _levels(tmp_path / "late.jsonl")["step"][0]
     assert step["plasmient.input.clamped_events"] == 1
     for key in ("plasmient.wall_s", "plasmient.mfu", "plasmient.util.resident", "plasmient.cost.usd"):
         assert step[key] == plain[key], key

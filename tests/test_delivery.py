@@ -373,7 +373,8 @@ def test_secrets_never_reach_an_error_line(tmp_path: Path, monkeypatch, capsys) 
 
 
 @pytest.mark.parametrize("endpoint", ["http://user:pa/ss-hunter2@127.0.0.1:{port}", "http://user:p#ss-hunter2@127.0.0.1:{port}",
-                                      "user:pass-hunter2@127.0.0.1:{port}"])
+                                      "user:pass-hunter2@127.0.0.1:{port}", "http://user:p'w-hunter2@127.0.0.1:99999",
+                                      'http://user:p"w-hunter2@127.0.0.1:99999', "user:p'w-hunter2@127.0.0.1:99999"])
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_a_password_a_url_cannot_hold_is_not_quoted_by_the_error(endpoint, protocol, capsys) -> None:
     # A '/' or '#' in the password ends the URL's authority for its parser: the password was printed whole

@@ -335,3 +335,33 @@ def test_a_line_sent_in_several_requests_resumes_inside_it_without_repeats(tmp_p
                        for ss in rs.scope_spans for span in ss.spans)
     assert len(requests) > 4 and len(keys) == len(batch) and set(keys.values()) == {1}
     assert not spill.pending()
+
+
+def test_a_line_resumed_under_another_request_size_is_sent_whole_not_cut(tmp_path: Path, capsys) -> None:
+    # Progress inside a line is a count of requests: rerun with a larger request size, the line fit in one
+    # request, which counted as sent, and 608 of 628 spans were lost with exit 0. Under another split the
+    # line is sent whole again.
+    from otlp_receiver import _Failure
+
+    from plasmient_trace.cli import main
+
+    batch = _batch("h100/bert_small_inference.json.gz")
+    spill = SpillDir(tmp_path / "spill")
+    spill.append("traces", list(encode_jsonl_lines(batch)))
+    with OtlpReceiver() as rx:
+        requests = []
+
+        def third_fails():
+            requests.append(1)
+            return _Failure(1, None, 400, None) if len(requests) == 3 else None
+
+        rx._take_failure = third_fails
+        argv = ["replay", str(spill.path), "--endpoint", rx.http_endpoint, "--protocol", "http/protobuf"]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("PLASMIENT_OTLP_MAX_REQUEST_MIB", str(32 / 1024))
+            assert main(argv) == 1
+        assert main(argv) == 0   # the default request size: the line fits in one request
+        keys = Counter((span.trace_id, span.span_id) for request in rx.traces for rs in request.resource_spans
+                       for ss in rs.scope_spans for span in ss.spans)
+    capsys.readouterr()
+    assert len(keys) == len(batch) and not spill.pending()

@@ -254,8 +254,9 @@ class Delivery:
                 self.stats.spilled[signal] = self.stats.spilled.get(signal, 0) + len(batch)
                 return
             except SpillFull as err:
-                # one line for both signals: whichever fills it first, the other finds it full too
-                self.say("spill-full", f"{err}: further traces and metrics are dropped")
+                # one line for every signal sent: whichever fills it first, the others find it full too
+                signals = " and ".join(dict.fromkeys(s.signal for s in self.remote)) or signal
+                self.say("spill-full", f"{err}: further {signals} are dropped")
             except OSError as err:
                 self.say("spill-error", f"cannot spill to {self.spill.path} ({os_problem(err)}): {signal} are dropped")
         self.stats.dropped[signal] = self.stats.dropped.get(signal, 0) + len(batch)

@@ -197,7 +197,8 @@ class OtlpConfig:
         problem = _usable_problem(self.endpoint, self.protocol)
         if problem:
             # a mistake in the setting, not a collector that is down: said at once, nothing spilled for it
-            raise ValueError(f"OTLP endpoint {redact_url(self.endpoint)!r} ({self.protocol}) is not usable: {problem}")
+            raise ValueError(_without_userinfo(f"OTLP endpoint {redact_url(self.endpoint)!r} ({self.protocol}) is not "
+                                               f"usable: {problem}", self.endpoint))
         if self.compression not in (None, "gzip"):
             raise ValueError(f"OTLP compression {self.compression!r} is not supported (gzip or none)")
         if self.signal not in SIGNALS:
@@ -274,7 +275,8 @@ class OtlpConfig:
                 endpoint = _signal_endpoint(generic, protocol, signal)
         except ValueError as exc:  # the URL parser's own words ("Invalid IPv6 URL") name no endpoint
             said = str(exc) if redact_url(str(value)) == str(value) else "its user:password part cannot be parsed"
-            raise ValueError(f"OTLP endpoint {redact_url(str(value))!r} ({protocol}) is not usable: {said}") from None
+            raise ValueError(_without_userinfo(f"OTLP endpoint {redact_url(str(value))!r} ({protocol}) is not usable: "
+                                               f"{said}", str(value))) from None
         explicit = "signal_endpoint" in given or generic is not None or bool(env.get(f"OTEL_EXPORTER_OTLP_{sig}_ENDPOINT", "").strip())
 
         if "headers" in given:
@@ -371,6 +373,19 @@ class OtlpConfig:
 def redact_url(url: str) -> str:
     """The URL (or a text quoting URLs) with any ``user:password@`` replaced by ``***@``."""
     return _BARE_USERINFO.sub("***@", _USERINFO.sub(r"\1***@", str(url)))
+
+
+def _without_userinfo(text: str, endpoint: str) -> str:
+    """``text`` with the endpoint's own user:password (what precedes its last '@', after any scheme) replaced,
+    whatever characters it holds: a quote in it ended the pattern redact_url matches, and the password was
+    printed whole."""
+    if "@" not in endpoint:
+        return text
+    secret = endpoint.split("://", 1)[-1].rsplit("@", 1)[0]
+    for form in {secret, repr(secret)[1:-1]}:
+        if len(form) >= 3:
+            text = text.replace(form, "***")
+    return text
 
 
 def _usable_problem(endpoint: str, protocol: str) -> str | None:

@@ -178,19 +178,21 @@ def _done_path(segment: Path) -> Path:
     return segment.with_name(segment.name + ".done")
 
 
-def _read_done(segment: Path) -> tuple[int, int]:
-    """(offset of the first line not wholly sent, requests of that line already sent)."""
+def _read_done(segment: Path) -> tuple[int, int, str]:
+    """(offset of the first line not wholly sent, requests of that line already sent, the request split they
+    were sent with)."""
     try:
-        fields = [int(v) for v in _done_path(segment).read_text().split()]
+        fields = _done_path(segment).read_text().split()
+        offset = int(fields[0]) if fields else 0
+        return offset, int(fields[1]) if len(fields) > 1 else 0, fields[2] if len(fields) > 2 else ""
     except (FileNotFoundError, ValueError):
-        return 0, 0
-    return (fields[0], fields[1] if len(fields) > 1 else 0) if fields else (0, 0)
+        return 0, 0, ""
 
 
-def _write_done(segment: Path, offset: int, requests: int = 0) -> None:
+def _write_done(segment: Path, offset: int, requests: int = 0, split: str = "") -> None:
     tmp = segment.with_name(segment.name + ".done.tmp")
     with open(tmp, "w") as f:
-        f.write(f"{offset} {requests}" if requests else str(offset))
+        f.write(f"{offset} {requests} {split}" if requests else str(offset))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, _done_path(segment))
@@ -242,8 +244,12 @@ def _keep_bad(spill: SpillDir, line: bytes) -> None:
 
 def _replay_segment(spill: SpillDir, segment: Path, signal_name: str, send: Callable[[SpanBatch], Any],
                     stats: ReplayStats, deferred: HeldSignals) -> None:
-    offset, sent_requests = _read_done(segment)
-    resumable = getattr(send, "resumable", False)
+    offset, sent_requests, split = _read_done(segment)
+    resumable = getattr(send, "resumable", None)   # the sender's request split: protocol, size, encoder version
+    if split != resumable:
+        # a line's requests counted under another split (a changed PLASMIENT_OTLP_MAX_REQUEST_MIB, protocol or
+        # version) name other spans now: the line is sent whole again (some spans twice, none lost)
+        sent_requests = 0
     with open(segment, "rb") as f:
         f.seek(offset)
         for line in f:
@@ -269,7 +275,12 @@ def _replay_segment(spill: SpillDir, segment: Path, signal_name: str, send: Call
                 # a line over one request's size goes in several: each one that went through is committed
                 # before the next is sent, so a replay resumed inside the line sends none of them twice
                 start = offset
-                send(batch, skip_requests=sent_requests, on_request=lambda k: _write_done(segment, start, k))
+
+                def committed(k: int) -> None:
+                    _write_done(segment, start, k, resumable)
+                    deferred.check()   # Ctrl-C between the requests of a long line, not only between lines
+
+                send(batch, skip_requests=sent_requests, on_request=committed)
             else:
                 send(batch)
             sent_requests = 0
@@ -315,7 +326,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         def send_traces(batch: SpanBatch, skip_requests: int = 0, on_request: Callable[[int], None] | None = None) -> Any:
             return otlp.export_spans(traces, batch, skip_requests=skip_requests, on_request=on_request)
 
-        send_traces.resumable = True  # type: ignore[attr-defined]
+        # what decides how a line is split into requests: progress inside a line is kept only under the same
+        send_traces.resumable = f"{config.protocol}/{config.max_request_bytes}/{otlp.package_version()}"  # type: ignore[attr-defined]
         senders = {"traces": send_traces, "metrics": lambda b: metrics.export_metrics(metrics_client, b)}
         try:
             stats = replay(spill.path, senders)

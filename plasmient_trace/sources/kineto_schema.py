@@ -52,8 +52,10 @@ class KinetoEvent(Struct, gc=False):
     ph: Any = None
     cat: Any = None
     name: Any = None
-    ts: float | None = None   # not bool: msgspec refuses true for a number, which array("d") took as 1
-    dur: float | None = None
+    # never a boolean, which array("d") took as 1 us; a string (which the events the reader ignores may
+    # carry) is refused where an event is used, by the typed column it goes into
+    ts: float | str | None = None
+    dur: float | str | None = None
     pid: Any = None
     tid: Any = None
     args: KinetoArgs | None = None

@@ -100,8 +100,9 @@ class JoinStats:
 # A device clock behind the host's puts its kernels before their launches: the device is shifted by the lag
 # that at least this many of its kernels show (at least 3, or 1 in 1,000), so one corrupt timestamp cannot
 # move every kernel of the device (one kernel 1 s early made a 4.4 ms step 1.004 s). Kernels still before
-# their launch after the shift start at it (their duration kept); those moved by more than
-# _CLAMP_TOLERANCE_NS are counted in plasmient.input.clamped_events.
+# their launch after the shift start at it (their duration kept) where they then still end within the
+# device's recorded activity; those more than _CLAMP_TOLERANCE_NS before it are counted in
+# plasmient.input.clamped_events, moved or not.
 _SHIFT_SUPPORT = (3, 0.001)
 _CLAMP_TOLERANCE_NS = 10_000
 
@@ -130,8 +131,14 @@ def _kernels_after_launches(k_start: np.ndarray, k_end: np.ndarray, k_dev: np.nd
         early = joined[mine][lag[mine] > shift]
         if len(early):
             moved = l_start[kernel_launch[early]] - k_start[early]
-            k_end[early] += moved
-            k_start[early] += moved
+            # Either timestamp may be the corrupt one: a launch recorded 1 s late would drag its kernel past
+            # everything the device ran (a 4.4 ms step read 1 s). A kernel is moved only where it still ends
+            # within the device's recorded activity; otherwise it stays as recorded. Either way it is counted.
+            on_dev = np.nonzero(k_dev == dev)[0]
+            last_end = k_end[on_dev].max() if len(on_dev) else 0
+            fits = k_end[early] + moved <= last_end
+            k_end[early[fits]] += moved[fits]
+            k_start[early[fits]] += moved[fits]
             stats.kernels_clamped_to_launch += int((moved > _CLAMP_TOLERANCE_NS).sum())
     return k_start, k_end
 
