@@ -98,6 +98,7 @@ def test_a_calibrated_cpu_resolves_at_once_with_the_jobs_threads(tmp_path: Path)
 def test_a_peak_timed_before_the_idle_check_is_measured_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(C, "_GEMM_N", 32)
     monkeypatch.setattr(C, "_COPY_BYTES", 1 << 16)
+    monkeypatch.setattr(C, "_SET_S", 0.005)
     path = tmp_path / C._CACHE_FILE
     key = f"{C._cpu_model()}|threads=1"
     # What this machine's cache held: a 2-thread entry of format 2, timed beside a job, 5x under the real peak.

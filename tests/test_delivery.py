@@ -246,7 +246,8 @@ def test_a_collector_busy_past_the_budget_is_not_asked_again_for_the_metrics(tmp
     # Traces spent the backpressure budget on 503s, then the metrics spent it again: an ingest against an
     # always-busy collector took 35 s of a 20 s budget. The metrics of the batch now go where the traces went.
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PLASMIENT_OTLP_BACKPRESSURE_S", "3")
+    monkeypatch.setenv("PLASMIENT_OTLP_BACKPRESSURE_S", "1")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2000")
     monkeypatch.setenv("PLASMIENT_SPILL_DIR", str(tmp_path / "spill"))
     with Answering(503, {"Retry-After": "1"}) as peer:
         code = main(["ingest", str(trace_path(TRACE)), "--quiet", "--protocol", "http/protobuf",
@@ -376,10 +377,11 @@ def test_secrets_never_reach_an_error_line(tmp_path: Path, monkeypatch, capsys) 
                                       "user:pass-hunter2@127.0.0.1:{port}", "http://user:p'w-hunter2@127.0.0.1:99999",
                                       'http://user:p"w-hunter2@127.0.0.1:99999', "user:p'w-hunter2@127.0.0.1:99999"])
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
-def test_a_password_a_url_cannot_hold_is_not_quoted_by_the_error(endpoint, protocol, capsys) -> None:
+def test_a_password_a_url_cannot_hold_is_not_quoted_by_the_error(endpoint, protocol, monkeypatch, capsys) -> None:
     # A '/' or '#' in the password ends the URL's authority for its parser: the password was printed whole
     # ("OTLP endpoint 'http://user:pa/ss...@...'"), and the parser's own words quoted a piece of it ("as 'pa'").
     # With no scheme, a gRPC target's user:password@ was printed as given.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "500")   # a usable target is tried, against a closed port
     url = endpoint.format(port=free_port())
     code = main(["ingest", str(trace_path(TRACE)), "--quiet", "--protocol", protocol, "--endpoint", url])
     err = capsys.readouterr().err

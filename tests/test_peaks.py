@@ -132,6 +132,7 @@ def test_no_recorded_cpu_gemm_beats_the_peak_after_it_is_checked(tmp_path: Path,
 def test_raising_needs_an_op_over_1_05x(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(C, "_GEMM_N", 32)
     monkeypatch.setattr(C, "_COPY_BYTES", 1 << 16)
+    monkeypatch.setattr(C, "_SET_S", 0.005)  # tiny sizes: sets need not last half a second
     spec = H.cpu_spec(cache_dir=tmp_path)
     fp32 = spec.peak_flops("fp32")
     assert H.raise_cpu_peak(spec, {"fp32": 1.04 * fp32}, cache_dir=tmp_path) is spec
@@ -186,6 +187,7 @@ def test_an_autocast_wrapper_op_does_not_raise_the_fp32_peak(tmp_path: Path, mon
     monkeypatch.setenv("PLASMIENT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(C, "_GEMM_N", 32)
     monkeypatch.setattr(C, "_COPY_BYTES", 1 << 16)
+    monkeypatch.setattr(C, "_SET_S", 0.005)  # tiny sizes: sets need not last half a second
     measured = H.cpu_spec()
     # An fp32 peak the wrapper "beats" twice over, a bf16 peak no op reaches: nothing may be raised.
     peak = {"fp32": wrapper_rate / 2, "fp64": wrapper_rate, "bf16": 10 * max(rate(e) for e in inner)}
@@ -203,6 +205,7 @@ def test_a_peak_an_older_version_raised_is_measured_again(tmp_path: Path, monkey
 
     monkeypatch.setattr(C, "_GEMM_N", 32)
     monkeypatch.setattr(C, "_COPY_BYTES", 1 << 16)
+    monkeypatch.setattr(C, "_SET_S", 0.005)  # tiny sizes: sets need not last half a second
     fresh = H.cpu_spec(cache_dir=tmp_path)
     path = tmp_path / C._CACHE_FILE
     cache = json.loads(path.read_text())
