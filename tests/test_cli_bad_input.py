@@ -387,10 +387,7 @@ def test_a_device_clock_behind_the_host_is_shifted_and_one_kernel_before_its_lau
     kernels[len(kernels) // 2]["ts"] -= 1e6
     (tmp_path / "early.json").write_text(json.dumps(early))
     assert main(["ingest", str(tmp_path / "early.json"), "--out", str(tmp_path / "early.jsonl"), "--quiet"]) == 0
-    step = _levels(tmp_path / "early.jsonl")["step"][0]
-    assert step["plasmient.input.clamped_events"] == 1
-    for key in ("plasmient.wall_s", "plasmient.mfu", "plasmient.util.resident", "plasmient.cost.usd"):
-        assert step[key] == plain[key], key
+    _assert_one_clamped_and_as_plain(tmp_path / "early.jsonl", plain)
     # The mirror case: a launch recorded 1 s late. Moving its kernel to it made the step read 1.002 s; the
     # kernel stays where it was recorded (it would end past everything the device ran), and is counted.
     late = _raw_kineto("h100/bert_small_inference.json.gz")
@@ -398,7 +395,11 @@ def test_a_device_clock_behind_the_host_is_shifted_and_one_kernel_before_its_lau
     launches[len(launches) // 2]["ts"] += 1e6
     (tmp_path / "late.json").write_text(json.dumps(late))
     assert main(["ingest", str(tmp_path / "late.json"), "--out", str(tmp_path / "late.jsonl"), "--quiet"]) == 0
-    step = _levels(tmp_path / "late.jsonl")["step"][0]
+    _assert_one_clamped_and_as_plain(tmp_path / "late.jsonl", plain)
+
+
+def _assert_one_clamped_and_as_plain(spans, plain: dict) -> None:
+    step = _levels(spans)["step"][0]
     assert step["plasmient.input.clamped_events"] == 1
     for key in ("plasmient.wall_s", "plasmient.mfu", "plasmient.util.resident", "plasmient.cost.usd"):
         assert step[key] == plain[key], key

@@ -306,9 +306,10 @@ def test_paths_from_the_environment_expand_a_leading_tilde(monkeypatch, tmp_path
     assert _cache_dir(None) == tmp_path / "cache" and cache_dir() == tmp_path / "cache" / "native"
 
 
-def test_a_line_sent_in_several_requests_resumes_inside_it_without_repeats(tmp_path: Path, capsys) -> None:
-    # A trace line over the request size goes out in several requests; progress was committed per line, so
-    # a replay that failed between two of them sent the earlier ones again (4,199 of 18,171 spans twice).
+def _replayed_after_a_failure(tmp_path: Path, capsys, rerun_request_mib: float | None) -> tuple[SpanBatch, Counter, int]:
+    """A spill of one trace line replayed in 32 KiB requests (so the line takes several) to a collector that
+    refuses the third for good, then replayed again (at ``rerun_request_mib``, None: the default size): the
+    line's spans, how often each reached the collector, and the requests it got."""
     from otlp_receiver import _Failure
 
     from plasmient_trace.cli import main
@@ -324,44 +325,31 @@ def test_a_line_sent_in_several_requests_resumes_inside_it_without_repeats(tmp_p
             return _Failure(1, None, 400, None) if len(requests) == 3 else None   # a permanent error: no retry
 
         rx._take_failure = third_fails
-        env = {"PLASMIENT_OTLP_MAX_REQUEST_MIB": str(32 / 1024)}   # 32 KiB requests: the line takes several
         argv = ["replay", str(spill.path), "--endpoint", rx.http_endpoint, "--protocol", "http/protobuf"]
         with pytest.MonkeyPatch.context() as mp:
-            for key, value in env.items():
-                mp.setenv(key, value)
+            mp.setenv("PLASMIENT_OTLP_MAX_REQUEST_MIB", str(32 / 1024))
             assert main(argv) == 1 and "replay stopped" in capsys.readouterr().err
+            if rerun_request_mib is None:
+                mp.delenv("PLASMIENT_OTLP_MAX_REQUEST_MIB")
+            else:
+                mp.setenv("PLASMIENT_OTLP_MAX_REQUEST_MIB", str(rerun_request_mib))
             assert main(argv) == 0
         keys = Counter((span.trace_id, span.span_id) for request in rx.traces for rs in request.resource_spans
                        for ss in rs.scope_spans for span in ss.spans)
-    assert len(requests) > 4 and len(keys) == len(batch) and set(keys.values()) == {1}
     assert not spill.pending()
+    return batch, keys, len(requests)
+
+
+def test_a_line_sent_in_several_requests_resumes_inside_it_without_repeats(tmp_path: Path, capsys) -> None:
+    # A trace line over the request size goes out in several requests; progress was committed per line, so
+    # a replay that failed between two of them sent the earlier ones again (4,199 of 18,171 spans twice).
+    batch, keys, requests = _replayed_after_a_failure(tmp_path, capsys, 32 / 1024)
+    assert requests > 4 and len(keys) == len(batch) and set(keys.values()) == {1}
 
 
 def test_a_line_resumed_under_another_request_size_is_sent_whole_not_cut(tmp_path: Path, capsys) -> None:
     # Progress inside a line is a count of requests: rerun with a larger request size, the line fit in one
     # request, which counted as sent, and 608 of 628 spans were lost with exit 0. Under another split the
     # line is sent whole again.
-    from otlp_receiver import _Failure
-
-    from plasmient_trace.cli import main
-
-    batch = _batch("h100/bert_small_inference.json.gz")
-    spill = SpillDir(tmp_path / "spill")
-    spill.append("traces", list(encode_jsonl_lines(batch)))
-    with OtlpReceiver() as rx:
-        requests = []
-
-        def third_fails():
-            requests.append(1)
-            return _Failure(1, None, 400, None) if len(requests) == 3 else None
-
-        rx._take_failure = third_fails
-        argv = ["replay", str(spill.path), "--endpoint", rx.http_endpoint, "--protocol", "http/protobuf"]
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("PLASMIENT_OTLP_MAX_REQUEST_MIB", str(32 / 1024))
-            assert main(argv) == 1
-        assert main(argv) == 0   # the default request size: the line fits in one request
-        keys = Counter((span.trace_id, span.span_id) for request in rx.traces for rs in request.resource_spans
-                       for ss in rs.scope_spans for span in ss.spans)
-    capsys.readouterr()
-    assert len(keys) == len(batch) and not spill.pending()
+    batch, keys, _ = _replayed_after_a_failure(tmp_path, capsys, None)
+    assert len(keys) == len(batch)
