@@ -79,8 +79,7 @@ class StepSignatures:
             return STOP if self._tries >= SIGNATURE_TRIES else WAIT
         model = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the model it wraps
         compiled = model is not module
-        shapes = self._bounded_numbers(type(model).__qualname__, shapes)
-        self._numbers_left = any(isinstance(e[0], str) and e[1] == "*" for e in shapes)
+        shapes, self._numbers_left = self._bounded_numbers(type(model).__qualname__, shapes)
         # the same shapes through another model, in eval mode or without grad are other work; which
         # parameters train is the whole model's (its root, where the first call with a tensor is a layer)
         trained = self._trained(getattr(root, "_orig_mod", root) if root is not None else model)
@@ -97,17 +96,19 @@ class StepSignatures:
             return MEASURE
         return STOP
 
-    def _bounded_numbers(self, model: str, shapes: tuple) -> tuple:
-        out = []
+    def _bounded_numbers(self, model: str, shapes: tuple) -> tuple[tuple, bool]:
+        """``shapes`` with each number past MAX_NUMBER_VALUES values at its position replaced by '*', and
+        whether one was."""
+        out, left = [], False
         for i, entry in enumerate(shapes):
             if isinstance(entry[0], str):   # a number or a string: (type name, value)
                 seen = self._numbers.setdefault((model, i), set())
                 if len(seen) <= MAX_NUMBER_VALUES:
                     seen.add(entry[1])
                 if len(seen) > MAX_NUMBER_VALUES:
-                    entry = (entry[0], "*")
+                    entry, left = (entry[0], "*"), True
             out.append(entry)
-        return tuple(out)
+        return tuple(out), left
 
     def _trained(self, model: Any) -> str:
         """Which of ``model``'s parameters require gradients, as a short hash; the parameter list is cached

@@ -117,7 +117,8 @@ def optimizer_stepped(session: CaptureSession, optimizer: Any, args: Any, kwargs
     try:
         clock = session._opt_clock() if session._opt_clock is not None else None
         if clock is optimizer or clock is None:
-            session._opt_clock = weakref.ref(optimizer)
+            if clock is None:
+                session._opt_clock = weakref.ref(optimizer)
             session._opt_longest_run = max(session._opt_longest_run, session._opt_rival_steps)
             session._opt_rival, session._opt_rival_steps = None, 0
         else:

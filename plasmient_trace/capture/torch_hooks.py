@@ -25,7 +25,7 @@ from __future__ import annotations
 import threading
 import weakref
 from time import perf_counter_ns
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -451,7 +451,6 @@ class ModuleRecorder:
             self.failed = self.failed or err
         return None
 
-
     def _count_backward_of(self, output: Any) -> None:
         """A backward pass through a root model's output runs its autograd node: a pre-hook on it counts the
         step's backward passes for its signature (no patch of torch.autograd, which torch.compile would
@@ -471,19 +470,29 @@ class ModuleRecorder:
         return None
 
 
-def _grad_fn_of(output: Any, max_depth: int = 3) -> Any:
+def _leaves(value: Any, width: int, max_depth: int, max_visits: int) -> Iterator[Any]:
+    """The values in ``value`` in order, looking into tuples, lists and dict values (their first ``width``
+    items, ``max_depth`` levels, ``max_visits`` values and containers in all); a container past the depth is
+    a leaf."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    visited = 0
+    while stack and visited < max_visits:
+        value, depth = stack.pop()
+        visited += 1
+        if depth < max_depth and isinstance(value, (list, tuple)):
+            stack.extend((v, depth + 1) for v in reversed(value[:width]))
+        elif depth < max_depth and isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in reversed(list(value.values())[:width]))
+        else:
+            yield value
+
+
+def _grad_fn_of(output: Any) -> Any:
     """The autograd node of the first tensor of a module's output that has one (a tensor, a tuple or list, a
     dict or a ModelOutput), or None."""
-    stack: list[tuple[Any, int]] = [(output, 0)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, _Tensor):
-            if value.grad_fn is not None:
-                return value.grad_fn
-        elif depth < max_depth and isinstance(value, (list, tuple)):
-            stack.extend((v, depth + 1) for v in reversed(value[:8]))
-        elif depth < max_depth and isinstance(value, dict):
-            stack.extend((v, depth + 1) for v in reversed(list(value.values())[:8]))
+    for value in _leaves(output, width=8, max_depth=3, max_visits=1024):   # every node 3 levels of 8 hold
+        if isinstance(value, _Tensor) and value.grad_fn is not None:
+            return value.grad_fn
     return None
 
 
@@ -496,20 +505,14 @@ def input_signature(args: Any, limit: int = 32, max_depth: int = 4) -> tuple | N
     training thread once per step, outside any dynamo trace (the caller returns first)."""
     out: list[tuple] = []
     tensors = 0
-    stack: list[tuple[Any, int]] = [(args, 0)]
-    visited = 0
-    while stack and tensors < limit and visited < 8 * limit:
-        value, depth = stack.pop()
-        visited += 1
+    for value in _leaves(args, width=limit, max_depth=max_depth, max_visits=8 * limit):
         if isinstance(value, _Tensor):
             tensors += 1
             out.append((tuple(value.shape), str(value.dtype).replace("torch.", "")))
+            if tensors >= limit:
+                break
         elif isinstance(value, (int, float, str)):   # bool is an int
             out.append((type(value).__name__, value if not isinstance(value, str) else value[:64]))
-        elif depth < max_depth and isinstance(value, (list, tuple)):
-            stack.extend((v, depth + 1) for v in reversed(value[:limit]))
-        elif depth < max_depth and isinstance(value, dict):
-            stack.extend((v, depth + 1) for v in reversed(list(value.values())[:limit]))
     return tuple(out) if tensors else None
 
 

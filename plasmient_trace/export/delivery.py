@@ -225,8 +225,7 @@ class Delivery:
             self.stats.errors.setdefault(sink.signal, str(err))
             hint = f" (resend them with `plasmient replay {self.spill.path}`)" if self.spill is not None else ""
             if not outage_known:  # one line for the whole outage, whichever signal notices it first
-                signals = " and ".join(dict.fromkeys(s.signal for s in self.remote))
-                self.say("down", f"{err}; {signals} go to {self._spill_where()} until it answers{hint}")
+                self.say("down", f"{err}; {self._remote_signals()} go to {self._spill_where()} until it answers{hint}")
             unsent = getattr(err, "unsent", None)
             if unsent is not None and len(unsent) < len(batch):
                 # the traces the collector took before it failed are not spilled: replayed, they came twice
@@ -240,6 +239,10 @@ class Delivery:
             self.say("up", f"{sink.name} answers again; what is spilled stays for `plasmient replay`")
         self.stats.sent[sink.signal] = self.stats.sent.get(sink.signal, 0) + len(batch)
         self.stats.requests[sink.signal] = self.stats.requests.get(sink.signal, 0) + int(getattr(result, "requests", 0) or 0)
+
+    def _remote_signals(self) -> str:
+        """The signals sent to collectors, in words ("traces and metrics")."""
+        return " and ".join(dict.fromkeys(s.signal for s in self.remote))
 
     def _spill_where(self) -> str:
         return f"the spill directory {self.spill.path}" if self.spill is not None else "nowhere (spilling is off): they are dropped"
@@ -255,8 +258,7 @@ class Delivery:
                 return
             except SpillFull as err:
                 # one line for every signal sent: whichever fills it first, the others find it full too
-                signals = " and ".join(dict.fromkeys(s.signal for s in self.remote)) or signal
-                self.say("spill-full", f"{err}: further {signals} are dropped")
+                self.say("spill-full", f"{err}: further {self._remote_signals() or signal} are dropped")
             except OSError as err:
                 self.say("spill-error", f"cannot spill to {self.spill.path} ({os_problem(err)}): {signal} are dropped")
         self.stats.dropped[signal] = self.stats.dropped.get(signal, 0) + len(batch)

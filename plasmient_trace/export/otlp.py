@@ -91,14 +91,12 @@ _SERVICES = {
 
 class ExportError(RuntimeError):
     """An OTLP export failed for good: one line naming signal, endpoint, protocol and what happened.
-    ``unreachable``: the last attempt reached no server (refused, reset, timed out, unresolvable), so every
-    signal sent to that collector is down with it; ``retried_out``: attempts that could have succeeded (a
-    busy or slow collector) used up the request's budget, which the collector's other signals would too."""
+    ``retried_out``: attempts that could have succeeded (a collector down, busy or slow) used up the
+    request's budget, which the collector's other signals would too."""
 
-    def __init__(self, message: str, unreachable: bool = False, retried_out: bool = False) -> None:
+    def __init__(self, message: str, retried_out: bool = False) -> None:
         super().__init__(message)
-        self.unreachable = unreachable
-        self.retried_out = retried_out or unreachable
+        self.retried_out = retried_out
         self.unsent: SpanBatch | None = None  # export_spans: the spans of the traces not wholly delivered
 
 
@@ -219,14 +217,13 @@ class OtlpClient:
         deadline = min(caller, start + cfg.timeout_s)
         delay = cfg.retry_initial_s
         attempts = 0
-        unreachable = False  # what the last failed attempt found
         while True:
             attempts += 1
             self.attempts += 1
             remaining = deadline - time.monotonic()
             if remaining <= 0 or stop.is_set():
                 why = "stopped by shutdown" if stop.is_set() else "export deadline passed"
-                raise ExportError(self._describe(why, attempts - 1, start), unreachable, retried_out=attempts > 1)
+                raise ExportError(self._describe(why, attempts - 1, start), retried_out=attempts > 1)
             try:
                 if cfg.protocol == "grpc":
                     answer = self._grpc_attempt(payload, min(remaining, cfg.timeout_s), stop)
@@ -239,9 +236,8 @@ class OtlpClient:
             except _Fail as exc:
                 raise ExportError(self._describe(str(exc), attempts, start)) from None
             except _Retry as exc:
-                unreachable = exc.unreachable
                 if max_attempts is not None and attempts >= max_attempts:
-                    raise ExportError(self._describe(exc.what, attempts, start), unreachable, True) from None
+                    raise ExportError(self._describe(exc.what, attempts, start), retried_out=True) from None
                 if exc.busy:
                     # Alive and busy: wait for it up to the backpressure budget, each attempt still
                     # bounded by the timeout, and pace the requests that follow.
@@ -254,10 +250,11 @@ class OtlpClient:
                 if time.monotonic() + wait >= deadline:
                     what = exc.what if exc.after_s is None or wait != exc.after_s else \
                         f"{exc.what} (asked to retry after {exc.after_s:g}s, past the deadline)"
-                    raise ExportError(self._describe(what, attempts, start), unreachable, True) from None
+                    raise ExportError(self._describe(what, attempts, start), retried_out=True) from None
                 log.debug("OTLP export to %s: %s; retrying in %.2fs", self.display_endpoint, redact(exc.what, cfg), wait)
                 if stop.wait(wait):
-                    raise ExportError(self._describe(f"{exc.what}; stopped by shutdown", attempts, start), unreachable) from None
+                    raise ExportError(self._describe(f"{exc.what}; stopped by shutdown", attempts, start),
+                                      retried_out=exc.unreachable) from None
 
     @property
     def display_endpoint(self) -> str:

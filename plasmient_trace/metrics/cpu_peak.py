@@ -119,7 +119,7 @@ def _machine_busy_s(cpus: set[int] | None = None) -> float | None:
 def _best_time(fn: Any, runs: int, deadline: float) -> float:
     """Best wall time of ``runs`` timed calls, from a set during which no other process used the CPUs this
     one may run on. (That this process's threads ran all the time is not enough: a busy SMT sibling slows
-    them without taking their CPU, and a 1-thread fp32 peak came out 62.5 GFLOP/s against 90.5 so.) A set
+    them without taking their CPU.) A set
     that shared the machine is timed again after a pause, until ``deadline`` (a ``_clock`` value); past it,
     :class:`CalibrationNotQuiet`. Where the machine's busy time cannot be read the set is taken as it is
     (the spec's notes say so)."""

@@ -36,11 +36,12 @@ def _capped(text: pa.Array | pa.ChunkedArray, limit: int, mark: str = "") -> pa.
     """Strings longer than ``limit`` code units cut to it (with ``mark`` after); the column as it is when none is."""
     if not len(text) or text.null_count == len(text):
         return text
-    longest = pc.max(pc.utf8_length(text)).as_py()
+    length = pc.utf8_length(text)
+    longest = pc.max(length).as_py()
     if longest is None or longest <= limit:
         return text
     cut = pc.utf8_slice_codeunits(text, 0, limit)
-    return pc.if_else(pc.greater(pc.utf8_length(text), limit), pc.binary_join_element_wise(cut, mark, ""), text) if mark else cut
+    return pc.if_else(pc.greater(length, limit), pc.binary_join_element_wise(cut, mark, ""), text) if mark else cut
 
 
 # numeric span-table columns with nulls (one np.packbits for the validity, conventions.with_nulls)

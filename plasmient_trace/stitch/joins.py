@@ -124,8 +124,8 @@ def _kernels_after_launches(k_start: np.ndarray, k_end: np.ndarray, k_dev: np.nd
         support = min(len(ordered), max(_SHIFT_SUPPORT[0], int(np.ceil(_SHIFT_SUPPORT[1] * len(ordered)))))
         shift = int(max(0, ordered[-support]))
         stats.clock_offset_ns[int(dev)] = shift
+        on_dev = k_dev == dev
         if shift:
-            on_dev = k_dev == dev
             k_start[on_dev] += shift
             k_end[on_dev] += shift
         early = joined[mine][lag[mine] > shift]
@@ -134,9 +134,7 @@ def _kernels_after_launches(k_start: np.ndarray, k_end: np.ndarray, k_dev: np.nd
             # Either timestamp may be the corrupt one: a launch recorded 1 s late would drag its kernel past
             # everything the device ran (a 4.4 ms step read 1 s). A kernel is moved only where it still ends
             # within the device's recorded activity; otherwise it stays as recorded. Either way it is counted.
-            on_dev = np.nonzero(k_dev == dev)[0]
-            last_end = k_end[on_dev].max() if len(on_dev) else 0
-            fits = k_end[early] + moved <= last_end
+            fits = k_end[early] + moved <= k_end[on_dev].max()
             k_end[early[fits]] += moved[fits]
             k_start[early[fits]] += moved[fits]
             stats.kernels_clamped_to_launch += int((moved > _CLAMP_TOLERANCE_NS).sum())
