@@ -42,6 +42,11 @@ def _dur_is_true() -> bytes:
     return json.dumps(doc).encode()
 
 
+def _bad_utf8_in_third_event() -> bytes:
+    event = b'{"ph": "X", "cat": "cpu_op", "name": "%s", "ts": 1, "dur": 2, "pid": 1, "tid": 1}'
+    return b'{"traceEvents": [' + b", ".join(event % name for name in (b"a", b"b", b"c\xff")) + b"]}"
+
+
 BAD_INPUTS = {
     "plain text": (lambda: b"this is not a trace\n", "not JSON"),
     "truncated gzip": (lambda: _real_gzip_bytes()[: len(_real_gzip_bytes()) // 2], "truncated gzip"),
@@ -51,11 +56,16 @@ BAD_INPUTS = {
     "json scalar": (lambda: b"42", "not a Chrome trace"),
     "traceEvents not a list": (lambda: b'{"traceEvents": {"a": 1}}', "expected a list"),
     "no events": (lambda: b'{"traceEvents": []}', "no events"),
-    "empty file": (lambda: b"", "empty"),
+    "empty file": (lambda: b"", "file is empty"),
+    # a valid gzip of nothing was called "truncated": the file was whole
+    "gzip of nothing": (lambda: gzip.compress(b""), "its gzip stream decompresses to nothing"),
+    "gzip of blanks, twice": (lambda: gzip.compress(b"  \n") * 2, "its gzip stream decompresses to nothing"),
     "kernel without ts": (_kernel_without_ts, "missing field 'ts'"),
     "dur is text": (_dur_is_text, "unexpected field types"),
     "dur is true": (_dur_is_true, "got `bool` at dur"),
     "png image": (lambda: b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, "not JSON"),
+    # the label named the event before the one that did not decode
+    "invalid utf-8 in a later event": (_bad_utf8_in_third_event, "event #2: malformed event (Invalid UTF-8"),
 }
 
 

@@ -52,10 +52,19 @@ _MODULE_PREFIX = "nn.Module: "
 _STEP_PREFIX = "ProfilerStep#"
 
 
+def _emptiness(path: Path) -> str:
+    """What is empty: the file, or the gzip stream in it (a valid .gz of nothing is not cut short)."""
+    try:
+        whole_file = Path(path).stat().st_size == 0
+    except OSError:
+        whole_file = True
+    return "file is empty" if whole_file or not str(path).endswith(".gz") else "its gzip stream decompresses to nothing"
+
+
 def _decode(path: Path, raw: bytes) -> tuple[list[msgspec.Raw], dict[str, Any]]:
     """Split the document into per-event Raw views and the metadata; failures are one line each."""
     if len(raw) == 0 or (not bytes(raw[:65536]).strip() and not raw.strip()):
-        raise TraceFormatError(f"{path}: file is empty")
+        raise TraceFormatError(f"{path}: {_emptiness(path)}")
     if bytes(raw[:3]) == b"\xef\xbb\xbf":
         raw = raw[3:]  # a UTF-8 byte order mark (a trace saved by a Windows editor): JSON allows ignoring it
     try:
@@ -348,6 +357,9 @@ def _collect(path: Path, events: list[msgspec.Raw], cols: _Columns | None = None
         what, _, where = str(err).partition(" - at ")
         at = where.strip("`").lstrip("$").lstrip(".") or "the event"
         raise TraceFormatError(f"{path}: event #{index}: malformed event ({what} at {at})") from None
+    except msgspec.DecodeError as err:
+        # the event at ``index`` did not decode: ``e`` is still the one before it, so no label
+        raise TraceFormatError(f"{path}: event #{index}: malformed event ({err})") from None
     except RecursionError:
         raise TraceFormatError(f"{path}: event #{index}: nested too deeply to be a Kineto event") from None
     except (TypeError, AttributeError, ValueError, OverflowError) as err:

@@ -232,7 +232,7 @@ def inflate_blocks(path: Path, data: bytes, block_bytes: int,
                     at += len(piece)
                 block = inflater.decompress(piece, block_bytes)
                 piece = inflater.unconsumed_tail
-                if not block and not piece and at >= len(data):
+                if not block and not piece and at >= len(data) and not inflater.eof:
                     raise InputError(f"{path}: truncated gzip stream (the file was cut short)")
                 size += len(block)
                 if total + size > max_bytes:
