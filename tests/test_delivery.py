@@ -716,6 +716,7 @@ def test_a_batch_that_fails_part_way_spills_only_the_traces_the_collector_did_no
     every = set(batch.table.column("trace_id").to_pylist())
     assert len(taken) == 2 and taken | spilled == every and not taken & spilled
     assert stats.spilled["traces"] + stats.sent["traces"] == len(batch)
+    assert stats.requests["traces"] == 2  # the two that went through (it said 0)
 
 
 def test_the_loss_at_exit_counts_trace_spans_once_and_names_the_metrics_apart(monkeypatch, capsys) -> None:

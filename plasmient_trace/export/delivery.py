@@ -231,6 +231,7 @@ class Delivery:
                 # the traces the collector took before it failed are not spilled: replayed, they came twice
                 self.stats.sent[sink.signal] = self.stats.sent.get(sink.signal, 0) + len(batch) - len(unsent)
                 batch = unsent
+            self._count_requests(sink.signal, getattr(err, "requests", 0))
             self._spill(sink, batch, str(err))
             return
         if down is not None:
@@ -238,7 +239,10 @@ class Delivery:
             self._down.pop(collector, None)
             self.say("up", f"{sink.name} answers again; what is spilled stays for `plasmient replay`")
         self.stats.sent[sink.signal] = self.stats.sent.get(sink.signal, 0) + len(batch)
-        self.stats.requests[sink.signal] = self.stats.requests.get(sink.signal, 0) + int(getattr(result, "requests", 0) or 0)
+        self._count_requests(sink.signal, getattr(result, "requests", 0))
+
+    def _count_requests(self, signal: str, requests: Any) -> None:
+        self.stats.requests[signal] = self.stats.requests.get(signal, 0) + int(requests or 0)
 
     def _remote_signals(self) -> str:
         """The signals sent to collectors, in words ("traces and metrics")."""

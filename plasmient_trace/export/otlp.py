@@ -98,6 +98,7 @@ class ExportError(RuntimeError):
         super().__init__(message)
         self.retried_out = retried_out
         self.unsent: SpanBatch | None = None  # export_spans: the spans of the traces not wholly delivered
+        self.requests = 0  # export_spans: the batch's requests that went through before the failure
 
 
 class UnsupportedSignal(ExportError):
@@ -563,6 +564,7 @@ def export_spans(client: OtlpClient, batch: SpanBatch, stop: threading.Event | N
             rejected, message = client.export(body, stop=stop, max_attempts=max_attempts)
         except ExportError as err:
             err.unsent = _not_delivered(batch, traces, index)
+            err.requests = stats.requests
             raise
         stats.requests += 1
         stats.bytes += len(body)
