@@ -267,8 +267,10 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
             where = unknown[0] if len(unknown) == 1 else f"{len(unknown)} of {len(args.paths)} inputs ({_first_few(unknown)})"
             _warn(f"plasmient: unknown device in {where}: no MFU on {'its' if len(unknown) == 1 else 'their'} "
                   f"spans ({_naming_hint(args.gpu_model, stream.stats.get('unknown_device_types') == ['cpu'])})")
-        for note in stream.stats.get("notes", []):
+        for note in stream.stats.get("notes", []) + stream.stats.get("clock_notes", []):
             _say(args, f"plasmient: {note}")
+        for warning in stream.stats.get("warnings", []):
+            _warn(f"plasmient: {warning}")
         status, summary = _deliver(args, stream, _Destinations(config, choice, out), bar)
     except TraceFormatError as err:
         say_error("plasmient", str(err))

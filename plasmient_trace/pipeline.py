@@ -27,7 +27,7 @@ from .sources.graph_capture import (
 from .sources.kineto import TraceFormatError, read_kineto
 from .sources.rawinput import repeated_input
 from .sources.parallel import read_many
-from .stitch.align import apply_offsets, estimate_alignment
+from .stitch.align import alignment_lines, apply_offsets, estimate_alignment
 from .stitch.fleet import merge_span_batches
 from .stitch.joins import JoinedRank, op_parents
 from .stitch.tree import (
@@ -191,6 +191,11 @@ class IngestStream:
                             summaries=self.summaries)
 
 
+def input_label(records: RecordSet, index: int) -> str:
+    """How messages name an input: its file, else its position."""
+    return records.source or f"input {index}"
+
+
 def stream_records(record_sets: list[RecordSet], options: IngestOptions,
                    progress: Callable[[str, int, int], None] | None = None) -> IngestStream:
     alignment = None
@@ -204,6 +209,7 @@ def stream_records(record_sets: list[RecordSet], options: IngestOptions,
     if alignment is not None:
         stats["clock_offsets_ns"] = alignment.offsets
         stats["clock_alignment"] = alignment.method
+        stats["clock_notes"], stats["warnings"] = alignment_lines(alignment, [input_label(r, i) for i, r in enumerate(record_sets)])
     stats["unknown_devices"] = [r.source or f"rank {i}" for i, (r, inp) in enumerate(zip(record_sets, inputs))
                                 if inp.spec.source == "unknown"]
     stats["unknown_device_types"] = sorted({inp.spec.device_type for inp in inputs if inp.spec.source == "unknown"})

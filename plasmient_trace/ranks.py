@@ -35,6 +35,7 @@ from .records import RecordSet
 from .stitch.align import (
     CollectiveEnds,
     alignment_from_ends,
+    alignment_lines,
     apply_offsets,
     collective_ends,
 )
@@ -55,6 +56,7 @@ class RankDigest:
     host: str | None            # the trace's host.name: ranks on one host share a clock
     ends: CollectiveEnds
     note: str | None = None     # the CUDA-graph pairing note, if the rank had a capture
+    label: str = ""             # how messages name it (its file)
 
 
 @dataclass
@@ -91,18 +93,21 @@ class Plan:
     jobs: list[StitchJob]
     offsets: dict[int, int]
     method: dict[int, str]
+    clock_notes: list[str] = field(default_factory=list)  # stitch.align.alignment_lines
+    clock_warnings: list[str] = field(default_factory=list)
 
 
 def parse_rank(path: str | Path, index: int, options: IngestOptions) -> tuple[RecordSet, RankDigest]:
     """Map 1: one rank's records and their digest."""
-    from .pipeline import pair_capture
+    from .pipeline import input_label, pair_capture
     from .sources.kineto import read_kineto
 
     path = Path(path)
     records, note = pair_capture(path, read_kineto(path), options)
     rank = rank_of(records, index)
     digest = RankDigest(index=index, rank=rank, node=node_of(records, rank, _stitch_options(options)),
-                        host=records.resource.get("host.name"), ends=collective_ends(records), note=note)
+                        host=records.resource.get("host.name"), ends=collective_ends(records), note=note,
+                        label=input_label(records, index))
     return records, digest
 
 
@@ -111,12 +116,14 @@ def plan_ranks(digests: list[RankDigest], options: IngestOptions) -> Plan:
     allowance = allowance_for(_stitch_options(options), [d.rank for d in digests], [d.node for d in digests])
     offsets: dict[int, int] = {}
     method: dict[int, str] = {}
+    notes: tuple[list[str], list[str]] = ([], [])
     if len(digests) > 1:
         report = alignment_from_ends([d.ends for d in digests], [d.host for d in digests])
         offsets, method = report.offsets, report.method
+        notes = alignment_lines(report, [d.label or f"input {d.index}" for d in digests])
     jobs = [StitchJob(index=d.index, rank=d.rank, node=d.node, offset_ns=int(offsets.get(d.index, 0)),
                       allowance=allowance) for d in digests]
-    return Plan(jobs=jobs, offsets=offsets, method=method)
+    return Plan(jobs=jobs, offsets=offsets, method=method, clock_notes=notes[0], clock_warnings=notes[1])
 
 
 def stitch_part(records: RecordSet, job: StitchJob, options: IngestOptions) -> RankPart:
@@ -159,6 +166,7 @@ def finish(digests: list[RankDigest], plan: Plan, parts: list[RankPart], options
     if len(digests) > 1:
         stats["clock_offsets_ns"] = plan.offsets
         stats["clock_alignment"] = plan.method
+        stats["clock_notes"], stats["warnings"] = plan.clock_notes, plan.clock_warnings
     records = [p.records for p in parts] if options.keep_records else []
     return IngestResult(batch=batch, records=records, joined=[], stats=stats, summaries=summaries)
 

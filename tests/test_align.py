@@ -144,3 +144,57 @@ def test_aligned_ranks_stitch_into_one_fleet_trace_per_step(ranks: list[RecordSe
     for s, start in zip(steps.column("plasmient.step").to_pylist(), steps.column("start_ns").to_pylist()):
         by_step.setdefault(s, []).append(start)
     assert by_step and all(len(v) == 2 and max(v) - min(v) < 5_000_000 for v in by_step.values())
+
+
+def _rank_file(tmp_path, name: str, doc: dict):
+    import gzip
+    import json
+
+    path = tmp_path / name
+    with gzip.open(path, "wt") as f:
+        json.dump(doc, f)
+    return path
+
+
+def _shifted(doc: dict, us: float) -> dict:
+    return {**doc, "traceEvents": [{**e, "ts": e["ts"] + us} if "ts" in e else e for e in doc["traceEvents"]]}
+
+
+def _without_step(doc: dict, step: int) -> dict:
+    """The events of every step but ``step`` (its ProfilerStep's CPU range and the kernels that ran in it)."""
+    marker = next(e for e in doc["traceEvents"] if e.get("name") == f"ProfilerStep#{step}")
+    a, b = marker["ts"], marker["ts"] + marker["dur"]
+    return {**doc, "traceEvents": [e for e in doc["traceEvents"] if not ("ts" in e and a <= e["ts"] < b)]}
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_ingest_says_how_each_rank_clock_was_aligned_and_warns_when_it_could_not_be(tmp_path, capsys, workers):
+    """The offsets were kept in internal stats only: a rank 20 s off (past the 10 s search) stayed on its own
+    clock (fleet window 20.6 s instead of 0.6 s, no line), and a rank missing a step was moved 373 ms on
+    two chance coincidences, silently."""
+    from conftest import raw_trace
+
+    from plasmient_trace.cli import main
+
+    docs = [raw_trace(f"a100_multirank/rank-{i}.json.gz") for i in (0, 1)]
+    rank0 = _rank_file(tmp_path, "rank-0.json.gz", docs[0])
+    cases = {
+        "same clock": (docs[1], "rank-1.json.gz +0 µs (3 collectives)", None),
+        "20 s ahead": (_shifted(docs[1], 20e6), None, "its clock could not be aligned with the others'"),
+        "a step missing": (_without_step(docs[1], 551), "(2 collectives)", "rests on 2 collective kernels only"),
+    }
+    for case, (doc, info, warning) in cases.items():
+        (tmp_path / case).mkdir()
+        rank1 = _rank_file(tmp_path / case, "rank-1.json.gz", doc)
+        code = main(["ingest", str(rank0), str(rank1), "--workers", workers, "--gpu-model", "NVIDIA A100-SXM4-80GB",
+                     "--out", str(tmp_path / case / "out.jsonl")])
+        err = capsys.readouterr().err
+        assert code == 0, err
+        said = [line for line in err.splitlines() if "clock" in line]
+        if info:
+            assert any(line.startswith(f"plasmient: clocks aligned on collective kernel ends against {rank0}: ")
+                       and info in line for line in said), (case, said)
+        warned = [line for line in said if warning and warning in line]
+        assert len(warned) == (1 if warning else 0), (case, said)
+        if warning:
+            assert warned[0].startswith(f"plasmient: {rank1}: ")
