@@ -330,20 +330,38 @@ def test_the_budget_holds_for_a_trace_stitched_from_several_ranks():
 
 @pytest.mark.parametrize("ranks_per_node", [8, 1])
 def test_every_second_of_waste_is_one_span_s_own_in_a_multi_rank_trace(ranks_per_node):
-    """Per trace, the .self values of waste and cost above the kernels add up to the root's total: the ranks' time outside
-    their own windows is their node's own, the nodes' time outside theirs the fleet's. The fleet of a
-    one-node job carried its node's skew as its own too (0.000961 s twice on step 551). Recomputed here from
-    the rank windows: a node's own waste is its ranks' time outside their windows, the fleet's the time its
-    nodes' windows leave of its own."""
+    """Per trace, the .self values of waste and cost above the kernels add up to the root's total, and no
+    device-second is charged twice across traces. Recomputed here from the rank windows: a rank's step windows
+    tile its timeline from its first step's start to its last step's end, so a node's own waste is the device
+    time in its window outside its ranks' tiled stretches, the fleet's the part of that outside their nodes'
+    windows. Charging each rank's whole time outside its own step window billed the 0.769 ms where step 551 of
+    one rank overlaps step 552 of the other twice (once as step 551's skew, once in the rank's step 552), and
+    the fleet of a one-node job carried its node's skew as its own too (0.000961 s twice on step 551)."""
     from plasmient_trace.pipeline import IngestOptions, ingest_paths
     from conftest import trace_path
 
     files = [trace_path("a100_multirank/rank-0.json.gz"), trace_path("a100_multirank/rank-1.json.gz")]
     options = IngestOptions(job_id="self", gpu_model="NVIDIA A100-SXM4-80GB", ranks_per_node=ranks_per_node)
     rows = ingest_paths(files, options).batch.table.to_pylist()
-    for trace in {r["trace_id"] for r in rows}:
-        spans = [r for r in rows if r["trace_id"] == trace]
-        (fleet,) = [r for r in spans if r["plasmient.level"] == "fleet"]
+
+    def window(r):
+        start = r["plasmient.device.start_ns"]
+        return start, start + round(r["plasmient.device.window_s"] * 1e9)
+
+    stretch = {}  # rank -> (first window start, last window end) over every step
+    for r in rows:
+        if r["plasmient.level"] == "rank":
+            a, b = window(r)
+            lo, hi = stretch.get(r["plasmient.rank"], (a, b))
+            stretch[r["plasmient.rank"]] = (min(lo, a), max(hi, b))
+
+    def untiled_s(outer, rank):  # the seconds of outer's window outside the rank's stretch
+        (a, b), (lo, hi) = window(outer), stretch[rank["plasmient.rank"]]
+        return (max(0, min(b, lo) - a) + max(0, b - max(a, hi))) / 1e9 * rank["plasmient.gpus"]
+
+    fleets = [r for r in rows if r["plasmient.level"] == "fleet"]
+    for fleet in fleets:
+        spans = [r for r in rows if r["trace_id"] == fleet["trace_id"]]
         nodes = [r for r in spans if r["plasmient.level"] == "node"]
         ranks = [r for r in spans if r["plasmient.level"] == "rank"]
         assert len(nodes) == 2 // ranks_per_node + (ranks_per_node > 2)
@@ -351,15 +369,17 @@ def test_every_second_of_waste_is_one_span_s_own_in_a_multi_rank_trace(ranks_per
             # a kernel is its op's own work (the op's .self holds it): spans above the kernels
             own = sum(r[key + ".self"] or 0.0 for r in spans if r["plasmient.level"] != "kernel")
             assert own == pytest.approx(fleet[key], rel=1e-9), key
-
-        def outside(outer, inner):  # the inner window lies in the outer one: the difference of their lengths
-            assert outer["plasmient.device.start_ns"] <= inner["plasmient.device.start_ns"]
-            return (outer["plasmient.device.window_s"] - inner["plasmient.device.window_s"]) * inner["plasmient.gpus"]
-
+        fleet_own = 0.0
         for node in nodes:
             mine = [r for r in ranks if r["parent_span_id"] == node["span_id"]]
-            assert node["plasmient.wasted_s.self"] == pytest.approx(sum(outside(node, r) for r in mine), rel=1e-6, abs=1e-12)
-        assert fleet["plasmient.wasted_s.self"] == pytest.approx(sum(outside(fleet, n) for n in nodes), rel=1e-6, abs=1e-12)
+            assert node["plasmient.wasted_s.self"] == pytest.approx(sum(untiled_s(node, r) for r in mine), abs=1e-9)
+            fleet_own += sum(untiled_s(fleet, r) - untiled_s(node, r) for r in mine)
+        assert fleet["plasmient.wasted_s.self"] == pytest.approx(fleet_own, abs=1e-9)
+    # over the recording, the fleet's cost is the two GPUs' time from the first window's start to the last's end
+    rank = next(r for r in rows if r["plasmient.level"] == "rank")
+    price = rank["plasmient.cost.usd"] * 3600 / (rank["plasmient.busy_s"] + rank["plasmient.idle_s"])  # USD per GPU-hour
+    first, last = min(window(f)[0] for f in fleets), max(window(f)[1] for f in fleets)
+    assert sum(f["plasmient.cost.usd"] for f in fleets) == pytest.approx(price * 2 * (last - first) / 1e9 / 3600, rel=1e-9)
 
 
 def test_fleet_and_node_spans_say_what_the_budget_folded_under_them():

@@ -387,5 +387,7 @@ def align_summaries(summaries: list, tolerance_ns: int = DEFAULT_TOLERANCE_NS,
             continue
         out.append(replace(s, start_ns=s.start_ns + d, end_ns=s.end_ns + d, window_start_ns=s.window_start_ns + d,
                            window_end_ns=s.window_end_ns + d,
+                           tiled_start_ns=None if s.tiled_start_ns is None else s.tiled_start_ns + d,
+                           tiled_end_ns=None if s.tiled_end_ns is None else s.tiled_end_ns + d,
                            collectives=[[name, int(start) + d, int(end) + d] for name, start, end in s.collectives]))
     return out, method

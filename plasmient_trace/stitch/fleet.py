@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from operator import attrgetter
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -93,6 +94,11 @@ class RankSummary:
     kernels_folded_s: float = 0.0
     kernels_folded_flops: float = 0.0  # NaN: some folded kernels' FLOPs unknown and none known
     spans_folded: int = 0
+    # The stretch of the rank's device timeline its steps tile (stitch.windows), the whole input's offline;
+    # None where it goes on past this batch (live): a node or fleet window reaching beyond a rank's own
+    # step window lies in the rank's neighbouring steps there, whose own spans already charge it.
+    tiled_start_ns: int | None = None
+    tiled_end_ns: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         # NaN is not JSON: None stands for it on the wire.
@@ -135,18 +141,21 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
     window_s = np.maximum(w_end - w_start, 0) / 1e9
     gpus = total(g.values("gpus", np.int64)).astype(np.int64)
     device_s = window_s * gpus
-    # What each rank spent inside the group's window but outside its own: the group's own waste.
-    own_window_s = (g.values("window_end_ns", np.int64) - g.values("window_start_ns", np.int64)) / 1e9
-    outside = (g.per_pair(window_s) - own_window_s) * g.values("gpus")
-    outside = np.where(outside > 0.0, outside, 0.0)  # max(0.0, x), NaN read as 0.0 as max() does
+    # What each rank's devices spent inside the group's window but outside every one of its step windows
+    # (before its first step, after its last): the group's own waste. Time outside the step's own window but
+    # inside the rank's next or previous step window is already charged there (counting it here charged
+    # the shared a100 job's two steps 0.77 GPU-ms twice, more device time than the recording holds).
+    gpus_of = g.values("gpus")
+    outside = _untiled_s(g, g.per_pair(w_start), g.per_pair(w_end)) * gpus_of
     price = g.values("price_per_hour")
     skew = total(outside)
     skew_usd = total(outside * price / 3600)
-    # Whose waste it is: a node's own is its ranks' time outside their windows; the fleet's own is only its
-    # nodes' time outside theirs (the rest is in the node spans below it, and counting it twice broke the
-    # sum of the .self values over a trace).
+    # Whose waste it is: a node's own is its ranks' untiled time in its window; the fleet's own is only the
+    # part outside their nodes' windows (the rest is in the node spans below it, and counting it twice broke
+    # the sum of the .self values over a trace).
+    node_start, node_end = _node_windows(g)
     beyond_node = np.where(g.per_pair(np.array([lvl == "fleet" for lvl, *_ in groups])),
-                           (g.per_pair(window_s) - _node_window_s(g)) * g.values("gpus"), outside)
+                           outside - _untiled_s(g, node_start, node_end) * gpus_of, outside)
     beyond_node = np.where(beyond_node > 0.0, beyond_node, 0.0)
     own_skew, own_skew_usd = total(beyond_node), total(beyond_node * price / 3600)
     busy, known, ideal = total("busy_s"), total("known_s"), total("ideal_s")
@@ -284,16 +293,31 @@ def _folded_columns(g: SummaryGroups) -> dict[str, Any]:
     }
 
 
-def _node_window_s(g: SummaryGroups) -> np.ndarray:
-    """Per (group, member) pair: the window of the member's node within the group (the extent of the windows
-    of the group's members on its host)."""
+def _node_windows(g: SummaryGroups) -> tuple[np.ndarray, np.ndarray]:
+    """Per (group, member) pair: the window (start, end ns) of the member's node within the group (the extent
+    of the windows of the group's members on its host)."""
     _, host = np.unique(g.values("host", object).astype(str), return_inverse=True)
     _, node = np.unique(g.group * (int(host.max(initial=0)) + 1) + host, return_inverse=True)
     start = np.full(node.max(initial=-1) + 1, np.iinfo(np.int64).max)
     end = np.full(len(start), np.iinfo(np.int64).min)
     np.minimum.at(start, node, g.values("window_start_ns", np.int64))
     np.maximum.at(end, node, g.values("window_end_ns", np.int64))
-    return np.maximum(end - start, 0)[node] / 1e9
+    return start[node], end[node]
+
+
+def _untiled_s(g: SummaryGroups, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per pair: the seconds of [start, end] outside the member's tiled stretch (RankSummary.tiled_*: open
+    where None). Its own step window lies inside that stretch, so this is never more than the window
+    minus the step's own."""
+    lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    tiled_start = np.array([lo if v is None else v for v in map(attrgetter("tiled_start_ns"), g.members)], np.int64)
+    tiled_end = np.array([hi if v is None else v for v in map(attrgetter("tiled_end_ns"), g.members)], np.int64)
+    # the stretch holds the step's own window (a summary whose numbers disagree is read as that window)
+    tiled_start = np.minimum(tiled_start, g.values("window_start_ns", np.int64))
+    tiled_end = np.maximum(tiled_end, g.values("window_end_ns", np.int64))
+    before = np.minimum(end, tiled_start) - start
+    after = end - np.maximum(start, tiled_end)
+    return (np.maximum(before, 0) + np.maximum(after, 0)) / 1e9
 
 
 def bandwidth_columns(g: SummaryGroups) -> dict[str, Any]:

@@ -134,8 +134,10 @@ def stitch_steps(prepared: PreparedRank, s0: int, s1: int, options: StitchOption
     batch = rank_columns(inp, j, tree, met, export, rank, node, options, culprits)
     service = batch.resources[0].get("service.name") if batch.resources else None
     folded = _folded_by_step(batch.table)
+    tiled = _tiled_stretch(prepared, options)
     summaries = [RankSummary(job_id=options.job_id, rank=rank, host=node, price_per_hour=float(tree.price),
                              bandwidth=bandwidth, device_type=inp.spec.device_type, service_name=service,
+                             tiled_start_ns=tiled[0], tiled_end_ns=tiled[1],
                              **fields, **folded.get(fields["step"], {}))
                  for fields in _summary_fields(tree, j, culprits)]
     stats = {"spans": int(export.sum()), "kernels": tree.n_k,
@@ -143,6 +145,15 @@ def stitch_steps(prepared: PreparedRank, s0: int, s1: int, options: StitchOption
                                     tree.alive[tree.base["kernel"]:tree.base["kernel"] + tree.n_k]).sum())}
     batch.summaries = summaries
     return RankResult(batch=batch, joined=prepared.joined, summaries=summaries, stats=stats)
+
+
+def _tiled_stretch(prepared: PreparedRank, options: StitchOptions) -> tuple[int | None, int | None]:
+    """Where the rank's step windows begin and end over the whole input (every group of its steps); open
+    (None) live, where the steps of earlier and later batches tile on."""
+    tl = prepared.timeline
+    if options.step_facts is not None or not len(tl.tile_start):
+        return None, None
+    return int(tl.tile_start[0]), int(tl.tile_end[-1])
 
 
 # The rank span's totals a summary carries as they are (flops, ideal_s and kernels are derived below).
