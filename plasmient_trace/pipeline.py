@@ -48,6 +48,9 @@ class IngestOptions:
     peak_tflops: float | None = None       # override the dense peak (TFLOP/s, for the op dtype)
     bandwidth_gbs: float | None = None
     gpu_price: float | None = None         # USD per GPU-hour
+    # USD an hour of a CPU-only rank's cores while no CPU spec (cpu_spec) is known to carry it: a live job's
+    # price does not wait for the peak's calibration
+    cpu_price: float | None = None
     gpu_model: str | None = None           # name to look up when the trace names no device
     ranks_per_node: int = 8
     host: str | None = None
@@ -119,8 +122,9 @@ def resolve_device(records: RecordSet, options: IngestOptions) -> DeviceSpec:
     spec = hardware.apply_overrides(spec, peak_tflops=options.peak_tflops, bandwidth_gbs=options.bandwidth_gbs,
                                     price=options.gpu_price)
     if spec is None:
+        price = options.cpu_price if on_cpu and options.gpu_price is None else options.gpu_price
         return DeviceSpec(model=None, device_type=device_type, peak_for=None, bandwidth=None,
-                          price_per_hour=options.gpu_price, source="unknown")
+                          price_per_hour=price, source="unknown")
     return DeviceSpec(model=spec.model, device_type=device_type, peak_for=spec.peak_flops, native=frozenset(spec.peak),
                       bandwidth=spec.memory_bandwidth, price_per_hour=spec.price_per_hour, source=spec.source)
 

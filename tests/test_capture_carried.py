@@ -449,3 +449,34 @@ def test_a_step_whose_second_model_sees_other_shapes_carries_nothing_measured_wi
         assert expected[n] <= s["plasmient.flops"] <= 1.05 * expected[n], (i, n, s["plasmient.flops.source"], s["plasmient.flops"])
     # the shape measured at full depth (steps 0 and 4: n=8) is carried to the steps of the same shape
     assert [steps[i]["plasmient.flops.source"] for i in (2, 6)] == ["carried", "carried"]
+
+
+@pytest.mark.parametrize("cpu_price", [None, "1.5"])
+def test_steps_exported_before_the_cpu_peak_is_calibrated_keep_their_price(cpu_price, monkeypatch):
+    """The price of a CPU job's cores needs no calibration, but steps stitched while the peak's calibration
+    was still running (a job's first run on a machine, or one that keeps every core busy) had no cost on any
+    span. They have no MFU (the peak is unknown) and their cost is the price times the window."""
+    from concurrent.futures import Future
+
+    from plasmient_trace.metrics import cpu_peak, hardware
+
+    if cpu_price is None:
+        monkeypatch.delenv("PLASMIENT_CPU_PRICE", raising=False)
+        price = cpu_peak.CPU_PRICE_PER_THREAD_HOUR * torch.get_num_threads()
+    else:
+        monkeypatch.setenv("PLASMIENT_CPU_PRICE", cpu_price)
+        price = float(cpu_price)
+    never: Future = Future()  # a calibration that has not finished by the end of the run
+    monkeypatch.setattr(hardware, "start_cpu_calibration", lambda threads: never)
+    torch.manual_seed(0)
+    model, x = _Block(), torch.randn(2, SEQ, DIM)
+    with live_capture(close_timeout=60, every=2, job_id="cpu-pending",
+                      environ={"PLASMIENT_CALIBRATION_WAIT_S": "0"}) as (session, sink):
+        for _ in range(3):
+            with session.step():
+                _train_step(model, x)
+    steps = _by_step(sink.rows(), "step")
+    assert sorted(steps) == [0, 1, 2]
+    for r in steps.values():
+        assert r["plasmient.mfu"] is None
+        assert r["plasmient.cost.usd"] == pytest.approx(r["plasmient.device.window_s"] * price / 3600, rel=1e-9)

@@ -24,7 +24,8 @@ import numpy as np
 
 from .hardware import GpuSpec
 
-__all__ = ["cpu_spec", "raise_cpu_peak", "start_cpu_calibration", "CalibrationNotQuiet", "CPU_PRICE_PER_THREAD_HOUR"]
+__all__ = ["cpu_spec", "cpu_price_per_hour", "raise_cpu_peak", "start_cpu_calibration", "CalibrationNotQuiet",
+           "CPU_PRICE_PER_THREAD_HOUR"]
 
 # --------------------------------------------------------------------------------------------- CPU
 # Default CPU price: USD per vCPU-hour times the threads torch uses. Basis: AWS m7i on-demand
@@ -198,6 +199,12 @@ def _cpu_price(threads: int) -> tuple[float, str]:
         rejected = f" (PLASMIENT_CPU_PRICE={env!r} ignored: not a price in (0, {MAX_FLAG_VALUE:g}])"
     return CPU_PRICE_PER_THREAD_HOUR * threads, (
         f"default ${CPU_PRICE_PER_THREAD_HOUR}/vCPU-hour x {threads} threads (AWS m7i on-demand, rounded){rejected}")
+
+
+def cpu_price_per_hour(threads: int | None = None) -> float:
+    """USD an hour of this process's CPU threads (PLASMIENT_CPU_PRICE, else the default per thread): known
+    before, and without, the peak's calibration."""
+    return _cpu_price(threads or _threads())[0]
 
 
 def user_cpu_spec(peak_tflops: float, threads: int | None = None) -> GpuSpec:
