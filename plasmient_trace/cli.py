@@ -267,7 +267,8 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
             where = unknown[0] if len(unknown) == 1 else f"{len(unknown)} of {len(args.paths)} inputs ({_first_few(unknown)})"
             _warn(f"plasmient: unknown device in {where}: no MFU on {'its' if len(unknown) == 1 else 'their'} "
                   f"spans ({_naming_hint(args.gpu_model, stream.stats.get('unknown_device_types') == ['cpu'])})")
-        for note in stream.stats.get("notes", []) + stream.stats.get("clock_notes", []):
+        # each rank may say the same (a thousand MI250 ranks: one line)
+        for note in dict.fromkeys(stream.stats.get("notes", []) + stream.stats.get("clock_notes", [])):
             _say(args, f"plasmient: {note}")
         for warning in stream.stats.get("warnings", []):
             _warn(f"plasmient: {warning}")

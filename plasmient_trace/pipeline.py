@@ -159,6 +159,8 @@ def rank_input(records: RecordSet, options: IngestOptions, notes: list[str] | No
         op_flops=np.asarray(costs.flops, np.float64), op_bytes=np.asarray(costs.bytes, np.float64),
         op_dtype=costs.dtype, op_model=costs.model,
     )
+    if notes is not None and inp.spec.model not in (None, "user-specified") and inp.spec.price_per_hour is None:
+        notes.append(f"{inp.spec.model} has no public list price: no cost on its spans (give one with --gpu-price)")
     if records.ops.num_rows >= LARGE_ROWS:
         return_freed_memory()
     return inp

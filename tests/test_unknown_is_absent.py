@@ -175,3 +175,31 @@ def test_a_zero_length_window_has_no_utilisation_and_is_not_idle():
     for r in zero:
         assert r["plasmient.util.resident"] is None and r["plasmient.idle_fraction"] is None, r["name"]
         assert r["plasmient.bound"] not in ("idle", None), r["name"]
+
+
+def test_a_part_without_a_public_price_has_no_cost_until_one_is_given(tmp_path, capsys):
+    """The MI250 has no public on-demand price; its table entry held a placeholder ($1.00 a GCD-hour) that
+    every span of an MI250 trace carried as dollars. Now no span has a cost and the ingest says why; a
+    price given with --gpu-price prices each step's window."""
+    from conftest import trace_path
+
+    from plasmient_trace.cli import main
+
+    trace = str(trace_path("mi250/minitoy_train.json.gz"))
+    rows = {}
+    for price in (None, "1.5"):
+        out = tmp_path / f"{price}.jsonl"
+        assert main(["ingest", trace, "--job-id", "mi250", "--out", str(out)]
+                    + (["--gpu-price", price] if price else [])) == 0
+        err = capsys.readouterr().err
+        said = "MI250 (per GCD) has no public list price: no cost on its spans (give one with --gpu-price)"
+        assert (said in err) == (price is None)
+        rows[price] = [{a["key"]: next(iter(a["value"].values())) for a in span["attributes"]}
+                       for line in out.read_text().splitlines() for rs in json.loads(line)["resourceSpans"]
+                       for ss in rs["scopeSpans"] for span in ss["spans"]]
+    assert rows[None] and all("plasmient.cost.usd" not in r for r in rows[None])
+    steps = [r for r in rows["1.5"] if r["plasmient.level"] == "step"]
+    assert steps
+    for r in steps:
+        charged = float(r["plasmient.busy_s"]) + float(r["plasmient.idle_s"])
+        assert float(r["plasmient.cost.usd"]) == pytest.approx(1.5 * charged / 3600, rel=1e-9)

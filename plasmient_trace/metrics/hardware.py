@@ -114,7 +114,7 @@ class GpuSpec:
         return self.peak_flops(dtype) / bw if bw and bw > 0 else float("nan")
 
 
-def _spec(model: str, vendor: str, source: str, peak: dict[str, float], bw: float, price: float,
+def _spec(model: str, vendor: str, source: str, peak: dict[str, float], bw: float, price: float | None,
           price_source: str, sms: int | None, mem_gb: float | None, notes: str = "") -> GpuSpec:
     return GpuSpec(model=model, peak=MappingProxyType(dict(peak)), memory_bandwidth=bw, price_per_hour=price,
                    source=source, price_source=price_source, vendor=vendor, sm_count=sms,
@@ -225,12 +225,12 @@ SPECS: Mapping[str, GpuSpec] = MappingProxyType({s.model: _with_link(s) for s in
     _spec("MI250X (per GCD)", _AMD,
           "AMD Instinct MI250X datasheet, halved: each of the 2 GCDs is one device to HIP/Kineto",
           {"fp64": 47.85 * T, "fp32": 47.85 * T, "bf16": 191.5 * T, "fp16": 191.5 * T, "int8": 191.5 * T},
-          1.6384 * TB, 1.10, "placeholder: no public on-demand list price; half of an assumed $2.20/card-hour",
+          1.6384 * TB, None, "no public on-demand list price: cost only with --gpu-price",
           110, 64, notes="card: 95.7 TF fp64/fp32 matrix, 383 TF fp16/bf16, 3.2768 TB/s, 128 GB"),
     _spec("MI250 (per GCD)", _AMD,
           "AMD Instinct MI250 datasheet, halved: each of the 2 GCDs is one device to HIP/Kineto",
           {"fp64": 45.25 * T, "fp32": 45.25 * T, "bf16": 181.05 * T, "fp16": 181.05 * T, "int8": 181.05 * T},
-          1.6384 * TB, 1.00, "placeholder: no public on-demand list price; half of an assumed $2.00/card-hour",
+          1.6384 * TB, None, "no public on-demand list price: cost only with --gpu-price",
           104, 64, notes="card: 90.5 TF fp64/fp32 matrix, 362.1 TF fp16/bf16, 3.2768 TB/s, 128 GB"),
     # ------------------------------------------------------------------------------ AMD CDNA3
     _spec("MI300X", _AMD, "AMD Instinct MI300X datasheet (dense)",
