@@ -157,12 +157,38 @@ def _once_each(batch: SpanBatch, name: str, notes: list[str] | None) -> SpanBatc
             f"{name}: {int(differ.sum())} span id(s) appear again with other times: two runs wrote the same trace ids "
             f"(job id {job!r}) and their numbers would be added up; give each run its own PLASMIENT_JOB_ID, or "
             "report each run's lines apart")
+    other = _other_numbers(t, rows, of)
+    if other is not None:
+        job = t.column("plasmient.job.id").combine_chunks()[int(rows[0])].as_py()
+        raise ReportInputError(
+            f"{name}: {other[0]} span(s) appear again with the same ids and times but another {other[1]}: one trace "
+            f"ingested twice with other options (job id {job!r}); keeping either would hide the other's numbers, "
+            "so report each file apart")
     if notes is not None:
         notes.append(f"{name}: {len(rows)} span(s) appeared twice with the same ids and times (a delivery retried): "
                      "counted once")
     keep = np.ones(len(span), bool)
     keep[rows] = False
     return SpanBatch(table=t.filter(pa.array(keep)), resources=batch.resources, summaries=batch.summaries)
+
+
+# The numbers a second ingest of one trace with other options (--gpu-model, --gpu-price, --peak-tflops,
+# --baseline-mfu) changes: a repeat that differs in one of them is not a retried delivery.
+_REPEAT_NUMBERS = ("plasmient.mfu", "plasmient.ideal_s", "plasmient.flops", "plasmient.cost.usd",
+                   "plasmient.wasted_s", "plasmient.busy_s")
+
+
+def _other_numbers(t: pa.Table, rows: np.ndarray, of: np.ndarray) -> tuple[int, str] | None:
+    """(how many repeats, which attribute) where a repeated span's numbers differ from its first copy's."""
+    for column in _REPEAT_NUMBERS:
+        if column not in t.column_names:
+            continue
+        values = pc.fill_null(t.column(column).cast(pa.float64()), np.nan).to_numpy()
+        a, b = values[rows], values[of]
+        differ = ~((a == b) | (np.isnan(a) & np.isnan(b)))
+        if differ.any():
+            return int(differ.sum()), column
+    return None
 
 
 def file_head(path: Path, size: int = 4096) -> bytes:
