@@ -358,6 +358,17 @@ def test_fail_if_mfu_drops(spans_dir: Path, tmp_path: Path, capsys) -> None:
     assert "limit -0%)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("factor, rc, said", [(0.95, 0, "-5.0% relative"), (0.9499, 1, "-5.01% relative"),
+                                              (0.9501, 0, "-4.99% relative")])
+def test_the_mfu_gate_at_its_limit(spans_dir: Path, tmp_path: Path, capsys, factor, rc, said) -> None:
+    # A drop of exactly 5% computed as 5.00000000000004% and failed a 5% gate, with a line ("-5.0% relative;
+    # limit -5%") that read the same as the passing one; a drop just past the limit said -5.0% too.
+    src = spans_dir / "vit.jsonl"
+    _scale_step_mfu(src, tmp_path / "b.jsonl", factor)
+    assert run_diff(src, tmp_path / "b.jsonl", tmp_path, "--fail-if-mfu-drops", "5%", "--quiet")[0] == rc
+    assert f"({said}; limit -5%)" in capsys.readouterr().err
+
+
 def test_the_gate_says_when_a_sides_mfu_leaves_out_steps_that_have_none(tmp_path: Path, capsys) -> None:
     # a live run whose new input shape could not be measured has steps without MFU: B's step-weighted MFU
     # is over the others only, and the gate's line says so

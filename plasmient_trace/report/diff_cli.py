@@ -271,9 +271,19 @@ def gate(result: dict[str, Any], threshold: float | None) -> tuple[int, str | No
             return D.EXIT_BAD_INPUT, f"{result['a']}: its step-weighted MFU is 0, so a relative drop is undefined"
         side = result["a"] if mfu["a"] is None else result["b"]
         return D.EXIT_BAD_INPUT, f"{side}: no step has a known MFU, so --fail-if-mfu-drops cannot be judged"
+    # a drop of exactly the limit passes: 0.95 x the MFU computes as a 5.00000000000004% drop, which failed
+    # a 5% gate with a line that read "-5.0% relative; limit -5%"
+    failed = drop - threshold > _GATE_SLACK
+    digits = 1
+    while digits < 6 and abs(drop - threshold) > _GATE_SLACK and round(drop * 100, digits) == round(threshold * 100, digits):
+        digits += 1  # near the limit: as many digits as tell the drop from it
     line = (f"step-weighted MFU {fmt_pct(mfu['a'])} -> {fmt_pct(mfu['b'])} "
-            f"({-drop * 100 + 0.0:+.1f}% relative; limit -{threshold * 100:g}%)") + _partial_mfu(result)
-    return (D.EXIT_MFU_DROPPED, f"MFU dropped: {line}") if drop > threshold else (D.EXIT_OK, line)
+            f"({-drop * 100 + 0.0:+.{digits}f}% relative; limit -{threshold * 100:g}%)") + _partial_mfu(result)
+    return (D.EXIT_MFU_DROPPED, f"MFU dropped: {line}") if failed else (D.EXIT_OK, line)
+
+
+# How far past the limit a relative drop must be to fail: float rounding of MFU ratios, not a real drop.
+_GATE_SLACK = 1e-9
 
 
 def _partial_mfu(result: dict[str, Any]) -> str:
