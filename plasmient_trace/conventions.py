@@ -112,7 +112,7 @@ SPAN_ATTRIBUTES: tuple[SpanAttribute, ...] = (
     SpanAttribute("plasmient.kernels.over_peak", _I, "{kernel}", ("step",), "kernels whose modelled flops exceed peak * duration (fewer multiplies run than modelled: Winograd, FFT); their ideal_s stays flops/peak, their own mfu is their util"),
     SpanAttribute("plasmient.unjoined_kernels", _I, "{kernel}", ("step",), "kernels with no launch or no op; kept, parented to the step"),
     SpanAttribute("plasmient.peak_flops", _F, "{flop}/s", ("fleet", "node", "rank", "step", "kernel"), "kernel (one with FLOPs): the dense peak of the precision its math ran at (fp32, tf32, 3xtf32, bf16, ...), its roof; above the step: the device's headline dense peak, bf16 tensor math on a GPU, fp32 on a CPU"),
-    SpanAttribute("plasmient.fleet.ranks_missing", _I, "{rank}", ("fleet", "node"), "live multi-rank: ranks whose step summary had not arrived within PLASMIENT_FLEET_WAIT_S"),
+    SpanAttribute("plasmient.fleet.ranks_missing", _I, "{rank}", ("fleet", "node"), "ranks of the job without this step in the numbers: live, whose summary had not arrived within PLASMIENT_FLEET_WAIT_S; ingested, input files that did not record the step"),
     SpanAttribute("plasmient.peak_bandwidth", _F, "By/s", ("fleet", "node", "rank", "step"), "memory bandwidth of the device (roofline slope)"),
     SpanAttribute("plasmient.collectives.matched", _I, "{collective}", ("fleet", "node"), "collectives seen on at least two of the ranks below (kernels of one name ending within 1 ms of each other, all started before any ended)"),
     SpanAttribute("plasmient.collectives.skew_max_s", _F, "s", ("fleet", "node"), "largest spread of the ranks' arrivals (collective kernel starts) at one collective"),

@@ -39,7 +39,7 @@ from .stitch.align import (
     apply_offsets,
     collective_ends,
 )
-from .stitch.fleet import RankSummary, merge_span_batches, top_spans
+from .stitch.fleet import RankSummary, merge_span_batches, missing_steps_warning, ranks_missing, top_spans
 from .stitch.tree import allowance_for, node_of, rank_of, stitch_rank
 
 if TYPE_CHECKING:  # pipeline imports this module lazily
@@ -57,6 +57,7 @@ class RankDigest:
     ends: CollectiveEnds
     note: str | None = None     # the CUDA-graph pairing note, if the rank had a capture
     label: str = ""             # how messages name it (its file)
+    steps: list[int] = field(default_factory=list)  # the step numbers it recorded
 
 
 @dataclass
@@ -107,7 +108,7 @@ def parse_rank(path: str | Path, index: int, options: IngestOptions) -> tuple[Re
     rank = rank_of(records, index)
     digest = RankDigest(index=index, rank=rank, node=node_of(records, rank, _stitch_options(options)),
                         host=records.resource.get("host.name"), ends=collective_ends(records), note=note,
-                        label=input_label(records, index))
+                        label=input_label(records, index), steps=records.steps.column("step").to_pylist())
     return records, digest
 
 
@@ -120,7 +121,10 @@ def plan_ranks(digests: list[RankDigest], options: IngestOptions) -> Plan:
     if len(digests) > 1:
         report = alignment_from_ends([d.ends for d in digests], [d.host for d in digests])
         offsets, method = report.offsets, report.method
-        notes = alignment_lines(report, [d.label or f"input {d.index}" for d in digests])
+        labels = [d.label or f"input {d.index}" for d in digests]
+        notes = alignment_lines(report, labels)
+        missing = missing_steps_warning([set(d.steps) for d in digests], labels)
+        notes[1].extend([missing] if missing else [])
     jobs = [StitchJob(index=d.index, rank=d.rank, node=d.node, offset_ns=int(offsets.get(d.index, 0)),
                       allowance=allowance) for d in digests]
     return Plan(jobs=jobs, offsets=offsets, method=method, clock_notes=notes[0], clock_warnings=notes[1])
@@ -152,7 +156,9 @@ def finish(digests: list[RankDigest], plan: Plan, parts: list[RankPart], options
 
     parts = sorted(parts, key=lambda p: p.index)
     summaries = [s for p in parts for s in p.summaries]
-    batch = merge_span_batches([top_spans(summaries, _stitch_options(options))] + [p.batch for p in parts])
+    missing = ranks_missing(summaries, len(parts)) if len(parts) > 1 else None
+    batch = merge_span_batches([top_spans(summaries, _stitch_options(options), ranks_missing=missing)]
+                               + [p.batch for p in parts])
     stats: dict[str, Any] = {
         "ranks": len(parts), "traces": len({s.step for s in summaries}), "spans": batch.table.num_rows,
         **{key: sum(p.stats[key] for p in parts)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow.compute as pc
 import pytest
@@ -198,3 +200,19 @@ def test_ingest_says_how_each_rank_clock_was_aligned_and_warns_when_it_could_not
         assert len(warned) == (1 if warning else 0), (case, said)
         if warning:
             assert warned[0].startswith(f"plasmient: {rank1}: ")
+        # a step one input did not record is said, and its fleet span counts the rank it lacks
+        lacking = [line for line in err.splitlines() if "missing from some inputs" in line]
+        fleet = {}
+        for line in (tmp_path / case / "out.jsonl").read_text().splitlines():
+            for rs in json.loads(line)["resourceSpans"]:
+                for span in rs["scopeSpans"][0]["spans"]:
+                    attrs = {a["key"]: next(iter(a["value"].values())) for a in span["attributes"]}
+                    if attrs["plasmient.level"] == "fleet":
+                        fleet[int(attrs["plasmient.step"])] = int(attrs["plasmient.fleet.ranks_missing"])
+        if case == "a step missing":
+            assert lacking == [f"plasmient: 1 of 2 steps are missing from some inputs (step 551: {rank1}): their fleet "
+                               "and node spans are over the ranks that recorded them (plasmient.fleet.ranks_missing "
+                               "counts the others)"]
+            assert fleet == {551: 1, 552: 0}
+        elif case == "same clock":
+            assert not lacking and fleet == {551: 0, 552: 0}

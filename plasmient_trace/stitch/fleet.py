@@ -462,6 +462,31 @@ def _cluster_instances(cluster: list[tuple[int, int, int]]) -> list[list[tuple[i
     return out
 
 
+def ranks_missing(summaries: Iterable[RankSummary], ranks: int) -> dict[int, int]:
+    """Per step, how many of the job's ``ranks`` have no summary of it (an input that did not record it)."""
+    have: dict[int, set[int]] = {}
+    for s in summaries:
+        have.setdefault(int(s.step), set()).add(int(s.rank))
+    return {step: ranks - len(got) for step, got in have.items()}
+
+
+def missing_steps_warning(steps_of: list[set[int]], labels: list[str]) -> str | None:
+    """A line naming the steps some inputs did not record (a rank cut short, one started late), or None. Their
+    fleet and node spans are over the ranks that recorded them, which nothing else would say."""
+    if len(steps_of) < 2:
+        return None
+    every = sorted(set().union(*steps_of))
+    lacking = {step: [label for label, steps in zip(labels, steps_of) if step not in steps] for step in every}
+    lacking = {step: who for step, who in lacking.items() if who}
+    if not lacking:
+        return None
+    shown = "; ".join(f"step {step}: {', '.join(who[:3])}{f' and {len(who) - 3} more' if len(who) > 3 else ''}"
+                      for step, who in list(lacking.items())[:3])
+    more = f"; {len(lacking) - 3} more steps" if len(lacking) > 3 else ""
+    return (f"{len(lacking)} of {len(every)} steps are missing from some inputs ({shown}{more}): their fleet and node "
+            "spans are over the ranks that recorded them (plasmient.fleet.ranks_missing counts the others)")
+
+
 def merge_span_batches(batches: list[cv.SpanBatch]) -> cv.SpanBatch:
     """Concatenate batches, re-basing each batch's resource indices onto the merged resource list, where
     equal resources (one rank's, from each chunk of its steps) are one entry."""

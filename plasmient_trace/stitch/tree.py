@@ -29,7 +29,7 @@ from .budget import choose_exported
 from .chunks import StepRows, slice_rank, step_groups
 from .columns import rank_columns
 from .culprits import step_culprits
-from .fleet import RankSummary, merge_span_batches, top_spans
+from .fleet import RankSummary, merge_span_batches, ranks_missing, top_spans
 from .inputs import DEFAULT_MAX_SPANS, KIND_CODE, DeviceSpec, RankInput, StitchOptions
 from .joins import JoinedRank, join_rank
 from .rank import RankTree, build_rank_tree, derive_metrics
@@ -259,7 +259,8 @@ def stitch_stream(inputs: list[RankInput], options: StitchOptions, with_top_span
         summaries = [s for r in results for s in r.summaries]
         batches = [r.batch for r in results]
         if with_top_spans:
-            batches.insert(0, top_spans(summaries, options))
+            missing = ranks_missing(summaries, len(inputs)) if len(inputs) > 1 else None
+            batches.insert(0, top_spans(summaries, options, ranks_missing=missing))
         stats = {key: sum(r.stats[key] for r in results) for key in ("kernels", "kernels_folded")}
         yield StitchResult(batch=merge_span_batches(batches), joined=joined, stats=stats, summaries=summaries)
         if on_groups is not None:
