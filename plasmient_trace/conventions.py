@@ -85,7 +85,7 @@ SPAN_ATTRIBUTES: tuple[SpanAttribute, ...] = (
     SpanAttribute("plasmient.launch_queue.mean", _F, "{kernel}", ABOVE_STEP, "the rank's kernels launched and not yet finished (whichever step launched them), time-averaged over the window; absent where none of the step's kernels has a launch record"),
     SpanAttribute("plasmient.launch_queue.max", _I, "{kernel}", ABOVE_STEP, "most of the rank's kernels launched and not yet finished at once in the window; absent where none of the step's kernels has a launch record"),
     SpanAttribute("plasmient.util.resident", _F, "1", _ALL, "resident time (union of the span's kernel intervals per device; step/rank and above: of every kernel of the rank in the window, whichever step launched it) / (window_s * gpus): what nvidia-smi utilization.gpu reports; absent where the window is 0 long (a kernel under the trace's clock resolution: 0/0)"),
-    SpanAttribute("plasmient.mfu", _F, "1", _ALL, "ideal_s / (window_s * gpus) = flops / (peak * window * gpus); absent when the peak is unknown, flops.coverage is 0, or the known FLOPs are 0 while coverage < 1 (a bound of 0 says nothing); with partial coverage it counts only the known FLOPs (a lower bound)"),
+    SpanAttribute("plasmient.mfu", _F, "1", _ALL, "ideal_s / (window_s * gpus): each kernel's flops over the peak of the precision it ran at (for one precision flops / (peak * window * gpus)); absent when the peak is unknown, flops.coverage is 0, or the known FLOPs are 0 while coverage < 1 (a bound of 0 says nothing); with partial coverage it counts only the known FLOPs (a lower bound)"),
     SpanAttribute("plasmient.stall_fraction", _F, "1", _ALL, "1 - ideal_s / busy_s: resident time that issued no useful math; absent when busy = 0, the peak is unknown, coverage is 0, or the known FLOPs are 0 while coverage < 1"),
     SpanAttribute("plasmient.idle_fraction", _F, "1", _ALL, "1 - util.resident (absent where it is)"),
     SpanAttribute("plasmient.bytes", _F, "By", _ALL, "bytes moved to/from device memory by the kernels under the span (model from op shapes, memcpy/memset sizes); absent where that sum is 0 and some busy time ran kernels whose bytes are unknown (a join's, a collective's, an unsized copy's)"),
@@ -111,9 +111,9 @@ SPAN_ATTRIBUTES: tuple[SpanAttribute, ...] = (
     SpanAttribute("plasmient.ops.other_threads", _I, "{op}", ("step",), "ops that ran inside the step on a thread unrelated to it (no step, nn.Module call, backward op, collective or forward op whose autograd node a backward ran on that thread: a user's background thread), left out of the step and its FLOPs as FlopCounterMode leaves them out; their kernels stay in the step's device time, without an op; absent where the steps name no thread (traces without ProfilerStep)"),
     SpanAttribute("plasmient.kernels.over_peak", _I, "{kernel}", ("step",), "kernels whose modelled flops exceed peak * duration (fewer multiplies run than modelled: Winograd, FFT); their ideal_s stays flops/peak, their own mfu is their util"),
     SpanAttribute("plasmient.unjoined_kernels", _I, "{kernel}", ("step",), "kernels with no launch or no op; kept, parented to the step"),
-    SpanAttribute("plasmient.peak_flops", _F, "{flop}/s", ("fleet", "node", "rank", "step", "kernel"), "kernel (one with FLOPs): the dense peak of the precision its math ran at (fp32, tf32, 3xtf32, bf16, ...), its roof; above the step: the device's headline dense peak, bf16 tensor math on a GPU, fp32 on a CPU"),
+    SpanAttribute("plasmient.peak_flops", _F, "{flop}/s", ("rank", "step", "kernel"), "kernel (one with FLOPs): the dense peak of the precision its math ran at (fp32, tf32, 3xtf32, bf16, ...), its roof; above the step: the device's headline dense peak, bf16 tensor math on a GPU, fp32 on a CPU"),
     SpanAttribute("plasmient.fleet.ranks_missing", _I, "{rank}", ("fleet", "node"), "ranks of the job without this step in the numbers: live, whose summary had not arrived within PLASMIENT_FLEET_WAIT_S; ingested, input files that did not record the step"),
-    SpanAttribute("plasmient.peak_bandwidth", _F, "By/s", ("fleet", "node", "rank", "step"), "memory bandwidth of the device (roofline slope)"),
+    SpanAttribute("plasmient.peak_bandwidth", _F, "By/s", ("rank", "step"), "memory bandwidth of the device (roofline slope)"),
     SpanAttribute("plasmient.collectives.matched", _I, "{collective}", ("fleet", "node"), "collectives seen on at least two of the ranks below (kernels of one name ending within 1 ms of each other, all started before any ended)"),
     SpanAttribute("plasmient.collectives.skew_max_s", _F, "s", ("fleet", "node"), "largest spread of the ranks' arrivals (collective kernel starts) at one collective"),
     SpanAttribute("plasmient.collectives.skew_mean_s", _F, "s", ("fleet", "node"), "mean spread of the ranks' arrivals over the matched collectives"),
@@ -201,7 +201,7 @@ _SPAN_FIELDS = [(f.name, f.type, f.nullable, _SPAN_TYPES.index(f.type)) for f in
 RESOURCE_ATTRIBUTES: dict[str, str] = {
     "service.name": "OTEL_SERVICE_NAME, else 'plasmient-trace'",
     "service.instance.id": "job/rank, unique per process",
-    "host.name": "node the rank ran on",
+    "host.name": "node the rank ran on (a Kineto file names none: node-<rank // --ranks-per-node>, a stand-in)",
     "process.pid": "pid of the traced process",
     "k8s.namespace.name": "Kubernetes downward API (POD_NAMESPACE / K8S_NAMESPACE)",
     "k8s.pod.name": "Kubernetes downward API (POD_NAME / K8S_POD_NAME)",
@@ -211,7 +211,7 @@ RESOURCE_ATTRIBUTES: dict[str, str] = {
                         "(-restartN after TORCHELASTIC_RESTART_COUNT restarts); "
                         "live, with none of these: rank 0's host-pid-time, shared with the other ranks through the "
                         "process group's store",
-    "plasmient.rank": "global rank (distributedInfo.rank, RANK, SLURM_PROCID)",
+    "plasmient.rank": "global rank (distributedInfo.rank, RANK, SLURM_PROCID; an ingested file with none: its position among the inputs)",
     "plasmient.world_size": "world size (distributedInfo.world_size, WORLD_SIZE, SLURM_NTASKS)",
     "plasmient.local_rank": "LOCAL_RANK / SLURM_LOCALID",
     "plasmient.gpu.model": "the hardware table's name of the GPU whose peaks the metrics use (H100 SXM); absent "
