@@ -141,7 +141,8 @@
     "; the price " +
     (bill.price_source === "trace" ? "is the one the trace was costed with" :
      bill.price_source === "argument" ? "was given when the report was built" : "is assumed (none in the trace): edit it") + "." +
-    (bad(bill.mfu) ? " MFU is n/a, so the waste cannot be priced: " + (bill.mfu_unknown_why || "it is unknown") + "." : "");
+    (bad(bill.mfu) ? " MFU is n/a, so wasted/day is not estimated from it: " + (bill.mfu_unknown_why || "it is unknown") +
+     " (the steps table's wasted $ counts device time whose FLOPs are unknown as not shown to do useful work)." : "");
 
   // ---- diff (only on pages written by `plasmient diff --html`) -------------------------------------
   (function diffSection() {
@@ -247,7 +248,9 @@
       "wall = the step's device window (from where the previous step's device work ended to its own last kernel). " +
       "coverage = share of busy device time whose FLOPs are known; MFU counts only those (n/a where none are). " +
       "gap = (util.resident − MFU) × wall × " + DEV + "s: " + DEV + "-hours the meter counts as busy that did no useful math. " +
-      "wasted $ = cost × max(0, 1 − MFU / baseline).";
+      "wasted $ = the step's plasmient.cost.wasted_usd, priced at ingest: the cost of its device time not shown to do " +
+      "work at the baseline MFU the trace was ingested with (per kernel, busy − ideal / baseline, all of it where the " +
+      "FLOPs are unknown; plus idle), so it does not follow the baseline set above.";
   })();
 
   // ---- (a) icicle ------------------------------------------------------------------------------------
