@@ -15,7 +15,12 @@ from plasmient_trace.metrics.culprit import suggestion
 @pytest.mark.parametrize(("kernel", "op", "words"), [
     ("flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4>>", "aten::_flash_attention_forward", "attention"),
     ("ampere_sgemm_128x64_tn", "aten::addmm", "GEMM"),
-    ("implicit_convolve_sgemm", "aten::cudnn_convolution", "GEMM"),  # 'sgemm' is a GEMM before it is a conv
+    # an implicit-GEMM convolution is a convolution (its advice: channels_last, bf16), whatever GEMM it says:
+    # MIOpen's igemm kernels were told to "raise batch x sequence"
+    ("implicit_convolve_sgemm", "aten::cudnn_convolution", "convolution"),
+    ("igemm_fwd_gtcx35_nhwc_fp32_bx0_ex1_bt64x64x16", "aten::miopen_convolution", "convolution"),
+    # Tensile/hipBLASLt GEMMs by their kernel name alone (a graph replay without its capture has no op)
+    ("Cijk_Ailk_Bljk_SB_MT64x64x16_MI16x16x4x1", "", "GEMM"),
     ("cudnn::winograd::generateWinogradTilesKernel", "aten::cudnn_convolution", "convolution"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", "aten::add", "elementwise"),
     ("some_custom_kernel", "my::op", "raise arithmetic intensity"),

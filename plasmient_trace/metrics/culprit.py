@@ -25,7 +25,8 @@ _NORM = re.compile(r"batch_norm|layer_norm|group_norm|instance_norm|rms_?norm|cu
 _BACKWARD = re.compile(r"backward|bwd", re.I)  # "[backward]" module phases too
 # Names that say the attention is a decode (one query token against a KV cache): split-KV, paged, decode kernels.
 _DECODE = re.compile(r"splitkv|split_kv|paged|decode|unified_attention", re.I)
-_GEMM = re.compile(r"gemm|matmul|\bmm\b|addmm|bmm|linear|cutlass|cublas|sm\d+_xmma|ampere_|hopper|wgmma|nvjet", re.I)
+# Tensile and hipBLASLt name their GEMM kernels Cijk_<layout>_...: a replay's kernel with no op says GEMM by it
+_GEMM = re.compile(r"gemm|matmul|\bmm\b|addmm|bmm|linear|cutlass|cublas|sm\d+_xmma|ampere_|hopper|wgmma|nvjet|\bCijk_", re.I)
 _CONV = re.compile(r"conv|cudnn|implicit_convolve|winograd|igemm", re.I)
 _ELEMENTWISE = re.compile(r"elementwise|vectorized|unrolled|reduce|norm|layer_norm|rms|batch_norm|add|mul|copy|fill|cat|softmax"
                           # aten's pointwise ops by name (on a CPU the op is the kernel: no kernel name says it)
@@ -42,7 +43,8 @@ def _memory_family(text: str, module: str = "") -> str | None:
         return "attention"
     if _NORM.search(text):  # cuDNN's batch norm kernels say "cudnn", which is not a convolution
         return "elementwise"
-    for family, pattern in (("attention", _ATTENTION), ("gemm", _GEMM), ("conv", _CONV), ("elementwise", _ELEMENTWISE)):
+    # a convolution before a GEMM: implicit-GEMM convolutions (MIOpen's igemm_*, cuDNN's *_implicit_gemm) say both
+    for family, pattern in (("attention", _ATTENTION), ("conv", _CONV), ("gemm", _GEMM), ("elementwise", _ELEMENTWISE)):
         if pattern.search(text):
             return family
     return None
