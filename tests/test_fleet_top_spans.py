@@ -14,6 +14,7 @@ import pytest
 
 from plasmient_trace import pipeline
 from plasmient_trace.stitch import fleet, ids
+from plasmient_trace.stitch.inputs import CULPRIT_ROWS
 from plasmient_trace.stitch.tree import StitchOptions
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
@@ -63,7 +64,10 @@ def test_summaries_are_one_per_rank_span(ingested):
         assert s.busy_s == pytest.approx(row["plasmient.busy_s"], rel=1e-9)
         assert s.wasted_s == pytest.approx(row["plasmient.wasted_s"], rel=1e-9)
         assert s.kernels == row["plasmient.kernels"] and s.window_start_ns == row["plasmient.device.start_ns"]
-        assert s.culprits == json.loads(row["plasmient.culprits"])
+        # the rank span shows the first CULPRIT_ROWS; the summary hands on every row (nothing left out here)
+        assert s.culprits[:CULPRIT_ROWS] == json.loads(row["plasmient.culprits"])
+        assert len(s.culprits) > CULPRIT_ROWS and s.culprits_left_out_s == 0.0
+        assert row["plasmient.culprits.left_out_s"] == pytest.approx(s.culprits[CULPRIT_ROWS]["wasted_s"])
     # the wire form survives JSON (NaN travels as null; compared on the wire, since NaN != NaN)
     wire = json.loads(json.dumps(first.to_json()))
     assert fleet.RankSummary.from_json(wire).to_json() == first.to_json()

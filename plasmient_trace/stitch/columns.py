@@ -18,8 +18,8 @@ from .. import conventions as cv
 from ..metrics import compute as mc
 from . import ids
 from .collectives import collective_columns
-from .culprits import culprit_columns
-from .inputs import LEVEL_CODE, RankInput, StitchOptions
+from .culprits import StepCulprits, culprit_columns
+from .inputs import CULPRIT_ROWS, LEVEL_CODE, RankInput, StitchOptions
 from .joins import JoinedRank
 from .nesting import depth_levels, fold_rows_to_parents
 from .ownership import kernel_peaks
@@ -95,7 +95,7 @@ def resource_for_rank(inp: RankInput, rank: int, node: str, options: StitchOptio
 
 
 def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics, export: np.ndarray, rank: int,
-                 node: str, options: StitchOptions, culprits: list[list[dict[str, Any]]]) -> cv.SpanBatch:
+                 node: str, options: StitchOptions, culprits: StepCulprits) -> cv.SpanBatch:
     t = tree
     job = options.job_id
     n = len(t.level)
@@ -283,7 +283,9 @@ def rank_columns(inp: RankInput, j: JoinedRank, tree: RankTree, met: SpanMetrics
     if dropped is not None:
         cols["plasmient.cupti.dropped_records"] = on_rows(np.full(len(step_rows), dropped, np.int64), step_rows, m)
 
-    cols.update(culprit_columns(len(sel), {int(i): culprits[int(srow[i])] for i in carriers}))
+    # a step's (and its rank span's) rows shown cut to CULPRIT_ROWS; its summary hands on all it has
+    cols.update(culprit_columns(len(sel), {int(i): culprits.rows[int(srow[i])] for i in carriers},
+                                {int(i): culprits.left_out_s[int(srow[i])] for i in carriers}, CULPRIT_ROWS))
     _per_record_columns(cols, sel, t, inp, j)
     step_columns(cols, t, sel)
     return cv.SpanBatch(table=cv.span_table_from_columns(cols, len(sel)), resources=[resource_for_rank(inp, rank, node, options)])

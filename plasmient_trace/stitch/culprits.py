@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Iterable, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +22,7 @@ from .. import conventions as cv
 from ..metrics.compute import BOUND_CODE, BOUND_EVIDENCE_COVERAGE
 from ..metrics.culprit import suggestion
 from ..records import GRAPH_LAUNCH_NAMES
-from .inputs import CULPRIT_ROWS, KINDS, DeviceSpec
+from .inputs import CULPRIT_CARRY, KINDS, DeviceSpec
 from .joins import JoinedRank
 from .nesting import tree_root
 from .rank import RankTree, SpanMetrics, module_of_ops
@@ -62,23 +62,47 @@ def _group_rows(columns: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray
     return keys[new], g
 
 
+def _name_order(names: list[str]) -> np.ndarray:
+    """Each name's place among the names sorted."""
+    order = np.empty(len(names), np.int64)
+    order[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))
+    return order
+
+
+def row_order(r: dict[str, Any]) -> tuple[float, str, str, str]:
+    """How culprit rows are listed: most waste first, equal waste by kernel, op and module name."""
+    return (-(r.get("wasted_s") or 0.0), r.get("kernel") or "", r.get("op") or "", r.get("module") or "")
+
+
 def _names(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
     arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
     enc = arr.dictionary_encode()
     return enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64), [str(x) for x in enc.dictionary.to_pylist()]
 
 
+class StepCulprits(NamedTuple):
+    """Per step row, its culprit rows (most exclusive waste first, at most ``CULPRIT_CARRY``) and the most
+    waste a row left out of them may hold: 0.0 where none was, NaN where the step's rows are unknown."""
+
+    rows: list[list[dict[str, Any]]]
+    left_out_s: list[float]
+
+
 def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, spec: DeviceSpec,
-                  rows: int = CULPRIT_ROWS, wanted: np.ndarray | None = None) -> list[list[dict[str, Any]]]:
-    """Per step row, the top culprit rows (most exclusive waste first). ``wanted`` (per step row) limits
-    them to those steps, the others getting none: a step sampled at step depth has no kernel FLOPs, and
-    its culprits would be left out of its spans (``step_facts.NEEDS_KERNEL_FLOPS``) once ranked. ``spec``:
-    the device: its type, and the precisions and peaks a compute-bound row's suggestion names."""
+                  rows: int = CULPRIT_CARRY, wanted: np.ndarray | None = None) -> StepCulprits:
+    """Per step row, its ``rows`` most wasteful culprit rows. Not cut to the display size (the step span's
+    plasmient.culprits cuts them, :func:`culprit_columns`): the node and fleet spans sum them over ranks,
+    and a row summed from lists cut before it would lose a rank's time. ``wanted`` (per step row) limits
+    them to those steps, the others getting none (and an unknown left-out): a step sampled at step depth
+    has no kernel FLOPs, and its culprits would be left out of its spans (``step_facts.NEEDS_KERNEL_FLOPS``)
+    once ranked. ``spec``: the device: its type, and the precisions and peaks a compute-bound row's
+    suggestion names."""
     device_type = spec.device_type
     out: list[list[dict[str, Any]]] = [[] for _ in range(tree.n_steps)]
     wanted = np.ones(tree.n_steps, bool) if wanted is None else np.asarray(wanted, bool)[:tree.n_steps]
+    left_out = np.where(wanted, 0.0, np.nan)
     if not wanted.any():
-        return out
+        return StepCulprits(out, left_out.tolist())
     rs = j.records
     n_k = tree.n_k
     kr = tree.k_rows
@@ -148,33 +172,44 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, spec: DeviceS
         first = order[np.r_[True, g[order][1:] != g[order][:-1]]]
         rep = np.empty(len(groups), np.int64)
         rep[g[first]] = first
-        by = np.lexsort((-g_waste, groups[:, 0]))
+        # most waste first; equal waste by name, not by the codes (the order names were met in), so a step
+        # stitched alone or beside others lists and cuts its rows alike
+        ties = []
+        for c, names in enumerate((all_k_names, op_names, [str(x) for x in pat_uniq]), 1):
+            place = _name_order(names)
+            ties.append(np.where(groups[:, c] >= 0, place[np.maximum(groups[:, c], 0)], -1) if len(place)
+                        else np.full(len(groups), -1))
+        by = np.lexsort((ties[2], ties[1], ties[0], -g_waste, groups[:, 0]))
         # each step's `rows` most wasteful groups: rank within the step, in one pass
         group_step = groups[by, 0]
         starts = np.r_[0, np.nonzero(group_step[1:] != group_step[:-1])[0] + 1] if len(by) else np.zeros(0, np.int64)
         rank = np.arange(len(by)) - np.repeat(starts, np.diff(np.r_[starts, len(by)]))
-        candidates: list[tuple[int, float, dict[str, Any]]] = []
         # a group that wasted nothing (every kernel at or above the baseline MFU) is no culprit
-        for gi in by[(rank < rows) & (g_waste[by] > 0)].tolist():
-            s = int(groups[gi, 0])
-            r = rep[gi]
-            bound_code = int(kernel_bound[r])
-            row = {
+        positive = g_waste[by] > 0
+        chosen = by[(rank < rows) & positive]
+        # the most wasteful group each step leaves out: the first one past the cut
+        past = by[(rank == rows) & positive]
+        left_out[groups[past, 0]] = g_waste[past]
+        reps = rep[chosen]
+        bound_codes = kernel_bound[reps]
+        unknown = np.flatnonzero(bound_codes == UNKNOWN_BOUND)
+        missing = np.zeros(len(chosen), np.int64)
+        if len(unknown):  # one call for every unknown-bound row, not one per row
+            missing[unknown] = _missing_evidence(tree, j, met, alive[reps[unknown]], oname[reps[unknown]] >= 0, device_type)
+        kinds = kind[reps]
+        for gi, r, bound_code, kind_code, miss in zip(chosen.tolist(), reps.tolist(), bound_codes.tolist(),
+                                                      kinds.tolist(), missing.tolist()):
+            out[int(groups[gi, 0])].append({
                 "kernel": all_k_names[groups[gi, 1]][:1024] if groups[gi, 1] >= 0 else None,
                 "op": op_names[groups[gi, 2]] if groups[gi, 2] >= 0 else None,
                 "module": str(pat_uniq[groups[gi, 3]]) if groups[gi, 3] >= 0 else None,
                 "calls": int(g_calls[gi]), "layers": int(g_layers[gi]),
                 "wasted_s": float(g_waste[gi]),
                 "bound": cv.BOUNDS[bound_code] if bound_code >= 0 else None,
-                "kind": KINDS[int(kind[r])],
-                "missing": None,
+                "kind": KINDS[int(kind_code)],
+                "missing": MISSING[int(miss)] if bound_code == UNKNOWN_BOUND else None,
                 "precision": str(precision.names[precision.codes[kr[alive[r]]]]),
-            }
-            if bound_code == UNKNOWN_BOUND:
-                row["missing"] = MISSING[int(_missing_evidence(tree, j, met, alive[[r]], oname[[r]] >= 0, device_type)[0])]
-            candidates.append((s, row["wasted_s"], row))
-        for s, _, row in candidates:
-            out[s].append(row)
+            })
     # the idle row: host gaps in the step's window
     step_spans = tree.base["step"] + np.arange(tree.n_steps)
     idle = tree.col("idle_s")[step_spans]
@@ -184,19 +219,29 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, spec: DeviceS
                       if tree.overlap is not None else np.full(tree.n_steps, np.nan))
     idle_fraction = (1.0 - np.nan_to_num(np.asarray(util, np.float64), nan=1.0)).tolist()  # unknown util: no idle claimed
     host_shares = [None if h != h else h for h in np.asarray(host_share, np.float64).tolist()]
+    # Steps repeat their rows: one suggestion text per distinct row, shared by every step (and summary) naming it.
+    said: dict[tuple[Any, ...], str] = {}
+    peak = spec.peak if spec.peak_for is not None else None
     for s, idle_s in enumerate(idle.tolist()):
         if idle_s > 0 and wanted[s]:
             out[s].append({"kernel": IDLE_LABEL, "op": None, "module": None, "calls": 0, "layers": 0,
                            "wasted_s": idle_s, "bound": "idle", "kind": None})
-        out[s].sort(key=lambda r: -r["wasted_s"])
-        del out[s][rows:]
+        out[s].sort(key=row_order)
+        if len(out[s]) > rows:
+            left_out[s] = max(left_out[s], out[s][rows]["wasted_s"])
+            del out[s][rows:]
         for r in out[s]:
-            r["suggestion"] = suggestion(r["kernel"] if r["kernel"] != IDLE_LABEL else None, r["op"], r["module"],
-                                         r["bound"], r["kind"], idle_fraction[s], device_type=device_type,
-                                         idle_row=r["kernel"] == IDLE_LABEL, idle_host_share=host_shares[s],
-                                         missing=r.pop("missing", None), precision=r.pop("precision", None),
-                                         peak=spec.peak if spec.peak_for is not None else None, native=spec.native)
-    return out
+            idle_row = r["kernel"] == IDLE_LABEL
+            key = (r["kernel"], r["op"], r["module"], r["bound"], r["kind"], r.pop("missing", None), r.pop("precision", None),
+                   *((idle_fraction[s], host_shares[s]) if idle_row else ()))
+            text = said.get(key)
+            if text is None:
+                text = said[key] = suggestion(None if idle_row else r["kernel"], r["op"], r["module"], r["bound"],
+                                              r["kind"], idle_fraction[s], device_type=device_type, idle_row=idle_row,
+                                              idle_host_share=host_shares[s], missing=key[5], precision=key[6],
+                                              peak=peak, native=spec.native)
+            r["suggestion"] = text
+    return StepCulprits(out, left_out.tolist())
 
 
 # record_function scopes torch itself opens outside the model: an optimizer's step and zero_grad, and the
@@ -278,44 +323,105 @@ def _missing_evidence(tree: RankTree, j: JoinedRank, met: SpanMetrics, alive: np
     return code
 
 
-def merge_culprits(lists: list[tuple[int, list[dict[str, Any]]]], rows: int | None = CULPRIT_ROWS) -> list[dict[str, Any]]:
-    """Culprit rows of several spans summed by (kernel, op, module), most waste first; the rank losing
-    most to a row is named (a row that already names one keeps it where its span's rank is unknown, -1)."""
-    merged: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
-    for rank, items in lists:
+def merge_culprits(lists: Iterable[tuple[int, list[dict[str, Any]], float]],
+                   rows: int | None = CULPRIT_CARRY) -> tuple[list[dict[str, Any]], float]:
+    """Culprit rows of several lists (a node's or the fleet's ranks, the report's steps) summed by (kernel,
+    op, module), most waste first, cut to ``rows`` only after the sums; and the most waste a row left out of
+    the result may hold (NaN: unknown). Each list is (rank, rows, left_out_s): its rank (-1: unknown, a row
+    naming one keeps it) and the most a row it left out may hold (0.0: none, NaN: unknown). The rank losing
+    most to a row is named. A row is exact when every list that left rows out names it; else it is at least
+    its sum and says so ("lower_bound": true), as does a row summed from one that says so."""
+    # per row, in one list (no dict writes per input row: a 1,000-rank fleet sums 225,000 rows a step):
+    # [first row, calls, layers, waste, worst waste, its rank, last list, cut lists naming it, their left-outs,
+    #  may be short, some waste known, a suggestion]
+    acc: dict[tuple[Any, Any, Any], list[Any]] = {}
+    cut_lists, cut_total = 0, 0.0  # lists that left rows out (or may have), and the most those rows may hold, summed
+    for n, (rank, items, left_out_s) in enumerate(lists):
+        left = float("nan") if left_out_s is None else float(left_out_s)
+        cut = left != 0.0  # NaN too: unknown whether rows were left out
+        cut_lists += cut
+        cut_total += left if cut else 0.0
         for r in items:
-            key = (r.get("kernel"), r.get("op"), r.get("module"))
-            m = merged.get(key)
-            if m is None:
-                merged[key] = m = {**r, "calls": 0, "layers": 0, "wasted_s": 0.0, "_worst": -1.0}
-            m["calls"] += int(r.get("calls") or 0)
-            m["layers"] = max(m["layers"], int(r.get("layers") or 0))
-            wasted = float(r.get("wasted_s") or 0.0)
-            m["wasted_s"] += wasted
-            if wasted > m["_worst"]:
-                m["_worst"] = wasted
-                m["rank"] = rank if rank >= 0 else r.get("rank")
-    out = sorted(merged.values(), key=lambda r: -r["wasted_s"])[:rows]
-    for r in out:
-        r.pop("_worst", None)
-    return out
+            get = r.get
+            key = (get("kernel"), get("op"), get("module"))
+            a = acc.get(key)
+            if a is None:
+                a = acc[key] = [r, 0, 0, 0.0, -1.0, None, -1, 0, 0.0, False, False, get("suggestion")]
+            a[1] += get("calls") or 0
+            layers = get("layers") or 0
+            if layers > a[2]:
+                a[2] = layers
+            wasted = get("wasted_s")
+            if wasted is None:  # unknown: summed as 0.0, and the sum may be short
+                a[9] = True
+                wasted = 0.0
+            else:
+                a[10] = True
+            a[3] += wasted
+            if get("lower_bound"):
+                a[9] = True
+            if not a[11]:
+                a[11] = get("suggestion")
+            if cut and a[6] != n:  # a list naming a row twice counts once
+                a[7] += 1
+                a[8] += left
+            a[6] = n
+            if wasted > a[4]:
+                a[4] = wasted
+                a[5] = rank if rank >= 0 else get("rank")
+    out, upper = [], []  # upper: the most each row may hold (NaN: unknown)
+    for first, calls, layers, wasted, _, worst_rank, _, cut_in, cut_in_s, short, known, said in acc.values():
+        r = {k: v for k, v in first.items() if k != "lower_bound"}
+        r.update(calls=int(calls), layers=int(layers), wasted_s=wasted if known else None)  # unknown, not 0
+        if "suggestion" in r or said:
+            r["suggestion"] = said
+        r["rank"] = worst_rank
+        missed = cut_in < cut_lists  # a list that left rows out does not name it
+        if known and (short or missed):
+            r["lower_bound"] = True
+        upper.append(float("nan") if short else wasted + max(cut_total - cut_in_s, 0.0) if missed else wasted)
+        out.append(r)
+    order = sorted(range(len(out)), key=lambda i: row_order(out[i]))
+    out, upper = [out[i] for i in order], [upper[i] for i in order]
+    left_out = cut_total  # a row no list names holds at most what they all left out
+    if rows is not None and len(out) > rows:
+        cut_upper = upper[rows:]
+        left_out = float("nan") if any(u != u for u in cut_upper) else max(left_out, *cut_upper)
+        del out[rows:]
+    return out, left_out
 
 
-def culprit_columns(n: int, lists: dict[int, list[dict[str, Any]]]) -> dict[str, pa.Array]:
-    """plasmient.culprits (JSON rows) and the plasmient.culprit.* attributes of the first row, for the
-    n spans of a table of which `lists` (row -> culprit rows) names the few that carry them."""
+def cut_culprits(rows: list[dict[str, Any]], left_out_s: float, limit: int | None) -> tuple[list[dict[str, Any]], float]:
+    """The first ``limit`` rows of a list (most waste first), and the most waste a row the cut list leaves
+    out may hold: what the list left out, or the first row cut (NaN where a cut row is a lower bound)."""
+    if limit is None or len(rows) <= limit:
+        return rows, left_out_s
+    if any(r.get("lower_bound") or r.get("wasted_s") is None for r in rows[limit:]):
+        return rows[:limit], float("nan")
+    return rows[:limit], max(left_out_s, float(rows[limit]["wasted_s"]))
+
+
+def culprit_columns(n: int, lists: dict[int, list[dict[str, Any]]], left_out: dict[int, float],
+                    limit: int | None = None) -> dict[str, pa.Array]:
+    """plasmient.culprits (JSON rows, cut to ``limit``), plasmient.culprits.left_out_s (the most a row the
+    list leaves out may hold) and the plasmient.culprit.* attributes of the first row, for the n spans of a
+    table of which `lists` (row -> culprit rows) and `left_out` (row -> what those rows leave out) name the
+    few that carry them."""
     have = sorted(i for i, items in lists.items() if items)
     rows = np.array(have, np.int64)
     out: dict[str, pa.Array] = {}
     for k in ("kernel", "op", "module", "rank", "wasted_s", "bound", "suggestion"):
         typ = cv.ATTRIBUTE_BY_NAME[f"plasmient.culprit.{k}"].type
         out[f"plasmient.culprit.{k}"] = cv.scatter_rows(pa.array([lists[i][0].get(k) for i in have], typ), rows, n)
-    texts_of: dict[int, str] = {}  # rows shared by several spans (a fleet and its one node) printed once
-    texts = []
+    texts_of: dict[int, tuple[str, float]] = {}  # rows shared by several spans (a fleet and its one node) printed once
+    texts, left = [], []
     for i in have:
-        text = texts_of.get(id(lists[i]))
-        if text is None:
-            text = texts_of[id(lists[i])] = json.dumps(lists[i], separators=(",", ":"))
-        texts.append(text)
+        done = texts_of.get(id(lists[i]))
+        if done is None:
+            shown, rest = cut_culprits(lists[i], left_out.get(i, float("nan")), limit)
+            done = texts_of[id(lists[i])] = (json.dumps(shown, separators=(",", ":")), rest)
+        texts.append(done[0])
+        left.append(done[1])
     out["plasmient.culprits"] = cv.scatter_rows(pa.array(texts, pa.string()), rows, n)
+    out["plasmient.culprits.left_out_s"] = cv.scatter_rows(pa.array(left, pa.float64(), from_pandas=True), rows, n)
     return out

@@ -9,7 +9,9 @@ A node's (fleet's) window is the extent of its ranks' windows, charged for all t
 quantities are the ranks' sums; the device-seconds a rank spent outside its own window but inside the
 node's (it finished early and waited for a straggler) are the node's own waste (``wasted_s.self``), and
 those outside its node's window but inside the fleet's are the fleet's own, so totals and .self values
-still add up. Culprit rows are the ranks' rows summed by (kernel, op, module).
+still add up. Culprit rows are the ranks' rows summed by (kernel, op, module): each rank's step hands on
+its rows uncut by the display (up to ``CULPRIT_CARRY``), so a row is the whole of every rank's time, not
+only of the ranks that had it in their top ten.
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ from .. import conventions as cv
 from ..metrics import compute as mc
 from . import ids
 from .culprits import culprit_columns, merge_culprits
-from .inputs import StitchOptions
+from .inputs import CULPRIT_CARRY, StitchOptions
 from .step_facts import top_columns
 from .summary_groups import SummaryGroups
 
 _FLOATS = ("flops", "ideal_s", "recompute_flops", "recompute_ideal_s", "comm_total_s", "comm_exposed_s",
            "copy_total_s", "copy_exposed_s", "idle_device_s", "queue_mean", "queue_max", "busy_s", "union_s", "known_s", "bytes_known_s", "bytes", "kernel_s", "comm_s", "copy_s", "wasted_s",
-           "charged_s", "idle_s", "price_per_hour", "bandwidth", "comm_bytes", "comm_busbw", "link_peak")
+           "charged_s", "idle_s", "price_per_hour", "bandwidth", "comm_bytes", "comm_busbw", "link_peak",
+           "culprits_left_out_s")
 
 
 @dataclass
@@ -74,7 +77,10 @@ class RankSummary:
     idle_device_s: float = 0.0        # idle with a kernel queued; idle_s - this is the host's share
     queue_mean: float = float("nan")  # launch queue over the window (NaN: no launch records)
     queue_max: float = float("nan")
+    # the step's culprit rows, most waste first, up to CULPRIT_CARRY (not the step span's display cut), and the
+    # most waste a row left out of them may hold: 0.0 none, NaN unknown (rows not ranked: a step-depth step)
     culprits: list[dict[str, Any]] = field(default_factory=list)
+    culprits_left_out_s: float = float("nan")
     service_name: str | None = None
     # collective kernels of the step in time order: [name, start_ns, end_ns] (straggler analysis)
     collectives: list[list[Any]] = field(default_factory=list)
@@ -260,18 +266,20 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
     cols["plasmient.bound"] = pa.array([None if u or b < 0 else cv.BOUNDS[b] for u, b in zip(unmeasured.tolist(), bound.tolist())],
                                        pa.string())
     # A fleet group and the node group of a one-host job have the same members: their rows are merged once.
-    merged: dict[tuple[int, ...], list[dict[str, Any]]] = {}
+    merged: dict[tuple[int, ...], tuple[list[dict[str, Any]], float]] = {}
     lists: dict[int, list[dict[str, Any]]] = {}
+    left_out: dict[int, float] = {}
     for i, ((_, _, _, members), u) in enumerate(zip(groups, unmeasured.tolist())):
         if u:
             continue
         key = tuple(map(id, members))
-        rows = merged.get(key)
-        if rows is None:
-            rows = merged[key] = merge_culprits([(s.rank, s.culprits) for s in members])
-        if rows:
-            lists[i] = rows
-    cols.update(culprit_columns(n, lists))
+        done = merged.get(key)
+        if done is None:
+            done = merged[key] = merge_culprits([(s.rank, s.culprits, s.culprits_left_out_s) for s in members], CULPRIT_CARRY)
+        if done[0]:
+            lists[i], left_out[i] = done
+    # node and fleet spans carry the merged rows uncut by the display, so the report sums steps exactly too
+    cols.update(culprit_columns(n, lists, left_out))
     cols.update(_folded_columns(g))
     top_columns(cols, g)
     if ranks_missing is not None:

@@ -24,8 +24,17 @@ DEFAULT_MAX_SPANS = 10_000
 CHUNK_ROWS_CAP = 100_000
 CHUNK_ROWS_FLOOR = 5_000
 GROUPS_PER_INPUT = 16
-# How many culprit rows a step, rank, node and fleet span carries in plasmient.culprits.
+# How many culprit rows a step and a rank span show in plasmient.culprits (the display cut).
 CULPRIT_ROWS = 10
+# How many culprit rows a rank's step hands on to its node and fleet spans (fleet.RankSummary.culprits), and
+# a node or fleet span carries in plasmient.culprits: a row summed over ranks (or, in the report, over steps)
+# is exact only when every list it is summed from was cut after it, so the cut comes after the sums, and the
+# lists are long enough to hold a whole step (the real traces have 2 to 229 rows a step). Bounded, since the
+# live ranks exchange the summaries through the c10d store and an ingest holds them all: 512 rows of ~600
+# bytes of JSON is ~300 KB a rank-step on the wire, the bound the collectives of a summary already have
+# (4096 of ~100 bytes). A list cut here says the most a row it leaves out may hold (plasmient.culprits.left_out_s),
+# and a merged row that list may have left short is marked "lower_bound".
+CULPRIT_CARRY = 512
 
 
 @dataclass

@@ -46,7 +46,7 @@ NEEDS_KERNEL_FLOPS = (
     "plasmient.cost.wasted_usd", "plasmient.cost.wasted_usd.self", "plasmient.kernels.folded_flops",
     "plasmient.kernels.over_peak", "plasmient.culprit.module", "plasmient.culprit.op", "plasmient.culprit.kernel",
     "plasmient.culprit.rank", "plasmient.culprit.wasted_s", "plasmient.culprit.bound", "plasmient.culprit.suggestion",
-    "plasmient.culprits")
+    "plasmient.culprits", "plasmient.culprits.left_out_s")
 # What a step carries, or lacks when it carries nothing.
 FLOPS_COLUMNS = ("plasmient.flops", "plasmient.flops.recompute", "plasmient.ideal_s", "plasmient.mfu",
                  "plasmient.hfu", "plasmient.flops.coverage")

@@ -28,7 +28,7 @@ from ..records import RecordSet
 from .budget import choose_exported
 from .chunks import StepRows, slice_rank, step_groups
 from .columns import rank_columns
-from .culprits import step_culprits
+from .culprits import StepCulprits, step_culprits
 from .fleet import RankSummary, merge_span_batches, ranks_missing, top_spans
 from .inputs import DEFAULT_MAX_SPANS, KIND_CODE, DeviceSpec, RankInput, StitchOptions
 from .joins import JoinedRank, join_rank
@@ -179,7 +179,7 @@ def _folded_by_step(table: pa.Table) -> dict[int, dict[str, Any]]:
                                         flops.tolist(), ranks.column("plasmient.spans.folded").fill_null(0).to_pylist())}
 
 
-def _summary_fields(tree: RankTree, j: JoinedRank, culprits: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def _summary_fields(tree: RankTree, j: JoinedRank, culprits: StepCulprits) -> list[dict[str, Any]]:
     """The per-step fields of the rank's summaries (fleet.RankSummary), each read from the step's rank span
     row as one array per field, not one numpy scalar per field and step."""
     n = tree.n_steps
@@ -202,7 +202,8 @@ def _summary_fields(tree: RankTree, j: JoinedRank, culprits: list[list[dict[str,
         window_end_ns=tree.win_end[rows].astype(np.int64).tolist(), gpus=tree.gpus[rows].astype(np.int64).tolist(),
         ideal_s=(col["ideal_s"] - recompute_ideal if tree.peak_known else unknown).tolist(),
         recompute_ideal_s=recompute_ideal.tolist(), union_s=tree.union_s[rows].astype(np.float64).tolist(),
-        kernels=col["kernels"].astype(np.int64).tolist(), culprits=list(culprits[:n]),
+        kernels=col["kernels"].astype(np.int64).tolist(), culprits=list(culprits.rows[:n]),
+        culprits_left_out_s=culprits.left_out_s[:n],
     )
     cb = tree.comm_bw
     if cb is not None and len(cb.step_bytes):
