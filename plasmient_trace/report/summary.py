@@ -9,7 +9,6 @@ are mirrored one-for-one by ``assets/report.js``; change both together.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,7 +20,9 @@ import pyarrow as pa
 from plasmient_trace.conventions import LEVELS, SpanBatch
 from plasmient_trace.metrics.compute import FULL_COVERAGE
 from plasmient_trace.report.frame import SpanFrame, weighted_mean
-from plasmient_trace.stitch.culprits import merge_culprits
+# the culprit rows live in report.culprits; these names are read from here too (html, diff_cli, tests)
+from plasmient_trace.report.culprits import (  # noqa: F401
+    _culprit, _ellipsize, _top_spans, _trace_culprits, chain_text, culprits_from_frame, merged_culprits, top_culprits)
 
 MAX_STEP_ROWS = 20
 
@@ -99,78 +100,6 @@ def fmt_gpu_hours(x: float | None, device: str = "GPU") -> str:
 # ---- rows ------------------------------------------------------------------------------------
 
 
-def _culprit_lists(frame: SpanFrame) -> dict[int, list[dict[str, Any]]]:
-    """Per trace, the culprit rows its top span carries (``plasmient.culprits``, written by the stitcher),
-    so the terminal, the HTML report and the step spans name the same culprits in the same order.
-    Files from before the culprit lists fall back to the top span's ``plasmient.culprit.*`` attributes."""
-    cached = getattr(frame, "_culprit_lists", None)
-    if cached is not None:
-        return cached
-    out: dict[int, list[dict[str, Any]]] = {}
-    top = _top_spans(frame)
-    lists = frame.strings("plasmient.culprits").take(pa.array(top)).to_pylist()
-    single = {k: frame.strings(f"plasmient.culprit.{k}").take(pa.array(top)).to_pylist()
-              for k in ("kernel", "op", "module", "bound", "suggestion")}
-    single_w = frame.num("plasmient.culprit.wasted_s")[top]
-    single_r = frame.num("plasmient.culprit.rank")[top]
-    per_trace: dict[int, list[tuple[int, list[dict[str, Any]]]]] = {}
-    for j, (i, text) in enumerate(zip(top.tolist(), lists)):
-        rows: list[dict[str, Any]] = []
-        if text:
-            try:
-                rows = json.loads(text)
-            except ValueError:
-                rows = []
-        elif single["kernel"][j] or single["op"][j]:
-            rows = [{"kernel": single["kernel"][j], "op": single["op"][j], "module": single["module"][j],
-                     "bound": single["bound"][j], "suggestion": single["suggestion"][j], "calls": None, "layers": None,
-                     "wasted_s": None if np.isnan(single_w[j]) else float(single_w[j]),
-                     "rank": None if np.isnan(single_r[j]) else int(single_r[j])}]
-        rank = int(frame.rank[i])
-        per_trace.setdefault(int(frame.trace[i]), []).append((rank, rows))
-    for tr, items in per_trace.items():
-        out[tr] = [_culprit(c) for c in merge_culprits(items, None)] if len(items) > 1 else [_culprit(c) for c in items[0][1]]
-    frame._culprit_lists = out  # type: ignore[attr-defined]
-    return out
-
-
-def _culprit(r: dict[str, Any]) -> dict[str, Any]:
-    c = {
-        "kernel": r.get("kernel"), "op": r.get("op"), "module": r.get("module"), "rank": r.get("rank"),
-        "wasted_s": r.get("wasted_s"), "time_s": None, "count": r.get("calls"), "layers": r.get("layers"),
-        "bound": r.get("bound"), "kind": r.get("kind"), "suggestion": r.get("suggestion"), "ranked_by": "wasted_s",
-    }
-    c["chain"] = chain_text(c)
-    return c
-
-
-def chain_text(c: dict[str, Any], width: int | None = None) -> str:
-    parts = [p for p in (c.get("kernel"), c.get("op"), c.get("module")) if p]
-    if width:
-        parts = [_ellipsize(p, width) for p in parts]
-    if c.get("rank") is not None:
-        parts.append(f"rank {c['rank']}")
-    return " -> ".join(parts) if parts else "n/a"
-
-
-def _ellipsize(s: str, width: int) -> str:
-    if len(s) <= width:
-        return s
-    half = (width - 1) // 2
-    return s[:half] + "…" + s[-(width - 1 - half) :]
-
-
-def _top_spans(frame: SpanFrame) -> np.ndarray:
-    """Per trace, the spans at the highest level present (normally its one fleet span)."""
-    lvl = np.where(frame.level < 0, len(LEVELS), frame.level).astype(np.int64)
-    best = np.full(max(len(frame.trace_ids), 1), len(LEVELS), dtype=np.int64)
-    np.minimum.at(best, frame.trace, lvl)
-    top = (lvl == best[frame.trace]) & (frame.level >= 0)
-    # Unknown-level traces still get a row from their root spans.
-    no_level = best[frame.trace] == len(LEVELS)
-    return np.nonzero(top | (no_level & (frame.parent < 0)))[0]
-
-
 def summary_rows(batch: SpanBatch, top: int = 5) -> list[dict[str, Any]]:
     """One row per trace (= per step of the job): the numbers the terminal summary prints."""
     if batch.table.num_rows == 0:
@@ -181,7 +110,7 @@ def summary_rows(batch: SpanBatch, top: int = 5) -> list[dict[str, Any]]:
 def rows_from_frame(frame: SpanFrame, top: int = 5) -> list[dict[str, Any]]:
     batch = frame.batch
     top_rows = _top_spans(frame)
-    culprits = {tr: rows[:top] for tr, rows in _culprit_lists(frame).items()}
+    culprits = {tr: [_culprit(c) for c in rows[:top]] for tr, (rows, _) in _trace_culprits(frame).items()}
     t = batch.table
     util, mfu = frame.num("plasmient.util.resident"), frame.num("plasmient.mfu")
     coverage, busy = frame.num("plasmient.flops.coverage"), frame.num("plasmient.busy_s")
@@ -306,20 +235,6 @@ def _resource_job(batch: SpanBatch, frame: SpanFrame, i: int) -> str | None:
         job = batch.resources[ri].get("plasmient.job.id")
         return None if job is None else str(job)
     return None
-
-
-def top_culprits(batch: SpanBatch, top: int = 5) -> list[dict[str, Any]]:
-    """The worst culprit chains over the whole batch (all steps, all ranks), summed per chain."""
-    if batch.table.num_rows == 0:
-        return []
-    return culprits_from_frame(SpanFrame(batch), top)
-
-
-def culprits_from_frame(frame: SpanFrame, top: int = 5) -> list[dict[str, Any]]:
-    """The culprit rows of every trace summed by (kernel, op, module)."""
-    lists = _culprit_lists(frame)
-    raw = [(-1, [{**c, "calls": c["count"]} for c in rows]) for rows in lists.values()]
-    return [_culprit(c) for c in merge_culprits(raw, top)]
 
 
 def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -460,7 +375,8 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
         console.print("[dim]coverage = share of busy device time whose FLOPs are known; MFU counts only those FLOPs "
                       "(a lower bound where coverage is below 100%).[/dim]")
 
-    culprits = top_culprits(batch, top=top)
+    merged, left_out = merged_culprits(SpanFrame(batch), top)
+    culprits = [_culprit(c) for c in merged]
     if not culprits:
         console.print("[dim]no culprits: no kernel, op or step named any wasted time[/dim]")
         return
@@ -472,7 +388,7 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
     table.add_column("wasted", justify="right", no_wrap=True)
     table.add_column("suggestion", overflow="fold")
     for n, c in enumerate(culprits, 1):
-        label = fmt_seconds(c["wasted_s"])
+        label = ("≥ " if c["lower_bound"] else "") + fmt_seconds(c["wasted_s"])
         calls = c.get("count")
         where = chain_text(c, width=60)
         if calls:
@@ -481,6 +397,29 @@ def render_summary(batch: SpanBatch, console: Any | None = None, top: int = 5) -
         # anything a span file says
         table.add_row(str(n), Text(where), Text(c["bound"] or ""), label, Text(c["suggestion"] or ""))
     console.print(table)
+    note = culprit_table_note(culprits, left_out, top)
+    if note:
+        console.print(Text(note, style="dim"))
+
+
+def culprit_table_note(culprits: list[dict[str, Any]], left_out_s: float, top: int) -> str | None:
+    """What the culprits table cannot say by its rows alone: that a "≥" row may be short (a list it was summed
+    from was cut), that a row the lists left out may outrank the last rows, or, when it lists fewer than
+    ``top``, that there are no more (rather than printing fewer rows without a word)."""
+    lines = []
+    if any(c["lower_bound"] for c in culprits):
+        lines.append("≥: at least this much; a step's or rank's culprit list it was summed from was cut and may hold more")
+    unknown = left_out_s != left_out_s
+    last = culprits[-1]["wasted_s"] if culprits else None
+    if unknown:
+        lines.append("these span files do not say how much their culprit lists left out: a row they left out may "
+                     "be missing or short here")
+    elif left_out_s > 0 and (len(culprits) < top or (last is not None and left_out_s > last)):
+        lines.append(f"the span files' culprit lists left out rows of up to {fmt_seconds(left_out_s)} each"
+                     + (f": fewer than the {top} asked for" if len(culprits) < top else ", which may outrank the last rows"))
+    elif len(culprits) < top:
+        lines.append(f"{len(culprits)} culprit rows: every kernel group and idle row that wasted time")
+    return "; ".join(lines) or None
 
 
 def culprit_steps_note(rows: list[dict[str, Any]]) -> str:

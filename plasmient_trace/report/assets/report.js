@@ -231,7 +231,7 @@
         if (where.length) c.appendChild(el("span", { "class": "where", "data-part": "where" }, where.join(" · ")));
         if (top.count) c.appendChild(el("span", { "class": "where", "data-part": "calls" },
           top.count + (top.count === 1 ? " call" : " calls") + (top.layers > 1 ? " in " + top.layers + " modules" : "") +
-          (bad(top.wasted_s) ? "" : " · " + fmtSeconds(top.wasted_s) + " wasted")));
+          (bad(top.wasted_s) ? "" : " · " + (top.lower_bound ? "≥ " : "") + fmtSeconds(top.wasted_s) + " wasted")));
       } else c.appendChild(el("span", null, "—"));
       // The suggestion for the chain shown; the step's own one when no chain is known.
       var sugg = r.culprits.length && r.culprits[0].suggestion ? r.culprits[0].suggestion : r.suggestion;
