@@ -62,11 +62,13 @@ def _group_rows(columns: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray
     return keys[new], g
 
 
-def _name_order(names: list[str]) -> np.ndarray:
-    """Each name's place among the names sorted."""
-    order = np.empty(len(names), np.int64)
-    order[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))
-    return order
+def _name_order(names: list[str], codes: np.ndarray) -> np.ndarray:
+    """Per code (an index into ``names``, -1 for none), its name's place among the names the codes use,
+    sorted (-1 for none); only those are sorted, not every name of the rank."""
+    used = np.unique(codes[codes >= 0])
+    place = np.full(len(names) + 1, -1, np.int64)  # [-1]: no name
+    place[sorted(used.tolist(), key=names.__getitem__)] = np.arange(len(used))
+    return place[codes]
 
 
 def row_order(r: dict[str, Any]) -> tuple[float, str, str, str]:
@@ -174,11 +176,7 @@ def step_culprits(tree: RankTree, j: JoinedRank, met: SpanMetrics, spec: DeviceS
         rep[g[first]] = first
         # most waste first; equal waste by name, not by the codes (the order names were met in), so a step
         # stitched alone or beside others lists and cuts its rows alike
-        ties = []
-        for c, names in enumerate((all_k_names, op_names, [str(x) for x in pat_uniq]), 1):
-            place = _name_order(names)
-            ties.append(np.where(groups[:, c] >= 0, place[np.maximum(groups[:, c], 0)], -1) if len(place)
-                        else np.full(len(groups), -1))
+        ties = [_name_order(names, groups[:, c]) for c, names in enumerate((all_k_names, op_names, pat_uniq), 1)]
         by = np.lexsort((ties[2], ties[1], ties[0], -g_waste, groups[:, 0]))
         # each step's `rows` most wasteful groups: rank within the step, in one pass
         group_step = groups[by, 0]
