@@ -276,3 +276,38 @@ def test_torchrun_without_a_rendezvous_id_still_gives_each_run_its_own_traces(en
     rank0_pid = next(r["process.pid"] for r in batches[0].resources if r.get("plasmient.rank") == 0)
     assert f"-{rank0_pid}-" in ranks[0]["plasmient.job.id"]  # rank 0's own host-pid-time, not "none"
 
+
+
+def test_live_ranks_publish_a_bounded_culprit_list_and_the_fleet_says_what_it_may_lack(a100, monkeypatch):
+    """Live ranks hand rank 0 their step summaries through the c10d store; a step's whole culprit list (229
+    rows on this job) from every rank would be megabytes a step, so each publishes its first
+    PUBLISHED_CULPRITS rows and the most a left-out row may hold. The fleet rows that cut cannot have
+    shortened equal the offline ones; the others say lower_bound and are never above them."""
+    import json as json_mod
+
+    alone, joint = a100
+    published = []
+    real = distributed._published
+
+    def spy(summary):
+        out = real(summary)
+        published.append(json_mod.loads(json_mod.dumps(out.to_json())))  # as the store holds it
+        return out
+
+    monkeypatch.setattr(distributed, "_published", spy)
+    (b0, _), said, _ = _run_ranks(alone)
+    assert said == [] and published
+    assert all(len(s["culprits"]) <= distributed.PUBLISHED_CULPRITS for s in published)
+    assert any(s["culprits_left_out_s"] > 0 for s in published)  # this job's steps have more rows than that
+    ref = {r["span_id"]: r for r in _levels(joint.table, "fleet")}
+    for row in _levels(b0.table, "fleet"):
+        offline = {(c["kernel"], c["op"], c["module"]): c["wasted_s"] for c in json_mod.loads(ref[row["span_id"]]["plasmient.culprits"])}
+        live = json_mod.loads(row["plasmient.culprits"])
+        assert row["plasmient.culprits.left_out_s"] > 0
+        for c in live:
+            truth = offline[(c["kernel"], c["op"], c["module"])]
+            if c.get("lower_bound"):
+                assert c["wasted_s"] <= truth * (1 + 1e-9)
+            else:
+                assert c["wasted_s"] == pytest.approx(truth, rel=1e-9)
+        assert [c["wasted_s"] for c in live[:5]] == pytest.approx(sorted(offline.values(), reverse=True)[:5], rel=1e-9)

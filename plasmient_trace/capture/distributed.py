@@ -27,7 +27,7 @@ import json
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -145,6 +145,23 @@ def shared_job_id(own: str, wait: float, group: Group | None = None, attempt: st
     return None
 
 
+# Culprit rows a live rank's step summary carries through the c10d store: rank 0 reads every rank's summaries
+# of a batch, and a step's whole list (up to stitch.inputs.CULPRIT_CARRY, ~600 bytes a row) from 64 ranks is
+# megabytes a step. Past it the summary says the most a row it leaves out may hold, so a fleet row summed
+# from it is marked a lower bound where that cut may have shortened it.
+PUBLISHED_CULPRITS = 32
+
+
+def _published(summary: Any) -> Any:
+    """The summary as rank 0 gets it: its culprit rows cut to PUBLISHED_CULPRITS, the cut said."""
+    rows = summary.culprits
+    if len(rows) <= PUBLISHED_CULPRITS:
+        return summary
+    before = float(summary.culprits_left_out_s)  # NaN (unknown) stays unknown
+    left = before if before != before else max(float(rows[PUBLISHED_CULPRITS].get("wasted_s") or 0.0), before)
+    return replace(summary, culprits=rows[:PUBLISHED_CULPRITS], culprits_left_out_s=left)
+
+
 def _key(job: str, *parts: Any) -> str:
     return "/".join([_PREFIX, job, *map(str, parts)])
 
@@ -201,7 +218,7 @@ def _coordinate(group: Group, batch: SpanBatch, job_id: str, options: "StitchOpt
             store.set(_key(job_id, "host", group.rank), host)
             group.published_host = True
         for s in mine:
-            store.set(_key(job_id, s.step, s.rank), json.dumps(s.to_json()))
+            store.set(_key(job_id, s.step, s.rank), json.dumps(_published(s).to_json()))
     except Exception as err:
         if say:
             say("fleet-publish", f"could not publish step summaries to the c10d store ({type(err).__name__}: {err}); "
