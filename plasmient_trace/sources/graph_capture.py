@@ -11,7 +11,8 @@ Pairing: by graph node id where both traces carry one (a ``graph_node_id`` colum
 kernels and the capture launches); otherwise by kernel order within the graph (replayed kernels by
 start time against captured launches by launch time), and only where the kernel names agree: a
 name mismatch is counted and left unpaired, never guessed. A capture op's FLOPs and bytes are split
-over its paired kernels by duration, as the stitcher splits an op over the kernels it launched.
+over its paired kernels as the stitcher splits an op over the kernels it launched
+(metrics.flops.ownership.split_op_work: by duration, a matmul's FLOPs on its GEMM kernels only).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import pyarrow.compute as pc
 from ..memory import cyclic_gc_paused
 from ..metrics import flops as flops_model
 from ..metrics.flops.context import step_annotations
+from ..metrics.flops.kernel_roles import kernel_roles
 from ..metrics.flops.vendor import VLLM_ATTENTION_OPS, vllm_attention_cost
 from ..records import GRAPH_LAUNCH_NAMES, RecordSet
 from ..stitch.joins import join_rank
@@ -254,7 +256,8 @@ def pair_graph_capture(replay: RecordSet, capture: RecordSet,
     base = flops_model.model_ops(capture.ops, moe)
     launch_op = _launch_ops(capture, rows)
     op_of_k = np.where(have, launch_op[np.maximum(paired_launch, 0)], -1)
-    dur = np.maximum(_col(kt, "end_ns") - k_start, 0).astype(np.float64) + 1.0
+    dur_ns = _col(kt, "end_ns") - k_start
+    role = kernel_roles(kt.column("name"))
     mflops = np.zeros(n)
     mbytes = np.zeros(n)
     dtype = np.full(n, None, dtype=object)
@@ -269,13 +272,10 @@ def pair_graph_capture(replay: RecordSet, capture: RecordSet,
                                                  flops_model.yields_flops(j.op_parent, costs.model, costs.flops))
         kn = ks & (owner >= 0)
         own = kn & counted
-        share = np.zeros(n)
-        if own.any():
-            tot = np.bincount(owner[own], weights=dur[own], minlength=capture.ops.num_rows)
-            share[own] = dur[own] / tot[owner[own]]
+        flop_share, byte_share = flops_model.split_op_work(owner, own, dur_ns, role, costs.model, capture.ops.num_rows)
         o = np.maximum(owner, 0)
-        mflops[kn] = np.where(own, costs.flops[o] * share, 0.0)[kn]
-        mbytes[kn] = np.where(own, costs.bytes[o] * share, 0.0)[kn]
+        mflops[kn] = np.where(own, costs.flops[o] * flop_share, 0.0)[kn]
+        mbytes[kn] = np.where(own, costs.bytes[o] * byte_share, 0.0)[kn]
         dtype[own] = costs.dtype[o][own]
         known |= kn
         counted_any |= own

@@ -1,7 +1,9 @@
 """FLOP ownership: which op's modelled work each kernel carries, and what that work is per kernel.
 
 A kernel carries the FLOPs and bytes of the innermost modelled op on its launching op's ancestor chain,
-split over that op's kernels by duration. An op yields to a same-class op below it (aten::linear over
+split over that op's kernels by duration, except that a matmul's or convolution's FLOPs go only to its
+GEMM/convolution kernels, not to the transposes, fills and casts beside them
+(metrics.flops.ownership.split_op_work). An op yields to a same-class op below it (aten::linear over
 aten::addmm) so nothing is counted twice. On a CPU-only rank the ops are the device's kernels. A kernel
 whose record carries its own FLOPs (Inductor's kernel_flop, a CUDA-graph capture pairing) uses those.
 Every kernel also says whether its FLOPs are *known*: memcpy/memset and collectives are known zero, a
@@ -17,6 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..metrics.flops import flop_owners
+from ..metrics.flops.kernel_roles import ROLE_OTHER, kernel_roles
+from ..metrics.flops.ownership import split_op_work
 from ..metrics.flops.labels import Labels, as_labels
 from ..metrics.hardware import FP32_PRECISIONS, fp32_precision_codes
 from .inputs import KIND_CODE, RankInput
@@ -106,15 +110,15 @@ def kernel_work(inp: RankInput, j: JoinedRank, launching_op: np.ndarray, kinds: 
     owner, counted = flop_owners(launching_op, j.op_parent, inp.op_model, yields)
     is_compute = kinds == KIND_CODE["kernel"]
     owned = counted & is_compute & alive
-    dur = np.maximum(duration_ns, 0).astype(np.float64) + 1.0
-    share = np.zeros(n_ks)
-    if owned.any():
-        tot = np.bincount(owner[owned], weights=dur[owned], minlength=n_op)
-        share[owned] = dur[owned] / tot[owner[owned]]
+    # the synthetic CPU kernels after the real ones stand for ops: one per op, no kernel name
+    role = np.full(n_ks, ROLE_OTHER, np.int8)
+    if rs.kernels.num_rows:
+        role[:rs.kernels.num_rows] = kernel_roles(rs.kernels.column("name"))
+    flop_share, byte_share = split_op_work(owner, owned, duration_ns, role, inp.op_model, n_op)
     o_fl = inp.op_flops if n_op else np.zeros(1)
     o_by = inp.op_bytes if n_op else np.zeros(1)
-    flops = np.where(owned, o_fl[np.maximum(owner, 0)] * share, 0.0) if n_op else np.zeros(n_ks)
-    kbytes = np.where(owned, o_by[np.maximum(owner, 0)] * share, 0.0) if n_op else np.zeros(n_ks)
+    flops = np.where(owned, o_fl[np.maximum(owner, 0)] * flop_share, 0.0) if n_op else np.zeros(n_ks)
+    kbytes = np.where(owned, o_by[np.maximum(owner, 0)] * byte_share, 0.0) if n_op else np.zeros(n_ks)
     rec_bytes = np.zeros(n_ks)
     rec_sized = np.zeros(n_ks, bool)
     if rs.kernels.num_rows:

@@ -34,8 +34,8 @@ from .core import (CANONICAL_DTYPES, MODELS, FlopFormula, FlopResult, OpArgs, ca
                    formula_for, register_flop_formula, registered_ops)
 from .labels import Labels
 from .moe import ModelConfigError, MoEConfig, load_model_config
-from .ownership import GEMM_LIKE, flop_owners, yields_flops
+from .ownership import ARITHMETIC_MODELS, GEMM_LIKE, flop_owners, split_op_work, yields_flops
 
 __all__ = ["MODELS", "CANONICAL_DTYPES", "GEMM_LIKE", "Labels", "OpCosts", "OpArgs", "FlopFormula", "FlopResult", "op_cost",
            "model_ops", "coded_model_ops", "CodedOpCosts", "canonical_dtype", "element_size", "register_flop_formula", "registered_ops",
-           "formula_for", "flop_owners", "yields_flops", "MoEConfig", "ModelConfigError", "load_model_config"]
+           "formula_for", "flop_owners", "split_op_work", "yields_flops", "ARITHMETIC_MODELS", "MoEConfig", "ModelConfigError", "load_model_config"]

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from .kernel_roles import ROLE_ARITHMETIC, ROLE_MOVES, ROLE_OTHER
 from .labels import Labels, as_labels
 
-__all__ = ["GEMM_LIKE", "flop_owners", "yields_flops"]
+__all__ = ["GEMM_LIKE", "ARITHMETIC_MODELS", "flop_owners", "split_op_work", "yields_flops"]
 
 GEMM_LIKE = ("gemm", "conv", "attention")
+# Ops whose FLOPs are a matmul's or a convolution's: their FLOPs go to the kernels that multiply (split_op_work).
+ARITHMETIC_MODELS = ("gemm", "conv")
 
 
 def _yields_to(op_parent: np.ndarray, cls: np.ndarray, k: int, below: np.ndarray) -> np.ndarray:
@@ -120,3 +123,41 @@ def flop_owners(launching_op: np.ndarray, op_parent: np.ndarray, op_model: np.nd
             break
         owner[climb] = op_parent[owner[climb]]
     return owner, (owner >= 0) & ~yields[np.maximum(owner, 0)]
+
+
+def split_op_work(owner: np.ndarray, owned: np.ndarray, duration_ns: np.ndarray, role: np.ndarray,
+                  op_model: np.ndarray | Labels, n_op: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per kernel, the fraction of its owner op's (FLOPs, bytes) it carries: (flop_share, byte_share).
+
+    ``owner``/``owned`` as :func:`flop_owners` gives them (``owned``: the kernel carries its owner's work);
+    ``role`` per kernel as :func:`~.kernel_roles.kernel_roles` gives it. Each share sums to 1 over an op's
+    owned kernels, so an op's and a step's totals are the op model's whatever the split.
+
+    * FLOPs of a matmul or convolution op (``ARITHMETIC_MODELS``) go to the kernels of the op's highest
+      role, split by duration among them: to its GEMM/convolution kernels where one is recognised, else to
+      the kernels not recognised as data movement, else (only helpers) to all of them. A layout transpose,
+      fill or cast beside the GEMM gets 0 FLOPs. Any other op's FLOPs are split by duration over all its
+      kernels.
+    * Bytes are split by duration over all the op's kernels, helpers included: every kernel of the op moves
+      data, a transpose or cast only that, and time is what says how the op's traffic spreads over them.
+      A helper's arithmetic intensity is then 0 (memory-bound, or latency-bound when short), and a GEMM
+      kernel's is its op's FLOPs over its time's share of the op's bytes.
+    """
+    dur = np.maximum(duration_ns, 0).astype(np.float64) + 1.0
+    flop_share = np.zeros(len(owner))
+    byte_share = np.zeros(len(owner))
+    if not owned.any():
+        return flop_share, byte_share
+    o = owner[owned]
+    d = dur[owned]
+    byte_share[owned] = d / np.bincount(o, weights=d, minlength=n_op)[o]
+    # per op, the highest role among its owned kernels; only kernels of that role take a matmul's FLOPs
+    r = np.asarray(role, np.int64)[owned]
+    best = np.full(n_op, ROLE_MOVES, np.int64)
+    for level in (ROLE_OTHER, ROLE_ARITHMETIC):  # ascending: a higher role present overrides
+        best[np.bincount(o[r == level], minlength=n_op) > 0] = level
+    arithmetic_op = as_labels(op_model).isin(ARITHMETIC_MODELS) if n_op else np.zeros(0, bool)
+    takes = ~arithmetic_op[o] | (r == best[o])
+    w = np.where(takes, d, 0.0)
+    flop_share[owned] = w / np.bincount(o, weights=w, minlength=n_op)[o]
+    return flop_share, byte_share
