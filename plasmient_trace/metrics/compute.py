@@ -143,12 +143,14 @@ def kernel_waste_s(share_s: np.ndarray, ideal_s: np.ndarray, baseline_mfu: float
 
 def bound_codes(*, has_device: np.ndarray, is_kernel: np.ndarray, util: np.ndarray, kernels: np.ndarray,
                 kernel_s: np.ndarray, comm_s: np.ndarray, copy_s: np.ndarray, ideal_s: np.ndarray,
-                memory_s: np.ndarray, coverage: np.ndarray, work_free: np.ndarray | None = None) -> np.ndarray:
+                memory_s: np.ndarray, coverage: np.ndarray, work_free: np.ndarray | None = None,
+                moves_data: np.ndarray | None = None) -> np.ndarray:
     """What limits each span, from evidence only (-1 = absent: the span has no device time).
 
     communication: collectives are most of its kernel time; idle: the device mostly waited in its window;
     latency: tiny kernels, and ``work_free`` spans (a CPU's shape-only ops, t or reshape, that moved and computed
-    nothing: their whole time is per-op overhead, however long); copies are memory-bound by nature;
+    nothing: their whole time is per-op overhead, however long); copies are memory-bound by nature, and so are
+    ``moves_data`` kernels (the transposes, fills and casts beside a matmul's GEMM, which carry none of its work);
     compute/memory: only with known FLOPs
     (coverage), bytes, peaks and bandwidth, by the roofline of each kernel's own precision: would the
     span's math at peak (``ideal_s``: every kernel's FLOPs over the peak of the precision it ran at) take
@@ -167,7 +169,7 @@ def bound_codes(*, has_device: np.ndarray, is_kernel: np.ndarray, util: np.ndarr
          comm_share > COMM_BOUND_SHARE,
          ~is_kernel & (util < IDLE_BOUND_UTIL),
          mean_kernel < LATENCY_BOUND_MEAN_KERNEL_S,
-         copy_share > 0.5,
+         (copy_share > 0.5) if moves_data is None else (copy_share > 0.5) | moves_data,
          np.zeros(len(kernels), bool) if work_free is None else work_free,
          evidence & (ideal_s >= memory_s),
          evidence & (ideal_s < memory_s)],

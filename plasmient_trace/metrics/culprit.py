@@ -110,7 +110,7 @@ def suggestion(
     if kind in ("memcpy", "memset"):
         return "host/device copies on the critical path: pin memory, use non_blocking copies, keep tensors on device"
     if not cpu and bound in ("compute", "memory", "latency") and _layout_in_conv(kernel or "", op or ""):
-        # A convolution's own NCHW<->NHWC transposes carry none of its FLOPs and a time share of its bytes
+        # A convolution's own NCHW<->NHWC transposes carry none of its work and are memory-bound by nature
         # (metrics.flops.ownership.split_op_work): what the kernel's name says is the fix.
         return (f"layout transposes inside {op}{where}: use channels_last (model.to(memory_format="
                 f"torch.channels_last)) so the convolution runs without them")

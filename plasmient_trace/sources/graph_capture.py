@@ -12,7 +12,8 @@ kernels and the capture launches); otherwise by kernel order within the graph (r
 start time against captured launches by launch time), and only where the kernel names agree: a
 name mismatch is counted and left unpaired, never guessed. A capture op's FLOPs and bytes are split
 over its paired kernels as the stitcher splits an op over the kernels it launched
-(metrics.flops.ownership.split_op_work: by duration, a matmul's FLOPs on its GEMM kernels only).
+(metrics.flops.ownership.split_op_work: by duration, a matmul's work on its GEMM kernels only; a helper
+beside them gets 0 FLOPs and null bytes).
 """
 
 from __future__ import annotations
@@ -263,6 +264,7 @@ def pair_graph_capture(replay: RecordSet, capture: RecordSet,
     dtype = np.full(n, None, dtype=object)
     known = np.zeros(n, bool)
     counted_any = np.zeros(n, bool)
+    passed_any = np.zeros(n, bool)  # helpers beside a matmul's GEMM: 0 FLOPs, bytes the op's model leaves out
     launch_start = dict(zip(_col(lt, "correlation_id").tolist(), _col(lt, "start_ns").tolist()))
     for corr in np.unique(k_corr[have]).tolist():
         # One replay at a time: its batch (vLLM step statistics) and its own split of each op.
@@ -272,10 +274,11 @@ def pair_graph_capture(replay: RecordSet, capture: RecordSet,
                                                  flops_model.yields_flops(j.op_parent, costs.model, costs.flops))
         kn = ks & (owner >= 0)
         own = kn & counted
-        flop_share, byte_share = flops_model.split_op_work(owner, own, dur_ns, role, costs.model, capture.ops.num_rows)
+        share, passed = flops_model.split_op_work(owner, own, dur_ns, role, costs.model, capture.ops.num_rows)
         o = np.maximum(owner, 0)
-        mflops[kn] = np.where(own, costs.flops[o] * flop_share, 0.0)[kn]
-        mbytes[kn] = np.where(own, costs.bytes[o] * byte_share, 0.0)[kn]
+        mflops[kn] = np.where(own, costs.flops[o] * share, 0.0)[kn]
+        mbytes[kn] = np.where(own, costs.bytes[o] * share, 0.0)[kn]
+        passed_any |= passed & ks
         dtype[own] = costs.dtype[o][own]
         known |= kn
         counted_any |= own
@@ -290,7 +293,7 @@ def pair_graph_capture(replay: RecordSet, capture: RecordSet,
     new = kt
     for name, arr in (
         ("model_flops", nullable(mflops, known, pa.float64())),
-        ("model_bytes", nullable(mbytes, known, pa.float64())),
+        ("model_bytes", nullable(mbytes, known & ~passed_any, pa.float64())),
         ("model_dtype", nullable(dtype, own_rows, pa.string())),
         ("capture_op", nullable(op_names[np.where(op_of_k >= 0, op_of_k, -1)], op_of_k >= 0, pa.string())),
         ("capture_module", nullable(mod_names[np.where(mod_idx >= 0, mod_idx, -1)], mod_idx >= 0, pa.string())),

@@ -1,9 +1,9 @@
 """FLOP ownership: which op's modelled work each kernel carries, and what that work is per kernel.
 
 A kernel carries the FLOPs and bytes of the innermost modelled op on its launching op's ancestor chain,
-split over that op's kernels by duration, except that a matmul's or convolution's FLOPs go only to its
-GEMM/convolution kernels, not to the transposes, fills and casts beside them
-(metrics.flops.ownership.split_op_work). An op yields to a same-class op below it (aten::linear over
+split over that op's kernels by duration, except that a matmul's or convolution's FLOPs and bytes go only to
+its GEMM/convolution kernels, not to the transposes, fills and casts beside them, which are memory-bound by
+nature (metrics.flops.ownership.split_op_work). An op yields to a same-class op below it (aten::linear over
 aten::addmm) so nothing is counted twice. On a CPU-only rank the ops are the device's kernels. A kernel
 whose record carries its own FLOPs (Inductor's kernel_flop, a CUDA-graph capture pairing) uses those.
 Every kernel also says whether its FLOPs are *known*: memcpy/memset and collectives are known zero, a
@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..metrics.flops import flop_owners
-from ..metrics.flops.kernel_roles import ROLE_OTHER, kernel_roles
+from ..metrics.flops.kernel_roles import ROLE_MOVES, ROLE_OTHER, kernel_roles
 from ..metrics.flops.ownership import split_op_work
 from ..metrics.flops.labels import Labels, as_labels
 from ..metrics.hardware import FP32_PRECISIONS, fp32_precision_codes
@@ -91,6 +91,7 @@ class KernelWork:
     dtype_src: np.ndarray  # op row whose dtype sets the peak (-1: none)
     known: np.ndarray    # bool: the kernel's FLOPs are known (possibly a known zero)
     bytes_known: np.ndarray  # bool: its bytes are known (a join's are not: a TensorList has no element type)
+    moves: np.ndarray    # bool: a transpose/fill/cast beside a matmul's GEMM: 0 FLOPs, bytes unknown, memory-bound
 
 
 def _float_col(table: pa.Table, name: str, n_total: int) -> np.ndarray:
@@ -114,11 +115,11 @@ def kernel_work(inp: RankInput, j: JoinedRank, launching_op: np.ndarray, kinds: 
     role = np.full(n_ks, ROLE_OTHER, np.int8)
     if rs.kernels.num_rows:
         role[:rs.kernels.num_rows] = kernel_roles(rs.kernels.column("name"))
-    flop_share, byte_share = split_op_work(owner, owned, duration_ns, role, inp.op_model, n_op)
+    share, passed = split_op_work(owner, owned, duration_ns, role, inp.op_model, n_op)
     o_fl = inp.op_flops if n_op else np.zeros(1)
     o_by = inp.op_bytes if n_op else np.zeros(1)
-    flops = np.where(owned, o_fl[np.maximum(owner, 0)] * flop_share, 0.0) if n_op else np.zeros(n_ks)
-    kbytes = np.where(owned, o_by[np.maximum(owner, 0)] * byte_share, 0.0) if n_op else np.zeros(n_ks)
+    flops = np.where(owned, o_fl[np.maximum(owner, 0)] * share, 0.0) if n_op else np.zeros(n_ks)
+    kbytes = np.where(owned, o_by[np.maximum(owner, 0)] * share, 0.0) if n_op else np.zeros(n_ks)
     rec_bytes = np.zeros(n_ks)
     rec_sized = np.zeros(n_ks, bool)
     if rs.kernels.num_rows:
@@ -128,9 +129,10 @@ def kernel_work(inp: RankInput, j: JoinedRank, launching_op: np.ndarray, kinds: 
     kbytes = np.where(is_compute, kbytes, rec_bytes)
     # A compute kernel's bytes are known where its op's model gave some, or the op is shape-only (moves
     # nothing); a model's 0 is otherwise "not modelled" (joins, dtypes it cannot read). A copy's or a
-    # collective's are known where the record sized it.
+    # collective's are known where the record sized it. A helper a matmul's work passed by moves bytes the
+    # op's model leaves out: unknown.
     model_sized = (o_by > 0) | inp.op_model.equals("view") if n_op else np.zeros(1, bool)
-    bytes_known = np.where(is_compute, owned & model_sized[np.maximum(owner, 0)], rec_sized)
+    bytes_known = np.where(is_compute, owned & ~passed & model_sized[np.maximum(owner, 0)], rec_sized)
     # Per-kernel FLOPs from the record (Inductor, graph-capture pairing) win over the op model.
     rec_flops = _float_col(rs.kernels, "model_flops", n_ks)
     rec_model_bytes = _float_col(rs.kernels, "model_bytes", n_ks)
@@ -139,8 +141,13 @@ def kernel_work(inp: RankInput, j: JoinedRank, launching_op: np.ndarray, kinds: 
     kbytes = np.where(np.isfinite(rec_model_bytes), rec_model_bytes, kbytes)
     bytes_known |= np.isfinite(rec_model_bytes)
     known = owned | ~is_compute | per_kernel
+    # data movement by nature: a helper the op's work passed by, here or in the capture of a replayed graph
+    # (sources.graph_capture leaves its bytes null and its FLOPs 0)
+    moves = is_compute & ((passed & ~per_kernel)
+                          | (per_kernel & (rec_flops == 0) & ~np.isfinite(rec_model_bytes) & (role == ROLE_MOVES)))
     return KernelWork(owner=np.where(owned, owner, -1), flops=flops, bytes=kbytes,
-                      dtype_src=np.where(owner >= 0, owner, launching_op), known=known, bytes_known=bytes_known)
+                      dtype_src=np.where(owner >= 0, owner, launching_op), known=known, bytes_known=bytes_known,
+                      moves=moves)
 
 
 def kernel_precisions(inp: RankInput, work: KernelWork) -> Labels:

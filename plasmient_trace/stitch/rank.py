@@ -67,6 +67,8 @@ class RankTree:
     synth_ops: np.ndarray  # op rows that stand for kernels on a CPU-only rank
     # per span: a shape-only op (FLOP model "view": t, reshape, permute, ...), or a CPU kernel standing for one
     shape_only: np.ndarray
+    # per span: a kernel that moves data beside a matmul's GEMM (KernelWork.moves), memory-bound by nature
+    moves_data: np.ndarray
     module_labels: list[str]  # per module row: path, + " [backward]" / " [recompute]"
     # device window and metrics
     has_device: np.ndarray
@@ -256,12 +258,14 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions, tl: D
     # a few quantities are, and 14 more (q, n) rows are 400 MB at 10^6 kernels).
     non_kernel_child = np.nonzero((parent >= 0) & (level != LEVEL_CODE["kernel"]))[0]
 
+    moves_data = np.zeros(n, bool)
+    moves_data[base["kernel"]:base["kernel"] + n_ks] = work.moves
     comm_bw = collective_bandwidth(rs.kernels, kinds[:n_k] == KIND_CODE["collective"], ke[:n_k] - ks[:n_k], kstep[:n_k],
                                    n_steps, inp.spec.model) if n_k else None
     tree = RankTree(
         n_steps=n_steps, n_mod=n_mod, n_op=n_op, n_k=n_k, base=base, level=level, parent=parent, start=start,
         end=end, step_row=step_row, alive=alive, depth=depth, synth_ops=synth_ops,
-        shape_only=_shape_only(inp, n, base, n_op, n_k, synth_ops), module_labels=module_labels,
+        shape_only=_shape_only(inp, n, base, n_op, n_k, synth_ops), moves_data=moves_data, module_labels=module_labels,
         has_device=has_device & alive, win_start=win_start, win_end=win_end, gpus=gpus, total=total,
         under_child=non_kernel_child, under_parent=parent[non_kernel_child],
         union_s=union_s, price=inp.spec.price_per_hour if inp.spec.price_per_hour is not None else np.nan,
@@ -334,7 +338,8 @@ def derive_metrics(tree: RankTree, bandwidth: float) -> SpanMetrics:
         ideal_s=ideal_hw if t.peak_known else np.full(len(kernels), np.nan),
         memory_s=t.col("bytes") / bandwidth, coverage=np.nan_to_num(coverage),
         # a shape-only op that moved and computed nothing (no copy under it): its time is all per-op overhead
-        work_free=t.shape_only & (np.nan_to_num(coverage) >= 1.0) & (t.col("flops") == 0) & (t.col("bytes") == 0))
+        work_free=t.shape_only & (np.nan_to_num(coverage) >= 1.0) & (t.col("flops") == 0) & (t.col("bytes") == 0),
+        moves_data=t.moves_data)
     price = t.price / 3600.0
     return step_metrics(t, SpanMetrics(
         window_s=window_s, util=util, mfu=mfu, hfu=hfu, coverage=coverage, stall=stall, intensity=intensity, bound=bound,

@@ -127,31 +127,30 @@ def flop_owners(launching_op: np.ndarray, op_parent: np.ndarray, op_model: np.nd
 
 def split_op_work(owner: np.ndarray, owned: np.ndarray, duration_ns: np.ndarray, role: np.ndarray,
                   op_model: np.ndarray | Labels, n_op: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per kernel, the fraction of its owner op's (FLOPs, bytes) it carries: (flop_share, byte_share).
+    """Per kernel, the fraction of its owner op's FLOPs and bytes it carries, and whether it is a helper the
+    op's work passed by: (share, passed).
 
     ``owner``/``owned`` as :func:`flop_owners` gives them (``owned``: the kernel carries its owner's work);
-    ``role`` per kernel as :func:`~.kernel_roles.kernel_roles` gives it. Each share sums to 1 over an op's
-    owned kernels, so an op's and a step's totals are the op model's whatever the split.
+    ``role`` per kernel as :func:`~.kernel_roles.kernel_roles` gives it. ``share`` sums to 1 over an op's owned
+    kernels, so an op's and a step's totals are the op model's whatever the split.
 
-    * FLOPs of a matmul or convolution op (``ARITHMETIC_MODELS``) go to the kernels of the op's highest
-      role, split by duration among them: to its GEMM/convolution kernels where one is recognised, else to
-      the kernels not recognised as data movement, else (only helpers) to all of them. A layout transpose,
-      fill or cast beside the GEMM gets 0 FLOPs. Any other op's FLOPs are split by duration over all its
-      kernels.
-    * Bytes are split by duration over all the op's kernels, helpers included: every kernel of the op moves
-      data, a transpose or cast only that, and time is what says how the op's traffic spreads over them.
-      A helper's arithmetic intensity is then 0 (memory-bound, or latency-bound when short), and a GEMM
-      kernel's is its op's FLOPs over its time's share of the op's bytes.
+    A matmul's or convolution's work (``ARITHMETIC_MODELS``) goes to the kernels of the op's highest role, by
+    duration among them: to its GEMM/convolution kernels where one is recognised, else to the kernels not
+    recognised as data movement, else (only helpers) to all of them. Bytes go with the FLOPs: the op's
+    modelled bytes (each input read once, the output written once) are what its GEMM reads and writes, so
+    the GEMM kernel's arithmetic intensity is the op's. A transpose, fill or cast beside it (``passed``)
+    carries 0 FLOPs and none of those bytes: what it moves is traffic the op's model leaves out, unknown
+    here (its bound is memory by nature, as a copy's). Any other op's work is split by duration over all
+    its kernels.
     """
     dur = np.maximum(duration_ns, 0).astype(np.float64) + 1.0
-    flop_share = np.zeros(len(owner))
-    byte_share = np.zeros(len(owner))
+    share = np.zeros(len(owner))
+    passed = np.zeros(len(owner), bool)
     if not owned.any():
-        return flop_share, byte_share
+        return share, passed
     o = owner[owned]
     d = dur[owned]
-    byte_share[owned] = d / np.bincount(o, weights=d, minlength=n_op)[o]
-    # per op, the highest role among its owned kernels; only kernels of that role take a matmul's FLOPs
+    # per op, the highest role among its owned kernels; only kernels of that role take a matmul's work
     r = np.asarray(role, np.int64)[owned]
     best = np.full(n_op, ROLE_MOVES, np.int64)
     for level in (ROLE_OTHER, ROLE_ARITHMETIC):  # ascending: a higher role present overrides
@@ -159,5 +158,6 @@ def split_op_work(owner: np.ndarray, owned: np.ndarray, duration_ns: np.ndarray,
     arithmetic_op = as_labels(op_model).isin(ARITHMETIC_MODELS) if n_op else np.zeros(0, bool)
     takes = ~arithmetic_op[o] | (r == best[o])
     w = np.where(takes, d, 0.0)
-    flop_share[owned] = w / np.bincount(o, weights=w, minlength=n_op)[o]
-    return flop_share, byte_share
+    share[owned] = w / np.bincount(o, weights=w, minlength=n_op)[o]
+    passed[owned] = ~takes
+    return share, passed
