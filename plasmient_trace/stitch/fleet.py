@@ -29,7 +29,7 @@ from .. import conventions as cv
 from ..metrics import compute as mc
 from . import ids
 from .culprits import culprit_columns, merge_culprits
-from .inputs import CULPRIT_CARRY, StitchOptions
+from .inputs import CULPRIT_CARRY, NODE_CULPRIT_ROWS, StitchOptions
 from .step_facts import top_columns
 from .summary_groups import SummaryGroups
 
@@ -278,8 +278,8 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
             done = merged[key] = merge_culprits([(s.rank, s.culprits, s.culprits_left_out_s) for s in members], CULPRIT_CARRY)
         if done[0]:
             lists[i], left_out[i] = done
-    # node and fleet spans carry the merged rows uncut by the display, so the report sums steps exactly too
-    cols.update(culprit_columns(n, lists, left_out))
+    # node and fleet spans carry more merged rows than a step shows, so the report can sum steps (NODE_CULPRIT_ROWS)
+    cols.update(culprit_columns(n, lists, left_out, NODE_CULPRIT_ROWS))
     cols.update(_folded_columns(g))
     top_columns(cols, g)
     if ranks_missing is not None:

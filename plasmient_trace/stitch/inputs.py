@@ -35,6 +35,11 @@ CULPRIT_ROWS = 10
 # (4096 of ~100 bytes). A list cut here says the most a row it leaves out may hold (plasmient.culprits.left_out_s),
 # and a merged row that list may have left short is marked "lower_bound".
 CULPRIT_CARRY = 512
+# How many of those merged rows a node or fleet span shows in plasmient.culprits: enough for the report to sum
+# the rows that matter over steps, and a span a backend takes (a step's 229 rows made its fleet and node spans
+# ~140 KB each, and a Collector batching 1,536 spans largest first sent a 4.55 MB request a 4 MiB receiver
+# refused). Past it, plasmient.culprits.left_out_s says what a left-out row may hold, as below a step's cut.
+NODE_CULPRIT_ROWS = 64
 
 
 @dataclass
