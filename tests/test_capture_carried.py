@@ -120,24 +120,33 @@ def test_every_step_has_flops_mfu_wall_and_cost(run):
         assert r["plasmient.cost.usd"] == pytest.approx(r["plasmient.device.window_s"] * PRICE / 3600, rel=1e-9)
 
 
-@pytest.mark.parametrize("cpu_price", [None, "36"])
-def test_a_peak_given_for_the_cpu_keeps_the_cpus_price(cpu_price, monkeypatch):
-    # PLASMIENT_PEAK_TFLOPS skips the CPU calibration, and the CPU's price went with it: no cost on any span
+def _cpu_price_set(cpu_price: str | None, monkeypatch) -> float:
+    """PLASMIENT_CPU_PRICE as given (None: unset), and the USD an hour the run's spans should be priced at."""
     from plasmient_trace.metrics import cpu_peak
 
     if cpu_price is None:
         monkeypatch.delenv("PLASMIENT_CPU_PRICE", raising=False)
-        price = cpu_peak.CPU_PRICE_PER_THREAD_HOUR * torch.get_num_threads()
-    else:
-        monkeypatch.setenv("PLASMIENT_CPU_PRICE", cpu_price)
-        price = float(cpu_price)
+        return cpu_peak.CPU_PRICE_PER_THREAD_HOUR * torch.get_num_threads()
+    monkeypatch.setenv("PLASMIENT_CPU_PRICE", cpu_price)
+    return float(cpu_price)
+
+
+def _three_cpu_steps(**config) -> dict[int, dict]:
+    """The step spans of three explicit steps of the block, captured live with ``config``."""
     torch.manual_seed(0)
     model, x = _Block(), torch.randn(2, SEQ, DIM)
-    with live_capture(close_timeout=60, peak_tflops=PEAK_TFLOPS, every=2, job_id="cpu-price") as (session, sink):
+    with live_capture(close_timeout=60, every=2, **config) as (session, sink):
         for _ in range(3):
             with session.step():
                 _train_step(model, x)
-    steps = _by_step(sink.rows(), "step")
+    return _by_step(sink.rows(), "step")
+
+
+@pytest.mark.parametrize("cpu_price", [None, "36"])
+def test_a_peak_given_for_the_cpu_keeps_the_cpus_price(cpu_price, monkeypatch):
+    # PLASMIENT_PEAK_TFLOPS skips the CPU calibration, and the CPU's price went with it: no cost on any span
+    price = _cpu_price_set(cpu_price, monkeypatch)
+    steps = _three_cpu_steps(peak_tflops=PEAK_TFLOPS, job_id="cpu-price")
     assert sorted(steps) == [0, 1, 2]
     for r in steps.values():
         assert r["plasmient.cost.usd"] == pytest.approx(r["plasmient.device.window_s"] * price / 3600, rel=1e-9)
@@ -458,24 +467,12 @@ def test_steps_exported_before_the_cpu_peak_is_calibrated_keep_their_price(cpu_p
     span. They have no MFU (the peak is unknown) and their cost is the price times the window."""
     from concurrent.futures import Future
 
-    from plasmient_trace.metrics import cpu_peak, hardware
+    from plasmient_trace.metrics import hardware
 
-    if cpu_price is None:
-        monkeypatch.delenv("PLASMIENT_CPU_PRICE", raising=False)
-        price = cpu_peak.CPU_PRICE_PER_THREAD_HOUR * torch.get_num_threads()
-    else:
-        monkeypatch.setenv("PLASMIENT_CPU_PRICE", cpu_price)
-        price = float(cpu_price)
+    price = _cpu_price_set(cpu_price, monkeypatch)
     never: Future = Future()  # a calibration that has not finished by the end of the run
     monkeypatch.setattr(hardware, "start_cpu_calibration", lambda threads: never)
-    torch.manual_seed(0)
-    model, x = _Block(), torch.randn(2, SEQ, DIM)
-    with live_capture(close_timeout=60, every=2, job_id="cpu-pending",
-                      environ={"PLASMIENT_CALIBRATION_WAIT_S": "0"}) as (session, sink):
-        for _ in range(3):
-            with session.step():
-                _train_step(model, x)
-    steps = _by_step(sink.rows(), "step")
+    steps = _three_cpu_steps(job_id="cpu-pending", environ={"PLASMIENT_CALIBRATION_WAIT_S": "0"})
     assert sorted(steps) == [0, 1, 2]
     for r in steps.values():
         assert r["plasmient.mfu"] is None
