@@ -68,10 +68,10 @@ __all__ = [
 
 DEFAULT_TOLERANCE_NS = 100_000       # collectives of one sequence end within this of each other
 DEFAULT_MAX_OFFSET_NS = 10_000_000_000  # clocks further apart than 10 s are not searched
-DEFAULT_MIN_MATCHES = 2
-# An offset that this few collectives agree on is reported as weak: a rank missing a step can leave only
-# chance coincidences (two of them put the a100 job's rank 1 373 ms off, from a true 0).
-WEAK_MATCHES = 3
+# Fewer agreeing collectives than this are no evidence of an offset: a rank missing a step can leave only
+# chance coincidences (two of them put the a100 job's rank 1 373 ms off, from a true 0), so such a rank keeps
+# its own clock and the ingest says so.
+DEFAULT_MIN_MATCHES = 3
 # Votes are O(anchors x collectives in the search window): bound the work per pair of ranks. The
 # true offset gets one vote per anchor that has a partner, a wrong one only chance coincidences, so
 # a few hundred anchors decide it as well as all of them would.
@@ -273,15 +273,13 @@ def alignment_lines(report: AlignmentReport, labels: list[str]) -> tuple[list[st
         method, offset, matches = report.method.get(i), report.offsets[i], report.matches.get(i, 0)
         if method == "collectives":
             moved.append(f"{labels[i]} {offset / 1e3:+,.0f} µs ({matches} collectives)")
-            if matches < WEAK_MATCHES:
-                warnings.append(f"{labels[i]}: its clock offset ({offset / 1e3:+,.0f} µs) rests on {matches} collective "
-                                "kernels only; the fleet's windows, skew and stragglers across it may be off")
         elif method == "same-host":
             moved.append(f"{labels[i]} {offset / 1e3:+,.0f} µs (as {labels[report.reference[i] or 0]}, same host)")
         else:
-            warnings.append(f"{labels[i]}: its clock could not be aligned with the others' (no collective kernels "
-                            f"end together within {DEFAULT_MAX_OFFSET_NS / 1e9:g} s): it stays on its own clock, and the "
-                            "fleet's windows, skew and stragglers across it may be wrong")
+            why = (f"only {matches} collective kernels agree on an offset, {DEFAULT_MIN_MATCHES} are needed" if matches else
+                   f"no collective kernels end together within {DEFAULT_MAX_OFFSET_NS / 1e9:g} s")
+            warnings.append(f"{labels[i]}: its clock could not be aligned with the others' ({why}): it stays on its own "
+                            "clock, and the fleet's windows, skew and stragglers across it may be wrong")
     info = []
     if moved:
         shown = moved if len(moved) <= 4 else [*moved[:3], f"and {len(moved) - 3} more"]
