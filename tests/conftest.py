@@ -246,3 +246,14 @@ def warm_cache(tmp_path_factory, native_observer) -> Path:
     shutil.copytree(build, root / "native" / build.name)
     calibrated_cpu(root)
     return root
+
+
+def cli_with_file_size_limit(limit_bytes: int, *args: str) -> list[str]:
+    """A command running ``plasmient`` with files capped at ``limit_bytes`` (a full disk: writes past it fail with
+    EFBIG), the limit set by the child itself. Not with ``preexec_fn``: Python code between fork and exec in a
+    test worker that has gRPC loaded runs gRPC's fork handlers, whose poller then finds its epoll descriptor
+    closed by the exec's fd cleanup and aborts the child (SIGABRT, seen once in three full runs)."""
+    code = ("import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit_bytes}, {limit_bytes})); "
+            "sys.argv = ['plasmient', *sys.argv[1:]]; runpy.run_module('plasmient_trace.cli', run_name='__main__')")
+    return [sys.executable, "-c", code, *args]

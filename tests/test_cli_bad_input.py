@@ -437,20 +437,15 @@ def test_a_profiler_step_written_twice_is_one_step(tmp_path):
 
 
 def test_a_full_disk_leaves_no_temporary_file_nor_empty_directory(tmp_path):
-    import resource
-    import signal
     import subprocess
-    import sys
 
-    def small_files() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past the limit fails with EFBIG instead
-        resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
+    from conftest import cli_with_file_size_limit
 
     trace = str(trace_path("h100/bert_small_inference.json.gz"))
     for out in (["--out", str(tmp_path / "x.jsonl")], ["--out", str(tmp_path / "x.jsonl.gz")],
                 ["--out", str(tmp_path / "y.jsonl"), "--parquet", str(tmp_path / "pq")]):
-        proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "ingest", trace, *out, "--quiet"],
-                              capture_output=True, text=True, preexec_fn=small_files, timeout=300)
+        proc = subprocess.run(cli_with_file_size_limit(50_000, "ingest", trace, *out, "--quiet"),
+                              capture_output=True, text=True, timeout=300)
         assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, (out, proc.stderr)
         assert "File too large" in proc.stderr
         assert list(tmp_path.iterdir()) == [], (out, list(tmp_path.iterdir()))

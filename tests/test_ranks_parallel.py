@@ -360,15 +360,14 @@ def test_sigterm_stops_an_ingest_on_its_own_local_ray_through_the_same_cleanup(t
 def test_a_spill_that_cannot_be_written_is_one_line_and_leaves_nothing(simulated, tmp_path):
     # a full $TMPDIR: the worker's OSError came back as two tracebacks and exit 1. A file size limit stands in
     # for the full disk here (root writes to a read-only directory regardless): EFBIG instead of ENOSPC.
-    import resource
+    from conftest import cli_with_file_size_limit
 
     spill = tmp_path / "tmp"
     spill.mkdir()
     out = tmp_path / "out.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "ingest", *map(str, simulated.paths), "--workers", "2",
-                           "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=300,
-                          env={**os.environ, "TMPDIR": str(spill)},
-                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10)))
+    proc = subprocess.run(cli_with_file_size_limit(64 << 10, "ingest", *map(str, simulated.paths), "--workers", "2",
+                                                   "--out", str(out)),
+                          capture_output=True, text=True, cwd=REPO, timeout=300, env={**os.environ, "TMPDIR": str(spill)})
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(err) == 1, proc.stderr
     assert err[0].startswith(f"plasmient: error: {simulated.paths[0]}: cannot keep its parsed records in {spill}")
