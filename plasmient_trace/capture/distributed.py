@@ -154,12 +154,12 @@ PUBLISHED_CULPRITS = 32
 
 def _published(summary: Any) -> Any:
     """The summary as rank 0 gets it: its culprit rows cut to PUBLISHED_CULPRITS, the cut said."""
-    rows = summary.culprits
-    if len(rows) <= PUBLISHED_CULPRITS:
+    from ..stitch.culprits import cut_culprits
+
+    if len(summary.culprits) <= PUBLISHED_CULPRITS:
         return summary
-    before = float(summary.culprits_left_out_s)  # NaN (unknown) stays unknown
-    left = before if before != before else max(float(rows[PUBLISHED_CULPRITS].get("wasted_s") or 0.0), before)
-    return replace(summary, culprits=rows[:PUBLISHED_CULPRITS], culprits_left_out_s=left)
+    rows, left = cut_culprits(summary.culprits, float(summary.culprits_left_out_s), PUBLISHED_CULPRITS)
+    return replace(summary, culprits=rows, culprits_left_out_s=left)
 
 
 def _key(job: str, *parts: Any) -> str:
