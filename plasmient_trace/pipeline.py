@@ -27,8 +27,7 @@ from .sources.graph_capture import (
 from .sources.kineto import TraceFormatError, read_kineto
 from .sources.rawinput import repeated_input
 from .sources.parallel import read_many
-from .stitch.align import alignment_lines, apply_offsets, estimate_alignment
-from .stitch.fleet import missing_steps_warning
+from .stitch.align import apply_offsets, estimate_alignment
 from .stitch.fleet import merge_span_batches
 from .stitch.joins import JoinedRank, op_parents
 from .stitch.tree import (
@@ -216,10 +215,11 @@ def stream_records(record_sets: list[RecordSet], options: IngestOptions,
     if alignment is not None:
         stats["clock_offsets_ns"] = alignment.offsets
         stats["clock_alignment"] = alignment.method
-        labels = [input_label(r, i) for i, r in enumerate(record_sets)]
-        stats["clock_notes"], stats["warnings"] = alignment_lines(alignment, labels)
-        missing = missing_steps_warning([set(r.steps.column("step").to_pylist()) for r in record_sets], labels)
-        stats["warnings"] += [missing] if missing else []
+        from .ranks import input_lines
+
+        stats["clock_notes"], stats["warnings"] = input_lines(
+            alignment, [input_label(r, i) for i, r in enumerate(record_sets)],
+            [set(r.steps.column("step").to_pylist()) for r in record_sets])
     stats["unknown_devices"] = [r.source or f"rank {i}" for i, (r, inp) in enumerate(zip(record_sets, inputs))
                                 if inp.spec.source == "unknown"]
     stats["unknown_device_types"] = sorted({inp.spec.device_type for inp in inputs if inp.spec.source == "unknown"})

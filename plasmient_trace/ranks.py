@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from .conventions import SpanBatch
 from .records import RecordSet
 from .stitch.align import (
+    AlignmentReport,
     CollectiveEnds,
     alignment_from_ends,
     alignment_lines,
@@ -121,13 +122,18 @@ def plan_ranks(digests: list[RankDigest], options: IngestOptions) -> Plan:
     if len(digests) > 1:
         report = alignment_from_ends([d.ends for d in digests], [d.host for d in digests])
         offsets, method = report.offsets, report.method
-        labels = [d.label or f"input {d.index}" for d in digests]
-        notes = alignment_lines(report, labels)
-        missing = missing_steps_warning([set(d.steps) for d in digests], labels)
-        notes[1].extend([missing] if missing else [])
+        notes = input_lines(report, [d.label for d in digests], [set(d.steps) for d in digests])
     jobs = [StitchJob(index=d.index, rank=d.rank, node=d.node, offset_ns=int(offsets.get(d.index, 0)),
                       allowance=allowance) for d in digests]
     return Plan(jobs=jobs, offsets=offsets, method=method, clock_notes=notes[0], clock_warnings=notes[1])
+
+
+def input_lines(report: AlignmentReport, labels: list[str], steps_of: list[set[int]]) -> tuple[list[str], list[str]]:
+    """What several inputs came to before they are stitched, in words: (informational lines, warnings) on how
+    each one's clock was aligned and which steps some did not record."""
+    info, warnings = alignment_lines(report, labels)
+    missing = missing_steps_warning(steps_of, labels)
+    return info, warnings + ([missing] if missing else [])
 
 
 def stitch_part(records: RecordSet, job: StitchJob, options: IngestOptions) -> RankPart:
