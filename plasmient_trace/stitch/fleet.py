@@ -5,13 +5,15 @@ window and its culprit rows). Offline, the summaries of all ranks are at hand; l
 through the c10d store. Either way :func:`top_spans` builds the fleet span and one node span per host from
 them, so the two paths produce the same spans by construction.
 
-A node's (fleet's) window is the extent of its ranks' windows, charged for all their GPUs. Additive
-quantities are the ranks' sums; the device-seconds a rank spent outside its own window but inside the
-node's (it finished early and waited for a straggler) are the node's own waste (``wasted_s.self``), and
-those outside its node's window but inside the fleet's are the fleet's own, so totals and .self values
-still add up. Culprit rows are the ranks' rows summed by (kernel, op, module): each rank's step hands on
-its rows uncut by the display (up to ``CULPRIT_CARRY``), so a row is the whole of every rank's time, not
-only of the ranks that had it in their top ten.
+A node's (fleet's) window is the extent of its ranks' windows, its MFU and util over all their GPUs.
+Additive quantities are the ranks' sums; the device-seconds of a rank inside the node's window but outside
+every one of its step windows (before its first recorded step, after its last) are the node's own waste
+(``wasted_s.self``), and those outside its node's window but inside the fleet's are the fleet's own, so
+totals and .self values add up and no device-second is charged twice: time outside a step's own window
+but inside the rank's neighbouring step's is that step's. Culprit rows are the ranks' rows summed by
+(kernel, op, module): each rank's step hands on its rows uncut by the display (up to ``CULPRIT_CARRY``),
+so a row is the whole of every rank's time, not only of the ranks that had it in their top ten; the span
+shows the first ``NODE_CULPRIT_ROWS``.
 """
 
 from __future__ import annotations
@@ -152,7 +154,8 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
     # inside the rank's next or previous step window is already charged there (counting it here charged
     # the shared a100 job's two steps 0.77 GPU-ms twice, more device time than the recording holds).
     gpus_of = g.values("gpus")
-    outside = _untiled_s(g, g.per_pair(w_start), g.per_pair(w_end)) * gpus_of
+    tiled = _tiled_stretches(g)
+    outside = _untiled_s(tiled, g.per_pair(w_start), g.per_pair(w_end)) * gpus_of
     price = g.values("price_per_hour")
     skew = total(outside)
     skew_usd = total(outside * price / 3600)
@@ -161,7 +164,7 @@ def top_spans(summaries: Iterable[RankSummary], options: StitchOptions, local_ho
     # the sum of the .self values over a trace).
     node_start, node_end = _node_windows(g)
     beyond_node = np.where(g.per_pair(np.array([lvl == "fleet" for lvl, *_ in groups])),
-                           outside - _untiled_s(g, node_start, node_end) * gpus_of, outside)
+                           outside - _untiled_s(tiled, node_start, node_end) * gpus_of, outside)
     beyond_node = np.where(beyond_node > 0.0, beyond_node, 0.0)
     own_skew, own_skew_usd = total(beyond_node), total(beyond_node * price / 3600)
     busy, known, ideal = total("busy_s"), total("known_s"), total("ideal_s")
@@ -313,18 +316,21 @@ def _node_windows(g: SummaryGroups) -> tuple[np.ndarray, np.ndarray]:
     return start[node], end[node]
 
 
-def _untiled_s(g: SummaryGroups, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Per pair: the seconds of [start, end] outside the member's tiled stretch (RankSummary.tiled_*: open
-    where None). Its own step window lies inside that stretch, so this is never more than the window
-    minus the step's own."""
+def _tiled_stretches(g: SummaryGroups) -> tuple[np.ndarray, np.ndarray]:
+    """Per pair: the (start, end ns) of the member's tiled stretch (RankSummary.tiled_*: open where None),
+    which holds the step's own window (a summary whose numbers disagree is read as that window)."""
     lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
     tiled_start = np.array([lo if v is None else v for v in map(attrgetter("tiled_start_ns"), g.members)], np.int64)
     tiled_end = np.array([hi if v is None else v for v in map(attrgetter("tiled_end_ns"), g.members)], np.int64)
-    # the stretch holds the step's own window (a summary whose numbers disagree is read as that window)
-    tiled_start = np.minimum(tiled_start, g.values("window_start_ns", np.int64))
-    tiled_end = np.maximum(tiled_end, g.values("window_end_ns", np.int64))
-    before = np.minimum(end, tiled_start) - start
-    after = end - np.maximum(start, tiled_end)
+    return (np.minimum(tiled_start, g.values("window_start_ns", np.int64)),
+            np.maximum(tiled_end, g.values("window_end_ns", np.int64)))
+
+
+def _untiled_s(tiled: tuple[np.ndarray, np.ndarray], start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per pair: the seconds of [start, end] outside the member's tiled stretch (:func:`_tiled_stretches`). Its
+    own step window lies inside that stretch, so this is never more than the window minus the step's own."""
+    before = np.minimum(end, tiled[0]) - start
+    after = end - np.maximum(start, tiled[1])
     return (np.maximum(before, 0) + np.maximum(after, 0)) / 1e9
 
 
