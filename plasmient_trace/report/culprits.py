@@ -1,8 +1,9 @@
 """The report's culprit rows: each trace's list as its top spans carry it, and the lists of every trace summed.
 
-A fleet span carries its ranks' rows summed before any cut (``stitch.fleet``), so the rows of several steps
-(and, without a fleet span, of several ranks) are summed here from whole lists and cut to the rows asked for
-only then: a row eleventh in every step still counts all its steps. A list that was cut says how much a row it
+A fleet span carries its ranks' rows summed before any cut (``stitch.fleet``; it shows the first
+``NODE_CULPRIT_ROWS``), so the rows of several steps (and, without a fleet span, of several ranks) are summed
+here from those lists and cut to the rows asked for only then: a row eleventh in every step still counts all
+its steps. A list that was cut says how much a row it
 left out may hold (``plasmient.culprits.left_out_s``), and a row such a list may have left short is marked
 ``lower_bound``, which the terminal prints as "≥".
 """
@@ -107,8 +108,8 @@ def top_culprits(batch: SpanBatch, top: int = 5) -> list[dict[str, Any]]:
 
 def culprits_from_frame(frame: SpanFrame, top: int = 5) -> list[dict[str, Any]]:
     """The culprit rows of every trace summed by (kernel, op, module), then cut to ``top``: summed from the
-    traces' whole lists (a fleet span carries its ranks' rows uncut), not from each step's first few, so a
-    row that is eleventh in every step still counts all its steps."""
+    traces' lists (a fleet span carries its ranks' rows summed, the first NODE_CULPRIT_ROWS of them), not from
+    each step's first ten, so a row that is eleventh in every step still counts all its steps."""
     return [_culprit(c) for c in merged_culprits(frame, top)[0]]
 
 
