@@ -369,9 +369,9 @@ def test_the_culprits_table_says_over_how_many_steps_a_sampled_live_run_sums_the
     assert (len(named), len(steps)) == (2, 12)
     capsys.readouterr()
     assert report_main([str(path)]) == 0
-    err = " ".join(capsys.readouterr().err.split())
+    out = " ".join(capsys.readouterr().out.split())
     assert "top culprits (kernel -> op -> module -> rank), summed over the 2 of 12 steps that name culprits; " \
-           "the others ran at step depth" in err
+           "the others ran at step depth" in out
     # an ingested trace names culprits on every step: the title stays as it is
     batch = ingest_batch([trace_path("h100/vit_image_classification.json.gz")], "v")
     text = rendered(batch)

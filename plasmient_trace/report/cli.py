@@ -244,7 +244,7 @@ def run_report(args: argparse.Namespace) -> int:
     from plasmient_trace.report.html import write_report
     from plasmient_trace.report.summary import progress, render_summary
 
-    console = _console(stderr=True)
+    console = _console(stderr=True)  # progress and what is said about the run; the summary itself is stdout's
     try:
         args.files = stdin_for_dash(args.files, "zcat spans.jsonl.gz | plasmient report -")
         if args.html:
@@ -271,7 +271,8 @@ def run_report(args: argparse.Namespace) -> int:
     if not args.quiet:
         for note in notes:
             print(f"plasmient report: {note}", file=sys.stderr)
-        render_summary(batch, console=console, top=args.top)
+        # the command's own output: `plasmient report spans.jsonl > summary.txt` or `| less -R` gets it
+        render_summary(batch, console=_console(), top=args.top)
     if out is not None:
         if not args.quiet:
             # one line, the path as it is: rich would wrap it at the console's width and read [..] in it as markup
