@@ -197,6 +197,15 @@ def test_rank_and_fleet_spans_carry_the_step_mfu(run):
             assert top["plasmient.flops.source"] == r["plasmient.flops.source"]
             assert top["plasmient.flops"] == r["plasmient.flops"]
             assert top["plasmient.mfu"] == pytest.approx(r["plasmient.mfu"], rel=1e-9)
+        # one rank alone: the node and the fleet are its window, their time and cost its own, none outside it
+        # (a live rank's tiled stretch is open; read as int64's extremes it billed $103,149 a step)
+        for level in ("node", "fleet"):
+            top = _by_step(rows, level)[s]
+            assert top["plasmient.device.window_s"] == pytest.approx(ranks[s]["plasmient.device.window_s"], rel=1e-9)
+            for key in ("plasmient.cost.usd", "plasmient.cost.wasted_usd", "plasmient.wasted_s"):
+                assert (top[key] is None) == (ranks[s][key] is None), (level, key)
+                if top[key] is not None:
+                    assert top[key] == pytest.approx(ranks[s][key], rel=1e-9, abs=1e-15), (level, key)
 
 
 def _mfu_points(sink: Collect) -> list[tuple[dict, object]]:

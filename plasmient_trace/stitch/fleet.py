@@ -329,9 +329,10 @@ def _tiled_stretches(g: SummaryGroups) -> tuple[np.ndarray, np.ndarray]:
 def _untiled_s(tiled: tuple[np.ndarray, np.ndarray], start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Per pair: the seconds of [start, end] outside the member's tiled stretch (:func:`_tiled_stretches`). Its
     own step window lies inside that stretch, so this is never more than the window minus the step's own."""
-    before = np.minimum(end, tiled[0]) - start
-    after = end - np.maximum(start, tiled[1])
-    return (np.maximum(before, 0) + np.maximum(after, 0)) / 1e9
+    # clipped into [start, end] first: an open stretch (live) is int64's extremes, and end - INT64_MIN wraps
+    before = np.clip(tiled[0], start, end) - start
+    after = end - np.clip(tiled[1], start, end)
+    return (before + after) / 1e9
 
 
 def bandwidth_columns(g: SummaryGroups) -> dict[str, Any]:
