@@ -17,91 +17,32 @@ happens on the session's worker thread (:func:`read_step`).
 Kineto writes two lines to the process's stderr (fd 2) every time a profiler starts and stops ("USDT:...
 SyncActivityProfilerHandler.cpp:52] profiler_start", torch 2.13, whatever KINETO_LOG_LEVEL says once torch
 is loaded): a job traced this way would find two lines of ours in its stderr per full-depth step. So fd 2
-is held for the length of each start and stop, and what arrived is written back without Kineto's lines.
+is held on a pipe for the length of each start and stop, and what arrived is written back without Kineto's
+lines (:mod:`.stderr_hold`): every line of the job's own arrives, each Python thread's in order.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
 import os
 import re
-import sys
 import tempfile
 from collections.abc import Iterator
 from typing import Any
 
 from ..records import RecordSet
+from .stderr_hold import stderr_held
 
 # One line of Kineto's own logger: "LEVEL:YYYY-MM-DD HH:MM:SS pid:tid File.cpp:NN] text"
 _KINETO_LINE = re.compile(rb"^(?:USDT|STAGE|INFO|WARNING|ERROR|VERBOSE):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \S+:\d+\] ")
 
 
-@functools.lru_cache(maxsize=1)
-def _libc_holding_the_gil() -> Any:
-    """libc's dup2, pread, lseek and write called through ctypes.PyDLL, which keeps the GIL through each call
-    (None where there is no such libc)."""
-    try:
-        libc = ctypes.PyDLL(None)
-        for name, args, res in (("dup2", [ctypes.c_int, ctypes.c_int], ctypes.c_int),
-                                ("lseek", [ctypes.c_int, ctypes.c_int64, ctypes.c_int], ctypes.c_int64),
-                                ("pread", [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64], ctypes.c_ssize_t),
-                                ("write", [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t], ctypes.c_ssize_t)):
-            fn = getattr(libc, name)
-            fn.argtypes, fn.restype = args, res
-        return libc
-    except (OSError, AttributeError):
-        return None
-
-
-def _hand_back(libc: Any, held: int, saved: int) -> None:
-    """What fd 2 received while held, less Kineto's lines, written to the real stderr, then fd 2 restored. No
-    other Python thread runs in between (the GIL is held, the switch interval pushed out), so a thread's line
-    written after the hand-back never lands ahead of one it wrote before."""
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(60.0)
-    try:
-        size = libc.lseek(held, 0, os.SEEK_END)
-        if size > 0:
-            buf = ctypes.create_string_buffer(size)
-            got = libc.pread(held, buf, size, 0)
-            data = buf.raw[:max(got, 0)]
-            kept = b"".join(line for line in data.splitlines(keepends=True) if not _KINETO_LINE.match(line))
-            while kept:
-                n = libc.write(saved, kept, len(kept))
-                if n <= 0:
-                    break
-                kept = kept[n:]
-        libc.dup2(saved, 2)
-    finally:
-        sys.setswitchinterval(switch)
-
-
 @contextlib.contextmanager
 def _kineto_lines_withheld() -> Iterator[None]:
-    """fd 2 goes to a temporary file while the block runs (a profiler start or stop at a step boundary); then
-    everything written there but Kineto's own log lines goes on to the real stderr (``_hand_back``). Another
-    thread's output in that window is delayed by it, never lost or reordered. Where fd 2 cannot be held, the
-    block runs as it is."""
-    libc = _libc_holding_the_gil()
-    held = None
-    with contextlib.ExitStack() as cleanup:
-        if libc is not None:
-            try:
-                held = cleanup.enter_context(tempfile.TemporaryFile())
-                saved = os.dup(2)
-                cleanup.callback(os.close, saved)
-                os.dup2(held.fileno(), 2)
-            except OSError:
-                held = None  # fd 2 stays as it was
-        if held is None:
-            yield
-            return
-        try:
-            yield
-        finally:
-            _hand_back(libc, held.fileno(), saved)
+    """fd 2 held while the block runs (a profiler start or stop at a step boundary), then everything written
+    to it but Kineto's own log lines goes on to the real stderr (:func:`stderr_hold.stderr_held`)."""
+    with stderr_held(_KINETO_LINE):
+        yield
 
 
 # Marks the profile objects that are ours, so the session's torch.profiler start/stop patch (which
