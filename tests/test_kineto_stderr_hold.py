@@ -113,6 +113,29 @@ print("ok")
     assert done.stderr == blob + b"main done\n"
 
 
+def test_a_stderr_read_by_a_thread_of_the_job_itself_takes_a_holds_worth_of_more_than_a_pipe_holds() -> None:
+    """Output-capturing tools make fd 2 a pipe that a thread of the job reads. Handing back 300 KiB must not
+    wait on that pipe with the GIL held, which its reader needs."""
+    done = _job("""
+r, w = os.pipe()
+os.dup2(w, 2)
+os.close(w)
+got = []
+reader = threading.Thread(target=lambda: got.extend(iter(lambda: os.read(r, 1 << 16), b"")))
+reader.start()
+blob = b"".join(b"held %06d\\n" % i for i in range(25000))
+side = threading.Thread(target=lambda: os.write(2, blob))
+with _kineto_lines_withheld():
+    side.start()
+    side.join()
+    os.write(2, KINETO)
+os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # the pipe's last write end: its reader ends
+reader.join()
+print(b"".join(got) == blob, len(blob))
+""", timeout=30)
+    assert done.returncode == 0 and done.stdout == b"True 300000\n", done
+
+
 def test_a_process_started_during_a_hold_keeps_its_stderr_and_does_not_keep_the_hold_open() -> None:
     """A child started inside the hold inherits fd 2 as it is then. The hold ends within its bound (about a
     second) although the child keeps that fd 2 open, and what the child writes later still reaches the job's

@@ -37,6 +37,7 @@ from typing import Any
 # How long the hand-back waits, GIL held, for the pipe's end. A write under way when fd 2 goes back takes
 # microseconds; only a process started during the hold keeps the pipe open longer.
 END_WAIT_S = 1.0
+_CHUNK = 4096  # PIPE_BUF: a pipe that polls writable takes this much without waiting
 
 
 class _PollFd(ctypes.Structure):
@@ -79,15 +80,23 @@ def _read_pipe(libc: Any, fd: int, until: float | None) -> tuple[bytes, bool]:
 
 
 def _forward(libc: Any, fd: int, data: bytes, drop: re.Pattern[bytes]) -> None:
-    """`data` less the lines `drop` matches, written to `fd` with the GIL held."""
+    """`data` less the lines `drop` matches, written to `fd` with the GIL held while `fd` takes it at once.
+    Where it would wait (a full pipe), the GIL is let go for that write: the pipe's reader may be a thread of
+    this process, and only then can a thread's line written at that moment overtake its earlier ones."""
     data = b"".join(line for line in data.splitlines(keepends=True) if not drop.match(line))
-    while data:
-        n = libc.write(fd, data, len(data))
-        if n < 0 and ctypes.get_errno() == errno.EINTR:
-            continue
-        if n <= 0:
-            return  # the real stderr refuses: nowhere better to put the bytes
-        data = data[n:]
+    writable, view = _PollFd(fd, select.POLLOUT, 0), memoryview(data)
+    try:
+        while view:
+            chunk = view[:_CHUNK]
+            ready = libc.poll(ctypes.byref(writable), 1, 0) == 1 and writable.revents & select.POLLOUT
+            n = libc.write(fd, bytes(chunk), len(chunk)) if ready else os.write(fd, chunk)
+            if n < 0 and ctypes.get_errno() == errno.EINTR:
+                continue
+            if n <= 0:
+                return  # the real stderr refuses: nowhere better to put the bytes
+            view = view[n:]
+    except OSError:
+        pass
 
 
 class _Hold:
