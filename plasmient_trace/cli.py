@@ -154,6 +154,7 @@ def _workers_for(args: argparse.Namespace, inputs: int | None = None) -> int:
 def stitch_options_from_args(args: argparse.Namespace, job_id: str, inputs: int | None = None) -> Any:
     """The stitch flags as IngestOptions, for ``inputs`` trace files (default: ``args.paths``)."""
     from .conventions import DEFAULT_BASELINE_MFU
+    from .metrics.cpu_peak import cpu_price_from_env
     from .metrics.flops import load_model_config
     from .pipeline import IngestOptions
     from .sources.resource import parse_otel_resource_attributes, resource_from_env
@@ -167,9 +168,12 @@ def stitch_options_from_args(args: argparse.Namespace, job_id: str, inputs: int 
         for key in ("process.pid", "plasmient.job.id", "plasmient.rank", "plasmient.world_size", "service.name"):
             env_res.pop(key, None)  # the trace and the flags say these for the traced process
         extra = {**env_res, **extra}
+    cpu_price, cpu_price_source = cpu_price_from_env()  # a CPU trace's price: the live rule, less the default
+    if cpu_price is None and cpu_price_source:
+        _warn(f"plasmient: {cpu_price_source}")
     return IngestOptions(
         job_id=job_id, max_spans=args.max_spans, extra_resource=extra, peak_tflops=args.peak_tflops, bandwidth_gbs=args.bandwidth_gbs,
-        gpu_price=args.gpu_price, gpu_model=args.gpu_model,
+        gpu_price=args.gpu_price, gpu_model=args.gpu_model, cpu_price=cpu_price,
         baseline_mfu=args.baseline_mfu or DEFAULT_BASELINE_MFU, ranks_per_node=args.ranks_per_node, host=host,
         graph_capture=getattr(args, "graph_capture", None), workers=_workers_for(args, inputs),
         chunk_rows=getattr(args, "chunk_rows", None),

@@ -48,8 +48,8 @@ class IngestOptions:
     peak_tflops: float | None = None       # override the dense peak (TFLOP/s, for the op dtype)
     bandwidth_gbs: float | None = None
     gpu_price: float | None = None         # USD per GPU-hour
-    # USD an hour of a CPU-only rank's cores while no CPU spec (cpu_spec) is known to carry it: a live job's
-    # price does not wait for the peak's calibration
+    # USD an hour of a CPU-only rank's cores where no CPU spec (cpu_spec) carries one: a live job's price does
+    # not wait for the peak's calibration; offline it is PLASMIENT_CPU_PRICE, else None (no cost)
     cpu_price: float | None = None
     gpu_model: str | None = None           # name to look up when the trace names no device
     ranks_per_node: int = 8
@@ -121,12 +121,14 @@ def resolve_device(records: RecordSet, options: IngestOptions) -> DeviceSpec:
         device_type = "gpu"
     spec = hardware.apply_overrides(spec, peak_tflops=options.peak_tflops, bandwidth_gbs=options.bandwidth_gbs,
                                     price=options.gpu_price)
+    price = options.gpu_price if spec is None else spec.price_per_hour
+    if on_cpu and price is None:  # a CPU's price is the job's (PLASMIENT_CPU_PRICE), whether or not a peak is known
+        price = options.cpu_price
     if spec is None:
-        price = options.cpu_price if on_cpu and options.gpu_price is None else options.gpu_price
         return DeviceSpec(model=None, device_type=device_type, peak_for=None, bandwidth=None,
                           price_per_hour=price, source="unknown")
     return DeviceSpec(model=spec.model, device_type=device_type, peak_for=spec.peak_flops, native=frozenset(spec.peak),
-                      bandwidth=spec.memory_bandwidth, price_per_hour=spec.price_per_hour, source=spec.source)
+                      bandwidth=spec.memory_bandwidth, price_per_hour=price, source=spec.source)
 
 
 def _observed_cpu_rates(records: RecordSet, costs: Any) -> dict[str, float]:
@@ -159,8 +161,12 @@ def rank_input(records: RecordSet, options: IngestOptions, notes: list[str] | No
         op_flops=np.asarray(costs.flops, np.float64), op_bytes=np.asarray(costs.bytes, np.float64),
         op_dtype=costs.dtype, op_model=costs.model,
     )
-    if notes is not None and inp.spec.model not in (None, "user-specified") and inp.spec.price_per_hour is None:
-        notes.append(f"{inp.spec.model} has no public list price: no cost on its spans (give one with --gpu-price)")
+    if notes is not None and inp.spec.price_per_hour is None:
+        if inp.spec.device_type == "cpu":  # not a default per thread: the trace does not say the job's threads
+            notes.append("a CPU's price is not in its trace: no cost on its spans (set PLASMIENT_CPU_PRICE, "
+                         "USD an hour of the job's cores)")
+        elif inp.spec.model not in (None, "user-specified"):
+            notes.append(f"{inp.spec.model} has no public list price: no cost on its spans (give one with --gpu-price)")
     if records.ops.num_rows >= LARGE_ROWS:
         return_freed_memory()
     return inp

@@ -203,3 +203,42 @@ def test_a_part_without_a_public_price_has_no_cost_until_one_is_given(tmp_path, 
     for r in steps:
         charged = float(r["plasmient.busy_s"]) + float(r["plasmient.idle_s"])
         assert float(r["plasmient.cost.usd"]) == pytest.approx(1.5 * charged / 3600, rel=1e-9)
+
+
+def test_an_offline_cpu_trace_is_priced_by_plasmient_cpu_price_and_has_no_cost_without_it(tmp_path, capsys,
+                                                                                          monkeypatch):
+    """PLASMIENT_CPU_PRICE is the USD an hour of a CPU-only job's cores; a live run prices its CPU spans with it,
+    and an offline ingest of a CPU trace ignored it (no cost on any span, not a word said). Now the ingest
+    prices the trace's step window with it, with or without a --peak-tflops, and without it (or with a value
+    that is no price) no span has a cost and the ingest says why: the default per thread is not applied, as
+    the trace does not say how many threads the job had. The oracle, from the raw JSON: the step's charged
+    window, from its ProfilerStep# start to the end of the last op in it (on a CPU the ops are the kernels)."""
+    from conftest import raw_trace, trace_path
+
+    from plasmient_trace.cli import main
+
+    name = "cpu_only/rank-34.json.gz"
+    events = [e for e in raw_trace(name)["traceEvents"] if e.get("ph") == "X"]
+    ((start, end),) = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith("ProfilerStep#")]
+    window_us = max(e["ts"] + e["dur"] for e in events if e.get("cat") in ("cpu_op", "user_annotation")
+                    and not e["name"].startswith("ProfilerStep#") and start <= e["ts"] and e["ts"] + e["dur"] <= end) - start
+    said = "no cost on its spans (set PLASMIENT_CPU_PRICE"
+    for env, flags, price in ((None, [], None), ("3", [], 3.0), ("3", ["--peak-tflops", "1"], 3.0),
+                              ("-1", [], None), ("3", ["--gpu-price", "2"], 2.0)):
+        if env is None:
+            monkeypatch.delenv("PLASMIENT_CPU_PRICE", raising=False)
+        else:
+            monkeypatch.setenv("PLASMIENT_CPU_PRICE", env)
+        out = tmp_path / f"{env}-{len(flags)}.jsonl"
+        assert main(["ingest", str(trace_path(name)), "--job-id", "cpu", "--out", str(out), *flags]) == 0
+        err = capsys.readouterr().err
+        assert (said in err) == (price is None), (env, flags, err)
+        assert ("PLASMIENT_CPU_PRICE='-1' ignored" in err) == (env == "-1"), err
+        rows = [{a["key"]: next(iter(a["value"].values())) for a in span["attributes"]}
+                for line in out.read_text().splitlines() for rs in json.loads(line)["resourceSpans"]
+                for ss in rs["scopeSpans"] for span in ss["spans"]]
+        if price is None:
+            assert rows and all("plasmient.cost.usd" not in r for r in rows), (env, flags)
+            continue
+        (step,) = [r for r in rows if r["plasmient.level"] == "step"]
+        assert float(step["plasmient.cost.usd"]) == pytest.approx(price * window_us / 1e6 / 3600, rel=1e-6)

@@ -123,7 +123,8 @@ class CaptureConfig:
                             TORCHELASTIC_RUN_ID; else rank 0's generated id, shared through the store)
     PLASMIENT_PEAK_TFLOPS   override the device peak (TFLOP/s); skips the CPU calibration
     PLASMIENT_GPU_PRICE     USD per device-hour
-    PLASMIENT_CPU_PRICE     USD per hour of a CPU-only job's cores (default $0.05 per vCPU-hour x its threads)
+    PLASMIENT_CPU_PRICE     USD per hour of a CPU-only job's cores (default $0.05 per vCPU-hour x its threads;
+                      `plasmient ingest` of a CPU trace uses it too, with no default: unset, no cost)
     PLASMIENT_CUPTI=0 / PLASMIENT_NVML=0   disable those sources
     PLASMIENT_CUPTI=kineto  kernels through torch.profiler (Kineto) instead of cupti-python, which is
                             also the fallback when cupti-python is missing or CUPTI is taken

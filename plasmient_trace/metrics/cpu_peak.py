@@ -24,8 +24,8 @@ import numpy as np
 
 from .hardware import GpuSpec
 
-__all__ = ["cpu_spec", "cpu_price_per_hour", "raise_cpu_peak", "start_cpu_calibration", "CalibrationNotQuiet",
-           "CPU_PRICE_PER_THREAD_HOUR"]
+__all__ = ["cpu_spec", "cpu_price_per_hour", "cpu_price_from_env", "raise_cpu_peak", "start_cpu_calibration",
+           "CalibrationNotQuiet", "CPU_PRICE_PER_THREAD_HOUR"]
 
 # --------------------------------------------------------------------------------------------- CPU
 # Default CPU price: USD per vCPU-hour times the threads torch uses. Basis: AWS m7i on-demand
@@ -182,21 +182,31 @@ def _measure_copy(deadline: float) -> float:
     return 2.0 * n * 8 / dt_s  # every byte read once and written once
 
 
-def _cpu_price(threads: int) -> tuple[float, str]:
-    """USD an hour, and where it came from. A PLASMIENT_CPU_PRICE that is not a price (negative, NaN, inf, a
-    typo) is not used, and the source says so: a negative price would make every cost negative."""
+def cpu_price_from_env() -> tuple[float | None, str]:
+    """PLASMIENT_CPU_PRICE (USD an hour of a CPU-only job's cores) and where it came from; (None, why) when it
+    is unset or not a price (negative, NaN, inf, a typo): a negative price would make every cost negative.
+    An offline ingest prices a CPU trace with this alone (its threads, hence a default, are not in the trace)."""
     from ..conventions import MAX_FLAG_VALUE
 
     env = os.environ.get("PLASMIENT_CPU_PRICE", "").strip()
-    rejected = ""
-    if env:
-        try:
-            price = float(env)
-        except ValueError:
-            price = float("nan")
-        if 0 < price <= MAX_FLAG_VALUE:
-            return price, "PLASMIENT_CPU_PRICE"
-        rejected = f" (PLASMIENT_CPU_PRICE={env!r} ignored: not a price in (0, {MAX_FLAG_VALUE:g}])"
+    if not env:
+        return None, ""
+    try:
+        price = float(env)
+    except ValueError:
+        price = float("nan")
+    if 0 < price <= MAX_FLAG_VALUE:
+        return price, "PLASMIENT_CPU_PRICE"
+    return None, f"PLASMIENT_CPU_PRICE={env!r} ignored: not a price in (0, {MAX_FLAG_VALUE:g}]"
+
+
+def _cpu_price(threads: int) -> tuple[float, str]:
+    """USD an hour, and where it came from: PLASMIENT_CPU_PRICE, else the default per thread (and the source
+    says when PLASMIENT_CPU_PRICE was set but not a price)."""
+    price, source = cpu_price_from_env()
+    if price is not None:
+        return price, source
+    rejected = f" ({source})" if source else ""
     return CPU_PRICE_PER_THREAD_HOUR * threads, (
         f"default ${CPU_PRICE_PER_THREAD_HOUR}/vCPU-hour x {threads} threads (AWS m7i on-demand, rounded){rejected}")
 
