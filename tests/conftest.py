@@ -198,7 +198,7 @@ def pytest_configure(config) -> None:
     except ImportError:
         threads = [1]
     for n in threads:
-        entry = cpu_peak._read_cache(cache / cpu_peak._CACHE_FILE).get(f"{cpu_peak._cpu_model()}|threads={n}")
+        entry = cpu_peak._read_cache(cache / cpu_peak._CACHE_FILE).get(cpu_peak._cache_key(n))
         if cpu_peak._valid(entry) and not entry.get("stand_in"):
             continue
         done = subprocess.run([sys.executable, "-m", "plasmient_trace.metrics.cpu_peak", "--threads", str(n),
@@ -219,7 +219,7 @@ def _stand_in_calibration(cache: Path, threads: int) -> None:
 
     path = cache / cpu_peak._CACHE_FILE
     entries = cpu_peak._read_cache(path)
-    entries[f"{cpu_peak._cpu_model()}|threads={threads}"] = {
+    entries[cpu_peak._cache_key(threads)] = {
         "fp32": STAND_IN_PEAK_FLOPS, "fp64": STAND_IN_PEAK_FLOPS, "bf16": STAND_IN_PEAK_FLOPS, "bandwidth": 1e11,
         "format": cpu_peak._CACHE_FORMAT, "idle_checked": False, "stand_in": True, "gemm_n": 0, "runs": 0}
     cpu_peak._write_cache(path, entries)

@@ -89,7 +89,7 @@ def test_a_calibrated_cpu_resolves_at_once_with_the_jobs_threads(tmp_path: Path)
     for threads in sorted({1, torch.get_num_threads()}):
         future = H.start_cpu_calibration(threads=threads, cache_dir=tmp_path)
         assert future.done() and future.result().model.endswith(f"({threads} threads)")
-        stand_in = json.loads((tmp_path / C._CACHE_FILE).read_text())[f"{C._cpu_model()}|threads={threads}"]
+        stand_in = json.loads((tmp_path / C._CACHE_FILE).read_text())[C._cache_key(threads)]
         if not stand_in.get("stand_in"):   # the suite's machine was busy: conftest's stand-in peak
             assert "timed while the machine was otherwise idle" in future.result().notes
     assert not _children_calibrating(tmp_path)
@@ -100,7 +100,7 @@ def test_a_peak_timed_before_the_idle_check_is_measured_again(tmp_path: Path, mo
     monkeypatch.setattr(C, "_COPY_BYTES", 1 << 16)
     monkeypatch.setattr(C, "_SET_S", 0.005)
     path = tmp_path / C._CACHE_FILE
-    key = f"{C._cpu_model()}|threads=1"
+    key = C._cache_key(1)
     # What this machine's cache held: a 2-thread entry of format 2, timed beside a job, 5x under the real peak.
     stale = {"fp32": 1.0, "fp64": 1.0, "bf16": 1.0, "bandwidth": 1.0, "format": 2, "gemm_n": 1024, "runs": 5}
     path.write_text(json.dumps({key: stale}))

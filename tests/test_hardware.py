@@ -174,8 +174,8 @@ def test_cpu_calibration_measures_once_then_reads_the_cache(tmp_path: Path, monk
     assert first.price_per_hour == pytest.approx(H.CPU_PRICE_PER_THREAD_HOUR * threads)
 
     cache = json.loads((tmp_path / "cpu_calibration.json").read_text())
-    assert list(cache) == [f"{C._cpu_model()}|threads={threads}"]
-    assert cache[f"{C._cpu_model()}|threads={threads}"]["fp32"] == first.peak_flops("fp32")
+    assert list(cache) == [C._cache_key(threads)]
+    assert cache[C._cache_key(threads)]["fp32"] == first.peak_flops("fp32")
 
     def no_timing() -> float:
         raise AssertionError("second call must read the cache, not time anything")
@@ -211,3 +211,86 @@ def test_cpu_calibration_with_the_real_clock_gives_positive_numbers(tmp_path: Pa
     spec = cpu_spec(cache_dir=tmp_path)
     assert spec.peak_flops("fp32") > 0 and spec.peak_flops("fp64") > 0 and spec.memory_bandwidth > 0
     assert math.isfinite(spec.ridge_point())
+
+
+_EPYC_CORE = """processor\t: {n}
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 1
+model name\t: AMD EPYC
+stepping\t: 1
+microcode\t: 0x1000065
+cpu MHz\t\t: 2445.428
+cache size\t: 512 KB
+siblings\t: {cpus}
+cpu cores\t: {cpus}
+flags\t\t: fpu sse sse2 ssse3 fma avx avx2 hypervisor
+bogomips\t: 4890.85
+
+"""
+
+
+def _epyc(cpus: int = 2) -> str:
+    """A VM's /proc/cpuinfo that names its CPU only "AMD EPYC" (as this test machine's does)."""
+    return "".join(_EPYC_CORE.format(n=n, cpus=cpus) for n in range(cpus))
+
+
+def test_cpus_that_share_a_generic_model_name_never_share_a_calibration(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The calibration cache was keyed by the model name and thread count. In a VM the name can be "AMD EPYC"
+    with no model number, for a Zen 3 and for a Zen 4 with AVX-512, so the second machine read the first
+    one's measured peak (and an op that beat it raised the first one's). Each CPU that differs in what sets a
+    GEMM's rate (its model number, its SIMD extensions, its number of cores) now gets its own entry, measured
+    on it; the same CPU after a reboot or a microcode update (another clock speed, bogomips, microcode, in
+    another order) reads its own entry without measuring."""
+    import builtins
+
+    cpuinfo = tmp_path / "cpuinfo"
+    real_open = builtins.open
+
+    def fake_open(file, *args, **kwargs):
+        return real_open(cpuinfo if str(file) == "/proc/cpuinfo" else file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    measured: list[str] = []
+
+    def measure(threads: int, deadline_s: float = 0.0) -> dict:
+        # each measurement a peak of its own, so whose entry a spec was read from shows in its peak
+        measured.append(cpuinfo.read_text())
+        peak = float(len(measured)) * 1e9
+        return {"fp32": peak, "fp64": peak, "bf16": peak, "bandwidth": 1e9, "format": C._CACHE_FORMAT}
+
+    monkeypatch.setattr(C, "_measure_all", measure)
+    cache = tmp_path / "cache"
+    machines = {
+        "zen3": _epyc(),
+        "zen4 (model 17, AVX-512 with bf16)": _epyc().replace("model\t\t: 1\n", "model\t\t: 17\n")
+                                                      .replace("avx avx2", "avx avx2 avx512f avx512_bf16"),
+        "zen3 with 4 cores": _epyc(4),
+        "zen3 of another stepping": _epyc().replace("stepping\t: 1\n", "stepping\t: 2\n"),
+    }
+    peaks: dict[str, float] = {}
+    for name, text in machines.items():
+        cpuinfo.write_text(text)
+        before = len(measured)
+        peaks[name] = cpu_spec(cache_dir=cache, threads=2).peak_flops("fp32")
+        assert len(measured) == before + 1 and measured[-1] == text, f"{name} read another CPU's peak"
+    assert len(set(peaks.values())) == len(machines)
+    assert len(json.loads((cache / C._CACHE_FILE).read_text())) == len(machines)
+
+    rebooted = machines["zen3"].replace("2445.428", "3100.002").replace("4890.85", "6200.00")
+    rebooted = rebooted.replace("0x1000065", "0x1000066").replace("fma avx avx2", "avx2 avx fma")
+    for again in (machines["zen3"], rebooted):
+        cpuinfo.write_text(again)
+        before = len(measured)
+        assert cpu_spec(cache_dir=cache, threads=2).peak_flops("fp32") == peaks["zen3"]
+        assert len(measured) == before
+
+    # An op that beats the zen4's peak raises the zen4's entry, not the zen3's.
+    cpuinfo.write_text(machines["zen4 (model 17, AVX-512 with bf16)"])
+    zen4 = cpu_spec(cache_dir=cache, threads=2)
+    H.raise_cpu_peak(zen4, {"fp32": 10 * zen4.peak_flops("fp32")}, threads=2, cache_dir=cache, say=lambda _: None)
+    cpuinfo.write_text(machines["zen3"])
+    assert cpu_spec(cache_dir=cache, threads=2).peak_flops("fp32") == peaks["zen3"]
+    cpuinfo.write_text(machines["zen4 (model 17, AVX-512 with bf16)"])
+    assert cpu_spec(cache_dir=cache, threads=2).peak_flops("fp32") == 10 * peaks["zen4 (model 17, AVX-512 with bf16)"]

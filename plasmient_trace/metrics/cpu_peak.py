@@ -1,7 +1,7 @@
 """The CPU as a device: GEMM peaks per dtype and copy bandwidth, measured (best of several runs,
-with the job's thread count) only while nothing else uses the CPU, cached per CPU model and thread
-count, calibrated at idle priority in a child process when live (:func:`start_cpu_calibration`), and
-raised when an op proves it wrong (:func:`raise_cpu_peak`)."""
+with the job's thread count) only while nothing else uses the CPU, cached per CPU (not per model name
+alone: ``cpu_identity``) and thread count, calibrated at idle priority in a child process when live
+(:func:`start_cpu_calibration`), and raised when an op proves it wrong (:func:`raise_cpu_peak`)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
+from .cpu_identity import cache_key as _cache_key
+from .cpu_identity import cpu_flags as _cpu_flags
+from .cpu_identity import cpu_model as _cpu_model
 from .hardware import GpuSpec
 
 __all__ = ["cpu_spec", "cpu_price_per_hour", "cpu_price_from_env", "raise_cpu_peak", "start_cpu_calibration",
@@ -55,17 +58,6 @@ _QUIET_DEADLINE_S = 300.0        # foreground (`python -m plasmient_trace.metric
 _BACKGROUND_DEADLINE_S = 3600.0  # the idle-priority child of a live job, which may outlive it
 _RETRY_S = 1.0
 _log = logging.getLogger(__name__)
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown cpu"
 
 
 def _threads() -> int:
@@ -231,15 +223,7 @@ def user_cpu_spec(peak_tflops: float, threads: int | None = None) -> GpuSpec:
 
 def _cpu_has_bf16() -> bool:
     """bf16 GEMMs have their own CPU rate only with native bf16 math (x86 avx512_bf16 / AMX, Arm bf16)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.lower().startswith(("flags", "features")):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
-    except OSError:
-        pass
-    return False
+    return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def _read_cache(path: Path) -> dict[str, Any]:
@@ -299,14 +283,14 @@ def cpu_spec(cache_dir: str | os.PathLike[str] | None = None, threads: int | Non
     torch's current count), measured once and cached.
 
     The cache is a JSON file under ``cache_dir`` (default ``$PLASMIENT_CACHE_DIR`` or
-    ``~/.cache/plasmient-trace``) keyed by CPU model and thread count. Measuring takes seconds, loads
+    ``~/.cache/plasmient-trace``) keyed by the CPU (``cpu_identity.cache_key``) and thread count. Measuring takes seconds, loads
     every core and needs the machine otherwise idle (:class:`CalibrationNotQuiet` after ``deadline_s``);
     processes sharing a cache measure one at a time (``wait_for_others=False``: none waits for another,
     it gives up). In a live job call :func:`start_cpu_calibration`.
     """
     model = _cpu_model()
     threads = threads or _threads()
-    key = f"{model}|threads={threads}"
+    key = _cache_key(threads)
     path = _cache_dir(cache_dir) / _CACHE_FILE
     entry = _read_cache(path).get(key)
     if not _valid(entry):
@@ -386,8 +370,7 @@ def raise_cpu_peak(spec: GpuSpec, observed: Mapping[str, float], threads: int | 
     if spec.device_type != "cpu":
         return spec
     threads = threads or _threads()
-    model = _cpu_model()
-    key = f"{model}|threads={threads}"
+    key = _cache_key(threads)
     new_peak = dict(spec.peak)
     raised = [d for d, rate in observed.items()
               if np.isfinite(rate) and rate > OVER_PEAK_TOLERANCE * spec.peak_flops(d)]
@@ -427,7 +410,7 @@ def start_cpu_calibration(threads: int | None = None,
     threads = threads or _threads()
     done: Future[GpuSpec] = Future()
     path = _cache_dir(cache_dir) / _CACHE_FILE
-    if _valid(_read_cache(path).get(f"{_cpu_model()}|threads={threads}")):
+    if _valid(_read_cache(path).get(_cache_key(threads))):
         done.set_result(cpu_spec(cache_dir, threads))
         return done
 
