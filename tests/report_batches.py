@@ -248,6 +248,8 @@ def _metrics(flat: list[_Span], peak: float | None, bw: float | None, price: flo
             a["plasmient.cost.usd"] = price * wall * gpus / 3600
         if bw is not None and s.level == "rank":
             a["plasmient.peak_bandwidth"] = bw
+        if s.level == "rank":  # as an ingest writes it: "unknown" where the device's peak is
+            a["plasmient.peak.source"] = "unknown" if peak is None else "table:H100 SXM"
         if s.level != "kernel" and "plasmient.bound" not in a:
             a["plasmient.bound"] = "idle" if util < 0.2 else ("compute" if peak and nbytes and flops / nbytes > peak / (bw or 1) else "memory")
 

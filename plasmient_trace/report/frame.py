@@ -166,6 +166,10 @@ class SpanFrame:
     def is_level(self, level: str) -> np.ndarray:
         return self.level == LEVEL_CODE[level]
 
+    def traces_with(self, mask: np.ndarray) -> np.ndarray:
+        """Per trace (index into trace_ids): whether any span of ``mask`` is in it."""
+        return np.bincount(self.trace[mask], minlength=len(self.trace_ids)) > 0
+
 
 def _as_float(value: Any) -> float:
     try:

@@ -132,6 +132,10 @@ def rows_from_frame(frame: SpanFrame, top: int = 5) -> list[dict[str, Any]]:
     sampled = values(frame.strings("plasmient.sampled_depth"))
     culprit_wasted = frame.num("plasmient.culprit.wasted_s")
     rank_spans = np.bincount(frame.trace[frame.is_level("rank")], minlength=len(frame.trace_ids))
+    # what the spans say of the peak and FLOPs, per trace (mfu_unknown_reason names no cause they do not show)
+    peak_known = frame.traces_with(np.nan_to_num(frame.num("plasmient.peak_flops")) > 0)
+    peak_unknown = frame.traces_with(frame.is_level("rank") & (frame.codes("plasmient.peak.source", {"unknown": 1}) == 1))
+    flops_uncarried = frame.traces_with(frame.is_level("step") & (frame.codes("plasmient.flops.source", {"unknown": 1}) == 1))
     step_rows_by_trace: dict[int, np.ndarray] = {}
     order = np.argsort(frame.trace[steps], kind="stable")
     st_idx = np.nonzero(steps)[0][order]
@@ -198,6 +202,8 @@ def rows_from_frame(frame: SpanFrame, top: int = 5) -> list[dict[str, Any]]:
                 # over busy time; a live step-depth step carries its coverage but has no busy time of its
                 # own (CPU), so its device time weighs it instead of hiding a known number
                 "coverage": weighted_mean(coverage[idx], np.where(np.nan_to_num(busy[idx]) > 0, busy[idx], dev)),
+                "peak": "known" if peak_known[tr] else ("unknown" if peak_unknown[tr] else None),  # None: not said
+                "flops_uncarried": bool(flops_uncarried[tr]),  # a live step-depth step with no FLOPs to carry
                 "device_type": dtypes[first],
                 "sampled_depth": ",".join(depths) or None,
                 "suggestion": suggestion,
@@ -214,8 +220,10 @@ def rows_device(rows: list[dict[str, Any]]) -> str:
 
 
 def mfu_unknown_reason(rows: list[dict[str, Any]]) -> str:
-    """Why steps (summary rows) that all lack an MFU lack it, from their coverage and known FLOPs: no FLOP
-    model at all, only zero-FLOP kernels known (collectives, copies), or else the device's unknown peak."""
+    """Why steps (summary rows) that all lack an MFU lack it, from what their spans show: no FLOP model at
+    all (coverage 0), only zero-FLOP kernels known (collectives, copies), or a peak whose source a rank span
+    says is unknown, or live step-depth steps with no FLOPs to carry; else (an edited file: MFU or the peak's
+    attributes removed) that no reason is recorded."""
     covered = [r for r in rows if r.get("coverage")]
     if not covered and any(r.get("coverage") is not None for r in rows):
         return ("no kernel of these steps has a FLOP model (coverage 0%); record shapes (record_shapes=True) so "
@@ -226,7 +234,12 @@ def mfu_unknown_reason(rows: list[dict[str, Any]]) -> str:
         share = fmt_pct(lo) if lo == hi else f"{fmt_pct(lo)}-{fmt_pct(hi)}"
         return (f"the only kernels with known FLOPs do no math (collectives, copies: {share} of busy time) and "
                 f"the others' FLOPs are unknown; the culprits say what each lacks")
-    return f"the {rows_device(rows)}'s peak FLOP/s is unknown (pass a peak override)"
+    if all(r.get("flops_uncarried") for r in rows):
+        return ("these steps ran at step depth with no full-depth step of the same input shapes to carry FLOPs "
+                "from (flops.source unknown)")
+    if all(r.get("peak") == "unknown" for r in rows):
+        return f"the {rows_device(rows)}'s peak FLOP/s is unknown (pass a peak override)"
+    return "the reason is not recorded in these spans (their FLOP coverage, FLOPs and peak show none)"
 
 
 def _resource_job(batch: SpanBatch, frame: SpanFrame, i: int) -> str | None:
