@@ -4,6 +4,9 @@ removed, as a user's pipeline may): every number and reason the report prints mu
 from __future__ import annotations
 
 import json
+import re
+
+import pytest
 
 from conftest import trace_path
 
@@ -76,3 +79,57 @@ def test_the_reason_mfu_is_unknown_is_one_the_spans_show_or_says_it_is_not_recor
     assert [s["plasmient.flops.source"] for s in seen if s["plasmient.level"] == "step"] == ["unknown"] * len(steps)
     assert "MFU n/a: these steps ran at step depth with no full-depth step" in text
     assert unknown_peak not in text and not_recorded not in text
+
+
+def _spans_of(path) -> list[dict]:
+    """Each span's attributes (integers as int: device.start_ns is an epoch nanosecond), with its level."""
+    def value(v):
+        return int(v["intValue"]) if "intValue" in v else next(iter(v.values()))
+
+    return [{a["key"]: value(a["value"]) for a in span["attributes"]} | {"_start": int(span["startTimeUnixNano"]),
+                                                                         "_end": int(span["endTimeUnixNano"])}
+            for line in open(path) for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"]
+            for span in ss["spans"]]
+
+
+def test_without_fleet_spans_the_window_column_is_the_extent_of_the_ranks_device_windows(tmp_path, capsys):
+    """The steps table's "window" is the device window the step's util and MFU divide by: a step's, a rank's
+    (its step's), and for a node or fleet the extent of its ranks' windows (README, device windows). A span
+    file without fleet and node spans (dropped by a pipeline, or a collector that kept some levels) got, for
+    several ranks, the extent of the rank spans as drawn (their CPU intervals): 608.10 ms for a100_multirank's
+    step 551, whose ranks' device windows span 603.76 ms. The oracle: the ranks' device.start_ns and window_s
+    in the file, and the fleet span of the unedited file, which must say the same."""
+    from plasmient_trace.cli import main
+    from plasmient_trace.report.summary import fmt_seconds
+
+    ranks = [trace_path(f"a100_multirank/rank-{i}.json.gz") for i in (0, 1)]
+    out, edited = tmp_path / "spans.jsonl", tmp_path / "no-fleet.jsonl"
+    assert main(["ingest", *map(str, ranks), "--job-id", "w", "--out", str(out), "--quiet"]) == 0
+    fleet = {s["plasmient.step"]: s["plasmient.device.window_s"] for s in _spans_of(out)
+             if s["plasmient.level"] == "fleet"}
+    with open(out) as src, open(edited, "w") as dst:
+        for line in src:
+            doc = json.loads(line)
+            for rs in doc["resourceSpans"]:
+                for ss in rs["scopeSpans"]:
+                    ss["spans"] = [s for s in ss["spans"] if not any(
+                        a["key"] == "plasmient.level" and a["value"]["stringValue"] in ("fleet", "node")
+                        for a in s["attributes"])]
+            dst.write(json.dumps(doc) + "\n")
+    rank_spans = [s for s in _spans_of(edited) if s["plasmient.level"] == "rank"]
+    assert not [s for s in _spans_of(edited) if s["plasmient.level"] in ("fleet", "node")]
+    expected, drawn = {}, {}
+    for step in sorted(fleet):
+        mine = [s for s in rank_spans if s["plasmient.step"] == step]
+        assert len(mine) == 2
+        ends = [s["plasmient.device.start_ns"] + round(s["plasmient.device.window_s"] * 1e9) for s in mine]
+        expected[step] = (max(ends) - min(s["plasmient.device.start_ns"] for s in mine)) / 1e9
+        drawn[step] = (max(s["_end"] for s in mine) - min(s["_start"] for s in mine)) / 1e9
+        assert expected[step] == pytest.approx(fleet[step], abs=1e-9)
+        assert fmt_seconds(drawn[step]) != fmt_seconds(expected[step])  # the two differ as printed
+    capsys.readouterr()
+    assert main(["report", str(edited)]) == 0
+    text = capsys.readouterr().err
+    for step, window in expected.items():
+        (row,) = [line for line in text.splitlines() if re.match(rf"│\s+{step} │", line)]
+        assert row.split("│")[3].strip() == fmt_seconds(window), (row, fmt_seconds(drawn[step]))

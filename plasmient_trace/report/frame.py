@@ -102,6 +102,19 @@ class SpanFrame:
         wall[missing] = (self.end_ns[missing] - self.start_ns[missing]) / 1e9
         return wall
 
+    def window_extent_s(self, idx: np.ndarray) -> float:
+        """The extent of the spans ``idx``'s device windows (device.start_ns to start + window_s), as a node's
+        or the fleet's window is their ranks'; the drawn extent (end - start) where one of them has none
+        (files from before device windows)."""
+        table = self.batch.table
+        if "plasmient.device.start_ns" in table.column_names:
+            start = table.column("plasmient.device.start_ns").take(pa.array(idx)).to_pylist()
+            window = self.num("plasmient.device.window_s")[idx]
+            if None not in start and not np.isnan(window).any():
+                ends = [s + round(w * 1e9) for s, w in zip(start, window.tolist())]
+                return (max(ends) - min(start)) / 1e9
+        return float((self.end_ns[idx].max() - self.start_ns[idx].min()) / 1e9)
+
     @cached_property
     def gpus(self) -> np.ndarray:
         """Devices a span is charged for; 1 where the attribute is absent (a single device)."""

@@ -156,7 +156,7 @@ def rows_from_frame(frame: SpanFrame, top: int = 5) -> list[dict[str, Any]]:
             i = int(idx[0])
             wall, gpus, device_s = float(frame.wall_s[i]), float(frame.gpus[i]), float(frame.device_s[i])
         else:
-            wall = float((frame.end_ns[idx].max() - frame.start_ns[idx].min()) / 1e9)
+            wall = frame.window_extent_s(idx)  # no fleet span: its ranks' windows' extent, as a fleet's window is
             gpus, device_s = float(frame.gpus[idx].sum()), float(dev.sum())
         u, m = weighted_mean(util[idx], dev), weighted_mean(mfu[idx], dev)
 
