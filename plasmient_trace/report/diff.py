@@ -11,7 +11,8 @@ time, so every device-second of a side lands in exactly one row of each table:
   fleet, the time spent waiting for a straggler.
 
 A unit is named by its kernel name, by its nearest op (itself or an ancestor) and by the module pattern of its
-nearest module (layer numbers as ``*``, as the culprit rows name them, so twelve layers are one row). The
+nearest module (layer numbers as ``*``, as the culprit rows name them, so twelve layers are one row; its
+backward and recompute passes, `` [backward]`` and `` [recompute]``, are rows apart from its forward). The
 three tables sum the units per name: *device time* is the sum of ``plasmient.busy_s.self`` over the row's
 units (concurrent kernels share a device-second, so nothing is counted twice), *wasted* the sum of
 ``plasmient.wasted_s.self``; a row's MFU is its ideal seconds over its busy seconds (MFU of the time its
@@ -71,6 +72,19 @@ def _codes(arr: pa.Array) -> tuple[np.ndarray, pa.Array]:
     return enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64), enc.dictionary
 
 
+def _module_labels(frame: SpanFrame) -> pa.Array:
+    """Each module span's label as the culprit rows (and the span's name) give it: its path, and the pass that
+    ran it, " [backward]" or " [recompute]" (a checkpointed forward run again in the backward), so a layer's
+    forward, backward and recompute are three rows, never one. Where a span has no path, its name."""
+    name = frame.strings("name")
+    recompute = pc.fill_null(pc.ends_with(name, " [recompute]"), False)
+    backward = pc.or_(pc.fill_null(pc.equal(frame.strings("plasmient.module.phase"), "backward"), False),
+                      pc.fill_null(pc.ends_with(name, " [backward]"), False))
+    suffix = pc.if_else(recompute, " [recompute]", pc.if_else(backward, " [backward]", ""))
+    path = frame.strings("plasmient.module.path")
+    return pc.if_else(pc.is_valid(path), pc.binary_join_element_wise(path, suffix, ""), name)
+
+
 def unit_table(batch: SpanBatch) -> pa.Table:
     """The exclusive units of device time of a batch (module docstring), one row each, with their three names."""
     frame = SpanFrame(batch)
@@ -127,7 +141,7 @@ def unit_table(batch: SpanBatch) -> pa.Table:
     # module first, then the span names and module patterns, so no Python runs per span.
     special = [IDLE_LABEL, STRAGGLER_WAIT, NOT_EXPORTED, NO_OP, NO_MODULE]
     name_code, names = _codes(frame.strings("name"))
-    path = pc.coalesce(frame.strings("plasmient.module.path"), frame.strings("name"))
+    path = _module_labels(frame)
     path_code, paths = _codes(pc.if_else(pa.array(level == LEVEL_CODE["module"]), path, pa.scalar(None, pa.string())))
     patterns = pa.array([module_pattern(p) for p in paths.to_pylist()], pa.string())
     vocab = pa.concat_arrays([pa.array(special, pa.string()), names.cast(pa.string()), patterns])
