@@ -54,7 +54,25 @@ _SELF_COLUMNS = {"busy_s": "plasmient.busy_s.self", "wasted_s": "plasmient.waste
 _WORK_SUMS = ("flops", "ideal_s")
 # A residual below this share of the span's own value is floating-point noise, not folded work.
 _RESIDUAL_RTOL = 1e-9
+# Two sums of the same work in another order (one run at two span budgets; a row both sides hold whole) differ
+# by float round-off, 6.7e-16 s of v100's 0.60 s of busy time (1e-15 relative), which printed as "+0.0 µs". A
+# change below this share of the larger side is that noise: far above it, and below anything a trace measures
+# (1 ns of 1000 s is 1e-12, and is kept).
+ROUNDOFF_RTOL = 1e-12
 EXIT_OK, EXIT_MFU_DROPPED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def change(a: Any, b: Any) -> Any:
+    """b - a, exactly 0 where it is the round-off of two sums of the same numbers (ROUNDOFF_RTOL); NaN (None
+    for scalars) where either side is unknown."""
+    if np.ndim(a) == 0 and np.ndim(b) == 0:
+        if a is None or b is None:
+            return None
+        return 0.0 if abs(b - a) < ROUNDOFF_RTOL * max(abs(a), abs(b)) else b - a
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    d = b - a
+    with np.errstate(invalid="ignore"):
+        return np.where(np.abs(d) < ROUNDOFF_RTOL * np.maximum(np.abs(a), np.abs(b)), 0.0, d)
 
 
 # ---- units and per-name sums ------------------------------------------------------------------
@@ -248,7 +266,7 @@ def compare(a: Side, b: Side, dimension: str) -> list[dict[str, Any]]:
         for q in _WORK_SUMS:
             col[f"{q}_{s}"] = np.where(unknown, np.nan, col[f"{q}_{s}"])
     for q in QUANTITIES + ("kernels",):
-        col[q + "_delta"] = col[q + "_b"] - col[q + "_a"]
+        col[q + "_delta"] = change(col[q + "_a"], col[q + "_b"])
     for s in ("a", "b"):
         busy, ideal, covered = col[f"busy_s_{s}"], col[f"ideal_s_{s}"], col[f"covered_s_{s}"]
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -257,8 +275,8 @@ def compare(a: Side, b: Side, dimension: str) -> list[dict[str, Any]]:
             # unknown, not 0 (the span rule, metrics.compute.flops_measured).
             col[f"mfu_{s}"] = np.where((busy > 0) & flops_measured(col[f"flops_{s}"], coverage), ideal / busy, np.nan)
             col[f"coverage_{s}"] = coverage
-    col["mfu_delta"] = col["mfu_b"] - col["mfu_a"]
-    col["coverage_delta"] = col["coverage_b"] - col["coverage_a"]
+    col["mfu_delta"] = change(col["mfu_a"], col["mfu_b"])
+    col["coverage_delta"] = change(col["coverage_a"], col["coverage_b"])
     key = np.abs(col["wasted_s_delta"])
     order = np.lexsort((-np.abs(np.nan_to_num(col["busy_s_delta"])), -np.nan_to_num(key, nan=-1.0)))
     names = joined.column(dimension).to_pylist()
@@ -282,8 +300,8 @@ def diff(a: Side, b: Side, per_step: bool = False) -> dict[str, Any]:
     totals = {}
     for q in QUANTITIES:
         ta, tb = a.total(q), b.total(q)
-        totals[q] = {"a": ta, "b": tb, "delta": None if ta is None or tb is None else tb - ta}
-    totals["mfu"] = {"a": a.mfu, "b": b.mfu, "delta": None if a.mfu is None or b.mfu is None else b.mfu - a.mfu}
+        totals[q] = {"a": ta, "b": tb, "delta": change(ta, tb)}
+    totals["mfu"] = {"a": a.mfu, "b": b.mfu, "delta": change(a.mfu, b.mfu)}
     totals["steps"] = {"a": a.steps, "b": b.steps, "delta": b.steps - a.steps}
     totals["mfu_steps"] = {"a": a.mfu_steps, "b": b.mfu_steps, "delta": b.mfu_steps - a.mfu_steps}
     totals["detailed_steps"] = {"a": a.detailed_steps, "b": b.detailed_steps, "delta": b.detailed_steps - a.detailed_steps}
@@ -296,7 +314,7 @@ def mfu_drop(result: dict[str, Any]) -> float | None:
     a, b = result["totals"]["mfu"]["a"], result["totals"]["mfu"]["b"]
     if a is None or b is None or a <= 0:
         return None
-    return (a - b) / a
+    return -change(a, b) / a
 
 
 # ---- the rows as a table (--parquet) and their documented schema ------------------------------------

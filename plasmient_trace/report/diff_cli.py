@@ -26,7 +26,7 @@ from plasmient_trace.export.sinks import (OutputError, check_distinct_outputs, c
                                          write_output_file)
 from plasmient_trace.messages import say_error
 from plasmient_trace.report import diff as D
-from plasmient_trace.report.summary import _ellipsize, fmt_pct, fmt_seconds, fmt_usd, print_uncut, progress
+from plasmient_trace.report.summary import _ellipsize, _sig_decimals, fmt_pct, fmt_seconds, fmt_usd, print_uncut, progress
 
 NAME_WIDTH = 70
 
@@ -178,8 +178,14 @@ def _delta(fmt: Any, x: float | None) -> str:
 
 
 def _pp(x: float | None) -> str:
-    """A change of MFU in percentage points."""
-    return "n/a" if x is None else f"{x * 100:+.1f} pp" if x else "0"
+    """A change of MFU in percentage points: one decimal, two significant digits below 0.05 pp (as fmt_pct),
+    so a small change does not read +0.0 pp, a zero."""
+    if x is None:
+        return "n/a"
+    if not x:
+        return "0"
+    v = x * 100
+    return f"{v:+.{_sig_decimals(abs(v), 2)}f} pp" if abs(v) < 0.05 else f"{v:+.1f} pp"
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -219,7 +225,7 @@ def render(result: dict[str, Any], console: Any, top: int) -> None:
     # the FLOPs are the known ones: how much of each side's busy time that is
     cov = {side: _ratio(t["covered_s"][side], t["busy_s"][side]) for side in ("a", "b")}
     head.add_row("  busy time with known FLOPs", fmt_pct(cov["a"]), fmt_pct(cov["b"]),
-                 _pp(None if None in cov.values() else cov["b"] - cov["a"]))
+                 _pp(None if None in cov.values() else D.change(cov["a"], cov["b"])))
     head.add_row("wasted", fmt_seconds(t["wasted_s"]["a"]), fmt_seconds(t["wasted_s"]["b"]), _delta(fmt_seconds, t["wasted_s"]["delta"]))
     head.add_row("wasted $", fmt_usd(t["wasted_usd"]["a"]), fmt_usd(t["wasted_usd"]["b"]), _delta(fmt_usd, t["wasted_usd"]["delta"]))
     print_uncut(console, head)
@@ -277,8 +283,11 @@ def gate(result: dict[str, Any], threshold: float | None) -> tuple[int, str | No
     digits = 1
     while digits < 6 and abs(drop - threshold) > _GATE_SLACK and round(drop * 100, digits) == round(threshold * 100, digits):
         digits += 1  # near the limit: as many digits as tell the drop from it
+    if drop and abs(drop * 100) < 0.05:
+        digits = max(digits, _sig_decimals(abs(drop * 100), 2))  # a small change, not "+0.0%", which reads as none
+    relative = "0%" if drop == 0 else f"{-drop * 100:+.{digits}f}%"
     line = (f"step-weighted MFU {fmt_pct(mfu['a'])} -> {fmt_pct(mfu['b'])} "
-            f"({-drop * 100 + 0.0:+.{digits}f}% relative; limit -{threshold * 100:g}%)") + _partial_mfu(result)
+            f"({relative} relative; limit -{threshold * 100:g}%)") + _partial_mfu(result)
     return (D.EXIT_MFU_DROPPED, f"MFU dropped: {line}") if failed else (D.EXIT_OK, line)
 
 

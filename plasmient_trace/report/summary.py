@@ -73,8 +73,9 @@ def fmt_seconds(x: float | None) -> str:
     if _bad(x):
         return "n/a"
     ax = abs(x)
-    if ax < 1e-3:
-        return f"{x * 1e6:.1f} µs"
+    if ax < 1e-3:  # two significant digits below 0.05 µs, so a known small time does not read as 0.0 µs
+        v = x * 1e6
+        return f"{v:.{_sig_decimals(abs(v), 2)}f} µs" if v != 0 and abs(v) < 0.05 else f"{v:.1f} µs"
     if ax < 1:
         return f"{x * 1e3:.2f} ms"
     if ax < 100:

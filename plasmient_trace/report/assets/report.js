@@ -33,7 +33,10 @@
   function fmtSeconds(x) {
     if (bad(x)) return "n/a";
     var ax = Math.abs(x);
-    if (ax < 1e-3) return (x * 1e6).toFixed(1) + " µs";
+    if (ax < 1e-3) {  // as summary.fmt_seconds: two significant digits below 0.05 µs, so small is not 0.0 µs
+      var v = x * 1e6, av = Math.abs(v);
+      return (v !== 0 && av < 0.05 ? v.toFixed(sigDecimals(av, 2)) : v.toFixed(1)) + " µs";
+    }
     if (ax < 1) return (x * 1e3).toFixed(2) + " ms";
     if (ax < 100) return x.toFixed(3) + " s";
     return fixedGrouped(x, 0) + " s";
@@ -152,7 +155,12 @@
     document.getElementById("diff-sides").textContent = "A = " + X.a + " → B = " + X.b + " (this page)";
     function delta(fmt, x) { return bad(x) ? "n/a" : x === 0 ? "0" : (x > 0 ? "+" : "") + fmt(x); }
     function gflop(x) { return bad(x) ? "n/a" : x === 0 ? "0" : fmtSi(x, "FLOP"); }
-    function pp(x) { return bad(x) ? "n/a" : x === 0 ? "0" : (x > 0 ? "+" : "") + (x * 100).toFixed(1) + " pp"; }
+    function pp(x) {  // as diff_cli._pp: two significant digits below 0.05 pp
+      if (bad(x)) return "n/a";
+      if (x === 0) return "0";
+      var v = x * 100, av = Math.abs(v);
+      return (x > 0 ? "+" : "") + (av < 0.05 ? v.toFixed(sigDecimals(av, 2)) : v.toFixed(1)) + " pp";
+    }
     var T = X.totals, body = document.querySelector("#diff-totals tbody");
     function count(x) { return (x > 0 ? "+" : "") + x; }
     // a live run's step-depth steps export no kernels: the other totals and the tables are the full-depth steps'
