@@ -226,7 +226,7 @@ def stream_records(record_sets: list[RecordSet], options: IngestOptions,
         stats["clock_notes"], stats["warnings"] = input_lines(
             alignment, [input_label(r, i) for i, r in enumerate(record_sets)],
             [set(r.steps.column("step").to_pylist()) for r in record_sets])
-    stats["unknown_devices"] = [r.source or f"rank {i}" for i, (r, inp) in enumerate(zip(record_sets, inputs))
+    stats["unknown_devices"] = [input_label(r, i) for i, (r, inp) in enumerate(zip(record_sets, inputs))
                                 if inp.spec.source == "unknown"]
     stats["unknown_device_types"] = sorted({inp.spec.device_type for inp in inputs if inp.spec.source == "unknown"})
     stream = IngestStream(parts=iter(()), records=record_sets, stats=stats)

@@ -138,7 +138,7 @@ def input_lines(report: AlignmentReport, labels: list[str], steps_of: list[set[i
 
 def stitch_part(records: RecordSet, job: StitchJob, options: IngestOptions) -> RankPart:
     """Map 2: the rank on the reference clock, stitched alone with its share of the budget."""
-    from .pipeline import rank_input
+    from .pipeline import input_label, rank_input
 
     if job.offset_ns:
         records = apply_offsets([records], {0: job.offset_ns})[0]
@@ -147,7 +147,7 @@ def stitch_part(records: RecordSet, job: StitchJob, options: IngestOptions) -> R
     result = stitch_rank(inp, job.rank, job.node, _stitch_options(options), job.allowance)
     stats = {**result.stats, "ops_outside_steps": result.joined.stats.ops_outside_steps,
              "kernels_outside_steps": result.joined.stats.kernels_outside_steps}
-    unknown = (records.source or f"rank {job.index}") if inp.spec.source == "unknown" else None
+    unknown = input_label(records, job.index) if inp.spec.source == "unknown" else None
     return RankPart(index=job.index, batch=result.batch, stats=stats, unknown_device=unknown,
                     unknown_device_type=inp.spec.device_type if unknown else None, notes=notes,
                     records=records if options.keep_records else None, worker=worker_peak())

@@ -218,3 +218,24 @@ def test_ingest_says_how_each_rank_clock_was_aligned_and_warns_when_it_could_not
             assert fleet == {551: 1, 552: 0}
         elif case == "same clock":
             assert not lacking and fleet == {551: 0, 552: 0}
+
+
+def test_inputs_without_a_file_name_are_named_input_i_in_every_message() -> None:
+    """Records with no file (an API caller's, a live capture's) are named by their position. The clock lines
+    said "input 1" while the unknown-device list said "rank 1" for the same records, and "rank i" is not their
+    rank: given in reverse, input 0 is the trace of rank 1 (distributedInfo, read from the raw JSON), which the
+    unknown-device line called "rank 0". Every message now says "input i"."""
+    from conftest import raw_trace
+
+    from plasmient_trace.pipeline import IngestOptions, stream_records
+
+    names = [f"a100_multirank/rank-{i}.json.gz" for i in (1, 0)]
+    assert [raw_trace(n)["distributedInfo"]["rank"] for n in names] == [1, 0]
+    records = [read_kineto(trace_path(n)) for n in names]
+    for r in records:
+        r.source = None
+    stats = stream_records(records, IngestOptions(job_id="unnamed")).stats
+    assert stats["unknown_devices"] == ["input 0", "input 1"]  # a100_multirank names no GPU
+    (line,) = stats["clock_notes"]
+    assert "against input 0: input 1 " in line
+    assert not any("rank" in text for text in stats["unknown_devices"] + stats["clock_notes"] + stats["warnings"])
