@@ -31,7 +31,7 @@ def _edited_report(tmp_path, capsys, name: str, edit) -> tuple[str, list[dict]]:
             dst.write(json.dumps(doc) + "\n")
     capsys.readouterr()
     assert main(["report", str(edited)]) == 0
-    return " ".join(capsys.readouterr().err.split()), seen  # the report is drawn on stderr
+    return " ".join(capsys.readouterr().out.split()), seen  # the summary is the command's stdout
 
 
 def _without(*keys):
@@ -129,7 +129,7 @@ def test_without_fleet_spans_the_window_column_is_the_extent_of_the_ranks_device
         assert fmt_seconds(drawn[step]) != fmt_seconds(expected[step])  # the two differ as printed
     capsys.readouterr()
     assert main(["report", str(edited)]) == 0
-    text = capsys.readouterr().err
+    text = capsys.readouterr().out
     for step, window in expected.items():
         (row,) = [line for line in text.splitlines() if re.match(rf"│\s+{step} │", line)]
         assert row.split("│")[3].strip() == fmt_seconds(window), (row, fmt_seconds(drawn[step]))
