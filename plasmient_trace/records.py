@@ -125,6 +125,7 @@ OPS = pa.schema(
         pa.field("kineto_flops", pa.float64(), metadata={"doc": "Kineto's own 'flops' estimate (cross-check only)"}),
         pa.field("concrete_inputs", pa.string(), metadata={"doc": "JSON list of Kineto 'Concrete Inputs': scalar args as strings, '' for tensors (conv stride, is_causal, ...)"}),
         pa.field("input_strides", pa.string(), metadata={"doc": "JSON list of Kineto 'Input Strides', kept only where an input is broadcast (stride 0 over a dimension longer than 1: an expand reads its elements once); null: every input dense"}),
+        pa.field("raised", pa.bool_(), metadata={"doc": "true: an exception propagated out of the op (checkpoint's early stop, an error), so it did not complete and its FLOPs are unknown; recorded by live capture's native observer, null where the source does not say (Kineto)"}),
     ]
 )
 

@@ -7,7 +7,8 @@
 // ids; only a signature never seen before is spelled out in Kineto's JSON ("Input Dims", "Input
 // type", "Concrete Inputs"), once. A training loop repeats its signatures every step, so a record
 // is a handful of integers: signature id, CLOCK_MONOTONIC start/end (the clock time.perf_counter_ns
-// reads on Linux), thread, autograd sequence number, forward thread, external correlation id.
+// reads on Linux), thread, autograd sequence number, forward thread, external correlation id, and
+// whether an exception ended it.
 // When a CUPTI push/pop pair was handed in, each op is bracketed with its external correlation id
 // so the kernels it launches join to it exactly.
 //
@@ -26,6 +27,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -46,6 +48,7 @@ struct OpRecord {
   int64_t external_id;
   uint32_t signature;
   uint8_t scope;
+  uint8_t raised;  // 1: the op ended by an exception propagating through it (it did not complete)
 };
 
 struct Signature {
@@ -60,6 +63,7 @@ constexpr uint32_t kUnbracketed = 0x80000000u;
 struct Context : at::ObserverContext {
   OpRecord rec;
   bool bracketed = false;  // an external correlation id was pushed for it
+  int uncaught = 0;        // std::uncaught_exceptions() when the op began
 };
 
 // Finished records of one thread; take() swaps every buffer out under its own (uncontended) lock.
@@ -413,6 +417,8 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       push(kExternalKindCustom0, static_cast<uint64_t>(r.external_id));
       ctx->bracketed = true;
     }
+    r.raised = 0;
+    ctx->uncaught = std::uncaught_exceptions();
     r.start_ns = now_ns();
     return ctx;
   } catch (const std::exception& err) {
@@ -434,6 +440,12 @@ void on_end(const at::RecordFunction& /*fn*/, at::ObserverContext* base) {
       pop(kExternalKindCustom0, &ignored);
     }
     ctx->rec.end_ns = end;
+    // RecordFunction ends an op in its guard's destructor, so an op that an exception cut off (a C++ one,
+    // or a Python one raised inside it, e.g. from a saved-tensor hook: non-reentrant checkpoint's early
+    // stop) ends here during the unwinding, with one more exception in flight on this thread than when it
+    // began. Compared with the count at its start, not with zero: an op run whole by a destructor during
+    // some other unwinding still completed.
+    ctx->rec.raised = std::uncaught_exceptions() > ctx->uncaught ? 1 : 0;
     // The thread that ends an op files it (an async op may end elsewhere than it started).
     ThreadBuffer& buf = *thread_state().buffer;
     std::lock_guard<std::mutex> lock(buf.mutex);
@@ -520,6 +532,7 @@ py::dict take() {
   out["external_id"] = column<int64_t>(recs, [](const OpRecord& r) { return r.external_id; });
   out["signature"] = column<uint32_t>(recs, [](const OpRecord& r) { return r.signature; });
   out["scope"] = column<uint8_t>(recs, [](const OpRecord& r) { return r.scope; });
+  out["raised"] = column<uint8_t>(recs, [](const OpRecord& r) { return r.raised; });
   return out;
 }
 

@@ -180,7 +180,7 @@ SHAPE_ONLY_OPS = frozenset(f"aten::{n}" for n in (
 # The packed columns of a native chunk (op_observer.cpp's take()) and their dtypes.
 _NATIVE_COLUMNS = (("start_ns", np.int64), ("end_ns", np.int64), ("tid", np.int64), ("sequence_number", np.int64),
                    ("fwd_thread_id", np.int64), ("external_id", np.int64), ("signature", np.uint32),
-                   ("scope", np.uint8))
+                   ("scope", np.uint8), ("raised", np.uint8))
 
 
 class NativeOpRecorder:
@@ -276,7 +276,7 @@ class NativeOpRecorder:
             "category": pa.array(np.where(col["scope"] == self._obs.SCOPE_USER, "user_annotation", "cpu_op")),
             "sequence_number": pa.array(seq, mask=seq < 0), "fwd_thread_id": col["fwd_thread_id"],
             "input_dims": dims, "input_types": types, "concrete_inputs": concrete,
-            "external_id": col["external_id"],
+            "external_id": col["external_id"], "raised": col["raised"] != 0,
         })
 
 

@@ -184,4 +184,20 @@ def coded_model_ops(ops: pa.Table, moe: MoEConfig | None = None) -> CodedOpCosts
     # Ops whose cost depends on their neighbours (a conv's consumer, a vLLM step's batch) or on the
     # model config the user gave (MoE experts' size).
     apply_context(ops, flops, nbytes, model, moe, dict(zip(cols, encoded)))
+    _unknown_where_raised(ops, flops, nbytes, model)
     return CodedOpCosts(flops, nbytes, dtype.labels(), model.labels())
+
+
+def _unknown_where_raised(ops: pa.Table, flops: np.ndarray, nbytes: np.ndarray, model: LabelColumn) -> None:
+    """An op that an exception cut off (records.OPS ``raised``) did not do the work its signature models:
+    non-reentrant checkpoint's early stop raises inside the recompute's last aten::addmm before its GEMM runs,
+    and crediting its 537 MFLOPs in 0.1 ms counted work that never happened and raised the CPU's peak 60x.
+    How much of it ran is not recorded (none, there; some of a composite op that failed half-way), so its
+    FLOPs and bytes are unknown (model "none"), not 0; its interval stays busy time."""
+    if "raised" not in ops.column_names:
+        return
+    raised = ops.column("raised").fill_null(False).to_numpy(zero_copy_only=False)
+    if raised.any():
+        flops[raised] = 0.0
+        nbytes[raised] = 0.0
+        model.codes[raised] = model.code_of("none")
