@@ -16,6 +16,7 @@ import numpy as np
 
 from .conventions import DEFAULT_BASELINE_MFU, SpanBatch
 from .memory import LARGE_ROWS, return_freed_memory
+from .metrics import cpu_peak
 from .metrics import flops as flops_model
 from .metrics import hardware
 from .records import RecordSet
@@ -132,7 +133,8 @@ def resolve_device(records: RecordSet, options: IngestOptions) -> DeviceSpec:
 
 
 def _observed_cpu_rates(records: RecordSet, costs: Any) -> dict[str, float]:
-    """The fastest FLOP/s any recorded op reached, per dtype (on a CPU the op's interval is its kernel).
+    """The FLOP/s recorded ops show, per dtype, as ``cpu_peak.evidence_rates`` takes it from ops long enough
+    to time and fast enough to agree (on a CPU the op's interval is its kernel).
 
     Only ops that own their FLOPs count: an op that yields them to a same-class op inside it did not do
     that math at its own dtype. Under CPU autocast, aten::linear is recorded with its fp32 inputs around
@@ -143,11 +145,9 @@ def _observed_cpu_rates(records: RecordSet, costs: Any) -> dict[str, float]:
     dur = (records.ops.column("end_ns").to_numpy() - records.ops.column("start_ns").to_numpy()) / 1e9
     flops = np.asarray(costs.flops, np.float64)
     owns = ~flops_model.yields_flops(op_parents(records.ops), costs.model, flops)
-    ok = (flops > 0) & (dur > 1e-6) & owns
+    ok = (flops > 0) & owns
     dtype = costs.dtype
-    rates = {str(dtype.names[c]): float((flops[ok & (dtype.codes == c)] / dur[ok & (dtype.codes == c)]).max())
-             for c in np.unique(dtype.codes[ok]).tolist()}
-    return dict(sorted(rates.items()))
+    return cpu_peak.evidence_rates(flops[ok], dur[ok], dtype.names[dtype.codes[ok]])
 
 
 def rank_input(records: RecordSet, options: IngestOptions, notes: list[str] | None = None) -> RankInput:

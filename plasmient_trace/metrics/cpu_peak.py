@@ -1,7 +1,8 @@
 """The CPU as a device: GEMM peaks per dtype and copy bandwidth, measured (best of several runs,
 with the job's thread count) only while nothing else uses the CPU, cached per CPU (not per model name
 alone: ``cpu_identity``) and thread count, calibrated at idle priority in a child process when live
-(:func:`start_cpu_calibration`), and raised when an op proves it wrong (:func:`raise_cpu_peak`)."""
+(:func:`start_cpu_calibration`), and raised when ops prove it wrong (:func:`raise_cpu_peak`, in
+``cpu_peak_raise``)."""
 
 from __future__ import annotations
 
@@ -18,16 +19,15 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Iterator, Mapping
-
-import numpy as np
+from typing import Any, Iterator, Mapping
 
 from .cpu_identity import cache_key as _cache_key
 from .cpu_identity import cpu_flags as _cpu_flags
 from .cpu_identity import cpu_model as _cpu_model
 from .hardware import GpuSpec
 
-__all__ = ["cpu_spec", "cpu_price_per_hour", "cpu_price_from_env", "raise_cpu_peak", "start_cpu_calibration",
+__all__ = ["cpu_spec", "cpu_price_per_hour", "cpu_price_from_env", "raise_cpu_peak", "evidence_rates",
+           "start_cpu_calibration",
            "CalibrationNotQuiet", "CPU_PRICE_PER_THREAD_HOUR"]
 
 # --------------------------------------------------------------------------------------------- CPU
@@ -272,8 +272,11 @@ def _measure_all(threads: int, deadline_s: float = _QUIET_DEADLINE_S) -> dict[st
 
 def _valid(entry: Any) -> bool:
     want = ("fp32", "fp64", "bandwidth") + (("bf16",) if _cpu_has_bf16() else ())
+    # A raised entry without its measured peaks was raised before raises were bounded: one op could set it
+    # to any rate (an op cut off by checkpoint's early stop cached 5.8e12 on a 9.4e10 CPU): measured again.
     return (isinstance(entry, dict) and all(isinstance(entry.get(k), (int, float)) and entry[k] > 0 for k in want)
-            and entry.get("format", 1) >= _CACHE_FORMAT)
+            and entry.get("format", 1) >= _CACHE_FORMAT
+            and (not entry.get("raised") or isinstance(entry.get("measured"), dict)))
 
 
 def cpu_spec(cache_dir: str | os.PathLike[str] | None = None, threads: int | None = None,
@@ -357,47 +360,6 @@ def _spec_from_entry(model: str, threads: int, entry: Mapping[str, Any]) -> GpuS
     )
 
 
-_RAISED_SAID: set[tuple[str, str]] = set()
-OVER_PEAK_TOLERANCE = 1.05
-
-
-def raise_cpu_peak(spec: GpuSpec, observed: Mapping[str, float], threads: int | None = None,
-                   cache_dir: str | os.PathLike[str] | None = None,
-                   say: Callable[[str], None] | None = None) -> GpuSpec:
-    """A calibrated CPU peak is wrong if an op ran faster than 1.05x of it: ``observed`` (the highest
-    FLOP/s of a recorded op, per canonical dtype) then becomes the peak, in the returned spec and in
-    the cache, and a warning says so once per CPU, thread count and dtype."""
-    if spec.device_type != "cpu":
-        return spec
-    threads = threads or _threads()
-    key = _cache_key(threads)
-    new_peak = dict(spec.peak)
-    raised = [d for d, rate in observed.items()
-              if np.isfinite(rate) and rate > OVER_PEAK_TOLERANCE * spec.peak_flops(d)]
-    if not raised:
-        return spec
-    path = _cache_dir(cache_dir) / _CACHE_FILE
-    cache = _read_cache(path)
-    entry = dict(cache[key]) if _valid(cache.get(key)) else {}   # an entry due to be measured again stays so
-    for d in raised:
-        if (key, d) not in _RAISED_SAID:
-            _RAISED_SAID.add((key, d))
-            text = (f"a {d} op ran at {observed[d]:.3g} FLOP/s, over 1.05x the calibrated CPU peak "
-                    f"{spec.peak_flops(d):.3g}: the peak is raised to it (cached for {key})")
-            # the caller decides where this goes: ingest prints it, live capture keeps the job's stderr clean
-            say(text) if say is not None else _log.warning("plasmient: %s", text)
-        new_peak[d] = float(observed[d])
-        if entry:
-            entry[d] = float(observed[d])
-            entry["raised"] = sorted(set(entry.get("raised", [])) | {d})
-            entry["format"] = _CACHE_FORMAT
-    if entry:
-        cache[key] = entry
-        _write_cache(path, cache)
-    return dataclasses.replace(spec, peak=MappingProxyType(new_peak),
-                               notes=spec.notes + f"; {', '.join(raised)} raised to an observed op rate")
-
-
 def start_cpu_calibration(threads: int | None = None,
                           cache_dir: str | os.PathLike[str] | None = None) -> Future[GpuSpec]:
     """Calibrate the CPU off the training thread: a child process (its own torch, its own thread
@@ -477,6 +439,10 @@ def _main(argv: list[str] | None = None) -> int:
         return _NOT_QUIET_EXIT
     return 0
 
+
+# at the end: the raise rules use this module's cache helpers
+from .cpu_peak_raise import (EVIDENCE_OPS, MAX_RAISE, MIN_EVIDENCE_S, OVER_PEAK_TOLERANCE,  # noqa: E402,F401
+                             evidence_rates, raise_cpu_peak)
 
 if __name__ == "__main__":
     raise SystemExit(_main())
