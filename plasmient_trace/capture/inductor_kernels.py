@@ -62,3 +62,15 @@ class InductorKernelNames:
                 cpp.enable_kernel_profile = self._found
         except Exception:
             pass
+
+
+def frames_compiled() -> int:
+    """Frames torch.compile has traced in this process (0 before dynamo is loaded). A full-depth step
+    during which it traced recorded the compiler's own (fake-tensor) ops too: not a measurement to carry."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return 0
+    try:
+        return int(utils.counters["frames"]["total"])
+    except Exception:
+        return 0

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ import pyarrow as pa
 
 from . import batches, distributed, signature, step_hooks
 from .budget import FullDepthBudget
-from .inductor_kernels import InductorKernelNames
+from .inductor_kernels import InductorKernelNames, frames_compiled as _frames_compiled
 from .live_sources import LiveSources
 from .worker import StepWorker
 from .config import (
@@ -95,18 +94,6 @@ def _in_data_loader_worker() -> bool:
         return get_worker_info() is not None
     except Exception:
         return False
-
-
-def _frames_compiled() -> int:
-    """Frames torch.compile has traced in this process (0 before dynamo is loaded). A full-depth step
-    during which it traced recorded the compiler's own (fake-tensor) ops too: not a measurement to carry."""
-    utils = sys.modules.get("torch._dynamo.utils")
-    if utils is None:
-        return 0
-    try:
-        return int(utils.counters["frames"]["total"])
-    except Exception:
-        return 0
 
 
 class CaptureSession:
@@ -191,7 +178,8 @@ class CaptureSession:
         self.sources.choose_op_recorder()
         self.modules = torch_hooks.ModuleRecorder(on_forward=self._on_forward, on_signature=self._on_signature,
                                                   on_repeat=self.signatures.repeat, on_root=self.signatures.other_model,
-                                                  on_backward=self.signatures.backward_pass)
+                                                  on_backward=self.signatures.backward_pass,
+                                                  on_kwargs=self.signatures.model_kwargs)
         self.modules.limit = cfg.max_step_ops
         self.modules.install()
         self.inductor_kernels.install()
@@ -391,6 +379,8 @@ class CaptureSession:
             self.modules.enabled = False
             self.sources.ops.take()
             self.modules.take()
+            self.modules.watch_kwargs = False
+            self.signatures.abort()
             self._open = False
 
     def _begin(self, now: int, explicit: bool = False) -> None:
@@ -423,6 +413,7 @@ class CaptureSession:
         self.signatures.begin()
         self.modules.repeat_module = None
         self.modules.watch_roots = False
+        self.modules.watch_kwargs = True
         self._compiled_at_begin = _frames_compiled()
         self.modules.want_signature = True
         if full:
@@ -531,6 +522,7 @@ class CaptureSession:
         self.modules.want_signature = False
         self.modules.repeat_module = None
         self.modules.watch_roots = False
+        self.modules.watch_kwargs = False
         self._open = False
         compiled = self._full and _frames_compiled() != self._compiled_at_begin
         if compiled:

@@ -8,8 +8,11 @@ passed to the step's first module call that takes one and the numbers beside the
 number and shapes of that module's later calls in the step (with gradient accumulation or a ``generate``
 loop the first call is the same whatever the step does after it), and the shapes of the calls of the step's
 other models (a module named as the root of its own tree: a decoder after an encoder, a loss module), so a
-step whose decoder sees another length carries nothing measured on a different one. A signature never
-measured sends the rest of its step to full depth (at most ``max_signatures`` of them); the ops the step ran
+step whose decoder sees another length carries nothing measured on a different one. Keywords are seen only
+once a model's call returns (``call_signature``): the shapes in each model's keywords, and which of each other
+model's parameters require gradients, join the signature when the step ends, so a step whose keywords differ
+from its measured step's carries nothing (``unknown`` until a full-depth step makes the same calls). A
+signature never measured sends the rest of its step to full depth (at most ``max_signatures`` of them); the ops the step ran
 before that call are recorded from its start where that can happen (``may_measure``) and dropped when it
 does not, so the measurement is the whole step's. A compiled model is measured on its second call with new
 shapes, as its first one compiles. Everything here runs on the training thread, once per call of the
@@ -45,6 +48,8 @@ class StepSignatures:
         self.seen: set[str] = set()        # measured at full depth
         self.first_seen: set[str] = set()  # compiled models: seen once, at step depth (that call compiled)
         self.key: str | None = None        # the open step's first-call signature, once seen
+        self._kwargs: list[Any] = []       # the keywords of the step's models' calls
+        self._others_trained: dict[int, str] = {}  # id(other model) -> which of its parameters require grad
         self.previous_key: str | None = None  # the last step's: a model whose steps have a signature
         self._tries = 0
         self._repeats: list[Any] = []
@@ -57,8 +62,13 @@ class StepSignatures:
     def begin(self) -> None:
         self.previous_key = self.key
         self.key, self._tries, self._repeats, self._others = None, 0, [], []
+        self._kwargs, self._others_trained = [], {}
         self.backward_passes = 0
         self._numbers_left = False  # a number left this step's signature (MAX_NUMBER_VALUES)
+
+    def abort(self) -> None:
+        """The open step is dropped (``begin`` again follows): the last step's signature stays the previous one."""
+        self.key = self.previous_key
 
     def may_measure(self) -> bool:
         """Could this step's first module call send it to full depth? Only where steps have signatures (the
@@ -79,7 +89,8 @@ class StepSignatures:
             return STOP if self._tries >= SIGNATURE_TRIES else WAIT
         model = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the model it wraps
         compiled = model is not module
-        shapes, self._numbers_left = self._bounded_numbers(type(model).__qualname__, shapes)
+        shapes, left = self._bounded_numbers(type(model).__qualname__, shapes)
+        self._numbers_left = self._numbers_left or left
         # the same shapes through another model, in eval mode or without grad are other work; which
         # parameters train is the whole model's (its root, where the first call with a tensor is a layer)
         trained = self._trained(getattr(root, "_orig_mod", root) if root is not None else model)
@@ -130,12 +141,27 @@ class StepSignatures:
 
         self._repeats.append(input_signature(args) if len(self._repeats) < MAX_REPEATS else None)
 
-    def other_model(self, args: Any) -> None:
+    def other_model(self, module: Any, args: Any) -> None:
         """A call of another model after the signature's first (a decoder after an encoder, a loss module): a
-        step whose other models see other shapes does other work, and carries nothing measured without them."""
+        step whose other models see other shapes, or train other parameters, does other work, and carries
+        nothing measured without them."""
         from .torch_hooks import input_signature
 
         self._others.append(input_signature(args) if len(self._others) < MAX_REPEATS else None)
+        model = getattr(module, "_orig_mod", module)
+        if id(model) not in self._others_trained:
+            self._others_trained[id(model)] = f"{type(model).__qualname__} {self._trained(model)}"
+
+    def model_kwargs(self, module: Any, kwargs: dict) -> None:
+        """A model's call returned, with its keywords (the global forward hook: the pre-hook never gets them)."""
+        from .call_signature import kwargs_signature
+
+        if len(self._kwargs) >= MAX_REPEATS:
+            return
+        model = type(getattr(module, "_orig_mod", module)).__qualname__
+        shapes, left = self._bounded_numbers(f"{model}|keywords", kwargs_signature(kwargs))
+        self._numbers_left = self._numbers_left or left
+        self._kwargs.append((model, shapes))
 
     def compiled_during(self) -> None:
         """The full-depth step just measured compiled a frame: its ops include the compiler's, so measure
@@ -146,7 +172,8 @@ class StepSignatures:
 
     def finish(self) -> str | None:
         """The signature the step's FLOPs are carried under: a step of two micro-batches never carries
-        what a step of four measured, nor one that skipped its backward what a step with one measured."""
+        what a step of four measured, nor one that skipped its backward what a step with one measured, nor
+        one whose models were called with other keywords or train other parameters."""
         if self.key is None:
             return None
         key = f"{self.key}|{self.backward_passes} backward"
@@ -156,4 +183,10 @@ class StepSignatures:
         if self._others:
             others = hashlib.blake2b(repr(self._others).encode(), digest_size=8).hexdigest()
             key = f"{key}|{len(self._others)} other model calls {others}"
+        if self._others_trained:
+            trained = hashlib.blake2b(repr(sorted(self._others_trained.values())).encode(), digest_size=8).hexdigest()
+            key = f"{key}|other models' requires_grad {trained}"
+        if self._kwargs:
+            keywords = hashlib.blake2b(repr(self._kwargs).encode(), digest_size=8).hexdigest()
+            key = f"{key}|{len(self._kwargs)} calls' keywords {keywords}"
         return key + NEEDS_CONFIRMATION if self._numbers_left else key

@@ -43,7 +43,8 @@ _compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or 
 _current_node = torch._C._current_autograd_node
 _get_seq = torch._C._autograd._get_sequence_nr
 _Tensor = torch.Tensor
-_SEQ_NONE = 1 << 63  # AccumulateGrad and friends report UINT64_MAX: no forward op
+_SEQ_NONE = 1 << 63
+_NO_OUTPUT = object()  # AccumulateGrad and friends report UINT64_MAX: no forward op
 
 from .op_tables import TENSOR_LIST, ops_table
 
@@ -292,8 +293,9 @@ class ModuleRecorder:
     def __init__(self, on_forward: Callable[[], None] | None = None,
                  on_signature: Callable[[torch.nn.Module, Any], None] | None = None,
                  on_repeat: Callable[[Any], None] | None = None,
-                 on_root: Callable[[Any], None] | None = None,
-                 on_backward: Callable[[], None] | None = None) -> None:
+                 on_root: Callable[[torch.nn.Module, Any], None] | None = None,
+                 on_backward: Callable[[], None] | None = None,
+                 on_kwargs: Callable[[torch.nn.Module, dict], None] | None = None) -> None:
         self.records: list[tuple] = []
         self.enabled = False
         self._on_forward = on_forward
@@ -312,6 +314,10 @@ class ModuleRecorder:
         self._roots: set[int] = set()  # ids of modules named as the root of their tree
         self._on_backward = on_backward
         self._on_root = on_root
+        # While a step is open, the keywords a model (a root, or torch.compile's wrapper) was called with are
+        # shown to on_kwargs when its call returns: the global pre-hook never gets them (``call_signature``).
+        self.watch_kwargs = False
+        self._on_kwargs = on_kwargs
         self._paths: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
         self._named: dict[str, weakref.ref] = {}  # a model's name -> the model that holds it
         self._local = threading.local()
@@ -331,7 +337,7 @@ class ModuleRecorder:
         warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks",
                                 category=UserWarning)
         self._handles = [m.register_module_forward_pre_hook(self._pre),
-                         m.register_module_forward_hook(self._post, always_call=True)]
+                         m.register_module_forward_hook(self._post, with_kwargs=True, always_call=True)]
 
     def uninstall(self) -> None:
         for h in self._handles:
@@ -411,7 +417,7 @@ class ModuleRecorder:
                 # at full depth a model seen for the first time is named a root below, when no call is open
                 or (self.enabled and module not in self._paths and not self._stack())):
             try:
-                self._on_root(args)
+                self._on_root(module, args)
             except Exception as err:  # pragma: no cover - defensive
                 self.failed = self.failed or err
         if not self.enabled or type(module).__name__ == "OptimizedModule":
@@ -424,9 +430,17 @@ class ModuleRecorder:
             self.failed = self.failed or err
         return None
 
-    def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+    def _post(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any = _NO_OUTPUT) -> None:
+        if output is _NO_OUTPUT:  # torch calls an always_call hook without kwargs when forward raised
+            kwargs, output = None, kwargs
         if self.watch_roots and self._on_backward is not None and id(module) in self._roots and not _compiling():
             self._count_backward_of(output)
+        if self.watch_kwargs and kwargs and self._on_kwargs is not None and not _compiling() and (
+                id(module) in self._roots or type(module).__name__ == "OptimizedModule"):
+            try:
+                self._on_kwargs(module, kwargs)
+            except Exception as err:  # pragma: no cover - defensive
+                self.failed = self.failed or err
         if not self.enabled or _compiling() or type(module).__name__ == "OptimizedModule":
             return None
         try:
