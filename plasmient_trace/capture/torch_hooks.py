@@ -43,8 +43,8 @@ _compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or 
 _current_node = torch._C._current_autograd_node
 _get_seq = torch._C._autograd._get_sequence_nr
 _Tensor = torch.Tensor
-_SEQ_NONE = 1 << 63
-_NO_OUTPUT = object()  # AccumulateGrad and friends report UINT64_MAX: no forward op
+_SEQ_NONE = 1 << 63  # AccumulateGrad and friends report UINT64_MAX: no forward op
+_NO_OUTPUT = object()  # what _post's output is when torch calls it without kwargs (forward raised)
 
 from .op_tables import TENSOR_LIST, ops_table
 
