@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from plasmient_trace.conventions import SpanBatch
 
@@ -60,4 +60,18 @@ def sampled_live_run(out: Path, every: int, steps: int = 12) -> Path:
     finally:
         session.close(timeout=60)
     assert not session.failed and session.stats["steps_dropped"] == 0
+    return out
+
+
+def flop_counter_per_step(make: Callable[[], Any], step: Callable[[Any, int], None], n: int) -> list[float]:
+    """The oracle of carried FLOPs: torch's FlopCounterMode total of each of n steps, run untraced on a fresh
+    ``make()``."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    state = make()
+    out = []
+    for i in range(n):
+        with FlopCounterMode(display=False) as counter:
+            step(state, i)
+        out.append(float(counter.get_total_flops()))
     return out

@@ -12,19 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from capture_helpers import live_capture
-
-
-def _oracle(make: Callable[[], Any], step: Callable[[Any, int], None], n: int) -> list[float]:
-    from torch.utils.flop_counter import FlopCounterMode
-
-    state = make()
-    out = []
-    for i in range(n):
-        with FlopCounterMode(display=False) as counter:
-            step(state, i)
-        out.append(float(counter.get_total_flops()))
-    return out
+from capture_helpers import flop_counter_per_step as _oracle, live_capture
 
 
 def _live(make: Callable[[], Any], step: Callable[[Any, int], None], n: int, every: int,

@@ -14,21 +14,9 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from capture_helpers import live_capture
+from capture_helpers import flop_counter_per_step as _oracle, live_capture
 
 from plasmient_trace.capture.torch_hooks import input_signature
-
-
-def _oracle(make: Callable[[], nn.Module], step: Callable[[nn.Module, int], None], n: int) -> list[float]:
-    from torch.utils.flop_counter import FlopCounterMode
-
-    model = make()
-    out = []
-    for i in range(n):
-        with FlopCounterMode(display=False) as counter:
-            step(model, i)
-        out.append(float(counter.get_total_flops()))
-    return out
 
 
 def _live(make: Callable[[], nn.Module], step: Callable[[nn.Module, int], None], n: int, every: int) -> list[dict]:
@@ -169,7 +157,7 @@ def test_a_compiled_function_that_calls_autograd_grad_runs_as_it_does_untraced(t
 import sys
 import torch
 sys.path.insert(0, sys.argv[1])
-from capture_helpers import live_capture
+from capture_helpers import flop_counter_per_step as _oracle, live_capture
 
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
