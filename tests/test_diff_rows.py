@@ -11,21 +11,10 @@ from pathlib import Path
 import pytest
 
 from conftest import trace_path
+from test_diff import raw_spans as _spans
 from plasmient_trace.cli import main
 
 MI300X = "mi300x/resnet_act_checkpoint_rank0_of8.json.gz"  # training with activation checkpointing
-
-
-def _spans(path: Path) -> list[dict]:
-    out = []
-    for line in path.read_text().splitlines():
-        for rs in json.loads(line)["resourceSpans"]:
-            for ss in rs["scopeSpans"]:
-                for s in ss["spans"]:
-                    out.append({"name": s["name"], "id": (s["traceId"], s["spanId"]),
-                                "parent": (s["traceId"], s.get("parentSpanId", "")),
-                                "attrs": {a["key"]: next(iter(a["value"].values())) for a in s["attributes"]}})
-    return out
 
 
 def _phase_label(module: dict) -> str:

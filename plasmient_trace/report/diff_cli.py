@@ -26,7 +26,8 @@ from plasmient_trace.export.sinks import (OutputError, check_distinct_outputs, c
                                          write_output_file)
 from plasmient_trace.messages import say_error
 from plasmient_trace.report import diff as D
-from plasmient_trace.report.summary import _ellipsize, _sig_decimals, fmt_pct, fmt_seconds, fmt_usd, print_uncut, progress
+from plasmient_trace.report.summary import (_ellipsize, _sig_decimals, fmt_pct, fmt_seconds, fmt_usd, one_decimal,
+                                             print_uncut, progress)
 
 NAME_WIDTH = 70
 
@@ -184,8 +185,7 @@ def _pp(x: float | None) -> str:
         return "n/a"
     if not x:
         return "0"
-    v = x * 100
-    return f"{v:+.{_sig_decimals(abs(v), 2)}f} pp" if abs(v) < 0.05 else f"{v:+.1f} pp"
+    return one_decimal(x * 100, signed=True) + " pp"
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:

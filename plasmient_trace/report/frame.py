@@ -108,11 +108,12 @@ class SpanFrame:
         (files from before device windows)."""
         table = self.batch.table
         if "plasmient.device.start_ns" in table.column_names:
-            start = table.column("plasmient.device.start_ns").take(pa.array(idx)).to_pylist()
+            start = table.column("plasmient.device.start_ns").take(pa.array(idx))
             window = self.num("plasmient.device.window_s")[idx]
-            if None not in start and not np.isnan(window).any():
-                ends = [s + round(w * 1e9) for s, w in zip(start, window.tolist())]
-                return (max(ends) - min(start)) / 1e9
+            if start.null_count == 0 and not np.isnan(window).any():
+                start_ns = start.to_numpy().astype(np.int64)
+                ends = start_ns + np.round(window * 1e9).astype(np.int64)
+                return int(ends.max() - start_ns.min()) / 1e9
         return float((self.end_ns[idx].max() - self.start_ns[idx].min()) / 1e9)
 
     @cached_property

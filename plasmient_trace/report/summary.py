@@ -44,16 +44,22 @@ def _exp(x: float) -> str:
     return f"{mant}e{int(exp):+d}"
 
 
+def one_decimal(v: float, signed: bool = False) -> str:
+    """``v`` with one decimal, or two significant digits where one decimal would round a nonzero ``v`` to
+    0.0 (below 0.05): a known small number must not read as a zero. ``signed``: with its + or - sign."""
+    sign = "+" if signed else ""
+    if v != 0 and abs(v) < 0.05:
+        return f"{v:{sign}.{_sig_decimals(abs(v), 2)}f}"
+    return f"{v:{sign}.1f}"
+
+
 def fmt_pct(x: float | None) -> str:
     """A fraction as a percentage with one decimal, or two significant digits below 0.05% (an MI250's
     MFU of 8.8e-7 reads 0.000088%, not 0.0%: a known small number must not look like a zero); "n/a" for
     unknown (never 0). The page's fmtPct (assets/report.js) writes the same text."""
     if _bad(x):
         return "n/a"
-    v = x * 100
-    if v != 0 and abs(v) < 0.05:
-        return f"{v:.{_sig_decimals(abs(v), 2)}f}%"
-    return f"{v:.1f}%"
+    return one_decimal(x * 100) + "%"
 
 
 def fmt_usd(x: float | None) -> str:
@@ -74,8 +80,7 @@ def fmt_seconds(x: float | None) -> str:
         return "n/a"
     ax = abs(x)
     if ax < 1e-3:  # two significant digits below 0.05 µs, so a known small time does not read as 0.0 µs
-        v = x * 1e6
-        return f"{v:.{_sig_decimals(abs(v), 2)}f} µs" if v != 0 and abs(v) < 0.05 else f"{v:.1f} µs"
+        return one_decimal(x * 1e6) + " µs"
     if ax < 1:
         return f"{x * 1e3:.2f} ms"
     if ax < 100:
