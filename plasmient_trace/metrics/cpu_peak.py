@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import platform
@@ -22,8 +21,17 @@ from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
 from .cpu_identity import cache_key as _cache_key
-from .cpu_identity import cpu_flags as _cpu_flags
 from .cpu_identity import cpu_model as _cpu_model
+from .cpu_peak_cache import CACHE_FILE as _CACHE_FILE
+from .cpu_peak_cache import CACHE_FORMAT as _CACHE_FORMAT
+from .cpu_peak_cache import cache_dir as _cache_dir
+from .cpu_peak_cache import cpu_has_bf16 as _cpu_has_bf16
+from .cpu_peak_cache import read_cache as _read_cache
+from .cpu_peak_cache import torch_threads as _threads
+from .cpu_peak_cache import valid_entry as _valid
+from .cpu_peak_cache import write_cache as _write_cache
+from .cpu_peak_raise import (EVIDENCE_OPS, MAX_RAISE, MIN_EVIDENCE_S, OVER_PEAK_TOLERANCE,  # noqa: F401
+                             evidence_rates, raise_cpu_peak)
 from .hardware import GpuSpec
 
 __all__ = ["cpu_spec", "cpu_price_per_hour", "cpu_price_from_env", "raise_cpu_peak", "evidence_rates",
@@ -41,12 +49,6 @@ _GEMM_N = 1024
 _GEMM_RUNS = 5
 _COPY_BYTES = 256 * 2**20   # well above any L3, so the copy streams from DRAM
 _COPY_RUNS = 3
-_CACHE_FILE = "cpu_calibration.json"
-# Entries a version before 2 raised may hold the rate of an op that did not do its own math (an autocast
-# wrapper around a bf16 GEMM raised fp32 to 1.8x the real peak); entries before 3 were timed whatever
-# else ran (a training job beside the calibration made its 2-thread fp32 peak 5x too low, every MFU of
-# that machine 5x too high): both are measured again.
-_CACHE_FORMAT = 3
 _clock = time.perf_counter   # looked up at call time so tests can substitute a fake clock
 # A set of timed runs counts only if the rest of the machine stayed idle meanwhile: other processes' CPU
 # time at most this share of the set's wall time (all cores), plus one of /proc/stat's ticks per core (its
@@ -58,22 +60,6 @@ _QUIET_DEADLINE_S = 300.0        # foreground (`python -m plasmient_trace.metric
 _BACKGROUND_DEADLINE_S = 3600.0  # the idle-priority child of a live job, which may outlive it
 _RETRY_S = 1.0
 _log = logging.getLogger(__name__)
-
-
-def _threads() -> int:
-    try:
-        import torch
-
-        return int(torch.get_num_threads())
-    except ImportError:
-        return os.cpu_count() or 1
-
-
-def _cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
-    if cache_dir is not None:
-        return Path(cache_dir)
-    env = os.environ.get("PLASMIENT_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "plasmient-trace"
 
 
 class CalibrationNotQuiet(RuntimeError):
@@ -221,29 +207,6 @@ def user_cpu_spec(peak_tflops: float, threads: int | None = None) -> GpuSpec:
     return dataclasses.replace(spec, price_per_hour=price, price_source=price_source)
 
 
-def _cpu_has_bf16() -> bool:
-    """bf16 GEMMs have their own CPU rate only with native bf16 math (x86 avx512_bf16 / AMX, Arm bf16)."""
-    return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
-
-
-def _read_cache(path: Path) -> dict[str, Any]:
-    try:
-        cache = json.loads(path.read_text())
-        return cache if isinstance(cache, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _write_cache(path: Path, cache: dict[str, Any]) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
-        tmp.replace(path)  # atomic, so concurrent ranks never read half a file
-    except OSError:
-        pass  # an unwritable cache only costs a re-measurement next time
-
-
 def _measure_all(threads: int, deadline_s: float = _QUIET_DEADLINE_S) -> dict[str, Any]:
     """Time every dtype with ``threads`` intra-op threads (restored afterwards), each on an otherwise idle
     machine; :class:`CalibrationNotQuiet` when it is not idle for long enough within ``deadline_s``."""
@@ -268,15 +231,6 @@ def _measure_all(threads: int, deadline_s: float = _QUIET_DEADLINE_S) -> dict[st
     entry.update(gemm_n=_GEMM_N, copy_bytes=_COPY_BYTES, runs=_GEMM_RUNS, measured_at=time.time(), format=_CACHE_FORMAT,
                  idle_checked=_machine_busy_s() is not None)
     return entry
-
-
-def _valid(entry: Any) -> bool:
-    want = ("fp32", "fp64", "bandwidth") + (("bf16",) if _cpu_has_bf16() else ())
-    # A raised entry without its measured peaks was raised before raises were bounded: one op could set it
-    # to any rate (an op cut off by checkpoint's early stop cached 5.8e12 on a 9.4e10 CPU): measured again.
-    return (isinstance(entry, dict) and all(isinstance(entry.get(k), (int, float)) and entry[k] > 0 for k in want)
-            and entry.get("format", 1) >= _CACHE_FORMAT
-            and (not entry.get("raised") or isinstance(entry.get("measured"), dict)))
 
 
 def cpu_spec(cache_dir: str | os.PathLike[str] | None = None, threads: int | None = None,
@@ -439,10 +393,6 @@ def _main(argv: list[str] | None = None) -> int:
         return _NOT_QUIET_EXIT
     return 0
 
-
-# at the end: the raise rules use this module's cache helpers
-from .cpu_peak_raise import (EVIDENCE_OPS, MAX_RAISE, MIN_EVIDENCE_S, OVER_PEAK_TOLERANCE,  # noqa: E402,F401
-                             evidence_rates, raise_cpu_peak)
 
 if __name__ == "__main__":
     raise SystemExit(_main())

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from types import MappingProxyType
 from typing import Callable, Mapping
 
 import numpy as np
 
+from . import cpu_peak_cache as cache_file
+from .cpu_identity import cache_key
 from .hardware import GpuSpec
+
+_log = logging.getLogger(__name__)
 
 _RAISED_SAID: set[tuple[str, str]] = set()
 _REFUSED_SAID: set[tuple[str, str]] = set()
@@ -58,21 +63,19 @@ def raise_cpu_peak(spec: GpuSpec, observed: Mapping[str, float], threads: int | 
     (the cache keeps it beside a raised one) is refused and said once: such an op's FLOPs did not all run."""
     if spec.device_type != "cpu":
         return spec
-    from . import cpu_peak as _cp   # here: cpu_peak imports this module at its end
-
-    threads = threads or _cp._threads()
-    key = _cp._cache_key(threads)
+    threads = threads or cache_file.torch_threads()
+    key = cache_key(threads)
     new_peak = dict(spec.peak)
     over = [d for d, rate in observed.items()
             if np.isfinite(rate) and rate > OVER_PEAK_TOLERANCE * spec.peak_flops(d)]
     if not over:
         return spec
-    path = _cp._cache_dir(cache_dir) / _cp._CACHE_FILE
-    cache = _cp._read_cache(path)
-    entry = dict(cache[key]) if _cp._valid(cache.get(key)) else {}   # an entry due to be measured again stays so
+    path = cache_file.cache_dir(cache_dir) / cache_file.CACHE_FILE
+    cache = cache_file.read_cache(path)
+    entry = dict(cache[key]) if cache_file.valid_entry(cache.get(key)) else {}   # an entry due to be measured again stays so
     measured = dict(entry.get("measured", {}))
     # the caller decides where a line goes: ingest prints it, live capture keeps the job's stderr clean
-    tell = say if say is not None else (lambda text: _cp._log.warning("plasmient: %s", text))
+    tell = say if say is not None else (lambda text: _log.warning("plasmient: %s", text))
     raised = []
     for d in over:
         # the measured peak the cache keeps beside a raised one, else the spec's (the peak this job reads: the
@@ -96,11 +99,11 @@ def raise_cpu_peak(spec: GpuSpec, observed: Mapping[str, float], threads: int | 
             entry[d] = float(observed[d])
             entry["measured"] = measured
             entry["raised"] = sorted(set(entry.get("raised", [])) | {d})
-            entry["format"] = _cp._CACHE_FORMAT
+            entry["format"] = cache_file.CACHE_FORMAT
     if not raised:
         return spec
     if entry:
         cache[key] = entry
-        _cp._write_cache(path, cache)
+        cache_file.write_cache(path, cache)
     return dataclasses.replace(spec, peak=MappingProxyType(new_peak),
                                notes=spec.notes + f"; {', '.join(raised)} raised to an observed op rate")
