@@ -81,7 +81,8 @@ def hooked_python(tmp_path_factory) -> Path:
 
 
 def test_plasmient_trace_1_traces_every_optimizer_step(hooked_python, env, tmp_path):
-    e = dict(env, PLASMIENT_TRACE="1", PLASMIENT_EVERY="2", PLASMIENT_JOB_ID="tiny", PLASMIENT_VERBOSE="1")
+    # full depth: step 0 (every 3rd) and step 1 (opened at a boundary: a signature step 0's is not); step 2 carries
+    e = dict(env, PLASMIENT_TRACE="1", PLASMIENT_EVERY="3", PLASMIENT_JOB_ID="tiny", PLASMIENT_VERBOSE="1")
     proc = run([str(hooked_python), str(EXAMPLES / "train_tiny_transformer.py"), "--steps", "3"], e, tmp_path)
     out = tmp_path / "traces.jsonl"  # the embedded default, in the working directory
     assert proc.stderr.count("writing traces to") == 1 and str(out) in proc.stderr
@@ -89,7 +90,7 @@ def test_plasmient_trace_1_traces_every_optimizer_step(hooked_python, env, tmp_p
     assert len(traces) == 3  # one trace per optimizer step
     assert sorted(step_span(t)["attrs"]["plasmient.step"] for t in traces) == [0, 1, 2]
     full = next(t for t in traces if step_span(t)["attrs"]["plasmient.step"] == 0)
-    shallow = next(t for t in traces if step_span(t)["attrs"]["plasmient.step"] == 1)
+    shallow = next(t for t in traces if step_span(t)["attrs"]["plasmient.step"] == 2)
     assert {s["attrs"]["plasmient.level"] for s in shallow} == {"fleet", "node", "rank", "step"}
     by_id = {s["spanId"]: s for s in full}
     names = {s["name"] for s in full if s["attrs"]["plasmient.level"] == "module"}

@@ -62,15 +62,16 @@ def test_env_variable_selects_the_kineto_fallback():
 def test_full_depth_steps_carry_the_profilers_ops_under_the_module_spans(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setenv("PLASMIENT_VERBOSE", "1")  # which source runs is news, not a failure: said when asked
-    config = CaptureConfig.from_env({"PLASMIENT_CUPTI": "kineto"}, every=2, peak_tflops=0.05, job_id="kineto-job")
-    session, rows, _ = _train(config)
+    config = CaptureConfig.from_env({"PLASMIENT_CUPTI": "kineto"}, every=3, peak_tflops=0.05, job_id="kineto-job")
+    session, rows, _ = _train(config, steps=4)
     assert capsys.readouterr().err.count("PLASMIENT_CUPTI=kineto") == 1
     assert not list(tmp_path.glob("plasmient-kineto-*"))  # each step's exported trace is removed once read
-    assert session.sources.kineto is not None and not session.failed and session.stats["steps"] == 3
+    assert session.sources.kineto is not None and not session.failed and session.stats["steps"] == 4
     by_id = {r["span_id"]: r for r in rows}
     depth = {r["plasmient.step"]: r["plasmient.sampled_depth"] for r in rows if r["plasmient.level"] == "step"}
-    assert depth == {0: "full", 1: "step", 2: "full"}
-    for step in (0, 2):
+    # every 3rd step, and step 1, whose signature (opened at a boundary) is new: profiled from its first module call
+    assert depth == {0: "full", 1: "full", 2: "step", 3: "full"}
+    for step in (0, 1, 3):
         ops = [r for r in rows if r["plasmient.step"] == step and r["plasmient.level"] == "op"]
         addmm = [r for r in ops if r["name"] == "aten::addmm"]
         assert addmm, step
@@ -84,7 +85,7 @@ def test_full_depth_steps_carry_the_profilers_ops_under_the_module_spans(capsys,
         assert all(r["plasmient.device.type"] == "cpu" for r in ops)
         # user annotations (Optimizer.zero_grad...) come through only from a profiler, not from the dispatch hooks
         assert any(r["name"].startswith("aten::") for r in ops)
-    assert not [r for r in rows if r["plasmient.level"] == "op" and r["plasmient.step"] == 1]
+    assert not [r for r in rows if r["plasmient.level"] == "op" and r["plasmient.step"] == 2]
     assert all(r["plasmient.device.type"] == "cpu" for r in rows)
     full = next(r for r in rows if r["plasmient.step"] == 0 and r["plasmient.level"] == "step")
     assert full["plasmient.flops"] > 0 and full["plasmient.mfu"] is not None

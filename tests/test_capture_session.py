@@ -37,26 +37,29 @@ def run(steps: int = 3, every: int = 1, exporters=None, **cfg) -> tuple[CaptureS
 
 @pytest.fixture(scope="module")
 def traced() -> tuple[CaptureSession, list[dict]]:
-    session, sink = run(steps=3, every=2)
+    # full depth: step 0 (every 3rd, opened at its first module call), step 1 (the first step opened at a
+    # boundary: its signature is not step 0's, never measured) and step 3 (every 3rd); step 2 carries step 1's
+    session, sink = run(steps=4, every=3)
     return session, sink.rows()
 
 
 def test_one_trace_per_optimizer_step_with_deterministic_ids(traced):
     session, rows = traced
     steps = [r for r in rows if r["plasmient.level"] == "step"]
-    assert sorted(r["plasmient.step"] for r in steps) == [0, 1, 2]
-    assert [r["name"] for r in sorted(steps, key=lambda r: r["plasmient.step"])] == [f"optimizer.step#{i}" for i in range(3)]
+    assert sorted(r["plasmient.step"] for r in steps) == [0, 1, 2, 3]
+    assert [r["name"] for r in sorted(steps, key=lambda r: r["plasmient.step"])] == [f"optimizer.step#{i}" for i in range(4)]
     for r in rows:
         assert r["trace_id"] == ids.trace_id("test-job", r["plasmient.step"])
-    assert session.stats["steps"] == 3 and session.stats["steps_dropped"] == 0 and not session.failed
+    assert session.stats["steps"] == 4 and session.stats["steps_dropped"] == 0 and not session.failed
 
 
 def test_every_nth_step_is_full_depth_the_others_step_level(traced):
     _, rows = traced
     depth = {r["plasmient.step"]: r["plasmient.sampled_depth"] for r in rows if r["plasmient.level"] == "step"}
-    assert depth == {0: "full", 1: "step", 2: "full"}
+    # every 3rd step, and step 1 for its new signature (step 0 opened at its first module call: its own)
+    assert depth == {0: "full", 1: "full", 2: "step", 3: "full"}
     levels = {s: {r["plasmient.level"] for r in rows if r["plasmient.step"] == s} for s in depth}
-    assert levels[1] == {"fleet", "node", "rank", "step"}
+    assert levels[2] == {"fleet", "node", "rank", "step"}
     assert {"module", "op", "kernel"} - levels[0] == {"kernel"}  # CPU: the leaf ops are the device's kernels
 
 
@@ -123,7 +126,7 @@ def test_metrics_on_every_span_and_mfu_on_every_full_depth_span(traced):
     for r in rows:
         assert r["plasmient.wall_s"] is not None and r["plasmient.device.type"] == "cpu"
         assert r["plasmient.cost.usd"] is None or r["plasmient.cost.usd"] >= 0
-        if r["plasmient.step"] != 1 and r["plasmient.level"] != "kernel":
+        if r["plasmient.step"] != 2 and r["plasmient.level"] != "kernel":
             if r["plasmient.device.window_s"] is None:
                 # ran no device work of its own (an alias inside addmm, a view): no device metrics at all
                 assert r["plasmient.level"] in ("op", "module") and r["plasmient.mfu"] is None and r["plasmient.flops"] is None
@@ -134,9 +137,9 @@ def test_metrics_on_every_span_and_mfu_on_every_full_depth_span(traced):
                 measured = (r["plasmient.flops"] or 0) > 0 or r["plasmient.flops.coverage"] >= FULL_COVERAGE
                 assert (r["plasmient.mfu"] is not None) == measured, r["name"]
                 assert (r["plasmient.flops"] is not None) == measured, r["name"]
-    shallow = next(r for r in rows if r["plasmient.step"] == 1 and r["plasmient.level"] == "step")
+    shallow = next(r for r in rows if r["plasmient.step"] == 2 and r["plasmient.level"] == "step")
     # a step-level step ran without op hooks: its busy time is unknown, not zero; its FLOPs are carried from
-    # step 0 (same input shapes), and its MFU is those FLOPs over its own window
+    # step 1 (same input shapes, opened at a boundary), and its MFU is those FLOPs over its own window
     assert shallow["plasmient.busy_s"] is None and shallow["plasmient.flops.source"] == "carried"
     assert shallow["plasmient.flops"] > 0 and shallow["plasmient.mfu"] > 0
     full = next(r for r in rows if r["plasmient.step"] == 0 and r["plasmient.level"] == "step")
@@ -378,14 +381,16 @@ def test_low_mfu_step_triggers_full_depth_on_a_later_step():
     session = CaptureSession(config, exporters=[("memory", sink)]).start()
     try:
         model, opt, data = tiny.build(dim=32, layers=1, heads=2, vocab=64, seq=8, batch=2)
-        for _ in range(4):
+        for _ in range(5):
             tiny.train_step(model, opt, data)
             session.flush(30)  # let the worker judge each step before the next begins
     finally:
         session.close(timeout=30)
     depth = {r["plasmient.step"]: r["plasmient.sampled_depth"] for r in sink.rows() if r["plasmient.level"] == "step"}
-    assert depth[0] == "full" and depth[1] == "step"
-    assert "full" in (depth[2], depth[3])
+    # step 1 is full for its signature (step 0, opened at its first module call, has its own): step 2 is the
+    # first step-level step, and the one or two after it (opened before the worker judged it) go full
+    assert depth[0] == "full" and depth[1] == "full" and depth[2] == "step"
+    assert "full" in (depth[3], depth[4])
 
 
 def test_hooks_are_removed_on_close():
@@ -403,14 +408,15 @@ def test_hooks_are_removed_on_close():
 
 
 def test_a_step_depth_cpu_step_carries_flops_but_not_busy_time(traced):
-    """Step 1 ran without op hooks: on a CPU its ops are its kernels, so busy time and util are absent
-    (not zero); its FLOPs are step 0's (same input shapes), carried, not measured."""
+    """Step 2 ran without op hooks: on a CPU its ops are its kernels, so busy time and util are absent
+    (not zero); its FLOPs are step 1's (same input shapes, both opened at a boundary), carried, not measured.
+    Step 0, opened at its first module call, carries to no boundary step."""
     _, rows = traced
     steps = {r["plasmient.step"]: r for r in rows if r["plasmient.level"] == "step"}
-    assert steps[1]["plasmient.flops.source"] == "carried" and steps[0]["plasmient.flops.source"] == "measured"
-    assert steps[1]["plasmient.flops"] == steps[0]["plasmient.flops"] > 0
-    assert steps[1]["plasmient.busy_s"] is None and steps[1]["plasmient.util.resident"] is None
-    assert steps[0]["plasmient.busy_s"] > 0 and steps[0]["plasmient.util.resident"] > 0
+    assert steps[2]["plasmient.flops.source"] == "carried" and steps[1]["plasmient.flops.source"] == "measured"
+    assert steps[2]["plasmient.flops"] == steps[1]["plasmient.flops"] > 0
+    assert steps[2]["plasmient.busy_s"] is None and steps[2]["plasmient.util.resident"] is None
+    assert steps[1]["plasmient.busy_s"] > 0 and steps[1]["plasmient.util.resident"] > 0
 
 
 def test_nvml_samples_are_averaged_over_each_step_window():
@@ -717,7 +723,7 @@ def test_host_api_calls_are_recorded_on_full_depth_steps_only(monkeypatch, api):
     steps = {r["plasmient.step"]: r for r in sink.rows() if r["plasmient.level"] == "step"}
     assert sorted(steps) == list(range(7))
     full = {n for n, r in steps.items() if r["plasmient.sampled_depth"] == "full"}
-    assert full == {0, 3, 6}
+    assert full == {0, 1, 3, 6}  # every 3rd, and step 1: the first opened at a boundary, a new signature
     for n, step in steps.items():
         assert step["plasmient.kernels"] >= 1 and step["plasmient.busy_s"] > 0 and step["plasmient.idle_s"] >= 0
         split_known = n in full or api == "always"
@@ -725,7 +731,9 @@ def test_host_api_calls_are_recorded_on_full_depth_steps_only(monkeypatch, api):
         assert (step["plasmient.launch_queue.max"] is not None) == split_known, n
         if n in full:
             assert step["plasmient.unjoined_kernels"] == 1  # the step_kernel, no op around it
-    assert session.sources.cupti.api_changes == ([] if api == "always" else [False, True, False, True, False])  # steps 1, 3, 4, 6 and 7 (opened, never ended)
+    # off at step 1's start, on at its first module call (a new signature), off at 2, on at 3, off at 4, on
+    # at 6, off at 7 (opened, never ended)
+    assert session.sources.cupti.api_changes == ([] if api == "always" else [False, True, False, True, False, True, False])
 
 
 @pytest.mark.parametrize("api", ["full", "always"])
@@ -743,8 +751,12 @@ def test_records_of_the_step_open_at_a_flush_reach_that_step_in_the_next_batch(m
     steps = sorted((r for r in sink.rows() if r["plasmient.level"] == "step"), key=lambda r: r["plasmient.step"])
     # step 0 opened at the first forward (no early kernel); the step open at close is not a finished step
     assert [s["plasmient.step"] for s in steps] == list(range(5))
-    assert [s["plasmient.kernels"] for s in steps[1:]] == [1] * 4
-    assert all(s["plasmient.busy_s"] == pytest.approx(199e-6, abs=1e-9) for s in steps[1:])
+    assert [s["plasmient.kernels"] for s in steps[2:]] == [1] * 3
+    assert all(s["plasmient.busy_s"] == pytest.approx(199e-6, abs=1e-9) for s in steps[2:])
+    # step 1 went full at its first module call (the first step opened at a boundary: a new signature), so
+    # its ops' kernels are beside its early one, which it holds as a span
+    early = [r for r in sink.rows() if r["plasmient.level"] == "kernel" and r["name"] == "early_kernel"]
+    assert [r["plasmient.step"] for r in early] == [1] and steps[1]["plasmient.kernels"] > 1
 
 
 def test_a_kernel_still_running_at_the_flush_stays_with_the_step_that_launched_it(monkeypatch):
@@ -1034,11 +1046,13 @@ def test_steps_cut_short_for_too_many_ops_count_against_the_sampling_budget(over
     steps = [r for r in sink.rows() if r["plasmient.level"] == "step"]
     assert len(steps) == 6 and all(r["plasmient.flops.source"] == "unknown" for r in steps)
     assert session.stats["steps_full"] == 0
+    # step 1 tries too: the first step opened at a boundary has a signature never measured (step 0, opened at
+    # its first module call, has its own), and a new signature is not held back by the budget
     if overhead:
         # held: the periodic samples of steps 2 and 4, and of step 6, opened by the last optimizer.step()
-        assert session.stats["steps_too_many_ops"] == 1 and session.stats["samples_held"] == 3
+        assert session.stats["steps_too_many_ops"] == 2 and session.stats["samples_held"] == 3
     else:
-        assert session.stats["steps_too_many_ops"] == 3  # steps 0, 2 and 4
+        assert session.stats["steps_too_many_ops"] == 4  # steps 0, 1, 2 and 4
 
 
 @pytest.mark.parametrize("op_hook", ["native", "dispatch"])

@@ -301,7 +301,7 @@ class CaptureSession:
                 self.close(0.0)
                 return
             try:
-                self._begin(perf_counter_ns())
+                self._begin(perf_counter_ns(), at_call=True)
             except Exception as err:
                 self._fail("step", err)
 
@@ -383,7 +383,9 @@ class CaptureSession:
             self.signatures.abort()
             self._open = False
 
-    def _begin(self, now: int, explicit: bool = False) -> None:
+    def _begin(self, now: int, explicit: bool = False, at_call: bool = False) -> None:
+        """Open a step at ``now``: at a boundary, or (``at_call``) at its first module call, whose signature is
+        then its own (``signature.OPENED_AT_CALL``): what ran before that call is in no step."""
         if self.sources.devices_pending:
             self._detect_devices()  # CUPTI and NVML start here, the first time: up to seconds
             now = perf_counter_ns()  # the step starts when our setup is done: that time is not the job's
@@ -410,7 +412,7 @@ class CaptureSession:
         self._step_thread = threading.get_native_id()
         self._step_explicit = explicit
         self._open = True
-        self.signatures.begin()
+        self.signatures.begin(opened_at_call=at_call)
         self.modules.repeat_module = None
         self.modules.watch_roots = False
         self.modules.watch_kwargs = True

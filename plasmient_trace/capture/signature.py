@@ -14,7 +14,10 @@ model's parameters require gradients, join the signature when the step ends, so 
 from its measured step's carries nothing (``unknown`` until a full-depth step makes the same calls). A
 signature never measured sends the rest of its step to full depth (at most ``max_signatures`` of them); the ops the step ran
 before that call are recorded from its start where that can happen (``may_measure``) and dropped when it
-does not, so the measurement is the whole step's. A compiled model is measured on its second call with new
+does not, so the measurement is the whole step's. A step opened at its first module call (step 0, the first step
+after an explicit one: ``opened_at_call``) holds nothing from before that call, so its signature is its own
+(``OPENED_AT_CALL``): it never gives its shorter count to the steps opened at a boundary, which measure theirs
+whole, and it carries only what another step opened at its first call measured. A compiled model is measured on its second call with new
 shapes, as its first one compiles. Everything here runs on the training thread, once per call of the
 signature's module or of another model, and once per step otherwise.
 """
@@ -39,6 +42,11 @@ PARAMETERS_REFRESH = 64
 
 WAIT, STOP, MEASURE = "wait", "stop", "measure"
 
+# The signature of a step opened at its first module call, not at a step boundary: the work before that call
+# (a projection outside the model, zero_grad) is in no step, so such a step measured 0.51x a whole step's
+# FLOPs with a 512x512 projection before the model, and the boundary steps that carried it carried that.
+OPENED_AT_CALL = "|opened at its first module call"
+
 
 class StepSignatures:
     """The open step's signature, and which signatures were measured at full depth in this session."""
@@ -46,7 +54,7 @@ class StepSignatures:
     def __init__(self, max_signatures: int) -> None:
         self.max_signatures = max_signatures
         self.seen: set[str] = set()        # measured at full depth
-        self.first_seen: set[str] = set()  # compiled models: seen once, at step depth (that call compiled)
+        self.first_seen: set[str] = set()  # compiled models: seen once (that call compiled), without OPENED_AT_CALL
         self.key: str | None = None        # the open step's first-call signature, once seen
         self._kwargs: list[Any] = []       # the keywords of the step's models' calls
         self._others_trained: dict[int, str] = {}  # id(other model) -> which of its parameters require grad
@@ -55,12 +63,14 @@ class StepSignatures:
         self._repeats: list[Any] = []
         self._others: list[Any] = []  # the shapes of other models' calls after the signature's
         self.backward_passes = 0  # backward passes through a root model's output in the open step
+        self.opened_at_call = False  # the open step was opened at its first module call (OPENED_AT_CALL)
         self._numbers: dict[tuple[str, int], set[Any]] = {}  # (model, position) -> values seen there
         self._numbers_left = False
         self._parameters: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 
-    def begin(self) -> None:
+    def begin(self, opened_at_call: bool = False) -> None:
         self.previous_key = self.key
+        self.opened_at_call = opened_at_call
         self.key, self._tries, self._repeats, self._others = None, 0, [], []
         self._kwargs, self._others_trained = [], {}
         self.backward_passes = 0
@@ -71,9 +81,17 @@ class StepSignatures:
         self.key = self.previous_key
 
     def may_measure(self) -> bool:
-        """Could this step's first module call send it to full depth? Only where steps have signatures (the
-        last one had) and room is left for a new one."""
-        return self.previous_key is not None and len(self.seen) < self.max_signatures
+        """Could this step's first module call send it to full depth, with work before that call to record?
+        Only where steps have signatures (the last one had), room is left for a new one, and the step opened
+        at a boundary (one opened at its first module call has nothing before it)."""
+        return not self.opened_at_call and self.previous_key is not None and self._room()
+
+    def _room(self) -> bool:
+        """Room for one more measured signature of the open step's kind: at most ``max_signatures`` of steps
+        opened at a boundary, and as many of steps opened at their first module call, so step 0's own
+        signature never takes the room of the steps after it."""
+        at_call = self.opened_at_call
+        return sum(k.endswith(OPENED_AT_CALL) == at_call for k in self.seen) < self.max_signatures
 
     def first_call(self, module: Any, args: Any, full: bool, root: Any = None) -> str:
         """A module call while the step has no signature: WAIT (no tensor argument: show the next call),
@@ -95,13 +113,16 @@ class StepSignatures:
         # parameters train is the whole model's (its root, where the first call with a tensor is a layer)
         trained = self._trained(getattr(root, "_orig_mod", root) if root is not None else model)
         key = self.key = f"{type(model).__qualname__}|{'train' if module.training else 'eval'}|" \
-                         f"{'grad' if torch.is_grad_enabled() else 'nograd'}|requires_grad {trained}|{shapes}"
+                         f"{'grad' if torch.is_grad_enabled() else 'nograd'}|requires_grad {trained}|{shapes}" \
+                         f"{OPENED_AT_CALL if self.opened_at_call else ''}"
         if full:
             self.seen.add(key)
-        elif key in self.seen or len(self.seen) >= self.max_signatures:
+        elif key in self.seen or not self._room():
             pass
-        elif compiled and key not in self.first_seen:
-            self.first_seen.add(key)  # a compiled model recompiles on its first call with new shapes: measure the next
+        elif compiled and key.removesuffix(OPENED_AT_CALL) not in self.first_seen:
+            # a compiled model recompiles on its first call with new shapes: measure the next (step 1 after a
+            # step 0 that compiled them, whose signature is its own, runs compiled code already)
+            self.first_seen.add(key.removesuffix(OPENED_AT_CALL))
         else:
             self.seen.add(key)
             return MEASURE
@@ -168,7 +189,7 @@ class StepSignatures:
         its signature again on a later call."""
         if self.key is not None:
             self.seen.discard(self.key)
-            self.first_seen.add(self.key)
+            self.first_seen.add(self.key.removesuffix(OPENED_AT_CALL))
 
     def finish(self) -> str | None:
         """The signature the step's FLOPs are carried under: a step of two micro-batches never carries
