@@ -127,6 +127,7 @@ SPAN_ATTRIBUTES: tuple[SpanAttribute, ...] = (
     SpanAttribute("plasmient.gpm.dram_bw_util", _F, "1", ("step",), "GPM DRAM bandwidth utilisation during the step"),
     SpanAttribute("plasmient.cupti.dropped_records", _I, "{record}", ("step",), "activity records CUPTI dropped during the step"),
     SpanAttribute("plasmient.sampled_depth", _S, "", ("step",), "full | step: whether the step carries its whole subtree"),
+    SpanAttribute("plasmient.step.opened_at", _S, "", ("step",), "live capture: boundary | first_module_call: where the step opened. first_module_call: step 0, and the first step after an explicit one (an eval loop in `with plasmient_trace.step()`), open at their first nn.Module call, so what ran before that call (a projection outside the model, zero_grad) is in no step and in none of its FLOPs; such a step's signature is its own, so it carries FLOPs only to and from steps opened the same way; absent on ingested traces"),
     SpanAttribute("plasmient.culprit.module", _S, "", ABOVE_STEP, "module pattern of the first culprit row (layer numbers as *); outside every module, the optimizer step scope (Optimizer.step#…) that ran its op"),
     SpanAttribute("plasmient.culprit.op", _S, "", ABOVE_STEP, "launching op of the first culprit row"),
     SpanAttribute("plasmient.culprit.kernel", _S, "", ABOVE_STEP, "kernel name of the first culprit row ('[device idle]' for host gaps)"),

@@ -72,7 +72,8 @@ def test_steps_carry_the_whole_step_not_step_0s_count_from_its_first_module_call
     # (one full-depth step more than before), and steps 2-9 carry it
     assert [r["plasmient.flops.source"] for r in rows] == ["measured", "measured"] + ["carried"] * 8 + ["measured", "carried"]
     assert [r["plasmient.sampled_depth"] for r in rows] == ["full", "full"] + ["step"] * 8 + ["full", "step"]
-    # step 0 is measured from its first module call, without the projection before it
+    # step 0 says what it is: measured from its first module call, without the projection before it
+    assert [r["plasmient.step.opened_at"] for r in rows] == ["first_module_call"] + ["boundary"] * (n - 1)
     _whole(rows[0], expected[0] - PROJECTION_FLOPS)
     assert rows[0]["plasmient.flops"] < 0.9 * expected[0]
 
@@ -97,6 +98,8 @@ def test_the_first_step_after_an_eval_loop_carries_only_what_a_step_opened_the_s
         _whole(rows[s], whole)
     assert [r["plasmient.flops.source"] for r in rows] == \
         ["measured", "measured", "carried", "carried", "measured", "carried", "carried", "carried", "carried", "carried"]
+    assert [r["plasmient.step.opened_at"] for r in rows] == \
+        ["first_module_call"] + ["boundary"] * 5 + ["first_module_call"] + ["boundary"] * 3
     # step 6 carries step 0's count: like for like, both from their first module call
     assert rows[6]["plasmient.flops"] == rows[0]["plasmient.flops"]
     _whole(rows[6], whole - PROJECTION_FLOPS)
@@ -123,3 +126,14 @@ def test_a_compiled_models_step_1_is_measured_on_the_code_step_0_compiled():
     whole = _oracle(lambda: None, lambda _, i: eager(x).pow(2).mean().backward(), 1)[0]
     for r in rows[1:]:
         _whole(r, whole)
+
+
+def test_ingested_steps_say_nothing_of_where_they_opened():
+    from plasmient_trace.pipeline import IngestOptions, stitch_records
+    from plasmient_trace.records import RecordSet, table_from_columns
+
+    rs = RecordSet(source="live:cupti", steps=table_from_columns("steps", {
+        "step": [0, 1], "start_ns": [0, 10**6], "end_ns": [10**6, 2 * 10**6], "name": ["s0", "s1"]}))
+    rows = stitch_records([rs], IngestOptions(job_id="ingest")).batch.table.to_pylist()
+    assert [r["plasmient.level"] for r in rows if r["plasmient.level"] == "step"] == ["step", "step"]
+    assert all(r.get("plasmient.step.opened_at") is None for r in rows)

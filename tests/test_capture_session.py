@@ -58,6 +58,8 @@ def test_every_nth_step_is_full_depth_the_others_step_level(traced):
     depth = {r["plasmient.step"]: r["plasmient.sampled_depth"] for r in rows if r["plasmient.level"] == "step"}
     # every 3rd step, and step 1 for its new signature (step 0 opened at its first module call: its own)
     assert depth == {0: "full", 1: "full", 2: "step", 3: "full"}
+    assert {r["plasmient.step"]: r["plasmient.step.opened_at"] for r in rows if r["plasmient.level"] == "step"} == \
+        {0: "first_module_call", 1: "boundary", 2: "boundary", 3: "boundary"}
     levels = {s: {r["plasmient.level"] for r in rows if r["plasmient.step"] == s} for s in depth}
     assert levels[2] == {"fleet", "node", "rank", "step"}
     assert {"module", "op", "kernel"} - levels[0] == {"kernel"}  # CPU: the leaf ops are the device's kernels

@@ -108,7 +108,7 @@ def process(session: CaptureSession, items: list[StepCapture]) -> SpanBatch:
                       measured=session.memory.measured, not_carried={c.step for c in items if c.compiled},
                       dropped_records={c.step: c.dropped for c in items if c.dropped is not None}
                       if session.sources.cupti is not None else None,
-                      preceding=session.memory.preceding)
+                      preceding=session.memory.preceding, opened_at_call={c.step for c in items if c.opened_at_call})
     options = IngestOptions(job_id=session.job_id, peak_tflops=session.config.peak_tflops, gpu_price=session.config.gpu_price,
                             service_name=session.config.service_name, full_depth_steps=full, step_facts=facts,
                             cpu_spec=session.sources.cpu_spec_for_stitch(lambda: session.closed),

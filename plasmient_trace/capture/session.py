@@ -72,6 +72,7 @@ class StepCapture:
     #                               shapes of that module's later calls in the step
     compiled: bool = False        # torch.compile traced a frame during the step: its ops include the compiler's
     tid: int | None = None        # the thread that opened the step (ops of threads unrelated to it stay out)
+    opened_at_call: bool = False  # opened at its first module call, not at a boundary (plasmient.step.opened_at)
 
 
 # Ops a step-depth step may record on average before its first module call keeps it at step depth (they are
@@ -548,7 +549,8 @@ class CaptureSession:
         cap = StepCapture(step=self.step_index, name=_STEP_NAMES[kind].format(n=self.step_index),
                           start_ns=self._step_start + self._epoch, end_ns=now + self._epoch, full=full,
                           ops=ops, op_recorder=self.sources.ops, modules=modules, kineto=trace,
-                          signature=self.signatures.finish(), compiled=compiled, tid=self._step_thread)
+                          signature=self.signatures.finish(), compiled=compiled, tid=self._step_thread,
+                          opened_at_call=self.signatures.opened_at_call)
         for rec in (self.sources.ops, self.modules):
             if rec.failed is not None:
                 err, rec.failed = rec.failed, None

@@ -83,6 +83,9 @@ class StepFacts:
     dropped_records: dict[int, int] | None = None                   # step -> CUPTI records dropped during it
     # full-depth steps whose measurement is not carried (torch.compile traced during them: compiler ops)
     not_carried: set[int] = field(default_factory=set)
+    # steps opened at their first module call, not at a step boundary (step 0, the first after an explicit
+    # step): plasmient.step.opened_at
+    opened_at_call: set[int] = field(default_factory=set)
     # (step, end of its device window) of the last step an earlier batch stitched: the next step's tile
     # opens there, as it would had both been stitched together (stitch.windows)
     preceding: tuple[int, int] | None = None
@@ -146,6 +149,7 @@ class ResolvedSteps:
     coverage: np.ndarray         # carried coverage (NaN where not carried)
     dropped: np.ndarray | None   # int64 per step row, -1 unknown
     samples: dict[str, np.ndarray]  # span attribute -> mean per step row (NaN none)
+    opened_at_call: np.ndarray | None = None  # bool per step row: opened at its first module call (None: ingest)
 
 
 def with_step_facts(tree: Any, options: Any, steps: np.ndarray, samples: pa.Table) -> Any:
@@ -158,6 +162,7 @@ def with_step_facts(tree: Any, options: Any, steps: np.ndarray, samples: pa.Tabl
     steps = np.asarray(steps, np.int64)
     full_set = options.full_depth_steps
     full = np.ones(n, bool) if full_set is None else np.isin(steps, np.fromiter(full_set, np.int64, len(full_set)))
+    live = getattr(options, "step_facts", None) is not None
     facts: StepFacts = getattr(options, "step_facts", None) or StepFacts()
     real = t.k_rows[t.k_rows < t.n_k]
     has_kernels = np.bincount(t.step_row[t.base["kernel"] + real], minlength=n)[:n] > 0 if n else np.zeros(0, bool)
@@ -197,7 +202,9 @@ def with_step_facts(tree: Any, options: Any, steps: np.ndarray, samples: pa.Tabl
         dropped = np.array([facts.dropped_records.get(int(x), -1) for x in steps], np.int64)
     t.facts = ResolvedSteps(full=full, source=source, device_measured=full | has_kernels, coverage=coverage,
                             dropped=dropped, samples=_sample_means(samples, t.start[t.base["step"]:t.base["step"] + n],
-                                                                   t.end[t.base["step"]:t.base["step"] + n]))
+                                                                   t.end[t.base["step"]:t.base["step"] + n]),
+                            opened_at_call=np.isin(steps, np.fromiter(facts.opened_at_call, np.int64,
+                                                                      len(facts.opened_at_call))) if live else None)
     return t
 
 
@@ -334,6 +341,10 @@ def step_columns(cols: dict[str, Any], tree: Any, sel: np.ndarray) -> None:
     _null_columns(cols, NEEDS_DEVICE_ACTIVITY, shallow & ~f.device_measured[s], n)
     for attr, means in f.samples.items():
         cols[attr] = numbers_on_rows(np.asarray(means, np.float64)[s[step_rows]], step_rows, n)
+    if f.opened_at_call is not None:
+        at_call = pa.array(f.opened_at_call[s[step_rows]].astype(np.int64))
+        opened = pa.array(["boundary", "first_module_call"], pa.string()).take(at_call)
+        cols["plasmient.step.opened_at"] = scatter_rows(opened, step_rows, n)
     if f.dropped is not None:
         d = np.asarray(f.dropped, np.int64)[s[step_rows]]
         cols["plasmient.cupti.dropped_records"] = numbers_on_rows(d[d >= 0], step_rows[d >= 0], n)
