@@ -48,6 +48,12 @@ WAIT, STOP, MEASURE = "wait", "stop", "measure"
 OPENED_AT_CALL = "|opened at its first module call"
 
 
+def unwrapped(module: Any) -> Any:
+    """The model a ``torch.compile`` wrapper (``OptimizedModule``) wraps, else the module itself: the signature
+    names and weighs the user's model, compiled or not."""
+    return getattr(module, "_orig_mod", module)
+
+
 class StepSignatures:
     """The open step's signature, and which signatures were measured at full depth in this session."""
 
@@ -105,13 +111,13 @@ class StepSignatures:
         if shapes is None:
             self._tries += 1
             return STOP if self._tries >= SIGNATURE_TRIES else WAIT
-        model = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the model it wraps
+        model = unwrapped(module)
         compiled = model is not module
         shapes, left = self._bounded_numbers(type(model).__qualname__, shapes)
         self._numbers_left = self._numbers_left or left
         # the same shapes through another model, in eval mode or without grad are other work; which
         # parameters train is the whole model's (its root, where the first call with a tensor is a layer)
-        trained = self._trained(getattr(root, "_orig_mod", root) if root is not None else model)
+        trained = self._trained(unwrapped(root) if root is not None else model)
         key = self.key = f"{type(model).__qualname__}|{'train' if module.training else 'eval'}|" \
                          f"{'grad' if torch.is_grad_enabled() else 'nograd'}|requires_grad {trained}|{shapes}" \
                          f"{OPENED_AT_CALL if self.opened_at_call else ''}"
@@ -169,7 +175,7 @@ class StepSignatures:
         from .torch_hooks import input_signature
 
         self._others.append(input_signature(args) if len(self._others) < MAX_REPEATS else None)
-        model = getattr(module, "_orig_mod", module)
+        model = unwrapped(module)
         if id(model) not in self._others_trained:
             self._others_trained[id(model)] = f"{type(model).__qualname__} {self._trained(model)}"
 
@@ -179,7 +185,7 @@ class StepSignatures:
 
         if len(self._kwargs) >= MAX_REPEATS:
             return
-        model = type(getattr(module, "_orig_mod", module)).__qualname__
+        model = type(unwrapped(module)).__qualname__
         shapes, left = self._bounded_numbers(f"{model}|keywords", kwargs_signature(kwargs))
         self._numbers_left = self._numbers_left or left
         self._kwargs.append((model, shapes))
