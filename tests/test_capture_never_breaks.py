@@ -242,6 +242,39 @@ def test_a_recompile_for_a_new_shape_leaves_the_job_s_stderr_alone_and_counts_no
     assert flops[4] == flops[5] == flops[7] > flops[3]  # the recompiling step: the work of its shape, no more
 
 
+COMPILED_LOOP_JOB = """
+import torch, torch.nn as nn
+import torch._dynamo.utils as dynamo_utils
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+compiled = torch.compile(m, backend="aot_eager")  # dynamo's guards without inductor's compile time
+opt = torch.optim.SGD(m.parameters(), lr=0.01)
+x = torch.randn(16, 64)
+for i in range(12):
+    opt.zero_grad(); loss = compiled(x).sum(); loss.backward(); opt.step()
+print("graphs", dynamo_utils.counters["stats"]["unique_graphs"], "frames", dict(dynamo_utils.counters["frames"]))
+"""
+
+
+def test_a_compiled_model_compiles_once_as_it_does_untraced(tmp_path: Path) -> None:
+    """Dynamo traces global module hooks into the compiled frame: every attribute of ours a hook read before
+    it saw that dynamo was tracing became a guard of the frame (the roots' ids, whether recording was on). So
+    the model recompiled at each step as those changed (8 graphs where the job makes 1), hit dynamo's cache
+    limit and then ran uncompiled, with dynamo's warning in the job's stderr; and since every step compiled,
+    every step was measured at full depth."""
+    script = _script(tmp_path, "compiled_loop.py", COMPILED_LOOP_JOB)
+    plain = _plain(tmp_path, script)
+    assert plain.returncode == 0, plain.stderr.decode()[-2000:]
+    assert plain.stdout.startswith(b"graphs 1 ")
+    traced = _traced(tmp_path, script)
+    _same_run(plain, traced)
+    t = read_jsonl(tmp_path / "t.jsonl").table.to_pylist()
+    steps = {r["plasmient.step"]: r for r in t if r["plasmient.level"] == "step"}
+    assert sorted(steps) == list(range(12))
+    # step 0 (opened at its first module call) and step 1 measure, the 10th step is the periodic sample
+    assert sorted(s for s, r in steps.items() if r["plasmient.sampled_depth"] == "full") == [0, 1, 10]
+    assert {r["plasmient.flops.source"] for s, r in steps.items() if s not in (0, 1, 10)} == {"carried"}
+
 FAST_STEPS_JOB = """
 import sys, torch
 m = torch.nn.Linear(4, 1)

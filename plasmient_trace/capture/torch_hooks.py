@@ -431,17 +431,23 @@ class ModuleRecorder:
         return None
 
     def _post(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any = _NO_OUTPUT) -> None:
+        # First, before any of this recorder's state is read: dynamo traces global hooks into a compiled
+        # module's frame, and every attribute read before this check became a guard of that frame (the roots'
+        # ids, whether recording is on), so the job's model recompiled as they changed, up to dynamo's cache
+        # limit, after which it ran uncompiled with a warning in the job's stderr.
+        if _compiling():
+            return None
         if output is _NO_OUTPUT:  # torch calls an always_call hook without kwargs when forward raised
             kwargs, output = None, kwargs
-        if self.watch_roots and self._on_backward is not None and id(module) in self._roots and not _compiling():
+        if self.watch_roots and self._on_backward is not None and id(module) in self._roots:
             self._count_backward_of(output)
-        if self.watch_kwargs and kwargs and self._on_kwargs is not None and not _compiling() and (
+        if self.watch_kwargs and kwargs and self._on_kwargs is not None and (
                 id(module) in self._roots or type(module).__name__ == "OptimizedModule"):
             try:
                 self._on_kwargs(module, kwargs)
             except Exception as err:  # pragma: no cover - defensive
                 self.failed = self.failed or err
-        if not self.enabled or _compiling() or type(module).__name__ == "OptimizedModule":
+        if not self.enabled or type(module).__name__ == "OptimizedModule":
             return None
         try:
             t1 = perf_counter_ns()
