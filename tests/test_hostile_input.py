@@ -233,3 +233,51 @@ def test_an_endless_device_stops_at_the_size_cap(tmp_path, monkeypatch, capsys):
     code, err = ingest(Path("/dev/zero"), tmp_path / "o.jsonl", capsys)
     assert code == 2 and len(err.splitlines()) == 1
     assert "/dev/zero: file is over 67 MB" in err
+
+
+class _FedBytes:
+    """zlib.decompressobj that counts the compressed bytes fed to it, and the bytes sliced off the file."""
+
+    fed = 0
+
+    def __init__(self, real):
+        self._real = real
+
+    def decompress(self, piece, max_length=0):
+        _FedBytes.fed += len(piece)
+        return self._real.decompress(piece, max_length)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+class _SlicedBytes(bytes):
+    sliced = 0
+
+    def __getitem__(self, key):
+        part = super().__getitem__(key)
+        if isinstance(key, slice):
+            _SlicedBytes.sliced += len(part)
+        return part
+
+
+def test_many_empty_gzip_members_are_read_in_linear_work(tmp_path, monkeypatch, capsys):
+    # 20-byte empty members after a real trace: each one used to be fed a whole megabyte (zlib copies the
+    # rest of it out as unused_data) and the rest of the file was copied to look for padding after it.
+    # A 4 MB file of them held `ingest` for many minutes; every member now costs its own size.
+    text = gzip.decompress(trace_path(BERT).read_bytes())
+    empty = gzip.compress(b"")
+    members = 20_000
+    data = _SlicedBytes(gzip.compress(text) + empty * members)
+    real = zlib.decompressobj
+    monkeypatch.setattr(zlib, "decompressobj", lambda *a, **k: _FedBytes(real(*a, **k)))
+    _FedBytes.fed = _SlicedBytes.sliced = 0
+    assert b"".join(rawinput.inflate_blocks(Path("x.json.gz"), data, 1 << 16)) == text
+    assert _FedBytes.fed <= 2 * len(data) + members * 8192, _FedBytes.fed
+    assert _SlicedBytes.sliced <= 4 * len(data), _SlicedBytes.sliced
+    monkeypatch.setattr(zlib, "decompressobj", real)
+    path = tmp_path / "members.json.gz"
+    path.write_bytes(bytes(data))
+    code, err = ingest(path, tmp_path / "o.jsonl", capsys)
+    assert code == 0, err
+    assert len(by_level(spans(tmp_path / "o.jsonl"), "kernel")) == 61
