@@ -5,6 +5,9 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import subprocess
+import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -293,3 +296,63 @@ def test_one_trace_ingested_twice_with_other_options_is_refused_not_counted_once
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "appear again with the same ids and times but another plasmient.mfu: one trace " \
                                  "ingested twice with other options (job id 'vit')" in err[0], err
+
+
+def _gzip_of_one_open_line(expanded_mb: int) -> bytes:
+    """'{"resourceSpans": [' and then blanks, gzip'd: ~1 KB per MB, no newline, never valid JSON."""
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    parts = [deflate.compress(b'{"resourceSpans": [')]
+    parts += [deflate.compress(b" " * (1 << 20)) for _ in range(expanded_mb)]
+    return b"".join(parts) + deflate.flush()
+
+
+@pytest.mark.parametrize("case", ["gzip bomb", "over the size limit", "bytes that cannot start a line"])
+def test_a_span_file_is_read_under_the_caps_a_trace_is(case, good_jsonl, tmp_path, monkeypatch, capsys):
+    # Lines were read whole, however long: a 4 MB .jsonl.gz of one open line grew to 8.8 GB (41 s), one
+    # of blank lines took minutes, /dev/zero grew until the machine ran out of memory.
+    path = tmp_path / "spans.jsonl"
+    if case == "gzip bomb":
+        path = tmp_path / "spans.jsonl.gz"
+        path.write_bytes(_gzip_of_one_open_line(300))
+        expected = "a gzip bomb? (raise PLASMIENT_MAX_GZIP_RATIO to accept it)"
+    elif case == "over the size limit":
+        monkeypatch.setenv("PLASMIENT_MAX_TRACE_BYTES", "100000")
+        path.write_bytes(good_jsonl)
+        expected = "the size limit (raise PLASMIENT_MAX_TRACE_BYTES to accept it)"
+    else:  # a file of NULs was called a line "a run is still writing"
+        path.write_bytes(b"\0" * (1 << 20))
+        expected = f"{path}:1: not valid JSON (a line of OTLP JSON starts with '{{')"
+    page = tmp_path / "r.html"
+    code = main(["report", str(path), "--html", str(page), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert str(path) in err and expected in err, err
+    assert not page.exists()
+
+
+def test_dev_zero_is_refused_at_once_in_a_small_address_space(tmp_path):
+    # Reading line by line, /dev/zero was one endless line held in memory.
+    script = ("import re, resource, sys; from plasmient_trace.cli import build_parser, main; build_parser();"
+              "vm = int(re.search(r'VmSize:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) * 1024;"
+              "resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30), vm + (1 << 30)));"
+              "sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", script, "report", "/dev/zero", "--html", str(tmp_path / "r.html"), "--quiet"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip() == "plasmient report: error: /dev/zero:1: not valid JSON (a line of OTLP JSON starts with '{')"
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_blank_lines_and_line_numbers_across_blocks(good_jsonl, tmp_path, capsys):
+    # Lines are cut from 1 MiB blocks now: a line over several blocks, blank runs, and the line named in an error.
+    path = tmp_path / "spans.jsonl"
+    text = b"\n \r\n" * 300_000 + good_jsonl + b"\n\n" + good_jsonl + b"  \n{\"resourceSpans\": [}\n"
+    path.write_bytes(text)
+    bad_line = text[:text.index(b'{"resourceSpans": [}')].count(b"\n") + 1
+    code = main(["report", str(path), "--html", str(tmp_path / "r.html"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and f"{path}:{bad_line}: not valid JSON" in err, err
+    path.write_bytes(text[:text.index(b'{"resourceSpans": [}')])
+    code = main(["report", str(path), "--html", str(tmp_path / "r.html"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 0 and (tmp_path / "r.html").exists(), err

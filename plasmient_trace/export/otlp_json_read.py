@@ -13,6 +13,8 @@ import contextlib
 import gzip
 import io
 import os
+import re
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -31,7 +33,7 @@ from plasmient_trace.conventions import (
 )
 from plasmient_trace.export.span_columns import attribute_kind
 from plasmient_trace.memory import cyclic_gc_paused
-from plasmient_trace.sources.rawinput import is_gzip
+from plasmient_trace.sources.rawinput import _RATIO_FLOOR_BYTES, is_gzip, limits
 
 __all__ = ["any_value_py", "batch_from_otlp_dicts", "open_span_file", "read_jsonl"]
 
@@ -325,6 +327,83 @@ def _open_lines(path: str | os.PathLike[str] | IO[bytes]) -> Iterator[tuple[str,
 
 
 _PROGRESS_EVERY_S = 0.2
+_READ_BLOCK = 1 << 20
+_BLANKS = re.compile(rb"[ \t\r\n]*")
+# A line still without its newline past this, whose first byte cannot start a JSON object, is refused
+# there: /dev/zero or an image has no newline to wait for.
+_SNIFF_BYTES = 1 << 16
+
+
+def _stored_gzip_size(stream: IO[bytes]) -> int | None:
+    """The compressed size of a regular gzip'd file under ``stream``; None for plain text or a pipe."""
+    if not isinstance(getattr(stream, "raw", None), _InflatedUpToACut):
+        return None
+    try:
+        st = os.fstat(stream.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+def _numbered_lines(stream: IO[bytes], name: str) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of every line that is not blank, read a block at a time under the caps ingest
+    reads a trace under (PLASMIENT_MAX_TRACE_BYTES, and PLASMIENT_MAX_GZIP_RATIO for a gzip'd file): a
+    gzip bomb, a gigabyte of blank lines or /dev/zero stop early in one line, where reading line by line
+    held one unbounded line in memory, or went through blank lines one Python iteration each.
+    An EOFError (a gzip member cut off) is raised after every whole line before it."""
+    if not hasattr(stream, "read"):  # an iterable of lines handed in (a caller's own reader)
+        yield from ((n, line) for n, line in enumerate(stream, start=1) if line.strip())
+        return
+    max_bytes, max_ratio = limits()
+    packed = _stored_gzip_size(stream)
+    ratio_cap = max(_RATIO_FLOOR_BYTES, int(packed * max_ratio)) if packed is not None else None
+    read = getattr(stream, "read1", stream.read)  # what a pipe has now, not a whole block
+    buf, pos, lineno, total = b"", 0, 0, 0
+    parts: list[bytes] = []  # a line begun in earlier blocks, still without its newline
+    held, sniffed = 0, False
+    while True:
+        if not parts:
+            start = _BLANKS.match(buf, pos).end()
+            lineno += buf.count(b"\n", pos, start)
+            pos = start
+        end = buf.find(b"\n", pos)
+        if end >= 0:
+            lineno += 1
+            line = buf[pos:end + 1]
+            if parts:
+                line = _joined(parts + [line], name, lineno)
+                parts, held, sniffed = [], 0, False
+            yield lineno, line
+            pos = end + 1
+            continue
+        if pos < len(buf):
+            parts.append(buf[pos:])
+            held += len(buf) - pos
+        if held > _SNIFF_BYTES and not sniffed:
+            sniffed = True
+            head = b"".join(parts[:4])[:4]
+            if not (head.startswith(b"{") or head == b"\xef\xbb\xbf{"):
+                raise ValueError(f"{name}:{lineno + 1}: not valid JSON (a line of OTLP JSON starts with '{{')")
+        buf, pos = read(_READ_BLOCK), 0
+        if not buf:
+            if parts:  # the pieces go before the line is parsed: a long one would be held twice
+                line, parts = _joined(parts, name, lineno + 1), []
+                yield lineno + 1, line
+            return
+        total += len(buf)
+        if total > max_bytes:
+            raise ValueError(f"{name}: over {max_bytes / 1e6:,.0f} MB, the size limit "
+                             "(raise PLASMIENT_MAX_TRACE_BYTES to accept it)")
+        if ratio_cap is not None and total > ratio_cap:
+            raise ValueError(f"{name}: expands more than {max_ratio:g}x ({packed / 1e6:,.0f} MB gzip -> over "
+                             f"{total / 1e6:,.0f} MB): a gzip bomb? (raise PLASMIENT_MAX_GZIP_RATIO to accept it)")
+
+
+def _joined(parts: list[bytes], name: str, lineno: int) -> bytes:
+    try:
+        return b"".join(parts)
+    except MemoryError:
+        raise ValueError(f"{name}:{lineno}: not enough memory for a line of {sum(map(len, parts)) / 1e6:,.0f} MB") from None
 
 
 def _position_of(stream: IO[bytes]) -> Callable[[], int] | None:
@@ -364,7 +443,7 @@ def read_jsonl(path: str | os.PathLike[str] | IO[bytes], progress: Callable[[int
 
         position = _position_of(f) if progress is not None else None
         shown = time.monotonic()
-        lines = enumerate(f, start=1)
+        lines = _numbered_lines(f, name)
         lineno = 0
         while True:
             try:
@@ -381,8 +460,6 @@ def read_jsonl(path: str | os.PathLike[str] | IO[bytes], progress: Callable[[int
                 progress(position())  # type: ignore[misc]
             if lineno == 1 and line.startswith(b"\xef\xbb\xbf"):
                 line = line[3:]  # a UTF-8 byte order mark, as Windows editors save files; JSON allows ignoring it
-            if not line.strip():
-                continue
             try:
                 request = orjson.loads(line)
             except orjson.JSONDecodeError as exc:
