@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 import zlib
 from pathlib import Path
 
@@ -356,3 +357,17 @@ def test_blank_lines_and_line_numbers_across_blocks(good_jsonl, tmp_path, capsys
     code = main(["report", str(path), "--html", str(tmp_path / "r.html"), "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code == 0 and (tmp_path / "r.html").exists(), err
+
+
+def test_a_stream_given_to_diff_is_copied_only_up_to_the_size_cap(good_jsonl, tmp_path, monkeypatch, capsys):
+    # diff copies a pipe to a private file before reading it: `plasmient diff /dev/zero B` wrote 37 GB to
+    # /tmp before the disk was full. The copy stops at PLASMIENT_MAX_TRACE_BYTES, as reading a trace does.
+    monkeypatch.setenv("PLASMIENT_MAX_TRACE_BYTES", str(1 << 20))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (tmp_path / "b.jsonl").write_bytes(good_jsonl)
+    fifo = fifo_fed(tmp_path, "a.pipe", b"\0" * (8 << 20))  # the copy was whole, and then refused as no JSON
+    code = main(["diff", str(fifo), str(tmp_path / "b.jsonl"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"plasmient diff: error: {fifo}: over ") and "PLASMIENT_MAX_TRACE_BYTES" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pipe", "b.jsonl"]  # the private copy is gone

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import tempfile
 import zlib
@@ -28,6 +27,7 @@ from plasmient_trace.messages import say_error
 from plasmient_trace.report import diff as D
 from plasmient_trace.report.summary import (_ellipsize, _sig_decimals, fmt_pct, fmt_seconds, fmt_usd, one_decimal,
                                              print_uncut, progress)
+from plasmient_trace.sources.rawinput import InputError, limits
 
 NAME_WIDTH = 70
 
@@ -121,9 +121,17 @@ def load_side(path_text: str, args: argparse.Namespace,
         return _load_file(path, args, progress=progress)
     with tempfile.TemporaryDirectory(prefix="plasmient-diff-") as tmp:
         copy = Path(tmp) / "stream"
+        # under the cap a trace is read under: /dev/zero was copied until the disk was full
         try:
+            max_bytes, _ = limits()
             with open(path, "rb") as src, open(copy, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
+                while block := src.read(min(1 << 20, max_bytes + 1 - dst.tell())):
+                    dst.write(block)
+                    if dst.tell() > max_bytes:
+                        raise DiffInputError(f"{path}: over {max_bytes / 1e6:,.0f} MB, the size limit "
+                                             "(raise PLASMIENT_MAX_TRACE_BYTES to accept it)")
+        except InputError as err:
+            raise DiffInputError(str(err)) from None
         except OSError as err:
             raise DiffInputError(f"{path}: cannot read ({err.strerror or err})") from None
         try:
