@@ -117,6 +117,10 @@ def _ingest(*extra: str) -> subprocess.CompletedProcess:
     (json.dumps({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008}),
      "not a mixture-of-experts config (no positive num_local_experts/num_experts, num_experts_per_tok)"),
     (json.dumps({**GPT_OSS_20B, "model_type": "my_moe"}), "add \"moe_gated\""),
+    # json.loads' RecursionError was a traceback
+    ("[" * 100_000 + "]" * 100_000, "the model config is not JSON (nested too deep)"),
+    # read whole, however large (--model-config /dev/zero never ended)
+    (" " * (17 << 20) + json.dumps(GPT_OSS_20B), "over 16 MiB, not a model config"),
 ])
 def test_a_config_that_cannot_be_used_is_one_line_and_exit_2(tmp_path, content: str, says: str) -> None:
     cfg = tmp_path / "config.json"

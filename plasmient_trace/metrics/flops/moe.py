@@ -101,15 +101,25 @@ def moe_config_from_dict(cfg: dict[str, Any], source: str = "config") -> MoEConf
     return MoEConfig(hidden, inter, experts, top_k, gated, _weight_bytes(cfg), source)
 
 
+_MAX_CONFIG_BYTES = 16 << 20
+
+
 def load_model_config(path: str | Path) -> MoEConfig:
     """Read a Hugging Face ``config.json``; one-line :class:`ModelConfigError` when it cannot be used."""
     path = Path(path)
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        with path.open("rb") as f:  # read up to a cap: /dev/zero or a pipe has no end to read to
+            data = f.read(_MAX_CONFIG_BYTES + 1)
+        if len(data) > _MAX_CONFIG_BYTES:
+            raise ModelConfigError(f"{path}: over {_MAX_CONFIG_BYTES >> 20} MiB, not a model config (a config.json "
+                                   "is a few KB)")
+        cfg = json.loads(data.decode("utf-8"))
     except OSError as e:
         raise ModelConfigError(f"{path}: cannot read the model config ({e.strerror or e})") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ModelConfigError(f"{path}: the model config is not JSON ({e})") from None
+    except RecursionError:
+        raise ModelConfigError(f"{path}: the model config is not JSON (nested too deep)") from None
     if not isinstance(cfg, dict):
         raise ModelConfigError(f"{path}: the model config is not a JSON object")
     return moe_config_from_dict(cfg, str(path))
