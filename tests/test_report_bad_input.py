@@ -371,3 +371,12 @@ def test_a_stream_given_to_diff_is_copied_only_up_to_the_size_cap(good_jsonl, tm
     assert code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith(f"plasmient diff: error: {fifo}: over ") and "PLASMIENT_MAX_TRACE_BYTES" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pipe", "b.jsonl"]  # the private copy is gone
+
+
+def test_a_gzip_bomb_through_a_pipe_stops_at_the_ratio_cap(tmp_path, capsys):
+    # A pipe has no size to hold the expansion against: the gzip'd bytes read so far are counted instead.
+    fifo = fifo_fed(tmp_path, "spans", _gzip_of_one_open_line(300))
+    code = main(["report", str(fifo), "--html", str(tmp_path / "r.html"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"plasmient report: error: {fifo}: expands more than 200x") and "a gzip bomb?" in err, err

@@ -14,7 +14,6 @@ import gzip
 import io
 import os
 import re
-import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -277,8 +276,24 @@ def open_span_file(path: str | os.PathLike[str]) -> Iterator[tuple[str, IO[bytes
         if not is_gzip(raw.peek(2)[:2]):
             yield str(p), raw
             return
-        with gzip.GzipFile(fileobj=raw) as inflated, io.BufferedReader(_InflatedUpToACut(inflated), 1 << 16) as f:
+        packed = _Counted(raw)
+        with gzip.GzipFile(fileobj=packed) as inflated, io.BufferedReader(_InflatedUpToACut(inflated, packed), 1 << 16) as f:
             yield str(p), f
+
+
+class _Counted:
+    """A file that counts the bytes read from it: the gzip'd bytes behind a pipe, whose size is not known."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self._f, self.count = f, 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        self.count += len(data)
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
 
 
 class _InflatedUpToACut(io.RawIOBase):
@@ -286,8 +301,9 @@ class _InflatedUpToACut(io.RawIOBase):
     was handed on: the live sink writes one gzip member per line, so the lines before a member still being
     written are all read, where a buffer filled past the cut would have lost them with it."""
 
-    def __init__(self, inflated: gzip.GzipFile) -> None:
+    def __init__(self, inflated: gzip.GzipFile, packed: _Counted | None = None) -> None:
         self._inflated = inflated
+        self.packed = packed
         self._cut: EOFError | None = None
         self.name = inflated.name
 
@@ -334,15 +350,10 @@ _BLANKS = re.compile(rb"[ \t\r\n]*")
 _SNIFF_BYTES = 1 << 16
 
 
-def _stored_gzip_size(stream: IO[bytes]) -> int | None:
-    """The compressed size of a regular gzip'd file under ``stream``; None for plain text or a pipe."""
-    if not isinstance(getattr(stream, "raw", None), _InflatedUpToACut):
-        return None
-    try:
-        st = os.fstat(stream.fileno())
-    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
-        return None
-    return st.st_size if stat.S_ISREG(st.st_mode) else None
+def _packed_bytes(stream: IO[bytes]) -> Callable[[], int] | None:
+    """How many gzip'd bytes under ``stream`` were read so far (a file or a pipe); None for plain text."""
+    packed = getattr(getattr(stream, "raw", None), "packed", None)
+    return None if packed is None else (lambda: packed.count)
 
 
 def _numbered_lines(stream: IO[bytes], name: str) -> Iterator[tuple[int, bytes]]:
@@ -355,8 +366,7 @@ def _numbered_lines(stream: IO[bytes], name: str) -> Iterator[tuple[int, bytes]]
         yield from ((n, line) for n, line in enumerate(stream, start=1) if line.strip())
         return
     max_bytes, max_ratio = limits()
-    packed = _stored_gzip_size(stream)
-    ratio_cap = max(_RATIO_FLOOR_BYTES, int(packed * max_ratio)) if packed is not None else None
+    packed = _packed_bytes(stream)
     read = getattr(stream, "read1", stream.read)  # what a pipe has now, not a whole block
     buf, pos, lineno, total = b"", 0, 0, 0
     parts: list[bytes] = []  # a line begun in earlier blocks, still without its newline
@@ -394,8 +404,8 @@ def _numbered_lines(stream: IO[bytes], name: str) -> Iterator[tuple[int, bytes]]
         if total > max_bytes:
             raise ValueError(f"{name}: over {max_bytes / 1e6:,.0f} MB, the size limit "
                              "(raise PLASMIENT_MAX_TRACE_BYTES to accept it)")
-        if ratio_cap is not None and total > ratio_cap:
-            raise ValueError(f"{name}: expands more than {max_ratio:g}x ({packed / 1e6:,.0f} MB gzip -> over "
+        if packed is not None and total > max(_RATIO_FLOOR_BYTES, packed() * max_ratio):
+            raise ValueError(f"{name}: expands more than {max_ratio:g}x ({packed() / 1e6:,.1f} MB gzip -> over "
                              f"{total / 1e6:,.0f} MB): a gzip bomb? (raise PLASMIENT_MAX_GZIP_RATIO to accept it)")
 
 
