@@ -20,6 +20,10 @@ def _real_gzip_bytes() -> bytes:
     return trace_path("h100/bert_small_inference.json.gz").read_bytes()
 
 
+def _real_trace_text() -> str:
+    return gzip.decompress(_real_gzip_bytes()).decode()
+
+
 def _write(tmp: Path, name: str, data: bytes) -> Path:
     path = tmp / name
     path.write_bytes(data)
@@ -64,6 +68,10 @@ BAD_INPUTS = {
     "dur is text": (_dur_is_text, "unexpected field types"),
     "dur is true": (_dur_is_true, "got `bool` at dur"),
     "png image": (lambda: b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, "not JSON"),
+    # a real trace saved by a Windows tool as UTF-16 or UTF-32 was only "not JSON" or "malformed"
+    "utf-16 with a byte order mark": (lambda: _real_trace_text().encode("utf-16"), "UTF-16 text, not UTF-8 JSON"),
+    "utf-16le without one": (lambda: _real_trace_text().encode("utf-16-le"), "UTF-16 text, not UTF-8 JSON"),
+    "utf-32be without one": (lambda: _real_trace_text().encode("utf-32-be"), "UTF-32 text, not UTF-8 JSON"),
     # the label named the event before the one that did not decode
     "invalid utf-8 in a later event": (_bad_utf8_in_third_event, "event #2: malformed event (Invalid UTF-8"),
 }

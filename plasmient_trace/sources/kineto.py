@@ -61,6 +61,19 @@ def _emptiness(path: Path) -> str:
     return "file is empty" if whole_file or not str(path).endswith(".gz") else "its gzip stream decompresses to nothing"
 
 
+def _wide_encoding(head: bytes) -> str | None:
+    """UTF-16 or UTF-32, from a byte order mark or from NULs beside the opening '{' (JSON must be UTF-8)."""
+    for bom, name in ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
+                      (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16")):
+        if head.startswith(bom):
+            return name
+    if head in (b"{\x00\x00\x00", b"\x00\x00\x00{"):
+        return "UTF-32"
+    if head[:2] in (b"{\x00", b"\x00{"):
+        return "UTF-16"
+    return None
+
+
 def _decode(path: Path, raw: bytes) -> tuple[list[msgspec.Raw], dict[str, Any]]:
     """Split the document into per-event Raw views and the metadata; failures are one line each."""
     if len(raw) == 0 or (not bytes(raw[:65536]).strip() and not raw.strip()):
@@ -72,6 +85,9 @@ def _decode(path: Path, raw: bytes) -> tuple[list[msgspec.Raw], dict[str, Any]]:
     except msgspec.ValidationError as err:
         raise TraceFormatError(f"{path}: {_structure_problem(str(err))}") from None
     except msgspec.DecodeError as err:
+        wide = _wide_encoding(bytes(raw[:4]))
+        if wide:
+            raise TraceFormatError(f"{path}: {wide} text, not UTF-8 JSON (save the trace as UTF-8)") from None
         head = bytes(raw[:65536]).lstrip()[:1]
         if head not in (b"{", b"["):
             raise TraceFormatError(f"{path}: not JSON (a Kineto Chrome trace starts with '{{')") from None
