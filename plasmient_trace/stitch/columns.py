@@ -358,7 +358,7 @@ def _record_values(kind: str, inp: RankInput, j: JoinedRank, rows: np.ndarray, f
         vals["plasmient.op.flops_model"] = inp.op_model[rows].to_arrow()
         vals["plasmient.op.model_flops"] = pa.array(inp.op_flops[rows], pa.float64(), mask=inp.op_model[rows].equals("none"))
         vals["plasmient.op.kineto_flops"] = t.column("kineto_flops")
-        vals["plasmient.op.cpu_s"] = pc.divide(pc.subtract(t.column("end_ns"), t.column("start_ns")).cast(pa.float64()), 1e9)
+        vals["plasmient.op.cpu_s"] = pc.divide(pc.subtract(t.column("end_ns"), t.column("start_ns")).cast(pa.float64()), pa.scalar(1e9, pa.float64()))
         vals["thread.id"] = t.column("tid")
     elif kind == "module":
         n_fwd = rs.modules.num_rows

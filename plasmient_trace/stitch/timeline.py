@@ -110,7 +110,7 @@ def kernel_kinds(inp: RankInput, synth_ops: np.ndarray) -> np.ndarray:
     kind = rs.kernels.column("kind")
     for name, code in KIND_CODE.items():
         if code:
-            codes[:n_k][pc.equal(kind, name).fill_null(False).to_numpy(zero_copy_only=False)] = code
+            codes[:n_k][pc.equal(kind, pa.scalar(name, pa.string())).fill_null(False).to_numpy(zero_copy_only=False)] = code
     if n_k:
         comm = match_distinct(rs.kernels.column("name"), collective_kernel_names)
         codes[:n_k][comm & (codes[:n_k] == KIND_CODE["kernel"])] = KIND_CODE["collective"]

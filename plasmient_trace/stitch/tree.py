@@ -168,7 +168,7 @@ def _folded_by_step(table: pa.Table) -> dict[int, dict[str, Any]]:
     """Per step, what the span budget folded under the rank span, as its row says (for fleet.RankSummary)."""
     # the five columns read, not the span table's 120, through the filter: it runs once per group of steps
     wanted = table.select(["plasmient.step", *_FOLDED_COLUMNS])
-    ranks = wanted.filter(pc.equal(table.column("plasmient.level"), "rank"))
+    ranks = wanted.filter(pc.equal(table.column("plasmient.level"), pa.scalar("rank", pa.string())))
     if ranks.num_rows == 0:
         return {}
     flops = ranks.column("plasmient.kernels.folded_flops").fill_null(np.nan).to_numpy(zero_copy_only=False)

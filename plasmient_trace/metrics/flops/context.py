@@ -34,7 +34,7 @@ SIGNATURE_COLUMNS = ("name", "input_dims", "input_types", "concrete_inputs", "in
 # How far past a conv to look for its consumer: the consumer follows directly in eager code, after
 # at most the bookkeeping ops of the conv's own wrappers (resize_, empty, a scalar add).
 _LOOKAHEAD = 32
-_CONV_GRADIENTS = pa.array(list(CONV_GRADIENT_PARENTS))
+_CONV_GRADIENTS = pa.array(list(CONV_GRADIENT_PARENTS), pa.string())
 
 
 def _loads(v: Any) -> Any:
@@ -136,12 +136,12 @@ def apply_context(ops: pa.Table, flops: np.ndarray, nbytes: np.ndarray, model: L
         return
     names = ops.column("name")
     unmodelled = model.equals("none")
-    conv = unmodelled & pc.is_in(names, value_set=pa.array(conv_forward_names())).to_numpy(zero_copy_only=False)
-    attn = pc.is_in(names, value_set=pa.array(VLLM_ATTENTION_OPS)).to_numpy(zero_copy_only=False)
+    conv = unmodelled & pc.is_in(names, value_set=pa.array(conv_forward_names(), pa.string())).to_numpy(zero_copy_only=False)
+    attn = pc.is_in(names, value_set=pa.array(VLLM_ATTENTION_OPS, pa.string())).to_numpy(zero_copy_only=False)
     grads = unmodelled & pc.is_in(names, value_set=_CONV_GRADIENTS).to_numpy(zero_copy_only=False)
     experts = np.zeros(ops.num_rows, bool)
     if moe is not None:
-        experts = unmodelled & pc.is_in(names, value_set=pa.array(MOE_OPS)).to_numpy(zero_copy_only=False)
+        experts = unmodelled & pc.is_in(names, value_set=pa.array(MOE_OPS, pa.string())).to_numpy(zero_copy_only=False)
     if not conv.any() and not attn.any() and not experts.any() and not grads.any():
         return
     rows = _Rows(ops, encoded)
