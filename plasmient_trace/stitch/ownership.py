@@ -19,10 +19,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..metrics.flops import flop_owners
-from ..metrics.flops.kernel_roles import ROLE_MOVES, ROLE_OTHER, kernel_roles
+from ..metrics.flops.kernel_roles import ROLE_MOVES
 from ..metrics.flops.ownership import split_op_work
 from ..metrics.flops.labels import Labels, as_labels
-from ..metrics.hardware import FP32_PRECISIONS, fp32_precision_codes
+from ..metrics.hardware import FP32_PRECISIONS
 from .inputs import KIND_CODE, RankInput
 from .joins import JoinedRank
 from .nesting import any_ancestor
@@ -102,19 +102,16 @@ def _float_col(table: pa.Table, name: str, n_total: int) -> np.ndarray:
 
 
 def kernel_work(inp: RankInput, j: JoinedRank, launching_op: np.ndarray, kinds: np.ndarray,
-                alive: np.ndarray, duration_ns: np.ndarray, yields: np.ndarray) -> KernelWork:
+                alive: np.ndarray, duration_ns: np.ndarray, yields: np.ndarray, role: np.ndarray) -> KernelWork:
     """Modelled FLOPs and bytes per kernel, and whether they are known. ``yields``: per op, as
-    :func:`~plasmient_trace.metrics.flops.yields_flops` gives it."""
+    :func:`~plasmient_trace.metrics.flops.yields_flops` gives it; ``role``: per kernel row, as
+    :func:`~plasmient_trace.metrics.flops.kernel_roles.kernel_roles` gives it (``DeviceTimeline.role``)."""
     n_op = len(j.op_parent)
     n_ks = len(launching_op)
     rs = inp.records
     owner, counted = flop_owners(launching_op, j.op_parent, inp.op_model, yields)
     is_compute = kinds == KIND_CODE["kernel"]
     owned = counted & is_compute & alive
-    # the synthetic CPU kernels after the real ones stand for ops: one per op, no kernel name
-    role = np.full(n_ks, ROLE_OTHER, np.int8)
-    if rs.kernels.num_rows:
-        role[:rs.kernels.num_rows] = kernel_roles(rs.kernels.column("name"))
     share, passed = split_op_work(owner, owned, duration_ns, role, inp.op_model, n_op)
     o_fl = inp.op_flops if n_op else np.zeros(1)
     o_by = inp.op_bytes if n_op else np.zeros(1)
@@ -150,11 +147,12 @@ def kernel_work(inp: RankInput, j: JoinedRank, launching_op: np.ndarray, kinds: 
                       moves=moves)
 
 
-def kernel_precisions(inp: RankInput, work: KernelWork) -> Labels:
+def kernel_precisions(inp: RankInput, work: KernelWork, fp32_code: np.ndarray) -> Labels:
     """Per kernel, the precision its math ran at: its op's dtype, ``tf32`` where an fp32 GEMM ran a
     tensor-core kernel, ``3xtf32`` where an fp32 op ran one that splits each product in three
     (hardware.kernel_precision), the kernel's own ``model_dtype`` where the records carry one (CUDA-graph
-    replays), ``fp32`` where nothing says."""
+    replays), ``fp32`` where nothing says. ``fp32_code``: per kernel row, hardware.fp32_precision_codes of
+    its name where an op's dtype is fp32 (``DeviceTimeline.fp32_code``)."""
     n_ks = len(work.flops)
     op_dtype = as_labels(inp.op_dtype)
     vocab = [*FP32_PRECISIONS, *(str(d) for d in op_dtype.names)]
@@ -167,7 +165,7 @@ def kernel_precisions(inp: RankInput, work: KernelWork) -> Labels:
             # only kernels whose op says fp32: with no op, nothing says what a tensor-core kernel multiplied
             fp32_op = np.array([d == "fp32" for d in vocab])[code[:n_real]] & has_src[:n_real]
             real = code[:n_real]
-            real[fp32_op] = fp32_precision_codes(inp.records.kernels.column("name"))[fp32_op]
+            real[fp32_op] = fp32_code[:n_real][fp32_op]
     rs = inp.records
     if "model_dtype" in rs.kernels.column_names and rs.kernels.num_rows and rs.kernels.column("model_dtype").null_count < rs.kernels.num_rows:
         enc = pc.dictionary_encode(rs.kernels.column("model_dtype").combine_chunks())

@@ -189,8 +189,8 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions, tl: D
 
     # ---- per-kernel work: FLOPs, bytes, ideal seconds at the peak of the kernel's dtype
     kinds = tl.kind
-    work = kernel_work(inp, j, ko, kinds, k_alive, ke - ks, yields)
-    precision = kernel_precisions(inp, work)
+    work = kernel_work(inp, j, ko, kinds, k_alive, ke - ks, yields, tl.role)
+    precision = kernel_precisions(inp, work, tl.fp32_code)
     peaks = kernel_peaks(inp, precision)
     # recomputed forward work (activation checkpointing): hardware FLOPs, not model FLOPs
     k_rc = rc.ops[np.maximum(np.where(work.owner >= 0, work.owner, ko), 0)] & (ko >= 0) if n_op else np.zeros(n_ks, bool)

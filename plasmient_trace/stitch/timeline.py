@@ -7,6 +7,9 @@ launch queue counts every launched kernel), so they are computed here, before th
 chunks of steps (``stitch.chunks``), and each chunk's tree reads its rows of them. A rank stitched whole
 and a rank stitched chunk by chunk therefore get the same numbers.
 
+What a kernel's name says (its role in its op's work, the precision an fp32 op's math ran at on it) is read
+here too, once per rank: a chunk's tree would otherwise classify the same names again for every chunk.
+
 Kernel rows are the rank's real kernels, then the synthetic ones: on a CPU-only rank the ops that stand
 for kernels (``ownership.cpu_kernel_ops``), then the work ops do in their own bodies between their child ops
 (``ownership.own_time_gaps``), one interval per gap.
@@ -21,7 +24,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..metrics.flops import yields_flops
+from ..metrics.flops.kernel_roles import ROLE_OTHER, kernel_roles
+from ..metrics.flops.labels import as_labels
 from ..metrics.grouping import match_distinct
+from ..metrics.hardware import fp32_precision_codes
 from ..records import collective_kernel_names, collective_op_names
 from .inputs import KIND_CODE, RankInput, StitchOptions
 from .joins import JoinedRank
@@ -50,6 +56,8 @@ class DeviceTimeline:
     overlap: StepOverlap      # per step
     rank_devices: int         # devices the rank's kernels ran on (at least 1)
     outside_kernels: int      # real kernels outside every step
+    role: np.ndarray          # int8 kernel_roles of the kernel's name (synthetic kernels: ROLE_OTHER)
+    fp32_code: np.ndarray     # int8 index into hardware.FP32_PRECISIONS of an fp32 op's math on the kernel (0: fp32)
 
     @property
     def n_real(self) -> int:
@@ -173,8 +181,24 @@ def device_timeline(inp: RankInput, j: JoinedRank, options: StitchOptions) -> De
     copy = (kind_live == KIND_CODE["memcpy"]) | (kind_live == KIND_CODE["memset"])
     overlap = step_overlap(n_steps, kstep[live], devs[live], cs[live], ce[live], kind_live == KIND_CODE["collective"],
                            copy, launch_start, t_start, t_end)
+    role, fp32_code = _name_facts(inp, len(ks))
     return DeviceTimeline(
         synth_ops=synth_ops, start=ks, end=ke, kind=kinds, step=kstep, device=devs, clip_start=cs, clip_end=ce,
         share_s=share_s, tile_start=t_start, tile_end=t_end, overlap=overlap,
         rank_devices=max(len(np.unique(devs[live])), 1), outside_kernels=int((j.kernel_step < 0).sum()) if n_k else 0,
+        role=role, fp32_code=fp32_code,
     )
+
+
+def _name_facts(inp: RankInput, n_ks: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per kernel row: its role (metrics.flops.kernel_roles) and its fp32 precision code
+    (hardware.fp32_precision_codes; read only where an op's dtype is fp32, so left 0 without one)."""
+    names = inp.records.kernels.column("name")
+    n_k = len(names)
+    role = np.full(n_ks, ROLE_OTHER, np.int8)
+    fp32_code = np.zeros(n_ks, np.int8)
+    if n_k:
+        role[:n_k] = kernel_roles(names)
+        if "fp32" in as_labels(inp.op_dtype).names.tolist():
+            fp32_code[:n_k] = fp32_precision_codes(names)
+    return role, fp32_code
