@@ -288,10 +288,18 @@ def with_nulls(values: np.ndarray, null: np.ndarray) -> pa.Array:
     null = np.asarray(null, bool)
     if values.dtype.kind not in "iuf" or values.ndim != 1 or null.shape != values.shape:
         return pa.array(values, mask=null)
-    values = np.ascontiguousarray(values)
+    if not values.flags.c_contiguous:
+        values = np.ascontiguousarray(values)
     nulls = int(np.count_nonzero(null))
     bitmap = None if nulls == 0 else pa.py_buffer(np.packbits(~null, bitorder="little"))
-    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [bitmap, pa.py_buffer(values)], null_count=nulls)
+    type_ = _ARROW_OF_NUMPY.get(values.dtype)
+    if type_ is None:
+        type_ = _ARROW_OF_NUMPY[values.dtype] = pa.from_numpy_dtype(values.dtype)
+    return pa.Array.from_buffers(type_, len(values), [bitmap, pa.py_buffer(values)], null_count=nulls)
+
+
+# numpy dtype -> its Arrow type, looked up once per dtype (with_nulls runs some 80 times per group of steps)
+_ARROW_OF_NUMPY: dict[np.dtype, pa.DataType] = {}
 
 
 def nan_to_null(values: np.ndarray) -> pa.Array:

@@ -216,15 +216,28 @@ def reduce_to_parents(parent: np.ndarray, depth: np.ndarray, values: np.ndarray,
 
 def fold_rows_to_parents(quantities: np.ndarray, parent: np.ndarray, levels: list[np.ndarray], ufunc: np.ufunc,
                          alive: np.ndarray | None = None) -> None:
-    """``reduce_to_parents`` in place on a quantity-major (q, n) C-contiguous array, row by row."""
+    """``reduce_to_parents`` in place on a quantity-major (q, n) C-contiguous array, row by row.
+
+    A level of few rows (a group of steps has many such levels) is folded for every quantity in one
+    ``ufunc.at`` over the flat array, the quantities' targets laid end to end: each element gets the same
+    updates in the same order as row by row, with one call instead of q."""
+    q, n = quantities.shape
+    flat = quantities.reshape(-1) if quantities.flags.c_contiguous and q > 1 else None
     for rows in reversed(levels[1:]):
         rows = rows[parent[rows] >= 0]
         if alive is not None:
             rows = rows[alive[rows]]
         if len(rows):
             to = parent[rows]
+            if flat is not None and q * len(rows) <= _FLAT_FOLD_MAX:
+                ufunc.at(flat, (to + (np.arange(q) * n)[:, None]).reshape(-1), quantities[:, rows].reshape(-1))
+                continue
             for col in quantities:
                 ufunc.at(col, to, col[rows])
+
+
+# Most (quantity, row) pairs a level folds in one flat ufunc.at (1 MiB of int64 indices).
+_FLAT_FOLD_MAX = 1 << 17
 
 
 def any_ancestor_of(rows: np.ndarray, parent: np.ndarray, mark: np.ndarray) -> np.ndarray:
