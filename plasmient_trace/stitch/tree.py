@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from .. import conventions as cv
 from ..records import RecordSet
@@ -133,7 +132,7 @@ def stitch_steps(prepared: PreparedRank, s0: int, s1: int, options: StitchOption
     export = choose_exported(tree, allowance, options.full_depth_steps, j.steps.astype(np.int64))
     batch = rank_columns(inp, j, tree, met, export, rank, node, options, culprits)
     service = batch.resources[0].get("service.name") if batch.resources else None
-    folded = _folded_by_step(batch.table)
+    folded = _folded_by_step(batch.table, int(np.count_nonzero(export[:tree.n_steps])))
     tiled = _tiled_stretch(prepared, options)
     summaries = [RankSummary(job_id=options.job_id, rank=rank, host=node, price_per_hour=float(tree.price),
                              bandwidth=bandwidth, device_type=inp.spec.device_type, service_name=service,
@@ -164,11 +163,12 @@ _FOLDED_COLUMNS = ("plasmient.kernels.folded", "plasmient.kernels.folded_s", "pl
                    "plasmient.spans.folded")
 
 
-def _folded_by_step(table: pa.Table) -> dict[int, dict[str, Any]]:
-    """Per step, what the span budget folded under the rank span, as its row says (for fleet.RankSummary)."""
-    # the five columns read, not the span table's 120, through the filter: it runs once per group of steps
-    wanted = table.select(["plasmient.step", *_FOLDED_COLUMNS])
-    ranks = wanted.filter(pc.equal(table.column("plasmient.level"), pa.scalar("rank", pa.string())))
+def _folded_by_step(table: pa.Table, rank_spans: int) -> dict[int, dict[str, Any]]:
+    """Per step, what the span budget folded under the rank span, as its row says (for fleet.RankSummary).
+    ``rank_spans``: how many rank spans the table has; they are its first rows (the tree's first rows,
+    RankTree.base["rank"] = 0, and the table keeps the tree's order), so no column is searched for them."""
+    # the five columns read, not the span table's 120: it runs once per group of steps
+    ranks = table.select(["plasmient.step", *_FOLDED_COLUMNS]).slice(0, rank_spans)
     if ranks.num_rows == 0:
         return {}
     flops = ranks.column("plasmient.kernels.folded_flops").fill_null(np.nan).to_numpy(zero_copy_only=False)
