@@ -162,6 +162,6 @@ def slice_rank(inp: RankInput, j: JoinedRank, tl: DeviceTimeline, s0: int, s1: i
                                                                "clip_end", "share_s", "role", "fp32_code")},
         step=tl.step[kernel_origin] - s0, tile_start=tl.tile_start[s0:s1], tile_end=tl.tile_end[s0:s1],
         overlap=StepOverlap(**{f.name: getattr(o, f.name)[s0:s1] for f in dataclasses.fields(StepOverlap)}),
-        rank_devices=tl.rank_devices, outside_kernels=tl.outside_kernels,
+        rank_devices=tl.rank_devices, outside_kernels=tl.outside_kernels, op_yields=tl.op_yields[ops],
     )
     return part, joined, timeline

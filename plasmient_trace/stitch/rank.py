@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from ..metrics import compute as mc
-from ..metrics.flops import yields_flops
 from ..metrics.flops.labels import Labels
 from .collectives import CollectiveBandwidth, collective_bandwidth
 from .inputs import KIND_CODE, LEVEL_CODE, RankInput, StitchOptions
@@ -140,7 +139,7 @@ def build_rank_tree(inp: RankInput, j: JoinedRank, options: StitchOptions, tl: D
     n_steps, n_mod, n_op = len(j.steps), len(j.module_parent), len(j.op_parent)
     n_k = len(j.kernel_start)
     synth_ops = tl.synth_ops
-    yields = yields_flops(j.op_parent, inp.op_model, inp.op_flops) if n_op else np.zeros(0, bool)
+    yields = tl.op_yields
     n_ks = n_k + len(synth_ops)
     base = {"rank": 0, "step": n_steps, "module": 2 * n_steps, "op": 2 * n_steps + n_mod,
             "kernel": 2 * n_steps + n_mod + n_op}

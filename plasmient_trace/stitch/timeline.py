@@ -7,8 +7,9 @@ launch queue counts every launched kernel), so they are computed here, before th
 chunks of steps (``stitch.chunks``), and each chunk's tree reads its rows of them. A rank stitched whole
 and a rank stitched chunk by chunk therefore get the same numbers.
 
-What a kernel's name says (its role in its op's work, the precision an fp32 op's math ran at on it) is read
-here too, once per rank: a chunk's tree would otherwise classify the same names again for every chunk.
+What a kernel's name says (its role in its op's work, the precision an fp32 op's math ran at on it), and which
+ops yield their FLOPs to a same-class op below them (``metrics.flops.yields_flops``), are found here too, once
+per rank: a chunk's tree would otherwise classify the same names and climb the same op trees again.
 
 Kernel rows are the rank's real kernels, then the synthetic ones: on a CPU-only rank the ops that stand
 for kernels (``ownership.cpu_kernel_ops``), then the work ops do in their own bodies between their child ops
@@ -40,7 +41,7 @@ _BIG = np.iinfo(np.int64).max
 
 @dataclass
 class DeviceTimeline:
-    """Per kernel row (real, then synthetic) and per step row of one rank."""
+    """Per kernel row (real, then synthetic), per step row and (``op_yields``) per op row of one rank."""
 
     synth_ops: np.ndarray     # per synthetic kernel row (a CPU-only rank's), the op it stands for or is a gap of
     start: np.ndarray         # the kernel's own interval
@@ -58,6 +59,7 @@ class DeviceTimeline:
     outside_kernels: int      # real kernels outside every step
     role: np.ndarray          # int8 kernel_roles of the kernel's name (synthetic kernels: ROLE_OTHER)
     fp32_code: np.ndarray     # int8 index into hardware.FP32_PRECISIONS of an fp32 op's math on the kernel (0: fp32)
+    op_yields: np.ndarray     # per op: its FLOPs yield to a same-class op below it (metrics.flops.yields_flops)
 
     @property
     def n_real(self) -> int:
@@ -135,9 +137,9 @@ def device_timeline(inp: RankInput, j: JoinedRank, options: StitchOptions) -> De
     o_start = rs.ops.column("start_ns").to_numpy() if n_op else np.zeros(0, np.int64)
     o_end = rs.ops.column("end_ns").to_numpy() if n_op else np.zeros(0, np.int64)
     synth_start, synth_end = np.zeros(0, np.int64), np.zeros(0, np.int64)
+    yields = yields_flops(j.op_parent, inp.op_model, inp.op_flops) if n_op else np.zeros(0, bool)
     if n_k == 0 and n_op:
         # No device activity: the CPU is the device and its ops are the kernels.
-        yields = yields_flops(j.op_parent, inp.op_model, inp.op_flops)
         unmodelled = inp.op_model.equals("none")
         owns = ~unmodelled & ~yields
         in_owner = any_ancestor(j.op_parent, owns)
@@ -186,7 +188,7 @@ def device_timeline(inp: RankInput, j: JoinedRank, options: StitchOptions) -> De
         synth_ops=synth_ops, start=ks, end=ke, kind=kinds, step=kstep, device=devs, clip_start=cs, clip_end=ce,
         share_s=share_s, tile_start=t_start, tile_end=t_end, overlap=overlap,
         rank_devices=max(len(np.unique(devs[live])), 1), outside_kernels=int((j.kernel_step < 0).sum()) if n_k else 0,
-        role=role, fp32_code=fp32_code,
+        role=role, fp32_code=fp32_code, op_yields=yields,
     )
 
 
