@@ -288,6 +288,8 @@ def with_nulls(values: np.ndarray, null: np.ndarray) -> pa.Array:
     null = np.asarray(null, bool)
     if values.dtype.kind not in "iuf" or values.ndim != 1 or null.shape != values.shape:
         return pa.array(values, mask=null)
+    if len(values) <= _ARROW_MASK_ROWS:  # Arrow's loop costs less than the buffers' set-up on a few rows
+        return pa.array(values, mask=null)
     if not values.flags.c_contiguous:
         values = np.ascontiguousarray(values)
     nulls = int(np.count_nonzero(null))
@@ -298,6 +300,9 @@ def with_nulls(values: np.ndarray, null: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(type_, len(values), [bitmap, pa.py_buffer(values)], null_count=nulls)
 
 
+# Up to this many rows, with_nulls leaves the bitmap to pa.array (the same array: a fleet or node span table
+# has a row or two a step, and with_nulls runs on each of its ~30 number columns a group of steps).
+_ARROW_MASK_ROWS = 256
 # numpy dtype -> its Arrow type, looked up once per dtype (with_nulls runs some 80 times per group of steps)
 _ARROW_OF_NUMPY: dict[np.dtype, pa.DataType] = {}
 
