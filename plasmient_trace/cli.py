@@ -105,7 +105,7 @@ def _default_job_id() -> str | None:
 
 
 def add_stitch_arguments(p: argparse.ArgumentParser) -> None:
-    from .stitch.inputs import CHUNK_ROWS_CAP, CHUNK_ROWS_FLOOR, GROUPS_PER_INPUT
+    from .stitch.inputs import CHUNK_ROWS_AMORTISED, CHUNK_ROWS_CAP, CHUNK_ROWS_FLOOR, GROUPS_PER_INPUT
     from .stitch.tree import DEFAULT_MAX_SPANS
 
     p.add_argument("--job-id", default=_default_job_id(), help="job id the trace ids derive from (default: $PLASMIENT_JOB_ID, $SLURM_JOB_ID.$SLURM_STEP_ID, $TORCHELASTIC_RUN_ID, else the first file's name, or the directory's)")
@@ -125,7 +125,8 @@ def add_stitch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-rows", type=_positive_int, default=None, metavar="N",
                    help="records (modules + ops + kernels, all ranks) stitched and written at once: memory holds one "
                         "group of whole steps, not the file; the output is the same (default: 1/"
-                        f"{GROUPS_PER_INPUT} of the input's, between {CHUNK_ROWS_FLOOR:,} and {CHUNK_ROWS_CAP:,})")
+                        f"{GROUPS_PER_INPUT} of the input's, between {CHUNK_ROWS_FLOOR:,} and {CHUNK_ROWS_CAP:,}, and "
+                        f"up to {CHUNK_ROWS_AMORTISED:,} where that is at most a quarter of the input)")
     p.add_argument("--graph-capture", metavar="CAPTURE_TRACE",
                    help="trace of the CUDA/HIP graph capture that the (single) input replays: replayed kernels get the "
                         "FLOPs, op and module of their capture-time launch (default: the capture named by an "

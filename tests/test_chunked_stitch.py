@@ -94,11 +94,13 @@ def test_ingest_writes_the_same_lines_in_groups(tmp_path, capsys):
     assert all(orjson.loads(line)["resourceSpans"] for line in whole)
 
 
-def test_by_default_a_group_is_a_sixteenth_of_the_input_and_at_least_5000_records(tmp_path):
+def test_by_default_a_group_is_a_part_of_the_input_and_at_least_5000_records(tmp_path):
     """The default group bounds memory by a part of the input, not by a fixed count a mid-size trace never
-    reaches. cuda_graphs holds 33,287 records in 5 steps of about 6,600: a sixteenth is below the floor of
-    5,000, so every step is a group of its own. 20,000 tiny steps (one op each; 100,000 rows with the spans
-    every step has) are cut into 16 groups of 6,250 rows."""
+    reaches. cuda_graphs holds 33,287 records in 5 steps of about 6,600: a group may hold a quarter of them
+    (8,326 rows with the step spans), less than two steps, so every step is a group of its own. 20,000 tiny
+    steps (one op and its CPU kernel each; 120,000 rows with the spans every step has) are cut into groups of
+    12,000 rows (CHUNK_ROWS_AMORTISED, under a quarter of the input; a sixteenth is 7,500): 10 parts of 10,000
+    spans."""
     path = trace_path("a100/cuda_graphs_rank0_of16.json.gz")
     stream = ingest_stream([path], IngestOptions(job_id="chunks"))
     parts = list(stream.parts)
@@ -109,7 +111,7 @@ def test_by_default_a_group_is_a_sixteenth_of_the_input_and_at_least_5000_record
 
     tiny = ingest_stream([_tiny_steps(tmp_path)], IngestOptions(job_id="tiny"))
     sizes = [len(part) for part in tiny.parts]
-    assert len(sizes) == 16 and sum(sizes) == tiny.stats["spans"] == 100_000, sizes
+    assert len(sizes) == 10 and sum(sizes) == tiny.stats["spans"] == 100_000, sizes
 
 
 def test_a_group_that_fails_leaves_no_output_file(tmp_path, capsys, monkeypatch):

@@ -17,12 +17,18 @@ KIND_CODE = {name: i for i, name in enumerate(KINDS)}
 DEFAULT_MAX_SPANS = 10_000
 # Records a group of steps holds when a trace is stitched a group at a time (one step at least). By default
 # a sixteenth of the input's, so a group's span table, the largest thing the stitch builds (about 1 KB a
-# span), is a small part of the file's; never fewer than the floor (each group costs some 5 ms of fixed
-# work: 12 one-step groups of a 10^4-kernel trace stitch in 0.13 s instead of 0.08 s) nor more than the cap
-# (memory is bounded by a group, not the file). At 10^5 kernels, groups of ~22,000 records peak at 315 MiB
-# where groups of 100,000 peaked at 470 MiB, at about the same stitch time.
+# span), is a small part of the file's; never fewer than the floor, nor more than the cap (memory is bounded
+# by a group, not the file). At 10^5 kernels, groups of ~22,000 records peak at 315 MiB where groups of
+# 100,000 peaked at 470 MiB, at about the same stitch time.
+# Each group also costs a fixed 2.5-3 ms (its fleet and node spans, two span tables, a pass per tree level):
+# a group of 5,000 records spends ~40% of its rows' time on it. So a group is made up to CHUNK_ROWS_AMORTISED
+# records where that is at most a quarter of the input (the memory bound then is a quarter of the input's
+# spans, as the floor already allowed for inputs under 20,000 records): the 18,192-kernel replica (12 steps
+# of 5,457 rows) is stitched in 6 groups, not 12, while the large shared traces, whose steps are 3,800-7,400
+# rows and a sixth to a third of their input, keep a group per step.
 CHUNK_ROWS_CAP = 100_000
 CHUNK_ROWS_FLOOR = 5_000
+CHUNK_ROWS_AMORTISED = 12_000
 GROUPS_PER_INPUT = 16
 # How many culprit rows a step and a rank span show in plasmient.culprits (the display cut).
 CULPRIT_ROWS = 10
@@ -87,7 +93,8 @@ class StitchOptions:
 
 def default_chunk_rows(input_rows: int) -> int:
     """Records per group of steps for an input of ``input_rows`` records (and step spans), all ranks."""
-    return int(min(max(input_rows // GROUPS_PER_INPUT, CHUNK_ROWS_FLOOR), CHUNK_ROWS_CAP))
+    amortised = min(CHUNK_ROWS_AMORTISED, input_rows // 4)
+    return int(min(max(input_rows // GROUPS_PER_INPUT, CHUNK_ROWS_FLOOR, amortised), CHUNK_ROWS_CAP))
 
 
 @dataclass
