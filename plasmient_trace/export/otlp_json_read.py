@@ -32,7 +32,7 @@ from plasmient_trace.conventions import (
 )
 from plasmient_trace.export.span_columns import attribute_kind
 from plasmient_trace.memory import cyclic_gc_paused
-from plasmient_trace.sources.rawinput import _RATIO_FLOOR_BYTES, is_gzip, limits
+from plasmient_trace.sources.rawinput import check_inflated, is_gzip, limits
 
 __all__ = ["any_value_py", "batch_from_otlp_dicts", "open_span_file", "read_jsonl"]
 
@@ -401,12 +401,7 @@ def _numbered_lines(stream: IO[bytes], name: str) -> Iterator[tuple[int, bytes]]
                 yield lineno + 1, line
             return
         total += len(buf)
-        if total > max_bytes:
-            raise ValueError(f"{name}: over {max_bytes / 1e6:,.0f} MB, the size limit "
-                             "(raise PLASMIENT_MAX_TRACE_BYTES to accept it)")
-        if packed is not None and total > max(_RATIO_FLOOR_BYTES, packed() * max_ratio):
-            raise ValueError(f"{name}: expands more than {max_ratio:g}x ({packed() / 1e6:,.1f} MB gzip -> over "
-                             f"{total / 1e6:,.0f} MB): a gzip bomb? (raise PLASMIENT_MAX_GZIP_RATIO to accept it)")
+        check_inflated(name, total, packed() if packed is not None else None, max_bytes, max_ratio)
 
 
 def _joined(parts: list[bytes], name: str, lineno: int) -> bytes:

@@ -170,6 +170,18 @@ def inflate_whole(path: Path, data: bytes) -> bytes:
     return _gunzip(path, data, max_bytes, max_ratio)
 
 
+def check_inflated(path: object, inflated: int, packed: int | None, max_bytes: int, max_ratio: float) -> None:
+    """InputError once ``inflated`` bytes read so far pass the size cap, or, for gzip'd input (``packed``: the
+    compressed bytes they came from), the expansion cap: a trace's gunzip and a span file's reader both stop
+    a gzip bomb, /dev/zero or an endless pipe here, with the same line."""
+    if inflated > max_bytes:
+        raise InputError(f"{path}: {'decompresses to ' if packed is not None else ''}over {_mb(max_bytes)}, the size "
+                         "limit (raise PLASMIENT_MAX_TRACE_BYTES to accept it)")
+    if packed is not None and inflated > max(_RATIO_FLOOR_BYTES, int(packed * max_ratio)):
+        raise InputError(f"{path}: expands more than {max_ratio:g}x ({_mb(packed)} gzip -> over {_mb(inflated)}): "
+                         "a gzip bomb? (raise PLASMIENT_MAX_GZIP_RATIO to accept it)")
+
+
 def _too_big(path: Path, size: str, max_bytes: int) -> InputError:
     return InputError(f"{path}: file is {size}, over the {_mb(max_bytes)} limit "
                       "(raise PLASMIENT_MAX_TRACE_BYTES to accept it)")
@@ -220,7 +232,6 @@ def inflate_blocks(path: Path, data: bytes, block_bytes: int,
     The compressed input is fed a piece at a time: zlib copies what a call leaves unconsumed, so
     feeding it all at once would copy the rest of the file at every block."""
     max_bytes, max_ratio = limits()
-    ratio_cap = max(_RATIO_FLOOR_BYTES, int(len(data) * max_ratio))
     view = memoryview(data)
     total = 0
     begin = 0
@@ -239,12 +250,7 @@ def inflate_blocks(path: Path, data: bytes, block_bytes: int,
                 if not block and not piece and at >= len(data) and not inflater.eof:
                     raise InputError(f"{path}: truncated gzip stream (the file was cut short)")
                 size += len(block)
-                if total + size > max_bytes:
-                    raise InputError(f"{path}: decompresses to over {_mb(max_bytes)}, the size limit "
-                                     "(raise PLASMIENT_MAX_TRACE_BYTES to accept it)")
-                if total + size > ratio_cap:
-                    raise InputError(f"{path}: expands more than {max_ratio:g}x ({_mb(len(data))} gzip -> over "
-                                     f"{_mb(total + size)}): a gzip bomb? (raise PLASMIENT_MAX_GZIP_RATIO to accept it)")
+                check_inflated(path, total + size, len(data), max_bytes, max_ratio)
                 if block:
                     yield block
             end = at - len(inflater.unused_data)
