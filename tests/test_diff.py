@@ -238,22 +238,30 @@ SLOWED = ("plasmient.busy_s", "plasmient.busy_s.self", "plasmient.wasted_s", "pl
           "plasmient.cost.wasted_usd", "plasmient.cost.wasted_usd.self")
 
 
-def _write_slowed(src: Path, dst: Path, module: str, factor: float) -> None:
-    """A copy of the span file with every span under one module pattern `factor` times slower/more wasteful."""
-    mod_of = _module_of(raw_spans(src))
+def edit_spans(src: Path, dst: Path, edit) -> None:
+    """A copy of a span file with ``edit(span)`` applied to each span's raw OTLP JSON, in file order."""
     lines = []
     for line in src.read_text().splitlines():
         doc = json.loads(line)
         for rs in doc["resourceSpans"]:
             for ss in rs["scopeSpans"]:
-                for s in ss["spans"]:
-                    if mod_of[(s["traceId"], s["spanId"])] != module:
-                        continue
-                    for a in s["attributes"]:
-                        if a["key"] in SLOWED and "doubleValue" in a["value"]:
-                            a["value"]["doubleValue"] *= factor
+                for span in ss["spans"]:
+                    edit(span)
         lines.append(json.dumps(doc))
     dst.write_text("\n".join(lines) + "\n")
+
+
+def _write_slowed(src: Path, dst: Path, module: str, factor: float) -> None:
+    """A copy of the span file with every span under one module pattern `factor` times slower/more wasteful."""
+    mod_of = _module_of(raw_spans(src))
+
+    def slow(span: dict) -> None:
+        if mod_of[(span["traceId"], span["spanId"])] == module:
+            for a in span["attributes"]:
+                if a["key"] in SLOWED and "doubleValue" in a["value"]:
+                    a["value"]["doubleValue"] *= factor
+
+    edit_spans(src, dst, slow)
 
 
 def test_a_module_slowed_down_is_named_first(spans_dir: Path, tmp_path: Path) -> None:
@@ -315,16 +323,8 @@ def test_a_run_against_itself_changes_nothing(spans_dir: Path, tmp_path: Path) -
 
 def _edit_step_spans(src: Path, dst: Path, edit) -> None:
     """A copy of a span file with ``edit(span)`` applied to each step span's raw OTLP JSON, in file order."""
-    lines = []
-    for line in src.read_text().splitlines():
-        doc = json.loads(line)
-        for rs in doc["resourceSpans"]:
-            for ss in rs["scopeSpans"]:
-                for span in ss["spans"]:
-                    if {"key": "plasmient.level", "value": {"stringValue": "step"}} in span["attributes"]:
-                        edit(span)
-        lines.append(json.dumps(doc))
-    dst.write_text("\n".join(lines) + "\n")
+    step = {"key": "plasmient.level", "value": {"stringValue": "step"}}
+    edit_spans(src, dst, lambda span: edit(span) if step in span["attributes"] else None)
 
 
 def _scale_step_mfu(src: Path, dst: Path, factor: float) -> float:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import trace_path
+from test_diff import edit_spans
 from test_diff import raw_spans as _spans
 from plasmient_trace.cli import main
 
@@ -135,25 +136,20 @@ def test_a_small_real_change_is_printed_with_its_digits_not_as_zero(tmp_path: Pa
         cur = by_id.get(cur["parent"])
     parent = kernel["parent"]
     extra = 30e-9
-    lines = []
-    for line in a.read_text().splitlines():
-        doc = json.loads(line)
-        for rs in doc["resourceSpans"]:
-            for ss in rs["scopeSpans"]:
-                for s in ss["spans"]:
-                    sid = (s["traceId"], s["spanId"])
-                    for attr in s["attributes"]:
-                        v = attr["value"]
-                        if attr["key"] == "plasmient.busy_s" and sid in chain:
-                            v["doubleValue"] += extra  # inclusive: the kernel and every span above it
-                        elif attr["key"] == "plasmient.busy_s.self" and sid in (kernel["id"], parent):
-                            v["doubleValue"] += extra  # the kernel's own, and its op's own kernels
-                        elif attr["key"] == "plasmient.mfu" and any(
-                                x["key"] == "plasmient.level" and x["value"]["stringValue"] == "step"
-                                for x in s["attributes"]):
-                            v["doubleValue"] += 1e-7
-        lines.append(json.dumps(doc))
-    b.write_text("\n".join(lines) + "\n")
+
+    def lengthen(s: dict) -> None:
+        sid = (s["traceId"], s["spanId"])
+        for attr in s["attributes"]:
+            v = attr["value"]
+            if attr["key"] == "plasmient.busy_s" and sid in chain:
+                v["doubleValue"] += extra  # inclusive: the kernel and every span above it
+            elif attr["key"] == "plasmient.busy_s.self" and sid in (kernel["id"], parent):
+                v["doubleValue"] += extra  # the kernel's own, and its op's own kernels
+            elif attr["key"] == "plasmient.mfu" and any(
+                    x["key"] == "plasmient.level" and x["value"]["stringValue"] == "step" for x in s["attributes"]):
+                v["doubleValue"] += 1e-7
+
+    edit_spans(a, b, lengthen)
     rc, text, result = _diff_text(a, b, tmp_path, capsys, "--fail-if-mfu-drops", "5%")
     assert rc == 0
     assert result["totals"]["busy_s"]["delta"] == pytest.approx(extra, rel=1e-6)
