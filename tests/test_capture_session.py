@@ -895,6 +895,33 @@ def test_uninstrument_undoes_instrument_and_patches_keep_wrapped():
     assert not any(type(f).__name__ == "_TorchWatcher" for f in sys.meta_path) and not autostart._installed
 
 
+def test_after_uninstrument_torch_compile_does_not_warn_of_global_hooks_that_are_gone():
+    """torch.compile(module) warns when global module hooks exist. Ours are gone after uninstrument, and so
+    is the filter that hid that warning: a user's own global hook makes torch warn as it would untraced."""
+    import warnings
+
+    from plasmient_trace.capture_instrumentor import PlasmientInstrumentor
+
+    filters_before = list(warnings.filters)
+    inst = PlasmientInstrumentor()
+    inst.instrument(skip_dep_check=True)
+    inst.uninstrument()
+    assert warnings.filters == filters_before
+    compiled = torch.compile(torch.nn.Linear(4, 4), backend="eager")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        compiled(torch.randn(2, 4))
+    assert [str(w.message) for w in seen if "global hooks" in str(w.message)] == []
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *args: None)
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            compiled(torch.randn(2, 4))
+    finally:
+        handle.remove()
+    assert len([w for w in seen if "global hooks" in str(w.message)]) == 1
+
+
 @pytest.mark.parametrize("batch_steps", [64, 1])
 def test_every_full_step_groups_the_optimizer_under_its_optimizer_step_span(batch_steps):
     """torch's post hook runs inside its Optimizer.step#<cls>.step scope; the step ends after that scope

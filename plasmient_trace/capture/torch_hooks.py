@@ -322,6 +322,7 @@ class ModuleRecorder:
         self._named: dict[str, weakref.ref] = {}  # a model's name -> the model that holds it
         self._local = threading.local()
         self._handles: list[Any] = []
+        self._warning_filter: Any = None
         self.failed: BaseException | None = None
         self.limit = 0  # records kept between two take()s (0: all); past it calls are counted, not kept
         self._over = 0
@@ -336,13 +337,32 @@ class ModuleRecorder:
         # ours, the user did nothing to act on, and the wrapper is skipped in _pre/_post below.
         warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks",
                                 category=UserWarning)
+        self._warning_filter = warnings.filters[0]
         self._handles = [m.register_module_forward_pre_hook(self._pre),
                          m.register_module_forward_hook(self._post, with_kwargs=True, always_call=True)]
 
     def uninstall(self) -> None:
+        import warnings
+
+        from torch.nn.modules import module as m
+
         for h in self._handles:
             h.remove()
+            # A handle's remove() leaves its id in torch's with_kwargs set, which keeps
+            # _has_any_global_hook() true for the life of the process: every later torch.compile(module)
+            # call would warn about global hooks that are gone.
+            getattr(m, "_global_forward_hooks_with_kwargs", {}).pop(h.id, None)
         self._handles = []
+        if self._warning_filter is not None:
+            try:
+                warnings.filters.remove(self._warning_filter)  # the user's own global hooks warn as before
+            except ValueError:
+                pass  # the user reset the filters since
+            # warnings remembers where it ignored a warning until the filters change: say they did
+            mutated = getattr(warnings, "_filters_mutated", None)
+            if mutated is not None:
+                mutated()
+            self._warning_filter = None
 
     def take(self) -> list[tuple]:
         recs, self.records = self.records, []
