@@ -115,6 +115,40 @@ def test_linear_costs_what_its_addmm_costs_on_bert() -> None:
         assert cost(lin)[0] == cost(inner)[0] > 0
 
 
+def _inner_dims_agree(name: str, dims: list) -> bool:
+    """Whether a matmul's recorded operands can be multiplied: the contracted sizes are equal."""
+    a, b = (dims[1], dims[2]) if name == "aten::addmm" else (dims[0], dims[1])
+    if name == "aten::linear":
+        return a[-1] == b[-1]
+    return a[-1] == (b[0] if len(b) == 1 else b[-2])
+
+
+def test_a_matmul_whose_recorded_operands_cannot_be_multiplied_has_no_flop_model() -> None:
+    """Ops a TorchScript graph ran record its interpreter's stack before their own arguments (a100_multirank:
+    aten::linear([2048,160,606], [2048,3906], [2048,3906], [2048,512], [3906,512], [3906]), whose own arguments
+    are the last three). Read from the front, the operands cannot be multiplied ([2048,160,606] by a [2048,3906]
+    weight): a FLOP count from them is a guess (814 GFLOP for an 8.2 GFLOP product), so the op has no model
+    and no op.model_flops, and its FLOPs are its aten::addmm's, as on every other linear. Operands that can be
+    multiplied keep their count."""
+    trace = "a100_multirank/rank-0.json.gz"
+    garbled = kept = 0
+    for e in op_events(trace):
+        a = e.get("args") or {}
+        if e["name"] not in ("aten::linear", "aten::matmul", "aten::mm", "aten::addmm") or "Input Dims" not in a:
+            continue
+        f, _, _, model = cost(e)
+        if _inner_dims_agree(e["name"], a["Input Dims"]):
+            assert model == "gemm" and f > 0, (e["name"], a["Input Dims"])
+            kept += 1
+        else:
+            assert (f, model) == (0.0, "none"), (e["name"], a["Input Dims"], f)
+            garbled += 1
+    assert garbled == 29 and kept > 400
+    step_flops = {r["plasmient.step"]: r["plasmient.flops"] for r in ingested(trace).batch.table.to_pylist()
+                  if r["plasmient.level"] == "step"}
+    assert step_flops == {551: 864133955687.0, 552: 788044792239.0}  # what the children's models add up to
+
+
 # --------------------------------------------------------------------- Kineto's own FLOP counts
 _TORCH_DTYPES = {"float": "float32", "c10::BFloat16": "bfloat16", "c10::Half": "float16", "double": "float64"}
 KINETO_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::conv2d")
