@@ -468,6 +468,25 @@ def test_a_job_that_fails_or_exits_keeps_its_traceback_and_status_and_every_step
     assert _steps(tmp_path / "t.jsonl") == list(range(5))
 
 
+RAISING_STEP_JOB = STEPS_JOB + '''
+def closure():
+    raise ValueError("the job's own bug, inside its optimizer's step")
+opt.step(closure)
+'''
+
+
+def test_an_exception_inside_the_optimizer_step_keeps_the_job_s_own_traceback(tmp_path: Path) -> None:
+    """The wrapper that ends a step after torch's Optimizer.step# scope is a Python frame between the job's
+    call and torch's: its line (plasmient_trace/capture/step_hooks.py, in step) was in the traceback of every
+    exception raised inside an optimizer's step (a closure, a custom optimizer's bug)."""
+    script = _script(tmp_path, "raising_step.py", RAISING_STEP_JOB)
+    plain = _plain(tmp_path, script, "3", "0")
+    assert plain.returncode == 1 and b"inside its optimizer's step" in plain.stderr
+    traced = _traced(tmp_path, script, "3", "0")
+    _same_run(plain, traced)
+    assert _steps(tmp_path / "t.jsonl")[:3] == list(range(3))  # every step it finished (the failed one too)
+
+
 # --------------------------------------------------------------------------------------------
 # The collector misbehaves; the file and the spill keep everything
 

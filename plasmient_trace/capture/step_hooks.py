@@ -14,6 +14,7 @@ them, and each wrapper keeps ``__wrapped__``.
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -162,6 +163,15 @@ def wrap_optimizers(session: CaptureSession, torch: Any) -> None:
     session._patched.append((base, "_patch_step_function", original))
 
 
+def drop_own_frame(err: BaseException) -> None:
+    """Take the calling wrapper's frame out of the traceback of ``err``, which the wrapper caught, so that
+    the wrapper's bare ``raise`` (which adds no frame) passes on the traceback the job prints untraced:
+    an exception in an optimizer's step showed a line of step_hooks.py between the job's and torch's."""
+    tb = err.__traceback__
+    if tb is not None and tb.tb_frame is sys._getframe(1):
+        err.__traceback__ = tb.tb_next
+
+
 def wrap_optimizer_class(session: CaptureSession, cls: Any) -> None:
     """Move the step boundary outside torch's ``Optimizer.step#<cls>.step`` record_function. The
     post hook runs inside that scope, so a step ending there cut the scope off from its step: the
@@ -177,6 +187,9 @@ def wrap_optimizer_class(session: CaptureSession, cls: Any) -> None:
         session._opt_wrapped_depth += 1
         try:
             return current(opt, *args, **kwargs)
+        except BaseException as err:
+            drop_own_frame(err)
+            raise  # bare: adds no frame of ours back
         finally:
             session._opt_wrapped_depth -= 1
             clock = session._opt_clock() if session._opt_clock is not None else None
