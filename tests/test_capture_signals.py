@@ -146,3 +146,21 @@ def test_a_job_that_chains_our_sigterm_handler_into_its_own_decides_whether_it_e
         assert steps == list(range(6))  # atexit flushed the steps after the notice as well
     else:
         assert steps[:3] == [0, 1, 2]  # the steps finished before the notice were written by the handler
+
+
+INTERRUPTING_SIGTERM_JOB = STEPS_JOB.replace("import sys, time, torch", """import os, signal, sys, time, torch
+signal.signal(signal.SIGTERM, signal.default_int_handler)  # a SIGTERM is a Ctrl-C to this job""") + '''
+os.kill(os.getpid(), signal.SIGTERM)
+'''
+
+
+def test_a_job_whose_sigterm_handler_raises_keeps_its_own_traceback(tmp_path: Path) -> None:
+    """A job that makes SIGTERM raise KeyboardInterrupt (signal.default_int_handler) printed a line of
+    plasmient_trace/capture/ending_signals.py in its traceback: the wrapper that flushes before the job's
+    handler runs was a frame between the job's line and the handler."""
+    script = _script(tmp_path, "interrupting.py", INTERRUPTING_SIGTERM_JOB)
+    plain = _plain(tmp_path, script, "4", "0")
+    assert plain.returncode == -signal.SIGINT and plain.stderr.endswith(b"KeyboardInterrupt\n")
+    traced = _traced(tmp_path, script, "4", "0")
+    _same_run(plain, traced)
+    assert _steps(tmp_path / "t.jsonl") == list(range(4))

@@ -22,6 +22,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .step_hooks import drop_own_frame
+
 # a scheduler's SIGTERM, and the SIGHUP a job started from a terminal gets when its ssh session drops
 NAMES = ("SIGTERM", "SIGHUP")
 
@@ -107,7 +109,11 @@ def _flushing_first(handler: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(handler)
     def flush_then_handle(signum: int, frame: Any) -> Any:
         _flush()
-        return handler(signum, frame)
+        try:
+            return handler(signum, frame)
+        except BaseException as err:  # the job's handler raised (signal.default_int_handler's KeyboardInterrupt)
+            drop_own_frame(err)  # its traceback is the one it prints untraced
+            raise
 
     flush_then_handle._plasmient_flushes_first = True  # type: ignore[attr-defined]
     return flush_then_handle
