@@ -320,6 +320,27 @@ def test_a_job_that_never_ends_a_step_is_told_once_why_nothing_was_traced(tmp_pa
     assert not (tmp_path / "t.jsonl").exists()
 
 
+HELPER_JOB = STEPS_JOB + '''
+import subprocess
+helper = "import torch; print(torch.nn.Linear(4, 2)(torch.ones(1, 4)).shape)"  # an eval helper: a model, no step
+done = subprocess.run([sys.executable, "-c", helper], capture_output=True, text=True)
+print(done.returncode, done.stdout.strip(), repr(done.stderr))
+'''
+
+
+def test_a_helper_process_that_ends_no_step_says_nothing_when_the_job_s_steps_are_traced(tmp_path: Path) -> None:
+    """A Python helper the job runs (an evaluation, an export) imports torch and runs a model, and is traced like
+    every process of the command. It ended no step, and said "no step ended, so nothing was traced" into its
+    own stderr, which the job read (or showed) though every one of its steps was traced. That line is for the
+    command: said once at its end, only when no process of it ended a step (the test above)."""
+    script = _script(tmp_path, "with_helper.py", HELPER_JOB)
+    plain = _plain(tmp_path, script, "3", "0")
+    assert plain.returncode == 0 and plain.stdout.endswith(b"0 torch.Size([1, 2]) ''\n"), plain.stderr.decode()
+    traced = _traced(tmp_path, script, "3", "0")
+    _same_run(plain, traced)
+    assert _steps(tmp_path / "t.jsonl") == list(range(3))
+
+
 FORK_JOB = """
 import os, sys
 import torch

@@ -49,14 +49,26 @@ def _is_child_process() -> bool:
         return False
 
 
-def note_started() -> None:
-    """Leave this process's mark for `plasmient run` (see RUN_DIR_VAR); never raises."""
+# Said once by a job whose model ran but whose steps never ended. Under `plasmient run` the command's end says
+# it, once, and only when no process of the command ended a step: an eval helper the job runs as a subprocess
+# (`python -c "import torch; ..."`) said it into its own stderr, which the job reads or shows, though the job's
+# steps were traced.
+NO_STEP = ("no step ended, so nothing was traced: a step ends at optimizer.step(), at torch.profiler's "
+           "prof.step(), or with `with plasmient_trace.step():` around it")
+
+
+def note_started(what: str = "started") -> bool:
+    """Leave this process's mark ``what`` (started, stepped, no-step) for `plasmient run` (see RUN_DIR_VAR);
+    True where one was left. Never raises."""
+    left = False
     for where in os.environ.get(RUN_DIR_VAR, "").split(os.pathsep):  # one per `plasmient run` around it
         if where:
             try:
-                os.close(os.open(os.path.join(where, f"started.{os.getpid()}"), os.O_CREAT | os.O_WRONLY, 0o600))
+                os.close(os.open(os.path.join(where, f"{what}.{os.getpid()}"), os.O_CREAT | os.O_WRONLY, 0o600))
+                left = True
             except OSError:
                 pass
+    return left
 
 
 def _start() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli import _fraction, _positive_float, _positive_int
-from .autostart import RUN_DIR_VAR
+from .autostart import NO_STEP, RUN_DIR_VAR
 from ..messages import say_error
 
 
@@ -74,10 +74,14 @@ def run_command(args: argparse.Namespace) -> int:
             say_error("plasmient", f"cannot run {cmd[0]!r}: {err}")
             return 127
         code = _wait_forwarding(proc, own_group)
-        if not any(Path(shim_dir).glob("started.*")):
+        marks = {p.name.split(".")[0] for p in Path(shim_dir).iterdir()}
+        if "started" not in marks:
             print("plasmient: nothing was traced: no process of the command imported torch with the startup hook "
                   "loaded (python -I, -E or -S skips it: drop the flag, or call plasmient_trace.capture.start() "
                   "in the script)", file=sys.stderr)
+        elif "no-step" in marks and "stepped" not in marks and not os.environ.get(RUN_DIR_VAR):
+            # a process ran a model and ended no step, nor did any other (an outer `plasmient run` says it)
+            print(f"plasmient-trace: {NO_STEP}", file=sys.stderr)
     if code < 0:
         _die_like_child(-code)
     return code

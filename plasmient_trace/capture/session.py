@@ -33,7 +33,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from . import batches, distributed, signature, step_hooks
+from . import autostart, batches, distributed, signature, step_hooks
 from .budget import FullDepthBudget
 from .inductor_kernels import InductorKernelNames, frames_compiled as _frames_compiled
 from .live_sources import LiveSources
@@ -236,9 +236,8 @@ class CaptureSession:
             self.sources.stop()
         except Exception as err:
             self._fail("close", err)
-        if never_ended:
-            say_once("no-step", "no step ended, so nothing was traced: a step ends at optimizer.step(), at "
-                                "torch.profiler's prof.step(), or with `with plasmient_trace.step():` around it")
+        if never_ended and not autostart.note_started("no-step"):  # else `plasmient run` says it for the command
+            say_once("no-step", autostart.NO_STEP)
         if self.stats["steps_deferred"]:
             say_once("deferred", f"{self.stats['steps_deferred']} step(s) due at full depth ran at step depth: "
                                  "the background stitch fell behind (raise PLASMIENT_EVERY)")
@@ -564,6 +563,8 @@ class CaptureSession:
         distributed.remember()  # the store handle, while the process group surely exists
         self.step_index += 1
         self.stats["steps"] += 1
+        if self.stats["steps"] == 1:
+            autostart.note_started("stepped")
         self.stats["steps_full"] += int(full)
         if not self.worker.offer(cap):
             self.stats["steps_dropped"] += 1
