@@ -311,3 +311,20 @@ def test_live_ranks_publish_a_bounded_culprit_list_and_the_fleet_says_what_it_ma
             else:
                 assert c["wasted_s"] == pytest.approx(truth, rel=1e-9)
         assert [c["wasted_s"] for c in live[:5]] == pytest.approx(sorted(offline.values(), reverse=True)[:5], rel=1e-9)
+
+
+def test_every_full_depth_step_of_every_rank_holds_its_gloo_collective(env, tmp_path):
+    """Gloo completes a collective's future, which wakes the training thread, before its own thread ends the
+    op (gloo:all_reduce). A full-depth step sampled between step-depth ones could end, and the op observer
+    stop, first: the op was never recorded, and about one rank-step in five had DDP's c10d::allreduce_
+    without the gloo:all_reduce that did the work (the step's communication 0.1 ms instead of 4). A full
+    step's end now waits briefly for the async ops it began."""
+    batches = _torchrun([str(ROOT / "examples" / "ddp_tiny.py"), "--steps", "40"], {**env, "PLASMIENT_EVERY": "2"},
+                        tmp_path)
+    for batch in batches:
+        rows = batch.table.select(["name", "plasmient.level", "plasmient.step", "plasmient.sampled_depth"]).to_pylist()
+        full = {r["plasmient.step"] for r in rows if r["plasmient.level"] == "step" and r["plasmient.sampled_depth"] == "full"}
+        assert len(full) >= 20
+        issued = Counter(r["plasmient.step"] for r in rows if r["name"] == "c10d::allreduce_")
+        done = Counter(r["plasmient.step"] for r in rows if r["name"] == "gloo:all_reduce")
+        assert {s: done[s] for s in sorted(full)} == {s: issued[s] for s in sorted(full)} and all(issued[s] for s in full)

@@ -79,6 +79,11 @@ class StepCapture:
 # dropped) before the session stops recording there (``CaptureSession._drop_pre_recorded``).
 PRE_RECORD_MAX_OPS = 256
 
+# How long a full-depth step's end waits for the async ops it began (a collective's work on a process group's
+# thread, ended there just after the training thread was woken) before the op observer stops: past it, such an
+# op is not in the step. Gloo ends them within microseconds on an idle machine.
+ASYNC_OP_WAIT_S = 0.01
+
 _STEP_NAMES = {"optimizer": "optimizer.step#{n}", "profiler": "ProfilerStep#{n}", "explicit": "step#{n}"}
 
 
@@ -517,6 +522,8 @@ class CaptureSession:
                                           f"{err}); such steps carry modules only")
         if self._pre_recording:
             self._drop_pre_recorded()  # no module call decided: the step stays at step depth
+        elif self._full and self._mode_entered and hasattr(self.sources.ops, "settle"):
+            self.sources.ops.settle(ASYNC_OP_WAIT_S)  # a collective's work ending on its own thread
         self._exit_mode()
         if self.sources.cpu_pending:
             self.sources.start_cpu_calibration()

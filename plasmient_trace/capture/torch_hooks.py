@@ -23,6 +23,7 @@ needs no backward hooks and so leaves the autograd graph exactly as the user bui
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from time import perf_counter_ns
 from typing import Any, Callable, Iterator
@@ -232,6 +233,17 @@ class NativeOpRecorder:
         chunk = self._obs.take()
         self.taken_over = int(chunk.pop("over_limit", 0))
         return chunk
+
+    def settle(self, timeout_s: float) -> None:
+        """Wait, at most ``timeout_s``, for the async ops begun while recording (a collective's work on a
+        process group's thread) to end: gloo wakes the training thread before it ends the op, and one
+        still open when the observer stops is never recorded (see op_observer.cpp's g_async_open)."""
+        open_ops = getattr(self._obs, "async_open", None)  # an observer built before it: nothing to wait for
+        if open_ops is None or not open_ops():
+            return
+        deadline = time.perf_counter() + timeout_s
+        while open_ops() and time.perf_counter() < deadline:
+            time.sleep(0.0001)
 
     def set_correlation(self, push_address: int | None, pop_address: int | None) -> None:
         """C function pointers (``cuptiActivityPush/PopExternalCorrelationId``); None clears them."""
