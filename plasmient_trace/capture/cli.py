@@ -154,7 +154,10 @@ def _die_like_child(signum: int) -> None:
     sys.stderr.flush()
     try:
         signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
     except (OSError, ValueError):
+        pass  # SIGKILL (the OOM killer's) has no handler to reset: it is the default already
+    try:
+        os.kill(os.getpid(), signum)
+    except OSError:
         pass
     os._exit(128 + signum)
