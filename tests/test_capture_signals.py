@@ -176,3 +176,18 @@ def test_a_job_killed_by_a_signal_no_handler_can_catch_makes_plasmient_run_die_o
     assert plain.returncode == -sig
     traced = _traced(tmp_path, script, "3", "0")
     _same_run(plain, traced)
+
+
+@pytest.mark.parametrize(("command", "status"), [("missing", 127), ("not executable", 126)])
+def test_a_command_that_cannot_be_run_gets_the_status_a_shell_gives_it(tmp_path: Path, command: str, status: int) -> None:
+    # a script without its executable bit exited 127 ("not found") where sh, env and timeout give 126
+    script = tmp_path / "train.sh"
+    if command == "not executable":
+        script.write_text("#!/bin/sh\necho trained\n")
+    shell = subprocess.run(["sh", "-c", str(script)], capture_output=True, timeout=TIMEOUT)
+    assert shell.returncode == status
+    traced = subprocess.run([sys.executable, "-m", "plasmient_trace.cli", "run", "--", str(script)], cwd=tmp_path,
+                            env=_env(tmp_path), capture_output=True, timeout=TIMEOUT)
+    said = traced.stderr.decode().splitlines()
+    assert traced.returncode == status and traced.stdout == b""
+    assert len(said) == 1 and said[0].startswith(f"plasmient: error: cannot run {str(script)!r}: ")

@@ -72,7 +72,8 @@ def run_command(args: argparse.Namespace) -> int:
                                     preexec_fn=_terminated_with_us if own_group else None)
         except OSError as err:
             say_error("plasmient", f"cannot run {cmd[0]!r}: {err}")
-            return 127
+            # as a shell, env or timeout says it: 127 not found, 126 found but not to be run (permissions)
+            return 127 if isinstance(err, FileNotFoundError) else 126
         code = _wait_forwarding(proc, own_group)
         marks = {p.name.split(".")[0] for p in Path(shim_dir).iterdir()}
         if "started" not in marks:
