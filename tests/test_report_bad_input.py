@@ -39,7 +39,9 @@ def _attribute_set(text: bytes, key: bytes, value: bytes, count: int = 3) -> byt
 
 DAMAGE = {
     "cut in its first line": (lambda t: t[: t.index(b"\n") // 2], "its first line is incomplete"),
-    "a bad line that is not the last": (lambda t: t[: t.index(b"\n") // 2] + b"\n" + t, "not valid JSON"),
+    # (a trace's line cut short and ended with a newline is what a live write on a full disk leaves: left out
+    # with a note, test_delivery's test_a_live_line_a_full_disk_cut_short_leaves_every_other_trace_readable)
+    "a bad line that is not the last": (lambda t: b"#" + t[: t.index(b"\n") // 2] + b"\n" + t, "not valid JSON"),
     "timestamp past int64": (lambda t: _start_times(t, b'"99999999999999999999999"'), "out of the int64 range"),
     "timestamp 1e30": (lambda t: _start_times(t, b"1e30"), "out of the int64 range"),
     "negative end": (lambda t: re.sub(rb'"endTimeUnixNano":"\d+"', b'"endTimeUnixNano":"-5"', t, count=2),

@@ -430,8 +430,9 @@ def read_jsonl(path: str | os.PathLike[str] | IO[bytes], progress: Callable[[int
     ``progress`` is called, at most a few times a second, with the bytes of the file (as stored: gzip'd
     bytes for a .gz) read so far; never for a pipe, whose position is not known.
     With ``notes``, an incomplete last line (a live run still writing the file, or a file cut short: a
-    line with no newline that does not parse, or a gzip member cut off) is left out and a note says so;
-    without, it raises as any bad line does.
+    line with no newline that does not parse, or a gzip member cut off) is left out and a note says so, as is
+    a trace's line whose JSON ends before the line does (a live write a full disk cut short); without, it
+    raises as any bad line does.
     """
     acc = _SpanAccumulator()
     # a line holds a whole trace: some 5,000 spans, a few hundred thousand dicts and lists
@@ -471,6 +472,11 @@ def read_jsonl(path: str | os.PathLike[str] | IO[bytes], progress: Callable[[int
                 if notes is not None and not line.endswith(b"\n"):  # only the last line can lack its newline
                     incomplete(lineno - 1)
                     break
+                if notes is not None and line.startswith(b'{"resourceSpans"') and exc.pos >= len(line.rstrip()):
+                    # a trace's line whose JSON ends before it does: a live write a full disk cut short, ended
+                    # by the writer with a newline so the lines after it are whole
+                    notes.append(f"{name}:{lineno}: cut short (a write that failed, e.g. on a full disk): left out")
+                    continue
                 raise ValueError(f"{name}:{lineno}: not valid JSON ({exc})") from None
             if not isinstance(request, dict) or "resourceSpans" not in request:
                 if isinstance(request, dict) and ({"resourceMetrics", "resourceLogs", "resourceProfiles"} & request.keys()):

@@ -40,7 +40,7 @@ from plasmient_trace.held_signals import HeldSignals
 from plasmient_trace.memory import cyclic_gc_paused
 from plasmient_trace.messages import say_error
 
-__all__ = ["SIGNALS", "SpillDir", "SpillFull", "append_lines", "default_spill_dir", "replay", "register", "write_whole"]
+__all__ = ["SIGNALS", "ShortWrite", "SpillDir", "SpillFull", "append_lines", "default_spill_dir", "replay", "register", "write_whole"]
 
 SIGNALS = ("traces", "metrics")
 DEFAULT_MAX_BYTES = 1024 * 1024 * 1024
@@ -49,6 +49,14 @@ DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 
 class SpillFull(OSError):
     """The spill directory reached its size bound; the lines were not written."""
+
+
+class ShortWrite(OSError):
+    """A write that took only part of its data (a full disk): ``written`` bytes of it are in the file."""
+
+    def __init__(self, written: int, size: int) -> None:
+        super().__init__(f"short write ({written} of {size} bytes): disk full?")
+        self.written = written
 
 
 def append_lines(fd: int, lines: Iterable[bytes]) -> int:
@@ -65,7 +73,7 @@ def write_whole(fd: int, data: bytes) -> int:
     inside); a short write (disk full) raises OSError."""
     n = os.write(fd, data)
     if n != len(data):
-        raise OSError(f"short write ({n} of {len(data)} bytes): disk full?")
+        raise ShortWrite(n, len(data))
     return n
 
 
