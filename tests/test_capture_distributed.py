@@ -319,12 +319,12 @@ def test_every_full_depth_step_of_every_rank_holds_its_gloo_collective(env, tmp_
     stop, first: the op was never recorded, and about one rank-step in five had DDP's c10d::allreduce_
     without the gloo:all_reduce that did the work (the step's communication 0.1 ms instead of 4). A full
     step's end now waits briefly for the async ops it began."""
-    batches = _torchrun([str(ROOT / "examples" / "ddp_tiny.py"), "--steps", "40"], {**env, "PLASMIENT_EVERY": "2"},
+    batches = _torchrun([str(ROOT / "examples" / "ddp_tiny.py"), "--steps", "20"], {**env, "PLASMIENT_EVERY": "2"},
                         tmp_path)
     for batch in batches:
         rows = batch.table.select(["name", "plasmient.level", "plasmient.step", "plasmient.sampled_depth"]).to_pylist()
         full = {r["plasmient.step"] for r in rows if r["plasmient.level"] == "step" and r["plasmient.sampled_depth"] == "full"}
-        assert len(full) >= 20
+        assert len(full) >= 8  # about one full rank-step in five lost its op before: 20 rank-steps all but always show it
         issued = Counter(r["plasmient.step"] for r in rows if r["name"] == "c10d::allreduce_")
         done = Counter(r["plasmient.step"] for r in rows if r["name"] == "gloo:all_reduce")
         assert {s: done[s] for s in sorted(full)} == {s: issued[s] for s in sorted(full)} and all(issued[s] for s in full)
