@@ -20,7 +20,7 @@ from typing import Any, BinaryIO, Protocol
 from plasmient_trace.conventions import SpanBatch
 from plasmient_trace.export.files import is_special_file
 from plasmient_trace.export.page_cache import DropBehind, DropBehindFile
-from plasmient_trace.export.spill import ShortWrite, append_lines, write_whole
+from plasmient_trace.export.spill import append_lines, open_for_append, write_whole
 
 __all__ = [
     "CallableSink",
@@ -171,7 +171,6 @@ class FileSink:
         self.gzip = self.path.name.endswith(".gz")
         self._gzip: gzip.GzipFile | None = None
         self._appended = DropBehind()  # live: the appended file leaves the page cache as it grows
-        self._torn = False  # live: a write the disk held only part of left a line without its newline
 
     def write(self, batch: SpanBatch) -> None:
         from plasmient_trace.export.otlp_json import encode_jsonl_lines, write_jsonl
@@ -179,7 +178,7 @@ class FileSink:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.append:
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                fd = open_for_append(self.path)
                 try:
                     # Line by line as they are encoded: one trace (step) in memory at a time, each
                     # line still one write.
@@ -188,7 +187,7 @@ class FileSink:
                             write_whole(fd, gzip.compress(line if line.endswith(b"\n") else line + b"\n",
                                                           compresslevel=_GZIP_LEVEL, mtime=0))
                         else:
-                            self._append_line(fd, line)
+                            append_lines(fd, (line,))
                         self.lines += 1
                     self._appended.follow(fd)
                 finally:
@@ -200,22 +199,6 @@ class FileSink:
         except OSError as err:
             self.close(commit=False)
             raise _output_failed(self.path, err) from None
-
-    def _append_line(self, fd: int, line: bytes) -> None:
-        """One line, one write. A write a full disk cut short leaves part of a line: it is ended with a newline
-        (now, or before the next line once the disk has room), so the next trace's line is a line of its own,
-        not glued to it, and readers leave out the one cut short instead of refusing the file."""
-        data = line if line.endswith(b"\n") else line + b"\n"
-        try:
-            write_whole(fd, b"\n" + data if self._torn else data)
-        except ShortWrite:
-            self._torn = True
-            try:
-                self._torn = os.write(fd, b"\n") != 1
-            except OSError:
-                pass
-            raise
-        self._torn = False
 
     def close(self, commit: bool = True) -> None:
         """Ingest: move the written file into place (commit) or remove it. Nothing written: nothing to do,

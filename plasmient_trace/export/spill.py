@@ -40,7 +40,8 @@ from plasmient_trace.held_signals import HeldSignals
 from plasmient_trace.memory import cyclic_gc_paused
 from plasmient_trace.messages import say_error
 
-__all__ = ["SIGNALS", "ShortWrite", "SpillDir", "SpillFull", "append_lines", "default_spill_dir", "replay", "register", "write_whole"]
+__all__ = ["SIGNALS", "ShortWrite", "SpillDir", "SpillFull", "append_lines", "default_spill_dir", "open_for_append", "replay",
+           "register", "write_whole"]
 
 SIGNALS = ("traces", "metrics")
 DEFAULT_MAX_BYTES = 1024 * 1024 * 1024
@@ -52,20 +53,58 @@ class SpillFull(OSError):
 
 
 class ShortWrite(OSError):
-    """A write that took only part of its data (a full disk): ``written`` bytes of it are in the file."""
+    """A write that took only part of its data (a full disk): a line cut short is in the file."""
 
     def __init__(self, written: int, size: int) -> None:
         super().__init__(f"short write ({written} of {size} bytes): disk full?")
-        self.written = written
 
 
 def append_lines(fd: int, lines: Iterable[bytes]) -> int:
     """Append each line with one ``write`` (O_APPEND: concurrent writers never interleave within a
-    line, however long); returns the bytes written. A short write (disk full) raises OSError."""
+    line, however long); returns the bytes written. A short write (disk full) raises OSError.
+
+    A line a full disk cut short is ended with a newline, then or before the next line appended to the
+    file (by any writer, once the disk has room), so the next line is whole and a reader leaves out only
+    the one cut short: glued to it, the next trace's line was lost too, and `plasmient report` refused
+    the whole live file."""
     total = 0
     for line in lines:
-        total += write_whole(fd, line if line.endswith(b"\n") else line + b"\n")
+        data = line if line.endswith(b"\n") else line + b"\n"
+        try:
+            total += write_whole(fd, b"\n" + data if _ends_mid_line(fd) else data)
+        except ShortWrite:
+            try:
+                os.write(fd, b"\n")
+            except OSError:
+                pass  # still full: the next append ends it
+            raise
     return total
+
+
+def open_for_append(path: str | os.PathLike[str]) -> int:
+    """A descriptor appending to ``path`` (created if absent). A regular file's can also read the file's last
+    byte, so ``append_lines`` sees a line a full disk cut short; what is not one (a FIFO, /dev/null) is opened
+    write-only as before (read-write, a FIFO would not wait for its reader), as is a file that may not be read."""
+    write_only = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return os.open(path, write_only, 0o644)
+    except FileNotFoundError:
+        pass  # created as a regular file below
+    try:
+        return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    except PermissionError:
+        return os.open(path, write_only, 0o644)
+
+
+def _ends_mid_line(fd: int) -> bool:
+    """Whether the file's last byte is not a newline (a line a full disk cut short); False for an empty file
+    and for what is not a regular file (stderr's pipe or terminal)."""
+    try:
+        size = os.fstat(fd).st_size
+        return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+    except OSError:
+        return False
 
 
 def write_whole(fd: int, data: bytes) -> int:
@@ -136,7 +175,7 @@ class SpillDir:
         lock = self._lock(fcntl.LOCK_SH)
         try:
             live = self.live(signal_name)
-            fd = os.open(live, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = open_for_append(live)
             try:
                 written = append_lines(fd, lines)
                 os.fsync(fd)
