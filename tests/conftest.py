@@ -257,3 +257,36 @@ def cli_with_file_size_limit(limit_bytes: int, *args: str) -> list[str]:
             f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit_bytes}, {limit_bytes})); "
             "sys.argv = ['plasmient', *sys.argv[1:]]; runpy.run_module('plasmient_trace.cli', run_name='__main__')")
     return [sys.executable, "-c", code, *args]
+
+
+class NearlyFullDisk:
+    """``os.write`` of the spill and file sinks on a disk with ``free`` bytes left: a write past them is cut
+    short there, one with none left fails with ENOSPC; ``full = False`` is the disk with room again."""
+
+    def __init__(self, free: int) -> None:
+        self.free, self.full = free, True
+        self._write = os.write
+
+    def write(self, fd: int, data: bytes) -> int:
+        import errno
+
+        if not self.full:
+            return self._write(fd, data)
+        if self.free == 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        n = self._write(fd, data[:self.free])
+        self.free -= n
+        return n
+
+
+@pytest.fixture
+def nearly_full_disk(monkeypatch):
+    """Call with the bytes the disk has left; os.write is the disk's until the test ends."""
+    import plasmient_trace.export.spill as spill
+
+    def fill(free: int) -> NearlyFullDisk:
+        disk = NearlyFullDisk(free)
+        monkeypatch.setattr(spill.os, "write", disk.write)
+        return disk
+
+    return fill

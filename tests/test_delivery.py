@@ -735,30 +735,17 @@ def test_the_loss_at_exit_counts_trace_spans_once_and_names_the_metrics_apart(mo
     assert line.endswith("2264 span(s) of traces and the step metrics of 3491 span(s) could not be delivered nor spilled")
 
 
-def test_a_live_line_a_full_disk_cut_short_leaves_every_other_trace_readable(tmp_path: Path, monkeypatch) -> None:
+def test_a_live_line_a_full_disk_cut_short_leaves_every_other_trace_readable(tmp_path: Path, nearly_full_disk) -> None:
     """Live, the file grows a line per trace. A write the disk could hold only part of left that part without
     its newline and the job went on; once the disk had room again the next trace's line was glued to it, and
     `plasmient report` refused the whole file ("t.jsonl:1: not valid JSON"), every trace in it lost, not the
     one cut short."""
-    import plasmient_trace.export.spill as spill
-
-    real_write, disk = os.write, {"free": 600, "full": True}
-
-    def a_nearly_full_disk(fd: int, data: bytes) -> int:
-        if not disk["full"]:
-            return real_write(fd, data)
-        if disk["free"] == 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        n = real_write(fd, data[:disk["free"]])
-        disk["free"] -= n
-        return n
-
     path = tmp_path / "t.jsonl"
     sink = FileSink(path, append=True)
-    monkeypatch.setattr(spill.os, "write", a_nearly_full_disk)
+    disk = nearly_full_disk(600)
     with pytest.raises(OutputError, match="short write"):
         sink.write(small_batch())  # the first trace's line is cut at 600 bytes
-    disk["full"] = False  # another job's checkpoint is removed
+    disk.full = False  # another job's checkpoint is removed
     sink.write(small_batch())
     notes: list[str] = []
     whole = read_jsonl(path, notes=notes)

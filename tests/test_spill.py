@@ -355,28 +355,13 @@ def test_a_line_resumed_under_another_request_size_is_sent_whole_not_cut(tmp_pat
     assert len(keys) == len(batch)
 
 
-def test_a_spilled_line_a_full_disk_cut_short_is_ended_before_the_next_one(tmp_path: Path, monkeypatch) -> None:
+def test_a_spilled_line_a_full_disk_cut_short_is_ended_before_the_next_one(tmp_path: Path, nearly_full_disk) -> None:
     """The spill appends as the live file does: a line the disk held only part of is ended with a newline
     before the next line, once there is room, so that line is whole and replay sends it."""
-    import errno
-
-    import plasmient_trace.export.spill as spill_module
-
-    real_write, disk = os.write, {"free": 10, "full": True}
-
-    def a_nearly_full_disk(fd: int, data: bytes) -> int:
-        if not disk["full"]:
-            return real_write(fd, data)
-        if disk["free"] == 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        n = real_write(fd, data[:disk["free"]])
-        disk["free"] -= n
-        return n
-
     spill = SpillDir(tmp_path / "spill")
-    monkeypatch.setattr(spill_module.os, "write", a_nearly_full_disk)
+    disk = nearly_full_disk(10)
     with pytest.raises(OSError, match="short write"):
         spill.append("traces", [b'{"resourceSpans": []}'])
-    disk["full"] = False
+    disk.full = False
     spill.append("traces", [b'{"resourceSpans": [1]}'])
     assert spill.live("traces").read_bytes().splitlines() == [b'{"resource', b'{"resourceSpans": [1]}']
