@@ -13,6 +13,8 @@ the one before):
   full        capture with every step at full depth (modules + ops), ops through the native
               RecordFunction observer (the default op hook)
   full-dispatch  the same with PLASMIENT_OP_HOOK=dispatch (the Python TorchDispatchMode fallback)
+  sampled+process, full+process  sampled and full with PLASMIENT_WORKER=process: the stitch and delivery
+              in an interpreter of their own (its CPU, as it reports it per batch, is added to "process")
   profiler    torch.profiler(activities=[CPU], record_shapes=True) around the steps, recording only
   profiler+   the same plus its share of the processing at exit (``key_averages()``), which a user
               pays before seeing anything: the like-for-like comparison with a capture that delivers
@@ -71,7 +73,8 @@ from plasmient_trace.capture.session import CaptureConfig, CaptureSession  # noq
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time, "process": time.process_time}
 # session.stats counted per configuration, in the order printed
 STEP_COUNTS = ("steps_full", "samples_held", "steps_deferred", "steps_dropped")
-CONFIGS = ("base", "step-level", "step-level+api", "sampled", "full", "full-dispatch", "profiler", "profiler+")
+CONFIGS = ("base", "step-level", "step-level+api", "sampled", "sampled+process", "full", "full+process", "full-dispatch",
+           "profiler", "profiler+")
 CAPTURE_CONFIGS = tuple(c for c in CONFIGS if c not in ("base", "profiler", "profiler+"))
 MODELS = {
     "tiny": {},
@@ -112,10 +115,14 @@ def run_capture(model, opt, data, n: int, every: int, out_dir: str, tally: Count
         # call, so its signature is its own, and step 1 is the first with the boundary-opened signature)
         steps(model, opt, data, 2)
         session.flush(60)
+        child = session.batch_process
+        child_cpu = child.cpu_s if child is not None else 0.0
         with Clocks() as c:
             steps(model, opt, data, n)
             loop_wall = time.perf_counter() - c.t0["wall"]
             session.flush(60)
+        if child is not None:  # the batch process's CPU is the capture's too
+            c.spent["process"] += child.cpu_s - child_cpu
         tally.update({k: session.stats[k] for k in STEP_COUNTS})
         tally["steps_full"] -= 2  # steps 0 and 1 are not timed
         return {**c.spent, "loop": loop_wall}
@@ -176,9 +183,12 @@ def main(argv: list[str] | None = None) -> dict:
         if native.load() is None:  # build outside the timed runs; without it "full" would be dispatch
             sys.exit(f"native op observer unavailable: {native.failure()}")
         always = {"PLASMIENT_CUPTI_API": "always"}
+        process = {"PLASMIENT_WORKER": "process"}
         runs = [("base", None, None, None), ("step-level", 10**9, "native", None),
                 ("step-level+api", 10**9, "native", always), ("sampled", 10, "native", None),
-                ("full", 1, "native", None), ("full-dispatch", 1, "dispatch", None), ("profiler", None, None, None)]
+                ("sampled+process", 10, "native", process), ("full", 1, "native", None),
+                ("full+process", 1, "native", process), ("full-dispatch", 1, "dispatch", None),
+                ("profiler", None, None, None)]
         runs = [r for r in runs if r[0] in chosen]
         for r in range(args.rounds):
             # Each round starts at the next configuration: whatever the one before leaves behind (a profiler's

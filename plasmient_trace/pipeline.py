@@ -60,6 +60,9 @@ class IngestOptions:
     extra_resource: dict[str, Any] = field(default_factory=dict)
     # Spec used when a rank ran on the CPU only (live capture calibrates one; offline traces leave it unknown).
     cpu_spec: Any = None
+    # The threads cpu_spec was calibrated with (its cache entry, should an op show the peak too low); None: this
+    # process's torch threads. A live job's batch process has no torch of its own: the job's count comes along.
+    cpu_threads: int | None = None
     # Trace of the CUDA/HIP graph capture a single replay input replays (None: look for execution_details.json).
     graph_capture: str | Path | None = None
     # Processes that parse the input files (one file per rank); 1 = in this process.
@@ -155,6 +158,7 @@ def rank_input(records: RecordSet, options: IngestOptions, notes: list[str] | No
     if records.kernels.num_rows == 0 and options.cpu_spec is not None:
         # A calibrated CPU peak that a recorded op beat by more than 5% is wrong: raise it (said once, as a note).
         options.cpu_spec = hardware.raise_cpu_peak(options.cpu_spec, _observed_cpu_rates(records, costs),
+                                                   threads=options.cpu_threads,
                                                    say=(notes.append if notes is not None else lambda _: None))
     inp = RankInput(
         records=records, spec=resolve_device(records, options),

@@ -18,7 +18,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..conventions import SpanBatch
-from ..metrics.cpu_peak import cpu_price_per_hour
 from ..records import RecordSet, table_from_columns
 from . import distributed
 from .config import say_once
@@ -40,7 +39,7 @@ class BatchMemory:
 
 def record_set(session: CaptureSession, items: list[StepCapture]) -> RecordSet:
     """What the steps captured, as the record tables offline ingest fills from a trace file."""
-    from .op_tables import modules_table
+    from .packed_tables import modules_table
 
     rs = RecordSet(devices=list(session.sources.devices), resource=dict(session.resource), source=session.sources.label())
     rs.steps = table_from_columns("steps", {
@@ -112,7 +111,7 @@ def process(session: CaptureSession, items: list[StepCapture]) -> SpanBatch:
     options = IngestOptions(job_id=session.job_id, peak_tflops=session.config.peak_tflops, gpu_price=session.config.gpu_price,
                             service_name=session.config.service_name, full_depth_steps=full, step_facts=facts,
                             cpu_spec=session.sources.cpu_spec_for_stitch(lambda: session.closed),
-                            cpu_price=None if session.sources.on_gpu else cpu_price_per_hour(),
+                            cpu_price=session.sources.cpu_price_per_hour(), cpu_threads=session.sources.cpu_threads(),
                             # each rank stitches alone: its share of the trace's span budget; the fleet and
                             # node spans are built from every rank's summaries (distributed.coordinate)
                             world_size=distributed.world_size(), top_spans=not multi_rank)

@@ -226,6 +226,18 @@ class LiveSources:
                                          "machine is otherwise idle): steps exported meanwhile carry no MFU")
         return self.cpu_spec
 
+    def cpu_threads(self) -> int:
+        """The job's torch threads, which its CPU peak was calibrated with."""
+        from ..metrics.cpu_peak_cache import torch_threads
+
+        return torch_threads()
+
+    def cpu_price_per_hour(self) -> float | None:
+        """USD an hour of a CPU-only job's threads (None on a GPU, whose price is the device's)."""
+        from ..metrics.cpu_peak import cpu_price_per_hour
+
+        return None if self.on_gpu else cpu_price_per_hour()
+
     # ---- per batch (worker thread)
     def take_cupti(self, cutoff_ns: int) -> dict[str, pa.Table] | None:
         """Every record CUPTI holds now, parsed at once (one pass of numpy work per batch), less those of

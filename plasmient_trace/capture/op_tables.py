@@ -120,17 +120,6 @@ def ops_table(ops: list[tuple], pid: int, epoch_offset_ns: int, with_external_id
     return table_from_columns("ops", cols)
 
 
-def modules_table(records: list[tuple], pid: int, epoch_offset_ns: int) -> pa.Table:
-    if not records:
-        return table_from_columns("modules", {})
-    tid, t0, t1, name = zip(*records)
-    return table_from_columns("modules", {
-        "pid": [pid] * len(records), "tid": list(tid),
-        "start_ns": [t + epoch_offset_ns for t in t0], "end_ns": [t + epoch_offset_ns for t in t1],
-        "name": list(name), "phase": ["forward"] * len(records),
-    })
-
-
 def epoch_offset_ns() -> int:
     """perf_counter_ns + offset = Unix epoch ns (perf_counter is monotonic, so spans never run backwards)."""
     import time

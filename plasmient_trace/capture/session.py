@@ -33,7 +33,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from . import autostart, batches, distributed, signature, step_hooks
+from . import autostart, batch_process, batches, distributed, signature, step_hooks
 from .budget import FullDepthBudget
 from .inductor_kernels import InductorKernelNames, frames_compiled as _frames_compiled
 from .live_sources import LiveSources
@@ -44,7 +44,9 @@ from .config import (
     build_delivery,
     default_out_path,
     notice,
+    report_delivery,
     say_once,
+    say_where,
 )
 
 __all__ = ["CaptureConfig", "CaptureSession", "StepCapture", "build_delivery", "default_out_path", "say_once"]
@@ -86,6 +88,9 @@ PRE_RECORD_MAX_OPS = 256
 # It is spent whole only where an async op stays open past a full step's end (a collective the job waits for
 # in a later step), at most once per full-depth step.
 ASYNC_OP_WAIT_S = 0.05
+
+_MULTI_RANK_KEEPS_THREAD = ("PLASMIENT_WORKER=process: a multi-rank job keeps the worker thread (its fleet spans "
+                            "need the process group)")
 
 _STEP_NAMES = {"optimizer": "optimizer.step#{n}", "profiler": "ProfilerStep#{n}", "explicit": "step#{n}"}
 
@@ -133,7 +138,9 @@ class CaptureSession:
         self._step_start = 0
         self._step_thread: int | None = None
         self._mode_entered = False
-        self.worker = StepWorker(self.config, self._handle_batch)
+        self.worker = StepWorker(self.config, self._handle_batch, prepare=self._prepare_worker)
+        self.batch_process: batch_process.BatchProcess | None = None  # PLASMIENT_WORKER=process
+        self._batch_lock = threading.Lock()  # the batching thread's and close()'s turns with the batch process
         self.memory = batches.BatchMemory()  # what each batch leaves the next (worker thread)
         self._lock = threading.RLock()
         self.signatures = signature.StepSignatures(self.config.max_signatures)  # training thread only
@@ -193,12 +200,9 @@ class CaptureSession:
         self.modules.install()
         self.inductor_kernels.install()
         step_hooks.install(self, torch)
-        self.delivery = build_delivery(cfg, self.resource, self._exporters)
-        for sink in self.delivery.local + self.delivery.remote:
-            what = "traces" if not hasattr(sink, "signal") else sink.signal
-            notice(f"where-{sink.name}-{what}", f"tracing job {self.job_id!r}: writing {what} to {sink.name}")
-        if not (self.delivery.local or self.delivery.remote):
-            notice("no-exporter", "OTEL_TRACES_EXPORTER=none: traces are captured but not exported")
+        if not self._wants_batch_process():
+            self.delivery = build_delivery(cfg, self.resource, self._exporters)
+            say_where(self.delivery, self.job_id)
         self.worker.start()
         self.started = True
 
@@ -237,10 +241,18 @@ class CaptureSession:
                 say_once("flush-timeout", f"{self.worker.unfinished()} step(s) still being traced after "
                                           f"{timeout:g}s at exit were not written (PLASMIENT_FLUSH_TIMEOUT_S)")
             self.worker.stop()
+            # What the network has not taken by the deadline goes to the spill directory.
+            if self.batch_process is not None:
+                # not while the batching thread still waits for a batch (a flush that timed out): the child
+                # then sees the pipe close at exit and delivers what it has by itself
+                if self._batch_lock.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+                    try:
+                        self.batch_process.close(max(deadline - time.monotonic(), 0.0))
+                    finally:
+                        self._batch_lock.release()
             if self.delivery is not None:
-                # What the network has not taken by the deadline goes to the spill directory.
                 self.delivery.shutdown(max(deadline - time.monotonic(), 0.0))
-                self._report_delivery()
+                report_delivery(self.delivery.stats)
             self.sources.stop()
         except Exception as err:
             self._fail("close", err)
@@ -265,16 +277,6 @@ class CaptureSession:
                 self.sources.ops.__exit__(None, None, None)
         except Exception:
             pass
-
-    def _report_delivery(self) -> None:
-        # An outage was reported when it began (with the spill directory); only a loss is news here.
-        stats = self.delivery.stats
-        if sum(stats.dropped.values()):
-            # per signal: a metrics line carries the same spans as its trace line, so a sum counted them twice
-            # (5,755 "spans" lost of the 3,491 a job made)
-            lost = [f"{n} span(s) of traces" if signal == "traces" else f"the step metrics of {n} span(s)"
-                    for signal, n in sorted(stats.dropped.items(), key=lambda kv: kv[0] != "traces") if n]
-            say_once("delivery-dropped", f"{' and '.join(lost)} could not be delivered nor spilled")
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until every queued step is exported (True) or ``timeout`` passes (False)."""
@@ -595,9 +597,81 @@ class CaptureSession:
             self.sources.ops.__exit__(None, None, None)
 
     # ---- worker thread
+    def _wants_batch_process(self) -> bool:
+        """PLASMIENT_WORKER=process, where the child can do all the batches' work: not with exporters given
+        in-process, nor in a multi-rank job, whose fleet spans need its process group."""
+        if self.config.worker != "process" or self._exporters is not None:
+            return False
+        try:
+            ranks = int(self.config.environ.get("WORLD_SIZE") or 1)
+        except ValueError:
+            ranks = 1
+        if ranks > 1 or self._multi_rank():
+            notice("worker-thread", _MULTI_RANK_KEEPS_THREAD)
+            return False
+        return True
+
+    def _multi_rank(self) -> bool:
+        return distributed.active()
+
+    def _prepare_worker(self) -> None:
+        """On the batching thread as it starts: the batch process, or else this process's own delivery."""
+        if self.delivery is not None or self.closed:
+            return
+        try:
+            child = batch_process.BatchProcess()
+            child.start(self.config, self.resource)
+            self.batch_process = child
+            if self.closed:  # the job closed the capture while the child started: no batch will come
+                child.close(0.0)
+                self.batch_process = None
+        except Exception as err:
+            say_once("batch-process", f"PLASMIENT_WORKER=process: the batch process could not start "
+                                      f"({type(err).__name__}: {err}); steps are stitched in this process")
+            self._back_to_thread()
+
+    def _back_to_thread(self, memory: batches.BatchMemory | None = None) -> None:
+        self.batch_process = None
+        if memory is not None:
+            self.memory.measured, self.memory.preceding, self.memory.last_full = (
+                memory.measured, memory.preceding, memory.last_full)
+        if self.delivery is None:
+            self.delivery = build_delivery(self.config, self.resource, self._exporters)
+
     def _handle_batch(self, items: list[StepCapture]) -> None:
         cpu = time.thread_time()
+        if self.batch_process is not None:
+            with self._batch_lock:
+                if self._batch_in_child(items, cpu):
+                    return
         self.delivery.submit(batches.process(self, items))  # local sinks now, the network in the delivery thread
         self.stats["exported_batches"] += 1
         self.stats["export_errors"] = self.delivery.stats.local_errors
         self._budget.measured(time.thread_time() - cpu, sum(c.full for c in items))
+
+    def _batch_in_child(self, items: list[StepCapture], cpu: float) -> bool:
+        """The batch stitched and delivered by the batch process (True); False when this thread must do it:
+        the child is gone (said once; what it remembered of earlier batches is lost with it, so steps of
+        shapes it measured carry no FLOPs until measured again), or the job became multi-rank."""
+        child = self.batch_process
+        assert child is not None
+        try:
+            if self._multi_rank():
+                memory = child.handover(self.config.flush_timeout_s)
+                notice("worker-thread", _MULTI_RANK_KEEPS_THREAD)
+                self._back_to_thread(memory)
+                return False
+            reply = child.handle(self, items)
+        except batch_process.WorkerGone as err:
+            say_once("batch-process", f"PLASMIENT_WORKER=process: {err}; later steps are stitched in this process, "
+                                      "and steps carry no FLOPs until their shapes are measured again")
+            self._back_to_thread()
+            return False
+        if reply["want_full"]:
+            self.memory.want_full = True
+        self.stats["exported_batches"] += 1
+        self.stats["export_errors"] = reply["local_errors"]
+        self._budget.measured(time.thread_time() - cpu + reply["cpu_s"], sum(c.full for c in items))
+        if reply["error"]:
+            raise RuntimeError(reply["error"])  # the worker says it once, as for a batch of its own
+        return True

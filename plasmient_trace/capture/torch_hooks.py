@@ -13,7 +13,7 @@ Two op recorders with one interface (``__enter__``/``__exit__`` around a full-de
 Both can bracket each op with a CUPTI external correlation id so the kernels it launches join to it
 exactly. Global module hooks see every ``nn.Module.__call__`` without touching the model. On the hot
 path everything only appends records; turning them into Arrow tables (names, JSON shapes, epoch
-timestamps) happens later, off the training thread, in the ``table`` methods / :func:`modules_table`.
+timestamps) happens later, off the training thread, in the ``table`` methods / :func:`.packed_tables.modules_table`.
 
 Backward module spans are not recorded here: the stitcher rebuilds them from the autograd sequence
 number (a backward op carries the sequence number of the forward op that created its node), which
@@ -28,12 +28,10 @@ import weakref
 from time import perf_counter_ns
 from typing import Any, Callable, Iterator
 
-import numpy as np
 import pyarrow as pa
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..records import table_from_columns
 
 _get_native_id = threading.get_native_id
 # True while dynamo traces a frame. The module hooks return at once then: dynamo inlines global
@@ -47,6 +45,7 @@ _Tensor = torch.Tensor
 _SEQ_NONE = 1 << 63  # AccumulateGrad and friends report UINT64_MAX: no forward op
 _NO_OUTPUT = object()  # what _post's output is when torch calls it without kwargs (forward raised)
 
+from .packed_tables import SHAPE_ONLY_OPS, SignatureTable  # noqa: F401 - SHAPE_ONLY_OPS: named here by native.py
 from .op_tables import TENSOR_LIST, ops_table
 
 
@@ -167,24 +166,6 @@ class OpRecorder(TorchDispatchMode):
         return out
 
 
-# Ops that only make a new view or an uninitialised allocation: they launch no kernel on any device and
-# cost no FLOPs, yet are about 40% of what RecordFunction sees in a training step (aten::t ->
-# aten::transpose -> aten::as_strided under every aten::linear). Live capture leaves them out of its
-# op spans (their time stays inside their parent op) unless autograd numbered them; anything they
-# enclose that does work is kept.
-SHAPE_ONLY_OPS = frozenset(f"aten::{n}" for n in (
-    "as_strided", "view", "_unsafe_view", "_reshape_alias", "t", "transpose", "permute", "expand", "expand_as",
-    "view_as", "unsqueeze", "squeeze", "select", "slice", "narrow", "unflatten", "alias", "detach", "lift_fresh",
-    "resolve_conj", "resolve_neg", "empty", "empty_like", "empty_strided", "split", "chunk", "unbind",
-)) | {"detach"}
-
-
-# The packed columns of a native chunk (op_observer.cpp's take()) and their dtypes.
-_NATIVE_COLUMNS = (("start_ns", np.int64), ("end_ns", np.int64), ("tid", np.int64), ("sequence_number", np.int64),
-                   ("fwd_thread_id", np.int64), ("external_id", np.int64), ("signature", np.uint32),
-                   ("scope", np.uint8), ("raised", np.uint8))
-
-
 class NativeOpRecorder:
     """Ops through the native observer (``native.load()``'s module): a global RecordFunction callback
     added when a full-depth step begins and removed when it ends, so other steps cost nothing.
@@ -203,8 +184,7 @@ class NativeOpRecorder:
         self._limit = 0
         self.taken_over = 0  # ops the last take() did not get for the limit
         self._sig_lock = threading.Lock()
-        self._signatures: list[pa.Array] = [pa.array([], pa.string()) for _ in range(4)]
-        self._shape_only = np.zeros(0, bool)
+        self.signatures = SignatureTable(observer.SCOPE_USER)
 
     def __enter__(self) -> "NativeOpRecorder":
         self._obs.start()
@@ -257,40 +237,16 @@ class NativeOpRecorder:
     def next_id(self, value: int) -> None:
         self._obs.set_next_id(int(value))
 
-    def _signature_columns(self) -> list[pa.Array]:
+    def signature_table(self) -> "SignatureTable":
+        """The signatures the observer has numbered so far (fetching those new since the last call)."""
         with self._sig_lock:
-            have = len(self._signatures[0])
-            new = self._obs.signatures(have)
+            new = self._obs.signatures(self.signatures.size)
             if new:
-                cols = list(zip(*new))
-                self._signatures = [pa.concat_arrays([old, pa.array(col, pa.string())])
-                                    for old, col in zip(self._signatures, cols)]
-                self._shape_only = np.concatenate([self._shape_only, [n in SHAPE_ONLY_OPS for n in cols[0]]])
-            return self._signatures
+                self.signatures.extend([list(col) for col in zip(*new)])
+            return self.signatures
 
     def table(self, chunks: list[dict[str, bytes]], pid: int, epoch_offset_ns: int) -> pa.Table:
-        chunks = [c for c in chunks if c and len(c["signature"])]
-        if not chunks:
-            return table_from_columns("ops", {})
-
-        signature_columns = self._signature_columns()
-        col = {name: np.concatenate([np.frombuffer(c[name], dtype) for c in chunks])
-               for name, dtype in _NATIVE_COLUMNS}
-        # one that made an autograd node stays: its sequence number maps the node's backward ops
-        # to their forward module
-        keep = ~self._shape_only[col["signature"]] | (col["sequence_number"] >= 0)
-        col = {name: values[keep] for name, values in col.items()}
-        names, dims, types, concrete = (s.take(pa.array(col["signature"])) for s in signature_columns)
-        seq = col["sequence_number"]
-        return table_from_columns("ops", {
-            "pid": pa.array(np.full(len(seq), pid, np.int64)), "tid": col["tid"],
-            "start_ns": col["start_ns"] + epoch_offset_ns, "end_ns": col["end_ns"] + epoch_offset_ns,
-            "name": names,
-            "category": pa.array(np.where(col["scope"] == self._obs.SCOPE_USER, "user_annotation", "cpu_op")),
-            "sequence_number": pa.array(seq, mask=seq < 0), "fwd_thread_id": col["fwd_thread_id"],
-            "input_dims": dims, "input_types": types, "concrete_inputs": concrete,
-            "external_id": col["external_id"], "raised": col["raised"] != 0,
-        })
+        return self.signature_table().table(chunks, pid, epoch_offset_ns)
 
 
 class ModuleRecorder:

@@ -43,9 +43,11 @@ def _import_processing() -> None:
 class StepWorker:
     """A bounded step queue and the daemon thread that empties it in batches."""
 
-    def __init__(self, config: CaptureConfig, handle: Callable[[list[Any]], None]) -> None:
+    def __init__(self, config: CaptureConfig, handle: Callable[[list[Any]], None],
+                 prepare: Callable[[], None] | None = None) -> None:
         self.config = config
         self._handle = handle
+        self._prepare = prepare  # run first on the thread (it may start a process: not the training thread's time)
         # unbounded as a queue: offer() holds the bounds (full-depth steps apart from the rest)
         self._queue: queue.Queue = queue.Queue()
         self._count_lock = threading.Lock()
@@ -74,7 +76,7 @@ class StepWorker:
                 self._step_depth_waiting += 1
         self._queue.put_nowait(step)
         # Waking the thread for every step costs the training thread a GIL hand-off a step. It is woken by
-        # a full-depth step (counted against max_batch_full_steps) and by a quarter of the queue waiting,
+        # a full-depth step (counted against batch_full_steps()) and by a quarter of the queue waiting,
         # which it moves into its batch (the queue stays far from full and from the backlog at which
         # full-depth steps are put off); otherwise it takes what waits at its interval's end.
         if step.full or self._queue.qsize() >= self._wake_at:
@@ -123,6 +125,11 @@ class StepWorker:
         self._arrived.set()
 
     def _run(self) -> None:
+        if self._prepare is not None:
+            try:
+                self._prepare()
+            except Exception as err:
+                say_once("process", f"the capture's worker could not prepare ({type(err).__name__}: {err})")
         _import_processing()
         stop = False
         while not stop:
@@ -136,7 +143,8 @@ class StepWorker:
             # Step-depth steps are small (a step span and its kernels): up to max_batch_steps of them spread
             # the batch's fixed cost; full-depth ones (every op) are bounded apart, for memory.
             full = int(item.full)
-            while len(items) < self.config.max_batch_steps and full < self.config.max_batch_full_steps:
+            full_steps = self.config.batch_full_steps()
+            while len(items) < self.config.max_batch_steps and full < full_steps:
                 try:
                     nxt = self._queue.get_nowait()  # what is queued goes in, the interval's end included
                 except queue.Empty:

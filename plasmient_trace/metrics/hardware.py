@@ -97,6 +97,13 @@ class GpuSpec:
     link_bandwidth: float | None = None
     link_source: str = ""
 
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        # The peaks are a read-only view, which pickle refuses; a spec crosses to the live capture's batch
+        # process as plain fields and is read-only again there.
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fields["peak"] = dict(self.peak)
+        return _spec_from_fields, (fields,)
+
     def peak_flops(self, dtype: str = "fp32") -> float:
         """Dense peak FLOP/s for a canonical dtype, following the documented fallback chain."""
         if dtype == FAST_FP32 and dtype not in self.peak:
@@ -112,6 +119,10 @@ class GpuSpec:
         """FLOP per byte where the roofline turns from memory- to compute-bound."""
         bw = self.memory_bandwidth
         return self.peak_flops(dtype) / bw if bw and bw > 0 else float("nan")
+
+
+def _spec_from_fields(fields: dict[str, Any]) -> GpuSpec:
+    return GpuSpec(**{**fields, "peak": MappingProxyType(dict(fields["peak"]))})
 
 
 def _spec(model: str, vendor: str, source: str, peak: dict[str, float], bw: float, price: float | None,

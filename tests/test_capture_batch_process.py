@@ -1,0 +1,146 @@
+"""PLASMIENT_WORKER=process: the stitch and delivery of live steps in an interpreter of their own. It writes
+what the worker thread writes, step for step; it never imports torch; the job runs as it does untraced; a
+child that dies hands the steps back to the job's thread, and a job that becomes multi-rank takes back what
+the child remembered."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_capture_never_breaks import STEPS_JOB, _plain, _same_run, _script, _steps, _traced, _warm_cache
+
+from plasmient_trace.export.otlp_json import read_jsonl
+
+__all__ = ["_warm_cache"]  # the autouse fixture that fills the native build cache the jobs share
+
+torch = pytest.importorskip("torch")
+
+
+def _run(out: Path, worker: str, steps: int = 10, every: int = 3, during: Any = None) -> Any:
+    """A live capture of a small model through ``worker``, full depth every ``every``-th step; ``during(session,
+    step)`` runs after each step. Returns the closed session."""
+    from plasmient_trace.capture.session import CaptureConfig, CaptureSession
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    x = torch.randn(32, 64)
+    config = CaptureConfig(out=str(out), every=every, peak_tflops=1.0, gpu_price=3.6, job_id="batch-process",
+                           worker=worker, op_hook="native", environ={})
+    session = CaptureSession(config).start()
+    try:
+        for i in range(steps):
+            with session.step():
+                model.zero_grad(set_to_none=True)
+                model(x).pow(2).mean().backward()
+            if during is not None:
+                during(session, i)
+    finally:
+        session.close(timeout=60)
+    return session
+
+
+def _per_step(path: Path) -> dict[int, dict[str, Any]]:
+    """Per step: its span names by level, and the step span's FLOPs, their source and the step's depth."""
+    rows = read_jsonl(path).table.to_pylist()
+    out: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        step = out.setdefault(r["plasmient.step"], {"names": []})
+        step["names"].append((r["plasmient.level"], r["name"]))
+        if r["plasmient.level"] == "step":
+            step.update(flops=r["plasmient.flops"], source=r["plasmient.flops.source"])
+    for step in out.values():
+        step["names"].sort()
+    return out
+
+
+def test_the_batch_process_writes_what_the_worker_thread_writes_and_never_imports_torch(tmp_path: Path) -> None:
+    from plasmient_trace.capture import native
+
+    if native.load() is None:
+        pytest.skip(f"native op observer unavailable: {native.failure()}")
+    libraries: list[str] = []
+
+    def look_at_the_child(session: Any, step: int) -> None:
+        if step == 4 and session.batch_process is not None:  # the child has stitched batches by now
+            session.flush(60)
+            maps = Path(f"/proc/{session.batch_process.pid}/maps")
+            if maps.exists():
+                libraries.append(maps.read_text())
+
+    _run(tmp_path / "thread.jsonl", "thread")
+    child = _run(tmp_path / "process.jsonl", "process", during=look_at_the_child)
+    assert child.stats["steps_dropped"] == 0 and not child.failed
+    assert child.batch_process is not None  # no fallback to the thread happened
+    expected = _per_step(tmp_path / "thread.jsonl")
+    got = _per_step(tmp_path / "process.jsonl")
+    assert sorted(got) == list(range(10))
+    assert got == expected
+    # steps 0, 3, 6, 9 measured, the rest carried from what the child remembered between batches
+    assert {s: v["source"] for s, v in got.items()} == {
+        s: "measured" if s % 3 == 0 else "carried" for s in range(10)}
+    assert all(v["flops"] > 0 for v in got.values())
+    if libraries:  # Linux: the child's mapped libraries; it never loaded torch (1-2 s and hundreds of MB)
+        assert "libtorch" not in libraries[0] and "numpy" in libraries[0]
+
+
+def test_a_batch_process_that_dies_hands_the_later_steps_to_the_job_s_thread(tmp_path: Path,
+                                                                              capfd: pytest.CaptureFixture) -> None:
+    def kill_the_child(session: Any, step: int) -> None:
+        if step == 3:
+            session.flush(60)
+            os.kill(session.batch_process.pid, signal.SIGKILL)
+            session.batch_process._proc.wait(30)
+
+    session = _run(tmp_path / "t.jsonl", "process", during=kill_the_child)
+    assert session.batch_process is None and session.delivery is not None
+    steps = _per_step(tmp_path / "t.jsonl")
+    assert _steps(tmp_path / "t.jsonl") == list(range(10))  # nothing lost, nothing written twice
+    # what the child measured died with it: step 4 and 5 carry nothing, step 6 is measured again, 7 and 8 carry
+    sources = {s: v["source"] for s, v in steps.items()}
+    assert sources == {0: "measured", 1: "carried", 2: "carried", 3: "measured", 4: "unknown", 5: "unknown",
+                       6: "measured", 7: "carried", 8: "carried", 9: "measured"}
+    err = capfd.readouterr().err
+    assert err.count("PLASMIENT_WORKER=process: the batch process ended (exit status -9); later steps are "
+                     "stitched in this process") == 1, err
+
+
+def test_a_job_that_becomes_multi_rank_takes_back_what_the_batch_process_remembered(tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fleet spans of a multi-rank job need its process group, which only the job's process holds: at the
+    first batch that finds one, the child delivers what it holds, hands back the carried FLOPs and ends."""
+    from plasmient_trace.capture.session import CaptureSession
+
+    handed: list[bool] = []
+
+    def become_multi_rank(session: Any, step: int) -> None:
+        if step == 4:
+            session.flush(60)
+            monkeypatch.setattr(CaptureSession, "_multi_rank", lambda self: True)
+            handed.append(True)
+
+    session = _run(tmp_path / "t.jsonl", "process", during=become_multi_rank)
+    assert handed and session.batch_process is None
+    steps = _per_step(tmp_path / "t.jsonl")
+    assert _steps(tmp_path / "t.jsonl") == list(range(10))
+    # steps 5, 7 and 8 carry what the child measured at steps 3 and 6: nothing was forgotten at the hand-over
+    assert all(steps[s]["source"] == "carried" and steps[s]["flops"] == steps[3]["flops"] for s in (5, 7, 8))
+
+
+def test_a_multi_rank_job_keeps_the_worker_thread() -> None:
+    from plasmient_trace.capture.session import CaptureConfig, CaptureSession
+
+    session = CaptureSession(CaptureConfig(worker="process", environ={"WORLD_SIZE": "2"}))
+    assert not session._wants_batch_process()
+    assert CaptureSession(CaptureConfig(worker="process", environ={"WORLD_SIZE": "1"}))._wants_batch_process()
+
+
+def test_a_job_traced_through_the_batch_process_runs_as_it_does_untraced(tmp_path: Path) -> None:
+    script = _script(tmp_path, "steps.py", STEPS_JOB)
+    plain = _plain(tmp_path, script, "12", "0")
+    traced = _traced(tmp_path, script, "12", "0", PLASMIENT_WORKER="process", PLASMIENT_EVERY="2")
+    _same_run(plain, traced)  # exit status, stdout and stderr byte for byte: the child prints nothing of its own
+    assert _steps(tmp_path / "t.jsonl") == list(range(12))
