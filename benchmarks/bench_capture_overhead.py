@@ -12,9 +12,11 @@ the one before):
               the background work under PLASMIENT_OVERHEAD = 2% of wall time)
   full        capture with every step at full depth (modules + ops), ops through the native
               RecordFunction observer (the default op hook)
+  (the capture configurations stitch and deliver in the batch process, PLASMIENT_WORKER=process, the
+  default; its CPU, as it reports it per batch, is added to "process")
   full-dispatch  the same with PLASMIENT_OP_HOOK=dispatch (the Python TorchDispatchMode fallback)
-  sampled+process, full+process  sampled and full with PLASMIENT_WORKER=process: the stitch and delivery
-              in an interpreter of their own (its CPU, as it reports it per batch, is added to "process")
+  sampled+thread, full+thread  sampled and full with PLASMIENT_WORKER=thread: the stitch and delivery on a
+              thread of the training process, under the GIL the training thread needs
   profiler    torch.profiler(activities=[CPU], record_shapes=True) around the steps, recording only
   profiler+   the same plus its share of the processing at exit (``key_averages()``), which a user
               pays before seeing anything: the like-for-like comparison with a capture that delivers
@@ -73,7 +75,7 @@ from plasmient_trace.capture.session import CaptureConfig, CaptureSession  # noq
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time, "process": time.process_time}
 # session.stats counted per configuration, in the order printed
 STEP_COUNTS = ("steps_full", "samples_held", "steps_deferred", "steps_dropped")
-CONFIGS = ("base", "step-level", "step-level+api", "sampled", "sampled+process", "full", "full+process", "full-dispatch",
+CONFIGS = ("base", "step-level", "step-level+api", "sampled", "sampled+thread", "full", "full+thread", "full-dispatch",
            "profiler", "profiler+")
 CAPTURE_CONFIGS = tuple(c for c in CONFIGS if c not in ("base", "profiler", "profiler+"))
 MODELS = {
@@ -183,11 +185,11 @@ def main(argv: list[str] | None = None) -> dict:
         if native.load() is None:  # build outside the timed runs; without it "full" would be dispatch
             sys.exit(f"native op observer unavailable: {native.failure()}")
         always = {"PLASMIENT_CUPTI_API": "always"}
-        process = {"PLASMIENT_WORKER": "process"}
+        thread = {"PLASMIENT_WORKER": "thread"}
         runs = [("base", None, None, None), ("step-level", 10**9, "native", None),
                 ("step-level+api", 10**9, "native", always), ("sampled", 10, "native", None),
-                ("sampled+process", 10, "native", process), ("full", 1, "native", None),
-                ("full+process", 1, "native", process), ("full-dispatch", 1, "dispatch", None),
+                ("sampled+thread", 10, "native", thread), ("full", 1, "native", None),
+                ("full+thread", 1, "native", thread), ("full-dispatch", 1, "dispatch", None),
                 ("profiler", None, None, None)]
         runs = [r for r in runs if r[0] in chosen]
         for r in range(args.rounds):

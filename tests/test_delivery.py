@@ -722,15 +722,11 @@ def test_a_batch_that_fails_part_way_spills_only_the_traces_the_collector_did_no
 def test_the_loss_at_exit_counts_trace_spans_once_and_names_the_metrics_apart(monkeypatch, capsys) -> None:
     # A full spill dropped 2,264 trace spans and the metrics of 3,491: the line said "5755 span(s) could not be
     # delivered nor spilled", more than the 3,491 spans the job made (a metrics line holds its trace's spans).
-    from types import SimpleNamespace
-
     from plasmient_trace.capture import config as config_mod
-    from plasmient_trace.capture.session import CaptureSession
     from plasmient_trace.export.delivery import DeliveryStats
 
     monkeypatch.setattr(config_mod, "_said", set())
-    stats = DeliveryStats(dropped={"metrics": 3491, "traces": 2264})
-    CaptureSession._report_delivery(SimpleNamespace(delivery=SimpleNamespace(stats=stats)))
+    config_mod.report_delivery(DeliveryStats(dropped={"metrics": 3491, "traces": 2264}))
     (line,) = capsys.readouterr().err.splitlines()
     assert line.endswith("2264 span(s) of traces and the step metrics of 3491 span(s) could not be delivered nor spilled")
 

@@ -135,10 +135,10 @@ class CaptureConfig:
                             observer, built once in the background, the dispatch hook until it is
                             ready), native (build it now, before the first step), dispatch (the
                             Python TorchDispatchMode only)
-    PLASMIENT_WORKER        where finished steps are stitched and delivered: thread (default: a thread of
-                            the job's process) or process (an interpreter of its own, fed each batch over
-                            a pipe, so the stitch does not hold the training thread's GIL; single-process
-                            jobs: a multi-rank job's fleet spans need its process group, so it keeps the thread)
+    PLASMIENT_WORKER        where finished steps are stitched and delivered: process (default: an interpreter
+                            of its own, fed each batch over a socket, so the stitch does not hold the
+                            training thread's GIL; a multi-rank job keeps the thread, as its fleet spans
+                            need its process group) or thread (a thread of the job's process)
     PLASMIENT_EXPORT_INTERVAL_S  how long finished steps are batched before one stitch+export (2 s; a
                             batch also closes at 256 steps or 32 full-depth ones)
     PLASMIENT_FLUSH_TIMEOUT_S    the most the job waits at exit (or SIGTERM) for queued steps (5 s)
@@ -168,7 +168,7 @@ class CaptureConfig:
     cupti_api_always: bool = False  # PLASMIENT_CUPTI_API=always: launches recorded on step-depth steps too
     nvml: bool = True
     op_hook: str = "auto"  # auto | native | dispatch (PLASMIENT_OP_HOOK)
-    worker: str = "thread"  # thread | process (PLASMIENT_WORKER)
+    worker: str = "process"  # process | thread (PLASMIENT_WORKER)
     # Steps waiting for the worker: full-depth ones hold every op of the step (the memory this bounds); a
     # step-depth one is a few hundred bytes, so many more may wait. With one bound of 64 for both, a loop of
     # 0.4 ms steps lost 474 of 1,000 while the worker stitched a batch.
@@ -217,7 +217,7 @@ class CaptureConfig:
             cupti_api_always=_env_choice(env, "PLASMIENT_CUPTI_API", ("full", "always")) == "always",
             nvml=env.get("PLASMIENT_NVML", "1") not in ("0", "false", "no"),
             op_hook=(env.get("PLASMIENT_OP_HOOK") or "auto").strip().lower(),
-            worker=_env_choice(env, "PLASMIENT_WORKER", ("thread", "process")),
+            worker=_env_choice(env, "PLASMIENT_WORKER", ("process", "thread")),
             flush_timeout_s=_env_float(env, "PLASMIENT_FLUSH_TIMEOUT_S") or 5.0,
             export_interval_s=_env_float(env, "PLASMIENT_EXPORT_INTERVAL_S") or 2.0,
             environ=env,

@@ -141,6 +141,7 @@ class CaptureSession:
         self.worker = StepWorker(self.config, self._handle_batch, prepare=self._prepare_worker)
         self.batch_process: batch_process.BatchProcess | None = None  # PLASMIENT_WORKER=process
         self._batch_lock = threading.Lock()  # the batching thread's and close()'s turns with the batch process
+        self._first_step = threading.Event()  # set when a step first begins, or at close: the batch process starts
         self.memory = batches.BatchMemory()  # what each batch leaves the next (worker thread)
         self._lock = threading.RLock()
         self.signatures = signature.StepSignatures(self.config.max_signatures)  # training thread only
@@ -212,6 +213,7 @@ class CaptureSession:
             self.closed = True
             return
         self.closed = True
+        self._first_step.set()  # a batching thread still waiting to start the batch process: it need not now
         # The job ran its model but never ended a step: the open one is dropped, and the user is told why.
         never_ended = self._open and self.stats["steps"] == 0 and not self.failed
         try:
@@ -397,6 +399,7 @@ class CaptureSession:
         """Open a step at ``now``: at a boundary, or (``at_call``) at its first module call, whose signature is
         then its own (``signature.OPENED_AT_CALL``): what ran before that call is in no step."""
         if self.sources.devices_pending:
+            self._first_step.set()  # the batch process starts beside the first step (its setup is not the job's)
             self._detect_devices()  # CUPTI and NVML start here, the first time: up to seconds
             now = perf_counter_ns()  # the step starts when our setup is done: that time is not the job's
         if self.sources.native_pending:
@@ -615,20 +618,29 @@ class CaptureSession:
         return distributed.active()
 
     def _prepare_worker(self) -> None:
-        """On the batching thread as it starts: the batch process, or else this process's own delivery."""
-        if self.delivery is not None or self.closed:
+        """On the batching thread, when the first step begins (while it runs, before its batch is due): the
+        batch process, or else this process's own delivery. Not at start: a process that runs no step (a
+        spawned DataLoader worker, whose capture closes at its first module call) starts no interpreter."""
+        if self.delivery is not None:
+            return
+        self._first_step.wait()
+        if self._nothing_to_stitch():
             return
         try:
             child = batch_process.BatchProcess()
             child.start(self.config, self.resource)
             self.batch_process = child
-            if self.closed:  # the job closed the capture while the child started: no batch will come
+            if self._nothing_to_stitch():  # the job closed the capture while the child started, with no step queued
                 child.close(0.0)
                 self.batch_process = None
         except Exception as err:
             say_once("batch-process", f"PLASMIENT_WORKER=process: the batch process could not start "
                                       f"({type(err).__name__}: {err}); steps are stitched in this process")
             self._back_to_thread()
+
+    def _nothing_to_stitch(self) -> bool:
+        """Closed with no step queued (a step still open at close is dropped): none will come."""
+        return self.closed and self.worker.unfinished() == 0
 
     def _back_to_thread(self, memory: batches.BatchMemory | None = None) -> None:
         self.batch_process = None
@@ -644,6 +656,8 @@ class CaptureSession:
             with self._batch_lock:
                 if self._batch_in_child(items, cpu):
                     return
+        if self.delivery is None:  # a batch after the job closed with nothing queued (not expected): still written
+            self._back_to_thread()
         self.delivery.submit(batches.process(self, items))  # local sinks now, the network in the delivery thread
         self.stats["exported_batches"] += 1
         self.stats["export_errors"] = self.delivery.stats.local_errors
