@@ -1,7 +1,8 @@
-"""PLASMIENT_WORKER=process: the stitch and delivery of live steps in an interpreter of their own. It writes
-what the worker thread writes, step for step; it never imports torch; the job runs as it does untraced; a
+"""The batch process (PLASMIENT_WORKER=process, the default): the stitch and delivery of live steps in an
+interpreter of their own. It writes what the worker thread writes, step for step, and never imports torch; a
 child that dies hands the steps back to the job's thread, and a job that becomes multi-rank takes back what
-the child remembered."""
+the child remembered. That the job runs as it does untraced, signals and outages included, is
+test_capture_never_breaks.py's and its neighbours', whose jobs run with the default worker."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_capture_never_breaks import STEPS_JOB, _plain, _same_run, _script, _steps, _traced, _warm_cache
+from test_capture_never_breaks import _steps, _warm_cache
 
 from plasmient_trace.export.otlp_json import read_jsonl
 
@@ -138,9 +139,24 @@ def test_a_multi_rank_job_keeps_the_worker_thread() -> None:
     assert CaptureSession(CaptureConfig(worker="process", environ={"WORLD_SIZE": "1"}))._wants_batch_process()
 
 
-def test_a_job_traced_through_the_batch_process_runs_as_it_does_untraced(tmp_path: Path) -> None:
-    script = _script(tmp_path, "steps.py", STEPS_JOB)
-    plain = _plain(tmp_path, script, "12", "0")
-    traced = _traced(tmp_path, script, "12", "0", PLASMIENT_WORKER="process", PLASMIENT_EVERY="2")
-    _same_run(plain, traced)  # exit status, stdout and stderr byte for byte: the child prints nothing of its own
-    assert _steps(tmp_path / "t.jsonl") == list(range(12))
+def test_a_relative_out_file_is_where_the_job_started_though_it_changed_directory(tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hydra moves a job into its run directory after `import torch` started the capture: the thread's file was
+    opened where the job started, and the batch process, started at the first step, must write there too."""
+    from plasmient_trace.capture.session import CaptureConfig, CaptureSession
+
+    (tmp_path / "started").mkdir()
+    (tmp_path / "moved").mkdir()
+    monkeypatch.chdir(tmp_path / "started")
+    session = CaptureSession(CaptureConfig(out="t.jsonl", peak_tflops=1.0, job_id="cwd", environ={})).start()
+    try:
+        os.chdir(tmp_path / "moved")
+        model = torch.nn.Linear(8, 8)
+        for _ in range(3):
+            with session.step():
+                model(torch.randn(4, 8)).sum().backward()
+    finally:
+        session.close(timeout=60)
+    assert session.batch_process is not None
+    assert _steps(tmp_path / "started" / "t.jsonl") == [0, 1, 2]
+    assert not (tmp_path / "moved" / "t.jsonl").exists()

@@ -92,8 +92,9 @@ class BatchProcess:
         self._sent_signatures: dict[int, int] = {}  # recorder key -> signatures the child has
         self.cpu_s = 0.0  # the child's CPU time, as it reports it
 
-    def start(self, config: Any, resource: dict[str, Any]) -> None:
-        """Start the child and send it what it builds the delivery from (it answers at the first batch)."""
+    def start(self, config: Any, resource: dict[str, Any], cwd: str | None = None) -> None:
+        """Start the child in ``cwd`` and send it what it builds the delivery from (it answers at the first
+        batch)."""
         import plasmient_trace
 
         ours, theirs = socket.socketpair()
@@ -105,7 +106,7 @@ class BatchProcess:
         try:
             self._proc = subprocess.Popen([sys.executable, "-m", "plasmient_trace.capture.batch_process",
                                            str(theirs.fileno())],
-                                          stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), env=env)
+                                          stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), env=env, cwd=cwd)
         except BaseException:
             ours.close()
             raise

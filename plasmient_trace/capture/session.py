@@ -190,6 +190,12 @@ class CaptureSession:
             cfg.service_name = str(service)
         self._epoch = op_tables.epoch_offset_ns()
         self._pid = os.getpid()
+        # A relative PLASMIENT_OUT (and the default traces.jsonl) is where the job started, as the thread's
+        # delivery, built now, opens it; a job that changes directory later (Hydra's run dir) does not move it.
+        try:
+            self._start_cwd: str | None = os.getcwd()
+        except OSError:  # started in a directory since removed: the child starts where it can
+            self._start_cwd = None
 
         self.resource["plasmient.source"] = self.sources.label()
         self.sources.choose_op_recorder()
@@ -628,7 +634,7 @@ class CaptureSession:
             return
         try:
             child = batch_process.BatchProcess()
-            child.start(self.config, self.resource)
+            child.start(self.config, self.resource, cwd=self._start_cwd)
             self.batch_process = child
             if self._nothing_to_stitch():  # the job closed the capture while the child started, with no step queued
                 child.close(0.0)
