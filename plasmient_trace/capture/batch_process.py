@@ -34,6 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _HEADER = struct.Struct("<Q")
+# Linux's flag; where there is none (macOS) a job that restored SIGPIPE's default action could die of a write to
+# a dead child, as it could of any broken pipe of its own.
+_NO_SIGPIPE = getattr(socket, "MSG_NOSIGNAL", 0)
 # A ready child answers a batch within its stitch time; one that does not answer at all has died (EOF) or
 # wedged. The first answer includes the child's imports (pyarrow, numpy: about a second, more on a loaded
 # machine).
@@ -60,7 +63,7 @@ class Parcel:
 
 def _send(sock: socket.socket, message: Any) -> None:
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    sock.sendall(_HEADER.pack(len(data)) + data, socket.MSG_NOSIGNAL)
+    sock.sendall(_HEADER.pack(len(data)) + data, _NO_SIGPIPE)
 
 
 def _read_exactly(sock: socket.socket, n: int) -> bytearray:

@@ -682,9 +682,12 @@ class CaptureSession:
                 self._back_to_thread(memory)
                 return False
             reply = child.handle(self, items)
-        except batch_process.WorkerGone as err:
-            say_once("batch-process", f"PLASMIENT_WORKER=process: {err}; later steps are stitched in this process, "
+        except Exception as err:  # gone, or a failure of our own on the way to it: either way the thread takes over
+            why = err if isinstance(err, batch_process.WorkerGone) else f"{type(err).__name__}: {err}"
+            say_once("batch-process", f"PLASMIENT_WORKER=process: {why}; later steps are stitched in this process, "
                                       "and steps carry no FLOPs until their shapes are measured again")
+            if not isinstance(err, batch_process.WorkerGone):
+                self.batch_process.close(0.0)
             self._back_to_thread()
             return False
         if reply["want_full"]:
