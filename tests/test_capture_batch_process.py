@@ -21,6 +21,14 @@ __all__ = ["_warm_cache"]  # the autouse fixture that fills the native build cac
 torch = pytest.importorskip("torch")
 
 
+@pytest.fixture(autouse=True)
+def _say_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """say_once's memory is the test process's: each test here reads the lines its own session says."""
+    from plasmient_trace.capture import config as config_mod
+
+    monkeypatch.setattr(config_mod, "_said", set())
+
+
 def _run(out: Path, worker: str, steps: int = 10, every: int = 3, during: Any = None) -> Any:
     """A live capture of a small model through ``worker``, full depth every ``every``-th step; ``during(session,
     step)`` runs after each step. Returns the closed session."""
@@ -160,3 +168,51 @@ def test_a_relative_out_file_is_where_the_job_started_though_it_changed_director
     assert session.batch_process is not None
     assert _steps(tmp_path / "started" / "t.jsonl") == [0, 1, 2]
     assert not (tmp_path / "moved" / "t.jsonl").exists()
+
+
+def test_a_wedged_batch_process_is_killed_and_the_thread_takes_its_steps(tmp_path: Path, capfd: pytest.CaptureFixture,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child that stops answering (here stopped by SIGSTOP) must not hold the batching thread for good: past
+    the reply bound it is killed, said once, and the batch it held is stitched on the thread."""
+    from plasmient_trace.capture import batch_process
+
+    monkeypatch.setattr(batch_process, "_REPLY_WAIT_S", 1.0)
+    stopped: list[Any] = []
+
+    def stop_the_child(session: Any, step: int) -> None:
+        if step == 3:
+            session.flush(60)
+            stopped.append(session.batch_process._proc)
+            os.kill(session.batch_process.pid, signal.SIGSTOP)
+
+    session = _run(tmp_path / "t.jsonl", "process", during=stop_the_child)
+    assert session.batch_process is None
+    assert stopped[0].wait(30) == -signal.SIGKILL
+    assert _steps(tmp_path / "t.jsonl") == list(range(10))
+    err = capfd.readouterr().err
+    assert err.count("PLASMIENT_WORKER=process: the batch process did not answer within 1s") == 1, err
+
+
+def test_a_process_that_runs_no_step_starts_no_batch_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torchrun agent imports torch (so `plasmient run` traces it) and runs no step: it started a child at its
+    exit, whose "ready" it never read, and the child printed a ConnectionResetError traceback. (The exit's stop
+    sentinel in the step queue read as a step to stitch.) A step opened at a module call and never ended starts
+    the child, which the close then ends."""
+    from plasmient_trace.capture import batch_process
+    from plasmient_trace.capture.session import CaptureConfig, CaptureSession
+
+    started: list[int] = []
+    real_start = batch_process.BatchProcess.start
+    monkeypatch.setattr(batch_process.BatchProcess, "start",
+                        lambda self, *a, **k: (started.append(1), real_start(self, *a, **k))[1])
+    session = CaptureSession(CaptureConfig(job_id="no-step", environ={})).start()
+    session.close(timeout=30)
+    session.worker._thread.join(30)
+    assert started == [] and session.batch_process is None
+
+    session = CaptureSession(CaptureConfig(job_id="no-step", environ={})).start()
+    torch.nn.Linear(2, 2)(torch.ones(1, 2))  # a module call opens a step, which never ends
+    session.close(timeout=30)
+    session.worker._thread.join(30)
+    child = session.batch_process
+    assert child is None or child._proc.wait(30) == 0  # not started, or started and ended by the close

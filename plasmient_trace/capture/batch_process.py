@@ -37,10 +37,12 @@ _HEADER = struct.Struct("<Q")
 # Linux's flag; where there is none (macOS) a job that restored SIGPIPE's default action could die of a write to
 # a dead child, as it could of any broken pipe of its own.
 _NO_SIGPIPE = getattr(socket, "MSG_NOSIGNAL", 0)
-# A ready child answers a batch within its stitch time; one that does not answer at all has died (EOF) or
-# wedged. The first answer includes the child's imports (pyarrow, numpy: about a second, more on a loaded
-# machine).
+# A ready child answers a batch within its stitch time (a fraction of a second for 8 full-depth steps of the tiny
+# transformer); the first answer includes its imports (pyarrow, numpy: about a second, more on a loaded
+# machine). One that answers within neither bound is wedged: it is killed and the thread takes over, so the
+# batching thread never waits on it for good (a dead one closes the socket, which ends the wait at once).
 _START_WAIT_S = 60.0
+_REPLY_WAIT_S = 300.0
 PREBUILT = "prebuilt"  # ops chunk already an Arrow table (the dispatch hook's records hold torch objects)
 
 
@@ -122,7 +124,7 @@ class BatchProcess:
         """Send a batch, wait for its stitch and delivery; the child's reply (``want_full``, ``cpu_s``,
         ``local_errors``, ``error``). :class:`WorkerGone` when the child is not there to answer."""
         parcel = self._parcel(session, items)
-        reply = self._call(("batch", parcel))
+        reply = self._call(("batch", parcel), kill_when_late=True)
         self.cpu_s += reply.get("cpu_s", 0.0)
         return reply
 
@@ -172,19 +174,21 @@ class BatchProcess:
                 pass
         return WorkerGone(f"the batch process ended ({f'exit status {code}' if code is not None else type(err).__name__})")
 
-    def _call(self, message: Any, wait_s: float | None = None) -> Any:
+    def _call(self, message: Any, wait_s: float | None = None, kill_when_late: bool = False) -> Any:
         import select
 
         self._call_nowait(message)
         sock = self._sock
         assert sock is not None
-        wait = wait_s if wait_s is not None else (None if self._ready else _START_WAIT_S)
+        wait = wait_s if wait_s is not None else (_REPLY_WAIT_S if self._ready else _START_WAIT_S)
         try:
             while True:
-                if wait is not None:
-                    readable, _, _ = select.select([sock], [], [], wait)
-                    if not readable:
-                        raise WorkerGone(f"the batch process did not answer within {wait:g}s")
+                readable, _, _ = select.select([sock], [], [], wait)
+                if not readable:
+                    if kill_when_late and self._proc is not None:
+                        self._proc.kill()
+                        self._end(5.0)
+                    raise WorkerGone(f"the batch process did not answer within {wait:g}s")
                 reply = _receive(sock)
                 if reply[0] == "ready":
                     self._ready = True
@@ -317,7 +321,8 @@ def _serve(parent: socket.socket) -> int:
     while True:
         try:
             kind, body = _receive(parent)
-        except EOFError:  # the job ended without a close: deliver what arrived, within the usual flush time
+        except (EOFError, OSError):  # the job ended without a close (a reset if it left our "ready" unread):
+            # deliver what arrived, within the usual flush time
             delivery.shutdown(config.flush_timeout_s)
             config_mod.report_delivery(delivery.stats)
             return 0
@@ -351,8 +356,14 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, signal.SIG_IGN)
     try:
         return _serve(socket.socket(fileno=int(argv[0])))
-    except (EOFError, BrokenPipeError):
+    except (EOFError, OSError):
         return 0  # the job ended before the first batch, or stopped reading
+    except Exception as err:  # never a traceback in the job's stderr: one line, as the job's side says its own
+        from .config import say_once
+
+        say_once("batch-process-failed", f"the batch process failed ({type(err).__name__}: {err}); the job's "
+                                         "steps from its last batch on are stitched in the job's process")
+        return 1
 
 
 if __name__ == "__main__":

@@ -645,8 +645,10 @@ class CaptureSession:
             self._back_to_thread()
 
     def _nothing_to_stitch(self) -> bool:
-        """Closed with no step queued (a step still open at close is dropped): none will come."""
-        return self.closed and self.worker.unfinished() == 0
+        """Closed with no step queued (a step still open at close is dropped): none will come. Counted from the
+        steps offered, not the queue, which holds the stop's sentinel (a torchrun agent, which imports torch and
+        runs no step, started a child at its exit)."""
+        return self.closed and self.stats["steps"] == self.stats["steps_dropped"]
 
     def _back_to_thread(self, memory: batches.BatchMemory | None = None) -> None:
         self.batch_process = None
