@@ -134,21 +134,22 @@ def test_plasmient_trace_1_traces_every_optimizer_step(hooked_python, env, tmp_p
 def test_opentelemetry_instrument_finds_our_instrumentor(env, tmp_path):
     out = tmp_path / "decode.jsonl"
     e = dict(env, PLASMIENT_OUT=str(out), PLASMIENT_EVERY="1", OTEL_SERVICE_NAME="decode-demo")
-    run([str(BIN / "opentelemetry-instrument"), sys.executable, str(EXAMPLES / "decode_vs_gemm.py"), "--steps", "2"], e, tmp_path)
+    run([str(BIN / "opentelemetry-instrument"), sys.executable, str(EXAMPLES / "decode_vs_gemm.py"), "--steps", "3"], e, tmp_path)
     traces = spans_by_trace(out)
-    assert len(traces) == 4  # 2 decode steps + 2 GEMM steps, explicit `with step():`
+    assert len(traces) == 6  # 3 decode steps + 3 GEMM steps, explicit `with step():`
     steps = sorted((step_span(t) for t in traces), key=lambda s: s["attrs"]["plasmient.step"])
-    decode, gemm = steps[:2], steps[2:]
+    decode, gemm = steps[:3], steps[3:]
     doc = orjson.loads(out.read_bytes().splitlines()[0])
     services = {a["value"]["stringValue"] for rs in doc["resourceSpans"] for a in rs["resource"]["attributes"] if a["key"] == "service.name"}
     assert services == {"decode-demo"}
     # Both keep the device busy; the decode loop does far less useful math per busy second. (On a CPU,
-    # util is op time over wall time: 0.88 for the GEMM loop on a 2-core machine running other jobs. The first
-    # decode step is left out: the capture's start shares it, the batch process importing pyarrow on the other
-    # core, which two test workers already keep busy; it read 0.35 there once.)
+    # util is op time over wall time: 0.88 for the GEMM loop on a 2-core machine running other jobs. Only the
+    # last decode step is held to it: the first ones share the capture's start, the batch process importing
+    # pyarrow (0.8 s of CPU) on the other core, which two test workers already keep busy: util 0.35 and 0.46
+    # there, and with a busy loop beside the test, 0.44-0.49, which rightly reads as "idle" bound.)
     assert min(s["attrs"]["plasmient.util.resident"] for s in gemm) > 0.75
-    assert decode[1]["attrs"]["plasmient.util.resident"] > 0.5
-    assert all(s["attrs"]["plasmient.bound"] == "memory" for s in decode)
+    assert decode[-1]["attrs"]["plasmient.util.resident"] > 0.5
+    assert decode[-1]["attrs"]["plasmient.bound"] == "memory"
     ratio = min(s["attrs"]["plasmient.mfu"] for s in gemm) / max(s["attrs"]["plasmient.mfu"] for s in decode)
     assert ratio > 2, ratio
     # A culprit wasted something: a GEMM at or above the baseline MFU (its op spans' own MFU) is none.
