@@ -62,7 +62,9 @@ def test_env_variable_selects_the_kineto_fallback():
 def test_full_depth_steps_carry_the_profilers_ops_under_the_module_spans(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setenv("PLASMIENT_VERBOSE", "1")  # which source runs is news, not a failure: said when asked
-    config = CaptureConfig.from_env({"PLASMIENT_CUPTI": "kineto"}, every=3, peak_tflops=0.05, job_id="kineto-job")
+    # PLASMIENT_EVERY as a user sets it: a rate of its own, without the default budget, which held step 3 back
+    # once the first batch's cost was measured on a loaded machine
+    config = CaptureConfig.from_env({"PLASMIENT_CUPTI": "kineto", "PLASMIENT_EVERY": "3"}, peak_tflops=0.05, job_id="kineto-job")
     session, rows, _ = _train(config, steps=4)
     assert capsys.readouterr().err.count("PLASMIENT_CUPTI=kineto") == 1
     assert not list(tmp_path.glob("plasmient-kineto-*"))  # each step's exported trace is removed once read
@@ -108,7 +110,7 @@ def test_starting_torch_profiler_is_not_charged_to_the_step_it_profiles(monkeypa
         started.append(time.time_ns())
 
     monkeypatch.setattr(kineto_fallback.KinetoCollector, "start_step", slow_start)
-    config = CaptureConfig.from_env({"PLASMIENT_CUPTI": "kineto"}, every=1, peak_tflops=0.05, job_id="k4")
+    config = CaptureConfig.from_env({"PLASMIENT_CUPTI": "kineto", "PLASMIENT_EVERY": "1"}, peak_tflops=0.05, job_id="k4")
     session, rows, _ = _train(config, steps=3)
     steps = sorted((r for r in rows if r["plasmient.level"] == "step"), key=lambda r: r["start_ns"])
     assert len(steps) == 3 and all(r["plasmient.sampled_depth"] == "full" for r in steps)
@@ -119,7 +121,7 @@ def test_starting_torch_profiler_is_not_charged_to_the_step_it_profiles(monkeypa
 
 def test_ops_come_from_the_profiler_not_the_dispatch_hooks(monkeypatch):
     # Were the dispatch hooks still recording, their ops would be in the step too (twice the addmms).
-    config = CaptureConfig.from_env({"PLASMIENT_CUPTI": "kineto"}, every=1, peak_tflops=0.05, job_id="k2")
+    config = CaptureConfig.from_env({"PLASMIENT_CUPTI": "kineto", "PLASMIENT_EVERY": "1"}, peak_tflops=0.05, job_id="k2")
     _, kineto_rows, _ = _train(config, steps=2)
     plain = CaptureConfig(every=1, peak_tflops=0.05, job_id="k3", environ={})
     _, plain_rows, _ = _train(plain, steps=2)
@@ -162,7 +164,7 @@ def test_cupti_unavailable_on_a_gpu_falls_back_to_kineto_once(monkeypatch, capsy
 
 @pytest.mark.parametrize("op_hook", ["dispatch", "native"])
 def test_the_jobs_own_profiler_makes_ours_stand_aside_without_breaking_it(capsys, op_hook, native_observer):
-    config = CaptureConfig.from_env({"PLASMIENT_CUPTI": "kineto", "PLASMIENT_OP_HOOK": op_hook}, every=1,
+    config = CaptureConfig.from_env({"PLASMIENT_CUPTI": "kineto", "PLASMIENT_OP_HOOK": op_hook, "PLASMIENT_EVERY": "1"},
                                     peak_tflops=0.05, job_id="user-prof")
     session, rows, user = _train(config, user_profiler=True)
     err = capsys.readouterr().err
@@ -184,7 +186,7 @@ def test_the_jobs_own_profiler_makes_ours_stand_aside_without_breaking_it(capsys
 def test_the_fallback_resumes_after_the_jobs_profiler_stops(capsys):
     sink = Collect()
     # the dispatch hook, which cannot see record_function scopes: they mark the steps ours profiled
-    config = CaptureConfig.from_env({"PLASMIENT_CUPTI": "kineto", "PLASMIENT_OP_HOOK": "dispatch"}, every=1,
+    config = CaptureConfig.from_env({"PLASMIENT_CUPTI": "kineto", "PLASMIENT_OP_HOOK": "dispatch", "PLASMIENT_EVERY": "1"},
                                     peak_tflops=0.05, job_id="resume")
     session = CaptureSession(config, exporters=[("memory", sink)]).start()
     try:
