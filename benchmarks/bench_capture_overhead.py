@@ -117,7 +117,7 @@ def run_capture(model, opt, data, n: int, every: int, out_dir: str, tally: Count
         # call, so its signature is its own, and step 1 is the first with the boundary-opened signature)
         steps(model, opt, data, 2)
         session.flush(60)
-        child = session.batch_process
+        child = session.route.child
         child_cpu = child.cpu_s if child is not None else 0.0
         with Clocks() as c:
             steps(model, opt, data, n)

@@ -74,16 +74,16 @@ def test_the_batch_process_writes_what_the_worker_thread_writes_and_never_import
     libraries: list[str] = []
 
     def look_at_the_child(session: Any, step: int) -> None:
-        if step == 4 and session.batch_process is not None:  # the child has stitched batches by now
+        if step == 4 and session.route.child is not None:  # the child has stitched batches by now
             session.flush(60)
-            maps = Path(f"/proc/{session.batch_process.pid}/maps")
+            maps = Path(f"/proc/{session.route.child.pid}/maps")
             if maps.exists():
                 libraries.append(maps.read_text())
 
     _run(tmp_path / "thread.jsonl", "thread")
     child = _run(tmp_path / "process.jsonl", "process", during=look_at_the_child)
     assert child.stats["steps_dropped"] == 0 and not child.failed
-    assert child.batch_process is not None  # no fallback to the thread happened
+    assert child.route.child is not None  # no fallback to the thread happened
     expected = _per_step(tmp_path / "thread.jsonl")
     got = _per_step(tmp_path / "process.jsonl")
     assert sorted(got) == list(range(10))
@@ -101,11 +101,11 @@ def test_a_batch_process_that_dies_hands_the_later_steps_to_the_job_s_thread(tmp
     def kill_the_child(session: Any, step: int) -> None:
         if step == 3:
             session.flush(60)
-            os.kill(session.batch_process.pid, signal.SIGKILL)
-            session.batch_process._proc.wait(30)
+            os.kill(session.route.child.pid, signal.SIGKILL)
+            session.route.child._proc.wait(30)
 
     session = _run(tmp_path / "t.jsonl", "process", during=kill_the_child)
-    assert session.batch_process is None and session.delivery is not None
+    assert session.route.child is None and session.route.delivery is not None
     steps = _per_step(tmp_path / "t.jsonl")
     assert _steps(tmp_path / "t.jsonl") == list(range(10))  # nothing lost, nothing written twice
     # what the child measured died with it: step 4 and 5 carry nothing, step 6 is measured again, 7 and 8 carry
@@ -121,18 +121,18 @@ def test_a_job_that_becomes_multi_rank_takes_back_what_the_batch_process_remembe
                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The fleet spans of a multi-rank job need its process group, which only the job's process holds: at the
     first batch that finds one, the child delivers what it holds, hands back the carried FLOPs and ends."""
-    from plasmient_trace.capture.session import CaptureSession
+    from plasmient_trace.capture.batch_route import BatchRoute
 
     handed: list[bool] = []
 
     def become_multi_rank(session: Any, step: int) -> None:
         if step == 4:
             session.flush(60)
-            monkeypatch.setattr(CaptureSession, "_multi_rank", lambda self: True)
+            monkeypatch.setattr(BatchRoute, "multi_rank", lambda self: True)
             handed.append(True)
 
     session = _run(tmp_path / "t.jsonl", "process", during=become_multi_rank)
-    assert handed and session.batch_process is None
+    assert handed and session.route.child is None
     steps = _per_step(tmp_path / "t.jsonl")
     assert _steps(tmp_path / "t.jsonl") == list(range(10))
     # steps 5, 7 and 8 carry what the child measured at steps 3 and 6: nothing was forgotten at the hand-over
@@ -143,8 +143,8 @@ def test_a_multi_rank_job_keeps_the_worker_thread() -> None:
     from plasmient_trace.capture.session import CaptureConfig, CaptureSession
 
     session = CaptureSession(CaptureConfig(worker="process", environ={"WORLD_SIZE": "2"}))
-    assert not session._wants_batch_process()
-    assert CaptureSession(CaptureConfig(worker="process", environ={"WORLD_SIZE": "1"}))._wants_batch_process()
+    assert not session.route.wants_child()
+    assert CaptureSession(CaptureConfig(worker="process", environ={"WORLD_SIZE": "1"})).route.wants_child()
 
 
 def test_a_relative_out_file_is_where_the_job_started_though_it_changed_directory(tmp_path: Path,
@@ -165,7 +165,7 @@ def test_a_relative_out_file_is_where_the_job_started_though_it_changed_director
                 model(torch.randn(4, 8)).sum().backward()
     finally:
         session.close(timeout=60)
-    assert session.batch_process is not None
+    assert session.route.child is not None
     assert _steps(tmp_path / "started" / "t.jsonl") == [0, 1, 2]
     assert not (tmp_path / "moved" / "t.jsonl").exists()
 
@@ -182,11 +182,11 @@ def test_a_wedged_batch_process_is_killed_and_the_thread_takes_its_steps(tmp_pat
     def stop_the_child(session: Any, step: int) -> None:
         if step == 3:
             session.flush(60)
-            stopped.append(session.batch_process._proc)
-            os.kill(session.batch_process.pid, signal.SIGSTOP)
+            stopped.append(session.route.child._proc)
+            os.kill(session.route.child.pid, signal.SIGSTOP)
 
     session = _run(tmp_path / "t.jsonl", "process", during=stop_the_child)
-    assert session.batch_process is None
+    assert session.route.child is None
     assert stopped[0].wait(30) == -signal.SIGKILL
     assert _steps(tmp_path / "t.jsonl") == list(range(10))
     err = capfd.readouterr().err
@@ -208,11 +208,11 @@ def test_a_process_that_runs_no_step_starts_no_batch_process(monkeypatch: pytest
     session = CaptureSession(CaptureConfig(job_id="no-step", environ={})).start()
     session.close(timeout=30)
     session.worker._thread.join(30)
-    assert started == [] and session.batch_process is None
+    assert started == [] and session.route.child is None
 
     session = CaptureSession(CaptureConfig(job_id="no-step", environ={})).start()
     torch.nn.Linear(2, 2)(torch.ones(1, 2))  # a module call opens a step, which never ends
     session.close(timeout=30)
     session.worker._thread.join(30)
-    child = session.batch_process
+    child = session.route.child
     assert child is None or child._proc.wait(30) == 0  # not started, or started and ended by the close

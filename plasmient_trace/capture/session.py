@@ -33,7 +33,8 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from . import autostart, batch_process, batches, distributed, signature, step_hooks
+from . import autostart, batches, distributed, signature, step_hooks
+from .batch_route import BatchRoute
 from .budget import FullDepthBudget
 from .inductor_kernels import InductorKernelNames, frames_compiled as _frames_compiled
 from .live_sources import LiveSources
@@ -43,10 +44,7 @@ from .config import (
     Exporter,
     build_delivery,
     default_out_path,
-    notice,
-    report_delivery,
     say_once,
-    say_where,
 )
 
 __all__ = ["CaptureConfig", "CaptureSession", "StepCapture", "build_delivery", "default_out_path", "say_once"]
@@ -89,9 +87,6 @@ PRE_RECORD_MAX_OPS = 256
 # in a later step), at most once per full-depth step.
 ASYNC_OP_WAIT_S = 0.05
 
-_MULTI_RANK_KEEPS_THREAD = ("PLASMIENT_WORKER=process: a multi-rank job keeps the worker thread (its fleet spans "
-                            "need the process group)")
-
 _STEP_NAMES = {"optimizer": "optimizer.step#{n}", "profiler": "ProfilerStep#{n}", "explicit": "step#{n}"}
 
 
@@ -116,7 +111,6 @@ class CaptureSession:
     def __init__(self, config: CaptureConfig | None = None, exporters: list[tuple[str, Exporter]] | None = None) -> None:
         self.config = config or CaptureConfig.from_env()
         self._exporters = exporters
-        self.delivery: Any = None
         self.started = False
         self.closed = False
         self.failed = False
@@ -138,10 +132,8 @@ class CaptureSession:
         self._step_start = 0
         self._step_thread: int | None = None
         self._mode_entered = False
-        self.worker = StepWorker(self.config, self._handle_batch, prepare=self._prepare_worker)
-        self.batch_process: batch_process.BatchProcess | None = None  # PLASMIENT_WORKER=process
-        self._batch_lock = threading.Lock()  # the batching thread's and close()'s turns with the batch process
-        self._first_step = threading.Event()  # set when a step first begins, or at close: the batch process starts
+        self.route = BatchRoute(self)  # the batch process, or this process's own stitch and delivery
+        self.worker = StepWorker(self.config, self.route.handle, prepare=self.route.prepare)
         self.memory = batches.BatchMemory()  # what each batch leaves the next (worker thread)
         self._lock = threading.RLock()
         self.signatures = signature.StepSignatures(self.config.max_signatures)  # training thread only
@@ -190,12 +182,6 @@ class CaptureSession:
             cfg.service_name = str(service)
         self._epoch = op_tables.epoch_offset_ns()
         self._pid = os.getpid()
-        # A relative PLASMIENT_OUT (and the default traces.jsonl) is where the job started, as the thread's
-        # delivery, built now, opens it; a job that changes directory later (Hydra's run dir) does not move it.
-        try:
-            self._start_cwd: str | None = os.getcwd()
-        except OSError:  # started in a directory since removed: the child starts where it can
-            self._start_cwd = None
 
         self.resource["plasmient.source"] = self.sources.label()
         self.sources.choose_op_recorder()
@@ -207,9 +193,7 @@ class CaptureSession:
         self.modules.install()
         self.inductor_kernels.install()
         step_hooks.install(self, torch)
-        if not self._wants_batch_process():
-            self.delivery = build_delivery(cfg, self.resource, self._exporters)
-            say_where(self.delivery, self.job_id)
+        self.route.start()
         self.worker.start()
         self.started = True
 
@@ -219,7 +203,7 @@ class CaptureSession:
             self.closed = True
             return
         self.closed = True
-        self._first_step.set()  # a batching thread still waiting to start the batch process: it need not now
+        self.route.first_step.set()  # a batching thread still waiting to start the batch process: it need not now
         # The job ran its model but never ended a step: the open one is dropped, and the user is told why.
         never_ended = self._open and self.stats["steps"] == 0 and not self.failed
         try:
@@ -249,18 +233,7 @@ class CaptureSession:
                 say_once("flush-timeout", f"{self.worker.unfinished()} step(s) still being traced after "
                                           f"{timeout:g}s at exit were not written (PLASMIENT_FLUSH_TIMEOUT_S)")
             self.worker.stop()
-            # What the network has not taken by the deadline goes to the spill directory.
-            if self.batch_process is not None:
-                # not while the batching thread still waits for a batch (a flush that timed out): the child
-                # then sees the pipe close at exit and delivers what it has by itself
-                if self._batch_lock.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
-                    try:
-                        self.batch_process.close(max(deadline - time.monotonic(), 0.0))
-                    finally:
-                        self._batch_lock.release()
-            if self.delivery is not None:
-                self.delivery.shutdown(max(deadline - time.monotonic(), 0.0))
-                report_delivery(self.delivery.stats)
+            self.route.close(deadline)
             self.sources.stop()
         except Exception as err:
             self._fail("close", err)
@@ -405,7 +378,7 @@ class CaptureSession:
         """Open a step at ``now``: at a boundary, or (``at_call``) at its first module call, whose signature is
         then its own (``signature.OPENED_AT_CALL``): what ran before that call is in no step."""
         if self.sources.devices_pending:
-            self._first_step.set()  # the batch process starts beside the first step (its setup is not the job's)
+            self.route.first_step.set()  # the batch process starts beside the first step (its setup is not the job's)
             self._detect_devices()  # CUPTI and NVML start here, the first time: up to seconds
             now = perf_counter_ns()  # the step starts when our setup is done: that time is not the job's
         if self.sources.native_pending:
@@ -604,99 +577,3 @@ class CaptureSession:
         if self._mode_entered:
             self._mode_entered = False
             self.sources.ops.__exit__(None, None, None)
-
-    # ---- worker thread
-    def _wants_batch_process(self) -> bool:
-        """PLASMIENT_WORKER=process, where the child can do all the batches' work: not with exporters given
-        in-process, nor in a multi-rank job, whose fleet spans need its process group."""
-        if self.config.worker != "process" or self._exporters is not None:
-            return False
-        try:
-            ranks = int(self.config.environ.get("WORLD_SIZE") or 1)
-        except ValueError:
-            ranks = 1
-        if ranks > 1 or self._multi_rank():
-            notice("worker-thread", _MULTI_RANK_KEEPS_THREAD)
-            return False
-        return True
-
-    def _multi_rank(self) -> bool:
-        return distributed.active()
-
-    def _prepare_worker(self) -> None:
-        """On the batching thread, when the first step begins (while it runs, before its batch is due): the
-        batch process, or else this process's own delivery. Not at start: a process that runs no step (a
-        spawned DataLoader worker, whose capture closes at its first module call) starts no interpreter."""
-        if self.delivery is not None:
-            return
-        self._first_step.wait()
-        if self._nothing_to_stitch():
-            return
-        try:
-            child = batch_process.BatchProcess()
-            child.start(self.config, self.resource, cwd=self._start_cwd)
-            self.batch_process = child
-            if self._nothing_to_stitch():  # the job closed the capture while the child started, with no step queued
-                child.close(0.0)
-                self.batch_process = None
-        except Exception as err:
-            say_once("batch-process", f"PLASMIENT_WORKER=process: the batch process could not start "
-                                      f"({type(err).__name__}: {err}); steps are stitched in this process")
-            self._back_to_thread()
-
-    def _nothing_to_stitch(self) -> bool:
-        """Closed with no step queued (a step still open at close is dropped): none will come. Counted from the
-        steps offered, not the queue, which holds the stop's sentinel (a torchrun agent, which imports torch and
-        runs no step, started a child at its exit)."""
-        return self.closed and self.stats["steps"] == self.stats["steps_dropped"]
-
-    def _back_to_thread(self, memory: batches.BatchMemory | None = None) -> None:
-        self.batch_process = None
-        if memory is not None:
-            self.memory.measured, self.memory.preceding, self.memory.last_full = (
-                memory.measured, memory.preceding, memory.last_full)
-        if self.delivery is None:
-            self.delivery = build_delivery(self.config, self.resource, self._exporters)
-
-    def _handle_batch(self, items: list[StepCapture]) -> None:
-        cpu = time.thread_time()
-        if self.batch_process is not None:
-            with self._batch_lock:
-                if self._batch_in_child(items, cpu):
-                    return
-        if self.delivery is None:  # a batch after the job closed with nothing queued (not expected): still written
-            self._back_to_thread()
-        self.delivery.submit(batches.process(self, items))  # local sinks now, the network in the delivery thread
-        self.stats["exported_batches"] += 1
-        self.stats["export_errors"] = self.delivery.stats.local_errors
-        self._budget.measured(time.thread_time() - cpu, sum(c.full for c in items))
-
-    def _batch_in_child(self, items: list[StepCapture], cpu: float) -> bool:
-        """The batch stitched and delivered by the batch process (True); False when this thread must do it:
-        the child is gone (said once; what it remembered of earlier batches is lost with it, so steps of
-        shapes it measured carry no FLOPs until measured again), or the job became multi-rank."""
-        child = self.batch_process
-        assert child is not None
-        try:
-            if self._multi_rank():
-                memory = child.handover(self.config.flush_timeout_s)
-                notice("worker-thread", _MULTI_RANK_KEEPS_THREAD)
-                self._back_to_thread(memory)
-                return False
-            reply = child.handle(self, items)
-        except Exception as err:  # gone, or a failure of our own on the way to it: either way the thread takes over
-            why = err if isinstance(err, batch_process.WorkerGone) else f"{type(err).__name__}: {err}"
-            say_once("batch-process", f"PLASMIENT_WORKER=process: {why}; later steps are stitched in this process, "
-                                      "and steps carry no FLOPs until their shapes are measured again")
-            if not isinstance(err, batch_process.WorkerGone):
-                self.batch_process.close(0.0)
-            self._back_to_thread()
-            return False
-        if reply["want_full"]:
-            self.memory.want_full = True
-        self.stats["exported_batches"] += 1
-        self.stats["export_errors"] = reply["local_errors"]
-        self._budget.measured(time.thread_time() - cpu + reply["cpu_s"], sum(c.full for c in items))
-        if reply["error"]:
-            raise RuntimeError(reply["error"])  # the worker says it once, as for a batch of its own
-        return True
