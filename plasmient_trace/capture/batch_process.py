@@ -322,12 +322,9 @@ def _serve(parent: socket.socket) -> int:
         try:
             kind, body = _receive(parent)
         except (EOFError, OSError):  # the job ended without a close (a reset if it left our "ready" unread):
-            # deliver what arrived, within the usual flush time
-            delivery.shutdown(config.flush_timeout_s)
-            config_mod.report_delivery(delivery.stats)
-            return 0
-        cpu = time.process_time()
+            kind, body = "ended", config.flush_timeout_s  # deliver what arrived, within the usual flush time
         if kind == "batch":
+            cpu = time.process_time()
             reply: dict[str, Any] = {"error": None}
             session.memory.want_full = False
             try:
@@ -337,16 +334,15 @@ def _serve(parent: socket.socket) -> int:
             reply.update(want_full=session.memory.want_full, local_errors=delivery.stats.local_errors,
                          cpu_s=time.process_time() - cpu)
             _send(parent, ("done", reply))
-        elif kind == "handover":
-            delivery.shutdown(body)
-            config_mod.report_delivery(delivery.stats)
+            continue
+        # handover, close, or the job's end: deliver what is held within ``body`` seconds, answer, end
+        delivery.shutdown(body)
+        config_mod.report_delivery(delivery.stats)
+        if kind == "handover":
             _send(parent, ("memory", {"memory": session.memory}))
-            return 0
         elif kind == "close":
-            delivery.shutdown(body)
-            config_mod.report_delivery(delivery.stats)
             _send(parent, ("closed", {}))
-            return 0
+        return 0
 
 
 def main(argv: list[str]) -> int:
