@@ -40,8 +40,11 @@ def live_capture(close_timeout: float = 30, **config: Any) -> Iterator[tuple[Any
         session.close(timeout=close_timeout)
 
 
-def sampled_live_run(out: Path, every: int, steps: int = 12) -> Path:
-    """A real live capture of a small model, full depth every `every`-th step, the rest at step depth."""
+def sampled_live_session(out: Path, every: int, steps: int = 12, during: Callable[[Any, int], None] | None = None,
+                         **config: Any) -> Any:
+    """A real live capture of a small model into ``out``, full depth every `every`-th step, the rest at step depth;
+    ``during(session, step)`` runs after each step, ``config`` overrides CaptureConfig's fields. Returns the
+    closed session."""
     import pytest
 
     torch = pytest.importorskip("torch")
@@ -50,15 +53,24 @@ def sampled_live_run(out: Path, every: int, steps: int = 12) -> Path:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
     x = torch.randn(32, 64)
-    session = CaptureSession(CaptureConfig(out=str(out), every=every, peak_tflops=1.0, gpu_price=3.6,
-                                           job_id=f"sampled-{every}", environ={})).start()
+    fields = {"out": str(out), "every": every, "peak_tflops": 1.0, "gpu_price": 3.6, "job_id": f"sampled-{every}",
+              "environ": {}, **config}
+    session = CaptureSession(CaptureConfig(**fields)).start()
     try:
-        for _ in range(steps):
+        for i in range(steps):
             with session.step():
                 model.zero_grad(set_to_none=True)
                 model(x).pow(2).mean().backward()
+            if during is not None:
+                during(session, i)
     finally:
         session.close(timeout=60)
+    return session
+
+
+def sampled_live_run(out: Path, every: int, steps: int = 12) -> Path:
+    """A real live capture of a small model, full depth every `every`-th step, the rest at step depth."""
+    session = sampled_live_session(out, every, steps)
     assert not session.failed and session.stats["steps_dropped"] == 0
     return out
 

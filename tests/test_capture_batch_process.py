@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from capture_helpers import sampled_live_session
 from test_capture_never_breaks import _steps, _warm_cache
 
 from plasmient_trace.export.otlp_json import read_jsonl
@@ -29,31 +30,15 @@ def _say_again(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(config_mod, "_said", set())
 
 
-def _run(out: Path, worker: str, steps: int = 10, every: int = 3, during: Any = None) -> Any:
-    """A live capture of a small model through ``worker``, full depth every ``every``-th step; ``during(session,
-    step)`` runs after each step. Returns the closed session."""
-    from plasmient_trace.capture.session import CaptureConfig, CaptureSession
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
-    x = torch.randn(32, 64)
-    config = CaptureConfig(out=str(out), every=every, peak_tflops=1.0, gpu_price=3.6, job_id="batch-process",
-                           worker=worker, op_hook="native", environ={})
-    session = CaptureSession(config).start()
-    try:
-        for i in range(steps):
-            with session.step():
-                model.zero_grad(set_to_none=True)
-                model(x).pow(2).mean().backward()
-            if during is not None:
-                during(session, i)
-    finally:
-        session.close(timeout=60)
-    return session
+def _run(out: Path, worker: str, during: Any = None) -> Any:
+    """Ten steps of the small model through ``worker``, full depth every third; ``during(session, step)`` runs
+    after each step. Returns the closed session."""
+    return sampled_live_session(out, every=3, steps=10, during=during, job_id="batch-process", worker=worker,
+                                op_hook="native")
 
 
 def _per_step(path: Path) -> dict[int, dict[str, Any]]:
-    """Per step: its span names by level, and the step span's FLOPs, their source and the step's depth."""
+    """Per step: its span names by level, and the step span's FLOPs and their source."""
     rows = read_jsonl(path).table.to_pylist()
     out: dict[int, dict[str, Any]] = {}
     for r in rows:
