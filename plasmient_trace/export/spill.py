@@ -21,12 +21,13 @@ Every line is one ``write`` to an ``O_APPEND`` descriptor. The directory is boun
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import os
 import stat
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,17 +69,40 @@ def append_lines(fd: int, lines: Iterable[bytes]) -> int:
     the one cut short: glued to it, the next trace's line was lost too, and `plasmient report` refused
     the whole live file."""
     total = 0
-    for line in lines:
-        data = line if line.endswith(b"\n") else line + b"\n"
-        try:
-            total += write_whole(fd, b"\n" + data if _ends_mid_line(fd) else data)
-        except ShortWrite:
+    with _appenders_turn(fd):
+        for line in lines:
+            data = line if line.endswith(b"\n") else line + b"\n"
             try:
-                os.write(fd, b"\n")
-            except OSError:
-                pass  # still full: the next append ends it
-            raise
+                total += write_whole(fd, b"\n" + data if _ends_mid_line(fd) else data)
+            except ShortWrite:
+                try:
+                    os.write(fd, b"\n")
+                except OSError:
+                    pass  # still full: the next append ends it
+                raise
     return total
+
+
+@contextlib.contextmanager
+def _appenders_turn(fd: int) -> Iterator[None]:
+    """Other processes appending to the same regular file through here wait while this one reads the file's last
+    byte and appends. Without the turn, a line of theirs still being copied read as one a full disk cut short (a
+    file's size grows page by page as a write copies): three processes appending 300 KB lines left 332-576
+    empty lines among 900. A filesystem that refuses the lock (some NFS mounts) appends as before."""
+    try:
+        locked = stat.S_ISREG(os.fstat(fd).st_mode)  # stderr's pipe or terminal is no file to repair
+        if locked:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        locked = False
+    try:
+        yield
+    finally:
+        if locked:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except OSError:
+                pass
 
 
 def open_for_append(path: str | os.PathLike[str]) -> int:
