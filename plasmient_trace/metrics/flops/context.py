@@ -250,7 +250,10 @@ def _conv_gradients_from_parent(cands: np.ndarray, rows: _Rows, start: np.ndarra
     pos = np.empty(n, np.int64)
     pos[order] = np.arange(n)
     name_code = rows.codes("name")
-    want = np.array([rows.code_of("name", CONV_GRADIENT_PARENTS[rows.name(r)]) for r in cands.tolist()], np.int64)
+    # each candidate's parent name code, looked up once per distinct gradient op name
+    _, first_of_name, own_of = np.unique(name_code[cands], return_index=True, return_inverse=True)
+    want = np.array([rows.code_of("name", CONV_GRADIENT_PARENTS[rows.name(r)]) for r in cands[first_of_name].tolist()],
+                    np.int64)[own_of.reshape(-1)]
     found = np.full(len(cands), -1, np.int64)
     open_ = np.ones(len(cands), bool)
     for k in range(1, _LOOKAHEAD + 1):
