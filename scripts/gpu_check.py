@@ -7,7 +7,9 @@ and one crash cannot hide the other results:
 1. ``profiler``: the steps under torch.profiler, its trace exported and ingested (the oracle);
 2. ``native``, ``dispatch``, ``kineto``: the same steps (same seed, same inputs) under live capture at
    full depth with each op recorder (the C++ observer, the Python dispatch hook) and with the
-   torch.profiler fallback instead of cupti-python;
+   torch.profiler fallback instead of cupti-python, stitched in this process (in-memory exporter);
+   ``process``: the native recorder writing a file, as a user runs it, so the batch process stitches
+   what the job's side parsed from CUPTI (``PLASMIENT_WORKER=process``, the default);
 3. compares, step by step, which op each kernel joined to: the multisets of (parent op, kernel)
    pairs must equal the profiler's (the dispatch hook, a fallback that sees composite ops only from
    outside and makes autograd accumulate out of place, is reported but does not fail the check);
@@ -40,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples"))
 
-VARIANTS = ("profiler", "native", "dispatch", "kineto")
+VARIANTS = ("profiler", "native", "process", "dispatch", "kineto")
 WORKLOADS = ("tiny_transformer", "decode_gemm", "bf16_autocast")
 
 
@@ -189,15 +191,29 @@ def _child_capture(name: str, device: str, steps: int, work: Path, variant: str)
                                     op_hook="dispatch" if variant == "dispatch" else "native",
                                     kineto=variant == "kineto")
     config.overhead = None  # every step at full depth, whatever its cost
-    session = capture.start(config, exporters=[("memory", spans.append)])
+    out = work / "capture.jsonl"
+    if variant == "process":
+        # as a user runs it: a file, no exporter in this process, so the batch process stitches and writes
+        work.mkdir(parents=True, exist_ok=True)
+        config.out, config.worker = str(out), "process"
+        session = capture.start(config)
+    else:
+        session = capture.start(config, exporters=[("memory", spans.append)])
     if session is None:
         raise RuntimeError("live capture did not start")
     for _ in range(steps):
         step()
     info = {"on_gpu": bool(session.sources.on_gpu), "source": session.sources.label(), "op_recorder": type(session.sources.ops).__name__,
-            "cupti": None if session.sources.cupti is None else (session.sources.cupti.available or session.sources.cupti.reason or False),
-            "stats": dict(session.stats)}
+            "cupti": None if session.sources.cupti is None else (session.sources.cupti.available or session.sources.cupti.reason or False)}
     capture.stop(timeout=120)
+    info["stats"] = dict(session.stats)
+    if variant == "process":
+        from plasmient_trace.export.otlp_json import read_jsonl
+
+        if not info["stats"]["batches_in_child"]:
+            raise RuntimeError(f"the batch process stitched no batch (stats {info['stats']})")
+        table = read_jsonl(str(out)).table
+        return {"joins": _joins(table), "steps": _step_rows(table), **info}
     tables = [b.table for b in spans if len(b)]
     if not tables:
         raise RuntimeError("the capture produced no spans")
@@ -344,7 +360,7 @@ def _example(py: str, work: Path, logs: Path, budget: Budget, label: str, script
 # (label, bench arguments): the example's tiny model, where a fixed per-step cost shows most, and GPT-2
 # small's shape at a batch a GPU trains with
 OVERHEAD_RUNS = (("tiny", ["--model", "tiny"]), ("gpt2", ["--model", "gpt2", "--batch", "8", "--seq", "256"]))
-OVERHEAD_CONFIGS = "step-level,step-level+api,sampled,full,profiler"
+OVERHEAD_CONFIGS = "step-level,step-level+api,sampled,full,full+thread,profiler"
 
 
 def _overhead(py: str, logs: Path, budget: Budget, device: str) -> list[str]:
@@ -427,7 +443,9 @@ def parent(args: argparse.Namespace) -> int:
                          f"{agree}/{kernels} joins as torch.profiler{within} ({verdict})")
             lines.append(f"    MFU {_fmt([r.get('plasmient.mfu') for r in res['steps']], '.3f')}, "
                          f"NVML util {_fmt([r.get('plasmient.util.nvml') for r in res['steps']], '.2f')}, "
-                         f"steps dropped {res['stats'].get('steps_dropped')}")
+                         f"steps dropped {res['stats'].get('steps_dropped')}"
+                         + (f", batches stitched in the batch process {res['stats'].get('batches_in_child')}"
+                            if variant == "process" else ""))
             for p, k in differ[:3]:
                 lines.append(f"    differs: {p} -> {str(k)[:90]}")
         if prof:

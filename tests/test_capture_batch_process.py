@@ -65,10 +65,13 @@ def test_the_batch_process_writes_what_the_worker_thread_writes_and_never_import
             if maps.exists():
                 libraries.append(maps.read_text())
 
-    _run(tmp_path / "thread.jsonl", "thread")
+    thread = _run(tmp_path / "thread.jsonl", "thread")
     child = _run(tmp_path / "process.jsonl", "process", during=look_at_the_child)
     assert child.stats["steps_dropped"] == 0 and not child.failed
     assert child.route.child is not None  # no fallback to the thread happened
+    # every batch went to the child, and none on the thread's run
+    assert child.stats["batches_in_child"] == child.stats["exported_batches"] > 0
+    assert thread.stats["batches_in_child"] == 0 < thread.stats["exported_batches"]
     expected = _per_step(tmp_path / "thread.jsonl")
     got = _per_step(tmp_path / "process.jsonl")
     assert sorted(got) == list(range(10))
@@ -91,6 +94,7 @@ def test_a_batch_process_that_dies_hands_the_later_steps_to_the_job_s_thread(tmp
 
     session = _run(tmp_path / "t.jsonl", "process", during=kill_the_child)
     assert session.route.child is None and session.route.delivery is not None
+    assert 0 < session.stats["batches_in_child"] < session.stats["exported_batches"]
     steps = _per_step(tmp_path / "t.jsonl")
     assert _steps(tmp_path / "t.jsonl") == list(range(10))  # nothing lost, nothing written twice
     # what the child measured died with it: step 4 and 5 carry nothing, step 6 is measured again, 7 and 8 carry

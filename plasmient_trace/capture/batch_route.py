@@ -143,6 +143,7 @@ class BatchRoute:
         if reply["want_full"]:
             s.memory.want_full = True
         s.stats["exported_batches"] += 1
+        s.stats["batches_in_child"] += 1
         s.stats["export_errors"] = reply["local_errors"]
         s._budget.measured(time.thread_time() - cpu + reply["cpu_s"], sum(c.full for c in items))
         if reply["error"]:

@@ -116,7 +116,8 @@ class CaptureSession:
         self.failed = False
         self.step_index = 0
         self.stats = {"steps": 0, "steps_full": 0, "steps_deferred": 0, "samples_held": 0, "steps_dropped": 0,
-                      "steps_too_many_ops": 0, "exported_batches": 0, "export_errors": 0}
+                      "steps_too_many_ops": 0, "exported_batches": 0, "export_errors": 0,
+                      "batches_in_child": 0}
         self._budget = FullDepthBudget(self.config.overhead)
         self._kind: str | None = None  # the step clock between explicit steps: optimizer | profiler, first seen
         self._explicit_depth = 0  # explicit step contexts entered and not left (nested ones join the outer)
