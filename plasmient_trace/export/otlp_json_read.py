@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import gzip
 import io
 import os
 import re
@@ -31,6 +30,7 @@ from plasmient_trace.conventions import (
     span_table_from_columns,
 )
 from plasmient_trace.export.span_columns import attribute_kind
+from plasmient_trace.export.gzip_members import Counted, GzipMembers
 from plasmient_trace.memory import cyclic_gc_paused
 from plasmient_trace.sources.rawinput import check_inflated, is_gzip, limits
 
@@ -270,66 +270,15 @@ def batch_from_otlp_dicts(requests: Iterable[dict[str, Any]]) -> SpanBatch:
 def open_span_file(path: str | os.PathLike[str]) -> Iterator[tuple[str, IO[bytes]]]:
     """(name, binary lines) of a span file, gzip'd or not by its bytes (not its name: a .gz may hold plain
     lines), read in one pass: a pipe (``<(zcat spans.jsonl.gz)``) or stdin works as a file does. The
-    stream's ``peek`` shows its first (decompressed) bytes without consuming them."""
+    stream's ``peek`` shows its first (decompressed) bytes without consuming them. A gzip'd file is read
+    member by member (``gzip_members.GzipMembers``): a member cut short is left out, not the rest of the file."""
     p = Path(path)
     with open(p, "rb", buffering=1 << 16) as raw:
         if not is_gzip(raw.peek(2)[:2]):
             yield str(p), raw
             return
-        packed = _Counted(raw)
-        with gzip.GzipFile(fileobj=packed) as inflated, io.BufferedReader(_InflatedUpToACut(inflated, packed), 1 << 16) as f:
+        with io.BufferedReader(GzipMembers(Counted(raw), str(p)), 1 << 16) as f:
             yield str(p), f
-
-
-class _Counted:
-    """A file that counts the bytes read from it: the gzip'd bytes behind a pipe, whose size is not known."""
-
-    def __init__(self, f: IO[bytes]) -> None:
-        self._f, self.count = f, 0
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._f.read(n)
-        self.count += len(data)
-        return data
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._f, name)
-
-
-class _InflatedUpToACut(io.RawIOBase):
-    """A gzip stream whose end, if cut off (EOFError), is raised only after every byte inflated before it
-    was handed on: the live sink writes one gzip member per line, so the lines before a member still being
-    written are all read, where a buffer filled past the cut would have lost them with it."""
-
-    def __init__(self, inflated: gzip.GzipFile, packed: _Counted | None = None) -> None:
-        self._inflated = inflated
-        self.packed = packed
-        self._cut: EOFError | None = None
-        self.name = inflated.name
-
-    def readable(self) -> bool:
-        return True
-
-    def fileno(self) -> int:
-        return self._inflated.fileno()
-
-    def readinto(self, buffer: Any) -> int:
-        if self._cut is not None:
-            raise self._cut
-        filled = 0
-        while filled < len(buffer):
-            try:
-                data = self._inflated.read1(len(buffer) - filled)
-            except EOFError as cut:
-                if not filled:
-                    raise
-                self._cut = cut  # raised at the next read, after what came before it
-                break
-            if not data:
-                break
-            buffer[filled: filled + len(data)] = data
-            filled += len(data)
-        return filled
 
 
 @contextlib.contextmanager
@@ -431,8 +380,8 @@ def read_jsonl(path: str | os.PathLike[str] | IO[bytes], progress: Callable[[int
     bytes for a .gz) read so far; never for a pipe, whose position is not known.
     With ``notes``, an incomplete last line (a live run still writing the file, or a file cut short: a
     line with no newline that does not parse, or a gzip member cut off) is left out and a note says so, as is
-    a trace's line whose JSON ends before the line does (a live write a full disk cut short); without, it
-    raises as any bad line does.
+    a trace's line whose JSON ends before the line does (a live write a full disk cut short) and a gzip
+    member such a write cut short before others (``gzip_members``); without, it raises as any bad line does.
     """
     acc = _SpanAccumulator()
     # a line holds a whole trace: some 5,000 spans, a few hundred thousand dicts and lists
@@ -489,4 +438,10 @@ def read_jsonl(path: str | os.PathLike[str] | IO[bytes], progress: Callable[[int
             del request
             if acc.pending >= PART_SPANS:
                 acc.end_part(locate)
+        for first, after in getattr(getattr(f, "raw", None), "cuts", ()):  # what GzipMembers left out
+            cut = (f"{name}: bytes {first:,} to {after - 1:,} hold a gzip member cut short (a write that failed, "
+                   "e.g. on a full disk)")
+            if notes is None:
+                raise ValueError(cut)
+            notes.append(f"{cut}: left out")
         return acc.batch(locate)
