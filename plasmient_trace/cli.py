@@ -15,9 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .conventions import MAX_FLAG_VALUE
 from .messages import OneLineErrorParser, one_printable_line, say_error
-from .stitch import ids
 
 EXIT_BAD_INPUT = 2
 EXIT_EXPORT_FAILED = 1
@@ -85,6 +83,8 @@ def _number(text: str) -> float:
 
 def _positive_float(text: str) -> float:
     value = _number(text)
+    from .conventions import MAX_FLAG_VALUE
+
     if not 0 < value <= MAX_FLAG_VALUE:  # NaN and inf fail here too
         raise argparse.ArgumentTypeError(f"must be a positive number up to {MAX_FLAG_VALUE:g}, not {text!r}")
     return value
@@ -455,6 +455,8 @@ def _console(stderr: bool = False) -> Any:
 def _cmd_link(args: argparse.Namespace) -> int:
     from .export.links import jaeger_link, tempo_link
 
+    from .stitch import ids
+
     trace = ids.trace_id(args.job_id, args.step).hex()
     try:  # every link asked for, each on its line (built first: a bad URL prints none of them)
         lines = [jaeger_link(args.jaeger, trace)] if args.jaeger else []
@@ -466,10 +468,18 @@ def _cmd_link(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only_run: bool = False) -> argparse.ArgumentParser:
+    """The command line. ``only_run``: just `plasmient run`, whose process only starts the job and waits for it,
+    so it does not import what the other commands' arguments need (numpy, pyarrow, the stitch and the report:
+    half a second before every traced job)."""
     parser = OneLineErrorParser(prog="plasmient", description="Vertical OpenTelemetry traces for GPU jobs, with MFU and cost on every span.")
     parser.add_argument("--version", action="version", version=f"plasmient-trace {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    if only_run:
+        from .capture import cli as capture_cli
+
+        capture_cli.register(sub)
+        return parser
 
     ingest = sub.add_parser("ingest", help="stitch Kineto trace files (one per rank) into one OTel trace per step")
     # "*", not "+": `--ray logdir/` leaves no positional, and the input argparse gave --ray is put back below
@@ -540,7 +550,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import signal
     import threading
 
-    parser = build_parser()
+    args_given = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(only_run=bool(args_given) and args_given[0] == "run")
     args = parser.parse_args(argv)
     if args.command in ARROW_HEAVY_COMMANDS:
         from .arrow_memory import use_offline_pool
