@@ -129,3 +129,20 @@ def test_members_cut_at_random_points_leave_out_exactly_the_cut_traces(lines, tm
         got = set(read_jsonl(path, notes=notes).table.column("trace_id").to_pylist())
         assert got == set().union(*(i for i, c in zip(ids, cut) if not c)), cut
         assert bool(notes) == any(cut) and all("cut short" in n or "is incomplete" in n for n in notes)
+
+
+def test_a_file_of_headers_inside_headers_is_refused_in_one_line_not_read_once_per_header(tmp_path) -> None:
+    """Hostile input: each gzip header opens a stored block that holds the next header, and the file ends
+    before any closes, so every header is a member the file ends inside, with another header after its
+    start. Re-read from each of them, 20,000 nested headers would inflate ~3 GB from a 300 KB file."""
+    import struct
+
+    header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
+    stored = b"\x00" + struct.pack("<HH", 0xFFFF, 0)  # a stored block, not the last, of 65,535 bytes
+    path = tmp_path / "nested.jsonl.gz"
+    path.write_bytes((header + stored) * 20_000)
+    with pytest.raises(ValueError) as err:
+        read_jsonl(path, notes=[])
+    assert str(err.value) == (f"{path}: gzip members broken past repair (re-read more than 4x the file looking "
+                              "for whole ones)")
+    assert main(["report", str(path)]) == 2

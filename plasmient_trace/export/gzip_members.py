@@ -22,12 +22,16 @@ import zlib
 from collections import deque
 from typing import IO, Any
 
-from plasmient_trace.sources.rawinput import check_inflated, limits
+from plasmient_trace.sources.rawinput import InputError, check_inflated, limits
 
 GZIP_MAGIC = b"\x1f\x8b\x08"  # ID1, ID2, deflate: the start of every member the sinks write
 HOLD_BYTES = 64 << 20  # a member's output held back until its checksum, at most this much
 _PIECE = 1 << 20  # the most output one inflate call makes: a gzip bomb is checked a piece at a time
 _READ = 1 << 16
+# Bytes a file may have inflated again after its members broke, as a multiple of its size: finding the next
+# header re-reads a broken member's bytes, and a file crafted with headers inside headers would otherwise be
+# read once per header it holds.
+REREAD_RATIO = 4
 
 
 class Counted:
@@ -64,6 +68,7 @@ class GzipMembers(io.RawIOBase):
         self._held_bytes = 0
         self._ready: deque[memoryview] = deque()  # inflated pieces to hand on, in order
         self._inflated = 0
+        self._fed = 0  # gzip'd bytes given to inflaters, re-read ones included
         self._recovering = False  # since a cut, until a member ends whole: later failures are the same cut
 
     def readable(self) -> bool:
@@ -161,6 +166,10 @@ class GzipMembers(io.RawIOBase):
             rest = self._inflater.unused_data if self._inflater.eof else self._inflater.unconsumed_tail
             used = len(data) - len(rest)
             self._pending, self._pending_at = rest, at + used
+            self._fed += used
+            if self._fed > REREAD_RATIO * self.packed.count + _READ:
+                raise InputError(f"{self.name}: gzip members broken past repair (re-read more than {REREAD_RATIO}x "
+                                 "the file looking for whole ones)")
             if self._member is not None:
                 self._member += data[:used]
             self._inflated += len(out)
