@@ -150,7 +150,10 @@ def test_opentelemetry_instrument_finds_our_instrumentor(env, tmp_path):
     assert min(s["attrs"]["plasmient.util.resident"] for s in gemm) > 0.75
     assert decode[-1]["attrs"]["plasmient.util.resident"] > 0.5
     assert decode[-1]["attrs"]["plasmient.bound"] == "memory"
-    ratio = min(s["attrs"]["plasmient.mfu"] for s in gemm) / max(s["attrs"]["plasmient.mfu"] for s in decode)
+    # Each phase's best step: another process on the cores only ever lowers a step's MFU (its wall time grows).
+    # The slowest GEMM step against the best decode step read 1.40 in a fresh-clone suite run, beside the batch
+    # process and another test worker; quiet runs read 8-10x.
+    ratio = max(s["attrs"]["plasmient.mfu"] for s in gemm) / max(s["attrs"]["plasmient.mfu"] for s in decode)
     assert ratio > 2, ratio
     # A culprit wasted something: a GEMM at or above the baseline MFU (its op spans' own MFU) is none.
     from plasmient_trace.conventions import DEFAULT_BASELINE_MFU
