@@ -134,7 +134,8 @@ def test_members_cut_at_random_points_leave_out_exactly_the_cut_traces(lines, tm
 def test_a_file_of_headers_inside_headers_is_refused_in_one_line_not_read_once_per_header(tmp_path) -> None:
     """Hostile input: each gzip header opens a stored block that holds the next header, and the file ends
     before any closes, so every header is a member the file ends inside, with another header after its
-    start. Re-read from each of them, 20,000 nested headers would inflate ~3 GB from a 300 KB file."""
+    start. Re-read from each of them, 5,000 nested headers fed the inflater 143 MB from a 75 KB file, growing
+    with the square of the headers: about 2.3 GB for the 20,000 here."""
     import struct
 
     header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
