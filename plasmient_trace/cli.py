@@ -454,7 +454,6 @@ def _console(stderr: bool = False) -> Any:
 
 def _cmd_link(args: argparse.Namespace) -> int:
     from .export.links import jaeger_link, tempo_link
-
     from .stitch import ids
 
     trace = ids.trace_id(args.job_id, args.step).hex()

@@ -7,12 +7,13 @@ failed there, or ran on to the end of the file without failing (any bits decode 
 the file was refused from that point, every trace after the cut lost with it.
 
 ``GzipMembers`` inflates one member at a time and hands a member's output on only once its checksum has
-ended it, so nothing of a broken member reaches the lines. A member that breaks is left out (its offset
-is kept in ``cuts`` for the reader to report) and reading goes on at the next gzip header after the start
-of that member. A member breaks when its inflater fails, its checksum does not match, or the file ends
-inside it while another member's header follows its start. Two limits: a member whose output passes ``HOLD_BYTES`` (an ingest's one stream, not a
-live line) is handed on as it inflates, so a break inside it fails the read as before; and a file that
-ends inside a member (a run still writing it) raises EOFError after every whole member before it.
+ended it, so nothing of a broken member reaches the lines. A member that breaks is left out (the bytes it
+spans are kept in ``cuts`` for the reader to report) and reading goes on at the next gzip header after the
+start of that member. A member breaks when its inflater fails, its checksum does not match, or the file
+ends inside it while another member's header follows its start. Two limits: a member whose output passes
+``HOLD_BYTES`` (an ingest's one stream, not a live line) is handed on as it inflates, so a break inside it
+fails the read as before; and a file that ends inside a member (a run still writing it) raises EOFError
+after every whole member before it.
 """
 
 from __future__ import annotations
@@ -110,6 +111,17 @@ class GzipMembers(io.RawIOBase):
             self.cuts[-1][1] = at
             self._recovering = False
 
+    def _end_member(self) -> None:
+        self._inflater = self._member = None
+        self._held, self._held_bytes = [], 0
+
+    def _broken(self, rest: bytes, at: int) -> None:
+        """The current member broke: it is left out, and the next header is looked for in ``rest``, the bytes
+        from file offset ``at`` on (inside the member, so a member its inflater ran into is read again)."""
+        self._cut(self._member_at)
+        self._pending, self._pending_at = rest, at
+        self._end_member()
+
     def _to_next_header(self) -> bool:
         """Drop bytes up to the next gzip header (a broken member's rest); False at the end of the file."""
         while True:
@@ -139,7 +151,6 @@ class GzipMembers(io.RawIOBase):
                     return False
                 self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
                 self._member, self._member_at = bytearray(), self._pending_at
-                self._held, self._held_bytes = [], 0
             if not self._pending and not self._fill():
                 # The file ends inside this member. With another member's header inside it, it is one a full
                 # disk cut short: its inflater ran on through the next member's bytes without failing (any
@@ -148,9 +159,7 @@ class GzipMembers(io.RawIOBase):
                 if later < 0:
                     self._cut_ends(self._member_at)  # what broke before this member, which is incomplete
                     raise EOFError("Compressed file ended before the end-of-stream marker was reached")
-                self._cut(self._member_at)
-                self._pending, self._pending_at = bytes(self._member[later:]), self._member_at + later
-                self._inflater = self._member = None
+                self._broken(bytes(self._member[later:]), self._member_at + later)
                 continue
             data, at = self._pending, self._pending_at
             try:
@@ -158,10 +167,8 @@ class GzipMembers(io.RawIOBase):
             except zlib.error:
                 if self._member is None:
                     raise  # its output is already handed on: the read fails, as a single stream's does
-                self._cut(self._member_at)
                 # the next member starts after this one's first byte: look for its header there
-                self._pending, self._pending_at = (bytes(self._member) + data)[1:], self._member_at + 1
-                self._inflater = self._member = None
+                self._broken((bytes(self._member) + data)[1:], self._member_at + 1)
                 continue
             rest = self._inflater.unused_data if self._inflater.eof else self._inflater.unconsumed_tail
             used = len(data) - len(rest)
@@ -177,8 +184,7 @@ class GzipMembers(io.RawIOBase):
             if self._inflater.eof:  # the checksum and size matched: the member is whole
                 pieces = [*self._held, out]
                 self._cut_ends(self._member_at)
-                self._inflater = self._member = None
-                self._held, self._held_bytes = [], 0
+                self._end_member()
                 if self._hand_on(pieces):
                     return True
                 continue

@@ -299,23 +299,17 @@ _BLANKS = re.compile(rb"[ \t\r\n]*")
 _SNIFF_BYTES = 1 << 16
 
 
-def _packed_bytes(stream: IO[bytes]) -> Callable[[], int] | None:
-    """How many gzip'd bytes under ``stream`` were read so far (a file or a pipe); None for plain text."""
-    packed = getattr(getattr(stream, "raw", None), "packed", None)
-    return None if packed is None else (lambda: packed.count)
-
-
 def _numbered_lines(stream: IO[bytes], name: str) -> Iterator[tuple[int, bytes]]:
-    """(line number, line) of every line that is not blank, read a block at a time under the caps ingest
-    reads a trace under (PLASMIENT_MAX_TRACE_BYTES, and PLASMIENT_MAX_GZIP_RATIO for a gzip'd file): a
-    gzip bomb, a gigabyte of blank lines or /dev/zero stop early in one line, where reading line by line
-    held one unbounded line in memory, or went through blank lines one Python iteration each.
+    """(line number, line) of every line that is not blank, read a block at a time under the size cap ingest
+    reads a trace under (PLASMIENT_MAX_TRACE_BYTES; a gzip'd file's bytes are capped as they inflate, with
+    PLASMIENT_MAX_GZIP_RATIO too, by ``gzip_members.GzipMembers``): a gzip bomb, a gigabyte of blank lines or
+    /dev/zero stop early in one line, where reading line by line held one unbounded line in memory, or went
+    through blank lines one Python iteration each.
     An EOFError (a gzip member cut off) is raised after every whole line before it."""
     if not hasattr(stream, "read"):  # an iterable of lines handed in (a caller's own reader)
         yield from ((n, line) for n, line in enumerate(stream, start=1) if line.strip())
         return
     max_bytes, max_ratio = limits()
-    packed = _packed_bytes(stream)
     read = getattr(stream, "read1", stream.read)  # what a pipe has now, not a whole block
     buf, pos, lineno, total = b"", 0, 0, 0
     parts: list[bytes] = []  # a line begun in earlier blocks, still without its newline
@@ -350,7 +344,7 @@ def _numbered_lines(stream: IO[bytes], name: str) -> Iterator[tuple[int, bytes]]
                 yield lineno + 1, line
             return
         total += len(buf)
-        check_inflated(name, total, packed() if packed is not None else None, max_bytes, max_ratio)
+        check_inflated(name, total, None, max_bytes, max_ratio)
 
 
 def _joined(parts: list[bytes], name: str, lineno: int) -> bytes:
