@@ -87,13 +87,12 @@ def test_a_live_gz_file_a_full_disk_cut_short_reports_every_other_trace(lines, t
                                                                         capsys) -> None:
     """The live sink itself on a disk that fills mid-line and has room again later: `plasmient report`
     reads every trace but the cut one, where it refused the whole file."""
-    from plasmient_trace.export.otlp_json import read_jsonl as read
     from plasmient_trace.export.sinks import FileSink, OutputError
 
     batches = []
     for i, line in enumerate(lines):
         (tmp_path / f"{i}.jsonl").write_bytes(line)
-        batches.append(read(tmp_path / f"{i}.jsonl"))
+        batches.append(read_jsonl(tmp_path / f"{i}.jsonl"))
     path = tmp_path / "traces.jsonl.gz"
     sink = FileSink(path, append=True)
     sink.write(batches[0])
