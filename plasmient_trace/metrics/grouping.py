@@ -79,9 +79,17 @@ def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return keys, inverse.reshape(-1).astype(np.int64)
 
 
+def dictionary_of(strings: pa.Array | pa.ChunkedArray) -> pa.DictionaryArray:
+    """``strings`` as one dictionary array; one already encoded is returned as it is, so a column several
+    classifiers read (a rank's kernel names: kinds, roles, precisions) is hashed once, not once each."""
+    arr = strings.combine_chunks() if isinstance(strings, pa.ChunkedArray) else strings
+    return arr if pa.types.is_dictionary(arr.type) else pc.dictionary_encode(arr)
+
+
 def match_distinct(strings: pa.Array | pa.ChunkedArray, match: Callable[[pa.Array], pa.Array]) -> np.ndarray:
     """Per row, ``match`` (Arrow strings -> Arrow booleans) evaluated once per distinct value: a trace repeats
-    a few hundred kernel names over a million rows. Null rows and null answers are False."""
-    enc = pc.dictionary_encode(strings.combine_chunks() if isinstance(strings, pa.ChunkedArray) else strings)
+    a few hundred kernel names over a million rows. Null rows and null answers are False. ``strings`` may be
+    :func:`dictionary_of` already."""
+    enc = dictionary_of(strings)
     answer = np.append(np.asarray(pc.fill_null(match(enc.dictionary), False).to_numpy(zero_copy_only=False), bool), False)
     return answer[enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)]

@@ -34,14 +34,28 @@ _ARGS_LIMIT = 16384
 
 def _capped(text: pa.Array | pa.ChunkedArray, limit: int, mark: str = "") -> pa.Array | pa.ChunkedArray:
     """Strings longer than ``limit`` code units cut to it (with ``mark`` after); the column as it is when none is."""
-    if not len(text) or text.null_count == len(text):
-        return text
+    if not len(text) or text.null_count == len(text) or _longest_bytes(text) <= limit:
+        return text  # a text of at most `limit` bytes has at most `limit` characters: nothing to measure
     length = pc.utf8_length(text)
     longest = pc.max(length).as_py()
     if longest is None or longest <= limit:
         return text
     cut = pc.utf8_slice_codeunits(text, 0, limit)
     return pc.if_else(pc.greater(length, limit), pc.binary_join_element_wise(cut, mark, ""), text) if mark else cut
+
+
+def _longest_bytes(text: pa.Array | pa.ChunkedArray) -> int:
+    """The longest value's UTF-8 byte count, read off the offsets (no pass over the characters)."""
+    longest = 0
+    for chunk in (text.chunks if isinstance(text, pa.ChunkedArray) else [text]):
+        if not len(chunk):
+            continue
+        if not (pa.types.is_string(chunk.type) or pa.types.is_large_string(chunk.type)):
+            return np.iinfo(np.int64).max  # another type: measured the long way
+        width = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
+        offsets = np.frombuffer(chunk.buffers()[1], width)[chunk.offset:chunk.offset + len(chunk) + 1]
+        longest = max(longest, int(np.diff(offsets).max()))
+    return longest
 
 
 # numeric span-table columns with nulls (one np.packbits for the validity, conventions.with_nulls)

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from ..metrics.flops import yields_flops
 from ..metrics.flops.kernel_roles import ROLE_OTHER, kernel_roles
 from ..metrics.flops.labels import as_labels
-from ..metrics.grouping import match_distinct
+from ..metrics.grouping import dictionary_of, match_distinct
 from ..metrics.hardware import fp32_precision_codes
 from ..records import collective_kernel_names, collective_op_names
 from .inputs import KIND_CODE, RankInput, StitchOptions
@@ -111,9 +111,10 @@ def _own_work_candidates(ops: pa.Table) -> np.ndarray:
     return match_distinct(ops.column("name"), _aten_working_names)
 
 
-def kernel_kinds(inp: RankInput, synth_ops: np.ndarray) -> np.ndarray:
+def kernel_kinds(inp: RankInput, synth_ops: np.ndarray, kernel_names: pa.Array | None = None) -> np.ndarray:
     """KIND_CODE per kernel row; collective kernels (records.COLLECTIVE_KERNEL) and collective ops standing
-    for kernels on a CPU are collectives whatever category the source gave them."""
+    for kernels on a CPU are collectives whatever category the source gave them. ``kernel_names``: the
+    kernels' names as ``grouping.dictionary_of`` gives them, where the caller has them."""
     rs = inp.records
     n_k = rs.kernels.num_rows
     codes = np.zeros(n_k + len(synth_ops), np.int8)  # synthetic CPU kernels are 'kernel'
@@ -122,7 +123,7 @@ def kernel_kinds(inp: RankInput, synth_ops: np.ndarray) -> np.ndarray:
         if code:
             codes[:n_k][pc.equal(kind, pa.scalar(name, pa.string())).fill_null(False).to_numpy(zero_copy_only=False)] = code
     if n_k:
-        comm = match_distinct(rs.kernels.column("name"), collective_kernel_names)
+        comm = match_distinct(rs.kernels.column("name") if kernel_names is None else kernel_names, collective_kernel_names)
         codes[:n_k][comm & (codes[:n_k] == KIND_CODE["kernel"])] = KIND_CODE["collective"]
     if len(synth_ops):
         hit = match_distinct(rs.ops.column("name").combine_chunks().take(synth_ops), collective_op_names)
@@ -153,7 +154,9 @@ def device_timeline(inp: RankInput, j: JoinedRank, options: StitchOptions) -> De
     ks = np.concatenate([j.kernel_start, synth_start]).astype(np.int64)
     ke = np.concatenate([j.kernel_end, synth_end]).astype(np.int64)
     kstep = np.concatenate([j.kernel_step, j.op_step[synth_ops]]).astype(np.int64)
-    kinds = kernel_kinds(inp, synth_ops)
+    # classified by name three ways (kind, role, fp32 precision): hashed once
+    kernel_names = dictionary_of(rs.kernels.column("name")) if n_k else None
+    kinds = kernel_kinds(inp, synth_ops, kernel_names)
     devs = np.concatenate([rs.kernels.column("device").to_numpy().astype(np.int64) if n_k else np.zeros(0, np.int64),
                            np.full(len(synth_ops), -1, np.int64)])
 
@@ -183,7 +186,7 @@ def device_timeline(inp: RankInput, j: JoinedRank, options: StitchOptions) -> De
     copy = (kind_live == KIND_CODE["memcpy"]) | (kind_live == KIND_CODE["memset"])
     overlap = step_overlap(n_steps, kstep[live], devs[live], cs[live], ce[live], kind_live == KIND_CODE["collective"],
                            copy, launch_start, t_start, t_end)
-    role, fp32_code = _name_facts(inp, len(ks))
+    role, fp32_code = _name_facts(inp, len(ks), kernel_names)
     return DeviceTimeline(
         synth_ops=synth_ops, start=ks, end=ke, kind=kinds, step=kstep, device=devs, clip_start=cs, clip_end=ce,
         share_s=share_s, tile_start=t_start, tile_end=t_end, overlap=overlap,
@@ -192,11 +195,10 @@ def device_timeline(inp: RankInput, j: JoinedRank, options: StitchOptions) -> De
     )
 
 
-def _name_facts(inp: RankInput, n_ks: int) -> tuple[np.ndarray, np.ndarray]:
+def _name_facts(inp: RankInput, n_ks: int, names: pa.Array | None) -> tuple[np.ndarray, np.ndarray]:
     """Per kernel row: its role (metrics.flops.kernel_roles) and its fp32 precision code
     (hardware.fp32_precision_codes; read only where an op's dtype is fp32, so left 0 without one)."""
-    names = inp.records.kernels.column("name")
-    n_k = len(names)
+    n_k = inp.records.kernels.num_rows
     role = np.full(n_ks, ROLE_OTHER, np.int8)
     fp32_code = np.zeros(n_ks, np.int8)
     if n_k:

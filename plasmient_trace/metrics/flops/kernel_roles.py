@@ -26,7 +26,8 @@ import re
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+
+from ..grouping import dictionary_of
 
 __all__ = ["ROLE_MOVES", "ROLE_OTHER", "ROLE_ARITHMETIC", "kernel_roles", "kernel_role", "function_name"]
 
@@ -107,6 +108,6 @@ def kernel_roles(names: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """Per kernel, its role (int8), classified once per distinct name. Null names are ``ROLE_OTHER``."""
     if len(names) == 0:
         return np.zeros(0, np.int8)
-    enc = pc.dictionary_encode(names.combine_chunks() if isinstance(names, pa.ChunkedArray) else names)
+    enc = dictionary_of(names)
     role = np.array([kernel_role(n) for n in enc.dictionary.to_pylist()] + [ROLE_OTHER], np.int8)
     return role[enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)]
