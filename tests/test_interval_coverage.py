@@ -1,5 +1,6 @@
 """The interval arithmetic behind step idle time, exposed communication and copies (stitch.windows): merged
-unions and the covered length inside any window, per device, checked against counting nanoseconds one by one."""
+unions, the covered length inside any window and each kernel's share of its device, per device, checked against
+counting nanoseconds one by one."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from plasmient_trace.stitch.windows import Coverage, merge_intervals
+from plasmient_trace.stitch.windows import Coverage, kernel_shares_ns, merge_intervals
 
 
 def _covered_ns(intervals, group, a, b) -> int:
@@ -41,3 +42,18 @@ def test_merged_intervals_are_disjoint_and_cover_the_same_nanoseconds():
             assert all(b1 < a2 for (_, b1), (a2, _) in pairwise(mine))  # disjoint, not even touching
             want = {t for k, a, b in intervals if k == group for t in range(a, b)}
             assert {t for a, b in mine for t in range(a, b)} == want
+
+
+def test_each_kernel_s_share_is_its_nanoseconds_split_equally_with_the_kernels_resident_beside_it():
+    for _, intervals, (g, s, e) in _random_cases(13):
+        resident: dict[tuple[int, int], int] = {}
+        for k, a, b in intervals:
+            for t in range(a, b):
+                resident[k, t] = resident.get((k, t), 0) + 1
+        want = [sum(1.0 / resident[k, t] for t in range(a, b)) for k, a, b in intervals]
+        got = kernel_shares_ns(g, s, e)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)
+        # the shares of a device add up to the time any kernel ran on it: nothing counted twice
+        for group in range(4):
+            mine = [i for i, iv in enumerate(intervals) if iv[0] == group]
+            assert abs(sum(got[i] for i in mine) - _covered_ns(intervals, group, -10, 200)) < 1e-6
