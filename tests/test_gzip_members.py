@@ -83,6 +83,34 @@ def test_the_last_member_still_being_written_is_left_out_as_an_incomplete_line(l
                      "short): left out; the 3 line(s) before it are read"]
 
 
+@pytest.mark.parametrize("padding", [1, 2, 4096, 70_000])
+def test_zero_padding_after_the_last_member_is_read_as_gzip_reads_it_with_no_note(lines, tmp_path, padding) -> None:
+    # A preallocated or block-padded file ends in zeros; Python's gzip (the oracle here) and gzip(1) skip them.
+    data = b"".join(_members(lines)) + bytes(padding)
+    assert gzip.decompress(data) == b"".join(lines)
+    path = tmp_path / "padded.jsonl.gz"
+    path.write_bytes(data)
+    notes: list[str] = []
+    got = set(read_jsonl(path, notes=notes).table.column("trace_id").to_pylist())
+    assert got == _trace_ids(gzip.decompress(data), tmp_path)
+    assert notes == []
+
+
+def test_zeros_where_a_member_should_be_are_still_bytes_left_out(lines, tmp_path) -> None:
+    # Zeros between whole members are not padding: a write that never reached the disk (a crash that left
+    # the file's length and zero-filled blocks) sits there, and the note says where.
+    members = _members(lines)
+    gap = 512
+    path = tmp_path / "holed.jsonl.gz"
+    path.write_bytes(members[0] + bytes(gap) + b"".join(members[1:]) + bytes(100))
+    notes: list[str] = []
+    got = set(read_jsonl(path, notes=notes).table.column("trace_id").to_pylist())
+    assert got == _trace_ids(b"".join(lines), tmp_path)
+    at = len(members[0])
+    assert notes == [f"{path}: bytes {at:,} to {at + gap - 1:,} hold a gzip member cut short (a write that failed, "
+                     "e.g. on a full disk): left out"]
+
+
 def test_a_live_gz_file_a_full_disk_cut_short_reports_every_other_trace(lines, tmp_path, nearly_full_disk,
                                                                         capsys) -> None:
     """The live sink itself on a disk that fills mid-line and has room again later: `plasmient report`

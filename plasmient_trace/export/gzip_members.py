@@ -123,7 +123,11 @@ class GzipMembers(io.RawIOBase):
         self._end_member()
 
     def _to_next_header(self) -> bool:
-        """Drop bytes up to the next gzip header (a broken member's rest); False at the end of the file."""
+        """Drop bytes up to the next gzip header (a broken member's rest); False at the end of the file.
+        Zero bytes after the last whole member and nothing else are padding, as gzip(1) and Python's gzip
+        read them (and ``rawinput.inflate_blocks``): no cut."""
+        opens = None if self._recovering else len(self.cuts)  # the index a stretch starting here gets
+        zeros = True
         while True:
             at = self._pending.find(GZIP_MAGIC)
             if at == 0:
@@ -131,13 +135,17 @@ class GzipMembers(io.RawIOBase):
             if at > 0 or len(self._pending) >= len(GZIP_MAGIC):
                 self._cut(self._pending_at)
                 drop = at if at > 0 else len(self._pending) - (len(GZIP_MAGIC) - 1)  # a header may straddle reads
+                zeros = zeros and not self._pending[:drop].strip(b"\x00")
                 self._pending, self._pending_at = self._pending[drop:], self._pending_at + drop
                 if at > 0:
                     return True
             if not self._fill():
                 if self._pending:
                     self._cut(self._pending_at)
+                    zeros = zeros and not self._pending.strip(b"\x00")
                 self._cut_ends(self._pending_at + len(self._pending))
+                if opens is not None and zeros and len(self.cuts) > opens:
+                    del self.cuts[opens:]
                 return False
 
     def _more(self) -> bool:
