@@ -111,10 +111,10 @@ def _own_work_candidates(ops: pa.Table) -> np.ndarray:
     return match_distinct(ops.column("name"), _aten_working_names)
 
 
-def kernel_kinds(inp: RankInput, synth_ops: np.ndarray, kernel_names: pa.Array | None = None) -> np.ndarray:
+def kernel_kinds(inp: RankInput, synth_ops: np.ndarray, kernel_names: pa.Array | None) -> np.ndarray:
     """KIND_CODE per kernel row; collective kernels (records.COLLECTIVE_KERNEL) and collective ops standing
     for kernels on a CPU are collectives whatever category the source gave them. ``kernel_names``: the
-    kernels' names as ``grouping.dictionary_of`` gives them, where the caller has them."""
+    kernels' names as ``grouping.dictionary_of`` gives them (None without kernels)."""
     rs = inp.records
     n_k = rs.kernels.num_rows
     codes = np.zeros(n_k + len(synth_ops), np.int8)  # synthetic CPU kernels are 'kernel'
@@ -123,7 +123,7 @@ def kernel_kinds(inp: RankInput, synth_ops: np.ndarray, kernel_names: pa.Array |
         if code:
             codes[:n_k][pc.equal(kind, pa.scalar(name, pa.string())).fill_null(False).to_numpy(zero_copy_only=False)] = code
     if n_k:
-        comm = match_distinct(rs.kernels.column("name") if kernel_names is None else kernel_names, collective_kernel_names)
+        comm = match_distinct(kernel_names, collective_kernel_names)
         codes[:n_k][comm & (codes[:n_k] == KIND_CODE["kernel"])] = KIND_CODE["collective"]
     if len(synth_ops):
         hit = match_distinct(rs.ops.column("name").combine_chunks().take(synth_ops), collective_op_names)
