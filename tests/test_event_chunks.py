@@ -10,12 +10,14 @@ import sys
 import textwrap
 from pathlib import Path
 
+import msgspec
 import pytest
 import test_fuzz_input as fuzz
 from conftest import TRACES
 from ingest_checks import ingest
 
 from plasmient_trace.sources import event_chunks, kineto
+from plasmient_trace.sources.kineto_schema import EVENT
 from plasmient_trace.sources.rawinput import read_file_bytes
 
 GZ_TRACES = sorted(str(p.relative_to(TRACES)) for p in TRACES.rglob("*.json.gz"))
@@ -48,13 +50,17 @@ def test_every_shared_trace_reads_the_same_in_chunks(name, small_blocks, monkeyp
     assert (streamed.resource, streamed.clock, streamed.counters) == (whole.resource, whole.clock, whole.counters)
 
 
-def test_the_events_are_the_documents_own_bytes(small_blocks):
+def test_the_events_are_the_documents_own_events_each_once(small_blocks):
+    """Cut into ~400 chunks, the events decoded are the document's, in order, none lost or doubled at a cut."""
     path = TRACES / "a100/cuda_graphs_rank0_of16.json.gz"
     chunks = event_chunks.EventChunks(read_file_bytes(path), path)
-    streamed = [bytes(raw) for events in chunks for raw in events]
+    per_chunk = list(chunks)
+    streamed = [event for events in per_chunk for event in events]
     doc = json.loads(gzip.decompress(path.read_bytes()))  # an independent parser
+    assert len(per_chunk) > 100
     assert len(streamed) == len(doc["traceEvents"])
-    assert [json.loads(raw) for raw in streamed] == doc["traceEvents"]
+    # each event of the independent parse, as the typed schema reads it
+    assert streamed == [EVENT.decode(json.dumps(event)) for event in doc["traceEvents"]]
     assert chunks.meta["deviceProperties"] == doc["deviceProperties"]
     assert chunks.meta["baseTimeNanoseconds"] == doc.get("baseTimeNanoseconds")
 
@@ -79,6 +85,49 @@ def test_a_fuzzed_gzip_trace_ends_the_same_in_chunks_as_whole(case, tmp_path, ca
             code, err = ingest(path, out, capsys)
         outcomes.append((code, err, out.read_bytes() if out.exists() else None))
     assert outcomes[0] == outcomes[1], what
+
+
+@pytest.mark.parametrize("where", ["middle", "last"])
+def test_a_type_error_in_a_streamed_event_is_named_as_the_whole_read_names_it(where, tmp_path, capsys, monkeypatch):
+    """Chunks are decoded into typed events: one event whose "ts" is a boolean, in a chunk in the middle of
+    the document or in the last one, gives the whole reader's one line naming that event (by its index),
+    exit 2 and no output file, not a cut tried elsewhere or events skipped."""
+    doc = json.loads(gzip.decompress((TRACES / "h100/bert_small_inference.json.gz").read_bytes()))
+    events = doc["traceEvents"]
+    bad = len(events) // 2 if where == "middle" else len(events) - 2
+    events[bad] = {**events[bad], "ts": True}
+    path = tmp_path / "bad.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(doc).encode(), compresslevel=1))
+    outcomes = []
+    for streamed in (True, False):
+        out = tmp_path / f"out-{streamed}.jsonl"
+        with monkeypatch.context() as m:
+            m.setattr(event_chunks, "BLOCK_BYTES", SMALL_BLOCK)
+            if not streamed:
+                m.setattr(kineto, "is_gzip", lambda data: False)
+            code, err = ingest(path, out, capsys)
+        outcomes.append((code, err, out.exists()))
+    assert outcomes[0] == outcomes[1]
+    code, err, wrote = outcomes[0]
+    assert (code, wrote) == (2, False)
+    assert f"event #{bad}: malformed event (Expected `float | str | null`, got `bool` at ts)" in err
+    assert len(err.splitlines()) == 1
+    # the streaming reader gives up at the bad event's chunk, not after gathering the rest of the document
+    # into one buffer in search of a cut that decodes
+    inflated = []
+    original = event_chunks._inflate
+
+    def counting(path, data):
+        for block in original(path, data):
+            inflated.append(len(block))
+            yield block
+
+    monkeypatch.setattr(event_chunks, "_inflate", counting)
+    monkeypatch.setattr(event_chunks, "BLOCK_BYTES", SMALL_BLOCK)
+    with pytest.raises(event_chunks.Unstreamable):
+        list(event_chunks.EventChunks(path.read_bytes(), path))
+    size = len(gzip.decompress(path.read_bytes()))
+    assert sum(inflated) < (0.6 if where == "middle" else 1.01) * size
 
 
 def test_memory_is_bounded_by_the_block_not_the_document(tmp_path):
@@ -124,7 +173,7 @@ def test_the_events_key_is_found_wherever_a_block_boundary_cuts_it(split, monkey
     assert text.index('"traceEvents"') == block - split
     chunks = event_chunks.EventChunks(gzip.compress(text.encode()), "t.json.gz")
     assert chunks.whole is None
-    assert [json.loads(bytes(raw)) for part in chunks for raw in part] == events
+    assert [event for part in chunks for event in part] == [EVENT.decode(json.dumps(e)) for e in events]
     assert chunks.meta["baseTimeNanoseconds"] == 1234
 
 
@@ -163,19 +212,20 @@ def test_megabytes_of_whitespace_between_events_read_the_same_in_linear_time(tmp
     child = textwrap.dedent(f"""
         import json, sys
         from pathlib import Path
+        import msgspec
         from plasmient_trace.sources import event_chunks, rawinput
         event_chunks.BLOCK_BYTES = 64 << 10
         path = Path({str(path)!r})
         chunks = event_chunks.EventChunks(rawinput.read_file_bytes(path), path)
         assert chunks.whole is None
-        events = [json.loads(bytes(raw)) for part in chunks for raw in part]
+        events = [msgspec.json.encode(event).decode() for part in chunks for event in part]
         json.dump({{"events": events, "base": chunks.meta["baseTimeNanoseconds"]}}, sys.stdout)
     """)
     proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout)
     doc = json.loads(text)  # an independent parser, on the unpadded document
-    assert got["events"] == doc["traceEvents"]
+    assert got["events"] == [msgspec.json.encode(EVENT.decode(json.dumps(e))).decode() for e in doc["traceEvents"]]
     assert got["base"] == doc.get("baseTimeNanoseconds")
 
 

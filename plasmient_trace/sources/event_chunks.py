@@ -2,12 +2,14 @@
 
 The decompressed document never exists at once: a 10^6-kernel trace is about 4 GB of JSON, and its
 record tables about a fifth of that. Blocks are inflated under the same caps as ``rawinput`` and cut into
-chunks of whole events, each decoded into ``msgspec.Raw`` views by one call.
+chunks of whole events, each decoded into typed :class:`KinetoEvent` structs by one call (a third faster
+than views of each event decoded one by one: the chunk is parsed once, not scanned and then parsed).
 
 Where to cut is found by the decoder itself. A chunk starts at a boundary between two events; a
 candidate end (a ``}`` followed by ``,``, latest first) is right exactly when ``[`` + chunk + ``]``
 decodes, since a parser that starts at a boundary can only reach the end of the text between two
-events. The document around the events (``deviceProperties``, ``baseTimeNanoseconds``, ...) is
+events. A wrong cut fails as a syntax error; a type error is a real event's (a parser that starts at a
+boundary reads real fields until it fails), and the file is then read whole, which names that event. The document around the events (``deviceProperties``, ``baseTimeNanoseconds``, ...) is
 decoded once the array is closed, as the document with an empty ``traceEvents``.
 
 Anything this reader does not expect (no ``traceEvents`` near the top, an event larger than the
@@ -25,7 +27,7 @@ from typing import Any
 
 import msgspec
 
-from .kineto_schema import KinetoDocument
+from .kineto_schema import KinetoDocument, KinetoEvent
 from .rawinput import InputError, inflate_blocks
 
 BLOCK_BYTES = 2 << 20  # inflated per step; a chunk of events is about this size (1-2 MiB blocks kept the
@@ -36,7 +38,7 @@ _CUT_TRIES = 16            # candidate cuts tried per chunk before reading more
 _KEY = b'"traceEvents"'
 _CLOSING = re.compile(rb"\}[ \t\r\n]*\]")
 _NOT_WHITESPACE = re.compile(rb"[^ \t\r\n]")
-_EVENTS = msgspec.json.Decoder(list[msgspec.Raw])
+_EVENTS = msgspec.json.Decoder(list[KinetoEvent])
 _DOCUMENT = msgspec.json.Decoder(KinetoDocument)
 
 
@@ -45,7 +47,7 @@ class Unstreamable(Exception):
 
 
 class EventChunks:
-    """Iterate to get each chunk's events (``list[msgspec.Raw]``); ``meta`` is set once they are exhausted.
+    """Iterate to get each chunk's events (``list[KinetoEvent]``); ``meta`` is set once they are exhausted.
     When the whole document inflates to one block, ``whole`` holds it and nothing is to be iterated."""
 
     def __init__(self, data: bytes, path: Path | str = "trace") -> None:
@@ -58,7 +60,7 @@ class EventChunks:
         self._read = [first] if second is None else [first, second]
         self.meta: dict[str, Any] | None = None
 
-    def __iter__(self) -> Iterator[list[msgspec.Raw]]:
+    def __iter__(self) -> Iterator[list[KinetoEvent]]:
         blocks = self._blocks_in_order()
         # The head: up to the '[' that opens traceEvents. Each block is searched once (with the few bytes
         # before it that could start the key): a file with no such key must not be rescanned and recopied
@@ -168,7 +170,7 @@ def _after_separator(buf: bytes, pos: int) -> int:
     return i
 
 
-def _cut(buf: bytes, pos: int) -> tuple[list[msgspec.Raw], int] | None:
+def _cut(buf: bytes, pos: int) -> tuple[list[KinetoEvent], int] | None:
     """The whole events in buf[pos:] up to a boundary near its end, and where the rest starts; None when
     no boundary is found."""
     end = len(buf)
@@ -181,6 +183,8 @@ def _cut(buf: bytes, pos: int) -> tuple[list[msgspec.Raw], int] | None:
         if buf[after:after + 1] == b",":
             try:
                 return _EVENTS.decode(b"[" + view[pos:brace + 1] + b"]"), brace + 1
+            except msgspec.ValidationError:
+                raise Unstreamable("a malformed event") from None
             except msgspec.DecodeError:
                 pass
             except (RecursionError, MemoryError):
@@ -189,7 +193,7 @@ def _cut(buf: bytes, pos: int) -> tuple[list[msgspec.Raw], int] | None:
     return None
 
 
-def _close(buf: bytes, pos: int, head: bytes) -> tuple[list[msgspec.Raw], dict[str, Any]]:
+def _close(buf: bytes, pos: int, head: bytes) -> tuple[list[KinetoEvent], dict[str, Any]]:
     """At the end of the input: the last events, and the document around them (as ``_decode``'s meta)."""
     view = memoryview(buf)
     # The array closes at a ']' right after an event's '}' (or at once, when it is empty). Forward, because
@@ -199,6 +203,8 @@ def _close(buf: bytes, pos: int, head: bytes) -> tuple[list[msgspec.Raw], dict[s
         try:
             events = _EVENTS.decode(b"[" + view[pos:bracket] + b"]")
             doc = _DOCUMENT.decode(head + b":[]" + view[bracket + 1:])
+        except msgspec.ValidationError:
+            raise Unstreamable("a malformed event or document") from None
         except msgspec.DecodeError:
             continue
         except (RecursionError, MemoryError):

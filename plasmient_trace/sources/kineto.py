@@ -216,7 +216,7 @@ def _collect_chunks(path: Path, chunks: EventChunks) -> tuple[_Columns, dict[str
     columns = _Columns()
     seen = 0
     for events in chunks:
-        _collect(path, events, columns, seen)
+        _collect(path, events, columns, seen, decoded=True)
         seen += len(events)
         del events  # before the next chunk is inflated and cut
         columns.compact()
@@ -264,6 +264,9 @@ class _Columns:
         self.steps: dict[str, Any] = {k: _column(k) for k in ("ts", "dur", "step", "name", "pid", "tid")}
         self.arrow: dict[tuple[str, str], list[pa.Array]] = {}  # (table, column) -> compacted chunks
         self.loose: set[tuple[str, str]] = set()  # columns left as lists
+        # per kernel name, whether it is a collective's: a trace repeats a few hundred names across all
+        # of its chunks, and the pattern search costs a long template name's length
+        self.collective_names: dict[str, bool] = {}
 
     def tables(self) -> dict[str, dict[str, Any]]:
         return {"kernels": self.kernels, "launches": self.launches, "ops": self.ops, "modules": self.modules,
@@ -299,8 +302,10 @@ class _Columns:
         return pa.concat_arrays(chunks) if len(chunks) > 1 else chunks[0]
 
 
-def _collect(path: Path, events: list[msgspec.Raw], cols: _Columns | None = None, first: int = 0) -> _Columns:
-    """Append the events' fields to the columns (new ones when None); ``first`` numbers them in errors."""
+def _collect(path: Path, events: list[msgspec.Raw] | list[KinetoEvent], cols: _Columns | None = None,
+             first: int = 0, decoded: bool = False) -> _Columns:
+    """Append the events' fields to the columns (new ones when None); ``first`` numbers them in errors.
+    ``events`` are raw views decoded here one at a time, or already decoded (``decoded``)."""
     cols = _Columns() if cols is None else cols
     K, L, O, M, S = cols.kernels, cols.launches, cols.ops, cols.modules, cols.steps
     k_ts, k_dur, k_dev, k_stream, k_name, k_kind = K["ts"], K["dur"], K["device"], K["stream"], K["name"], K["kind"]
@@ -315,10 +320,10 @@ def _collect(path: Path, events: list[msgspec.Raw], cols: _Columns | None = None
     index = first - 1
     e = None
     decode = EVENT.decode
-    collective_names: dict[str, bool] = {}  # a trace repeats a few hundred kernel names
+    collective_names = cols.collective_names
     try:
         for index, raw in enumerate(events, first):
-            e = decode(raw)
+            e = raw if decoded else decode(raw)
             if e.ph != "X":
                 continue
             cat = e.cat

@@ -2,7 +2,9 @@
 
 msgspec skips every other key inside the C decoder (stack frames, python_function ids, flow events'
 extra args, ...), so decoding an event builds one small Struct instead of a dict per event plus a
-dict per ``args``; and events are decoded one at a time from ``Raw`` views of the file's bytes. Field types are ``Any`` where real files disagree (pid/tid are ints in new Kineto,
+dict per ``args``. A gzip'd file's events are decoded a chunk of whole events at a time
+(``event_chunks``); a document read whole keeps them as ``Raw`` views of its bytes, each decoded when its
+turn comes. Field types are ``Any`` where real files disagree (pid/tid are ints in new Kineto,
 strings in old files; ts is int or float): the loop in ``kineto.py`` interprets them exactly as the
 previous dict-based parser did, and numpy rejects what is not a number.
 """
