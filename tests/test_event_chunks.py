@@ -59,8 +59,9 @@ def test_the_events_are_the_documents_own_events_each_once(small_blocks):
     doc = json.loads(gzip.decompress(path.read_bytes()))  # an independent parser
     assert len(per_chunk) > 100
     assert len(streamed) == len(doc["traceEvents"])
-    # each event of the independent parse, as the typed schema reads it
-    assert streamed == [EVENT.decode(json.dumps(event)) for event in doc["traceEvents"]]
+    # each event of the independent parse, as the typed schema reads it (argument lists as JSON values)
+    typed = [json.loads(msgspec.json.encode(EVENT.decode(json.dumps(event)))) for event in doc["traceEvents"]]
+    assert [json.loads(msgspec.json.encode(event)) for event in streamed] == typed
     assert chunks.meta["deviceProperties"] == doc["deviceProperties"]
     assert chunks.meta["baseTimeNanoseconds"] == doc.get("baseTimeNanoseconds")
 
@@ -173,7 +174,7 @@ def test_the_events_key_is_found_wherever_a_block_boundary_cuts_it(split, monkey
     assert text.index('"traceEvents"') == block - split
     chunks = event_chunks.EventChunks(gzip.compress(text.encode()), "t.json.gz")
     assert chunks.whole is None
-    assert [event for part in chunks for event in part] == [EVENT.decode(json.dumps(e)) for e in events]
+    assert [event for part in chunks for event in part] == [EVENT.decode(json.dumps(e)) for e in events]  # no Raw fields
     assert chunks.meta["baseTimeNanoseconds"] == 1234
 
 
@@ -218,14 +219,15 @@ def test_megabytes_of_whitespace_between_events_read_the_same_in_linear_time(tmp
         path = Path({str(path)!r})
         chunks = event_chunks.EventChunks(rawinput.read_file_bytes(path), path)
         assert chunks.whole is None
-        events = [msgspec.json.encode(event).decode() for part in chunks for event in part]
+        events = [json.loads(msgspec.json.encode(event)) for part in chunks for event in part]
         json.dump({{"events": events, "base": chunks.meta["baseTimeNanoseconds"]}}, sys.stdout)
     """)
     proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout)
     doc = json.loads(text)  # an independent parser, on the unpadded document
-    assert got["events"] == [msgspec.json.encode(EVENT.decode(json.dumps(e))).decode() for e in doc["traceEvents"]]
+    # each event as the typed schema reads it (its argument lists as their JSON values)
+    assert got["events"] == [json.loads(msgspec.json.encode(EVENT.decode(json.dumps(e)))) for e in doc["traceEvents"]]
     assert got["base"] == doc.get("baseTimeNanoseconds")
 
 

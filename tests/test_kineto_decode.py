@@ -60,3 +60,37 @@ def test_inductor_kernel_flop_and_num_gb_become_per_kernel_flops_and_bytes(tmp_p
     # kernel_num_gb is in GB (1e9 bytes)
     assert kernels.column("model_bytes").to_pylist() == [pytest.approx(12_582_912.0), pytest.approx(400_000.0), None, None]
     assert records.counters["input.invalid_values"] == 2
+
+
+OP_CATS = ("cpu_op", "Operator", "user_annotation")
+
+
+def _compact(value):
+    return None if value is None else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+@pytest.mark.parametrize("name", ALL_TRACES)
+def test_op_argument_lists_are_the_raw_jsons_values_as_compact_text(name):
+    """Input Dims / Input type / Concrete Inputs are kept as compact JSON text of the file's values, however
+    the file spaces them (the h100 traces are pretty-printed across lines); Input Strides only where an
+    input is broadcast (a 0 stride over a dimension longer than 1)."""
+    doc = raw_trace(name)
+    raw = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") in OP_CATS
+           and not (e.get("name", "").startswith("ProfilerStep#") and e["name"][len("ProfilerStep#"):].isdigit())]
+    ops = read_kineto(trace_path(name)).ops
+    assert ops.num_rows == len(raw)
+    args = [e.get("args", {}) for e in raw]
+    for column, key in (("input_dims", "Input Dims"), ("input_types", "Input type"), ("concrete_inputs", "Concrete Inputs")):
+        assert ops.column(column).to_pylist() == [_compact(a.get(key)) for a in args], column
+
+    def broadcast(a):
+        strides, dims = a.get("Input Strides"), a.get("Input Dims")
+        if not isinstance(strides, list) or not isinstance(dims, list):
+            return None
+        for st, d in zip(strides, dims):
+            if isinstance(st, list) and isinstance(d, list) and len(st) == len(d) \
+                    and any(k == 0 and isinstance(n, int) and n > 1 for k, n in zip(st, d)):
+                return _compact(strides)
+        return None
+
+    assert ops.column("input_strides").to_pylist() == [broadcast(a) for a in args]

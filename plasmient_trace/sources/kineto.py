@@ -153,6 +153,31 @@ def _json_text(value: Any) -> str | None:
     return None if value is None else _dumps(value).decode()
 
 
+_ANY = msgspec.json.Decoder()
+_NO_TEXT: tuple[str | None, Any] = (None, None)
+_ARG_TEXTS_MAX = 1 << 16  # distinct values remembered; a file of more parses the rest each time
+
+
+class _ArgTexts:
+    """An op argument list's JSON text as the record tables keep it (compact, as orjson prints it) and its
+    value, parsed once per distinct raw text of the file: a trace repeats a few thousand of them."""
+
+    def __init__(self) -> None:
+        self._seen: dict[bytes, tuple[str | None, Any]] = {}
+
+    def __call__(self, raw: msgspec.Raw | None) -> tuple[str | None, Any]:
+        if raw is None:
+            return _NO_TEXT
+        key = bytes(raw)
+        got = self._seen.get(key)
+        if got is None:
+            value = _ANY.decode(key)
+            got = (_json_text(value), value)
+            if len(self._seen) < _ARG_TEXTS_MAX:
+                self._seen[key] = got
+        return got
+
+
 def _broadcast_strides(strides: Any, dims: Any) -> str | None:
     """'Input Strides' as JSON text when some input is broadcast (a stride 0 over a dimension longer than 1,
     as ``expand`` makes), else None: dense inputs need no strides, and most ops have none of them."""
@@ -267,6 +292,7 @@ class _Columns:
         # per kernel name, whether it is a collective's: a trace repeats a few hundred names across all
         # of its chunks, and the pattern search costs a long template name's length
         self.collective_names: dict[str, bool] = {}
+        self.arg_texts = _ArgTexts()
 
     def tables(self) -> dict[str, dict[str, Any]]:
         return {"kernels": self.kernels, "launches": self.launches, "ops": self.ops, "modules": self.modules,
@@ -320,7 +346,7 @@ def _collect(path: Path, events: list[msgspec.Raw] | list[KinetoEvent], cols: _C
     index = first - 1
     e = None
     decode = EVENT.decode
-    collective_names = cols.collective_names
+    collective_names, arg_texts = cols.collective_names, cols.arg_texts
     try:
         for index, raw in enumerate(events, first):
             e = raw if decoded else decode(raw)
@@ -339,10 +365,11 @@ def _collect(path: Path, events: list[msgspec.Raw] | list[KinetoEvent], cols: _C
                 o_pid.append(_id(e.pid)); o_tid.append(_id(e.tid))
                 o_ts.append(e.ts); o_dur.append(e.dur); o_name.append(name); o_cat.append(_OP_CATS[cat])
                 o_ext.append(_ext(a)); o_seq.append(a.sequence_number); o_fwd.append(a.fwd_thread_id)
-                o_dims.append(_json_text(a.input_dims)); o_types.append(_json_text(a.input_types))
+                dims_text, dims = arg_texts(a.input_dims)
+                o_dims.append(dims_text); o_types.append(arg_texts(a.input_types)[0])
                 o_flops.append(None if a.flops is None else float(a.flops))
-                o_conc.append(_json_text(a.concrete_inputs))
-                o_strides.append(_broadcast_strides(a.input_strides, a.input_dims))
+                o_conc.append(arg_texts(a.concrete_inputs)[0])
+                o_strides.append(_broadcast_strides(arg_texts(a.input_strides)[1], dims))
             elif cat in _KERNEL_CATS:
                 a = e.args or _NO_ARGS
                 kind = _KERNEL_CATS[cat]

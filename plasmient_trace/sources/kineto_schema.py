@@ -24,10 +24,13 @@ class KinetoArgs(Struct, gc=False):
     external_id_lower: Any = field(default=None, name="external id")
     sequence_number: Any = field(default=None, name="Sequence number")
     fwd_thread_id: Any = field(default=None, name="Fwd thread id")
-    input_dims: Any = field(default=None, name="Input Dims")
-    input_types: Any = field(default=None, name="Input type")
-    concrete_inputs: Any = field(default=None, name="Concrete Inputs")
-    input_strides: Any = field(default=None, name="Input Strides")
+    # An op's argument lists stay JSON text: a trace repeats a few thousand of them, so the reader parses
+    # each distinct one once (kineto._ArgTexts) instead of building lists per op to print them back. None
+    # when absent; an explicit null is the text "null" (msgspec takes no union with Raw).
+    input_dims: msgspec.Raw = field(default=None, name="Input Dims")
+    input_types: msgspec.Raw = field(default=None, name="Input type")
+    concrete_inputs: msgspec.Raw = field(default=None, name="Concrete Inputs")
+    input_strides: msgspec.Raw = field(default=None, name="Input Strides")
     flops: Any = None
     device: Any = UNSET
     stream: Any = UNSET
