@@ -177,13 +177,15 @@ def _conv_from_consumer(cands: np.ndarray, rows: _Rows, start: np.ndarray, end: 
     order = np.lexsort((start, thread))
     pos = np.empty(n, np.int64)
     pos[order] = np.arange(n)
-    # every op's first tensor shape: (rank, dim 0, dim 1), parsed per distinct (input_dims, input_types)
+    # every op's first tensor shape, parsed per distinct (input_dims, input_types); its (rank, dim 0, dim 1)
+    # as one code per distinct triple, read per distinct pair (an (n, 3) copy per op cost more than the look-ahead)
     dims_code, types_code = rows.codes("input_dims"), rows.codes("input_types")
     pair_of, pair_first = group_rows([dims_code, types_code])
     shapes = [_first_tensor_shape(rows.value("input_dims", int(d)), rows.value("input_types", int(t)))
               if d >= 0 and t >= 0 else None for d, t in zip(dims_code[pair_first].tolist(), types_code[pair_first].tolist())]
-    first = np.array([(len(x), x[0], x[1]) if x is not None and len(x) >= 2 else (-1, -1, -1) for x in shapes],
-                     np.int64).reshape(-1, 3)[pair_of]
+    triple_code: dict[tuple[int, int, int], int] = {}
+    pair_triple = np.array([triple_code.setdefault((len(x), x[0], x[1]), len(triple_code))
+                            if x is not None and len(x) >= 2 else -1 for x in shapes], np.int64)
     # each conv's input X and weight W, per distinct signature
     sig_of, sig_first = group_rows(list(rows.signatures(cands).T))
     sig_args, sig_xw = [], []
@@ -195,8 +197,9 @@ def _conv_from_consumer(cands: np.ndarray, rows: _Rows, start: np.ndarray, end: 
         sig_xw.append((X, W) if ok else None)
     usable = np.array([xw is not None for xw in sig_xw], bool)[sig_of]
     convs, sig_of = cands[usable], sig_of[usable]
-    want = np.array([(len(xw[1]), xw[0][0], xw[1][0]) if xw is not None else (-1, -1, -1) for xw in sig_xw],
-                    np.int64).reshape(-1, 3)[sig_of]
+    # the triple a conv's consumer shows, as the same codes (-2: one no op shows, so it matches none)
+    want = np.array([triple_code.get((len(xw[1]), xw[0][0], xw[1][0]), -2) if xw is not None else -2 for xw in sig_xw],
+                    np.int64)[sig_of]
     # look ahead: the first neighbour past the conv's own children whose first tensor's rank and first two
     # dims fit decides; a neighbour on another thread ends the search
     found = np.full(len(convs), -1, np.int64)
@@ -210,7 +213,7 @@ def _conv_from_consumer(cands: np.ndarray, rows: _Rows, start: np.ndarray, end: 
         q = order[np.minimum(at, n - 1)]
         same = thread[q] == thread[convs]
         open_ &= same
-        candidate = open_ & (start[q] >= end[convs]) & (first[q] == want).all(axis=1)
+        candidate = open_ & (start[q] >= end[convs]) & (pair_triple[pair_of[q]] == want)
         found[candidate] = q[candidate]
         open_ &= ~candidate
     # one cost per distinct (conv signature, consumer shape), scattered onto every conv that has it
