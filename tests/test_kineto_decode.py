@@ -94,3 +94,30 @@ def test_op_argument_lists_are_the_raw_jsons_values_as_compact_text(name):
         return None
 
     assert ops.column("input_strides").to_pylist() == [broadcast(a) for a in args]
+
+
+def test_argument_lists_and_kernel_names_past_the_cache_bound_read_the_same(tmp_path, monkeypatch):
+    """The per-file caches stop growing at their byte bound (a hostile file of millions of distinct long
+    argument lists must not be held twice); what comes after is parsed each time, to the same values."""
+    from plasmient_trace.sources import kineto
+
+    monkeypatch.setattr(kineto, "_CACHE_KEY_BYTES", 600)
+    events = []
+    for i in range(200):
+        dims = [[i, 3], [], [i % 7]]
+        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 10 * i, "dur": 5, "pid": 1, "tid": 1,
+                       "args": {"External id": i + 1, "Input Dims": dims, "Input type": ["float", "", "Scalar"],
+                                "Input Strides": [[0, 1], [], []] if i % 2 else None}})
+        events.append({"ph": "X", "cat": "kernel", "name": f"ncclDevKernel_AllReduce_{i}" if i % 3 == 0 else f"gemm_{i}",
+                       "ts": 10 * i + 1, "dur": 2, "pid": 0, "tid": 7, "args": {"device": 0, "stream": 7, "correlation": i + 1,
+                                                                                "External id": i + 1}})
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}, indent=2))  # spaced across lines, as h100 traces are
+    records = read_kineto(path)
+    ops = records.ops
+    assert ops.column("input_dims").to_pylist() == [_compact(e["args"]["Input Dims"]) for e in events if e["cat"] == "cpu_op"]
+    assert ops.column("input_types").to_pylist() == ['["float","","Scalar"]'] * 200
+    # a 0 stride over a dimension longer than 1 is a broadcast: kept for odd i with i > 1
+    assert ops.column("input_strides").to_pylist() == ['[[0,1],[],[]]' if i % 2 and i > 1 else None for i in range(200)]
+    kinds = records.kernels.column("kind").to_pylist()
+    assert kinds == ["collective" if i % 3 == 0 else "kernel" for i in range(200)]

@@ -155,7 +155,10 @@ def _json_text(value: Any) -> str | None:
 
 _ANY = msgspec.json.Decoder()
 _NO_TEXT: tuple[str | None, Any] = (None, None)
-_ARG_TEXTS_MAX = 1 << 16  # distinct values remembered; a file of more parses the rest each time
+# What the per-file caches remember, in bytes of their keys: real traces hold a few hundred KB of distinct
+# argument lists and kernel names; a hostile file of millions of distinct long ones parses the rest each time
+# instead of holding them twice (the record tables keep the texts anyway).
+_CACHE_KEY_BYTES = 4 << 20
 
 
 class _ArgTexts:
@@ -164,6 +167,7 @@ class _ArgTexts:
 
     def __init__(self) -> None:
         self._seen: dict[bytes, tuple[str | None, Any]] = {}
+        self._room = _CACHE_KEY_BYTES
 
     def __call__(self, raw: msgspec.Raw | None) -> tuple[str | None, Any]:
         if raw is None:
@@ -173,8 +177,9 @@ class _ArgTexts:
         if got is None:
             value = _ANY.decode(key)
             got = (_json_text(value), value)
-            if len(self._seen) < _ARG_TEXTS_MAX:
+            if len(key) <= self._room:
                 self._seen[key] = got
+                self._room -= len(key)
         return got
 
 
@@ -292,6 +297,7 @@ class _Columns:
         # per kernel name, whether it is a collective's: a trace repeats a few hundred names across all
         # of its chunks, and the pattern search costs a long template name's length
         self.collective_names: dict[str, bool] = {}
+        self.name_room = _CACHE_KEY_BYTES  # characters collective_names may still take
         self.arg_texts = _ArgTexts()
 
     def tables(self) -> dict[str, dict[str, Any]]:
@@ -376,7 +382,10 @@ def _collect(path: Path, events: list[msgspec.Raw] | list[KinetoEvent], cols: _C
                 if kind == "kernel":
                     collective = collective_names.get(name)
                     if collective is None:
-                        collective = collective_names[name] = is_collective_kernel(name)
+                        collective = is_collective_kernel(name)
+                        if cols.name_room >= len(name):
+                            collective_names[name] = collective
+                            cols.name_room -= len(name)
                     if collective:
                         kind = "collective"
                 k_dev.append(_id(e.pid if a.device is UNSET else a.device))
