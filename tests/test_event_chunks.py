@@ -113,8 +113,8 @@ def test_a_type_error_in_a_streamed_event_is_named_as_the_whole_read_names_it(wh
     assert (code, wrote) == (2, False)
     assert f"event #{bad}: malformed event (Expected `float | str | null`, got `bool` at ts)" in err
     assert len(err.splitlines()) == 1
-    # the streaming reader gives up at the bad event's chunk, not after gathering the rest of the document
-    # into one buffer in search of a cut that decodes
+    # the streaming reader names the event at its chunk: neither gathering the rest of the document into one
+    # buffer in search of a cut that decodes, nor handing the file to the whole-document reader
     inflated = []
     original = event_chunks._inflate
 
@@ -125,8 +125,9 @@ def test_a_type_error_in_a_streamed_event_is_named_as_the_whole_read_names_it(wh
 
     monkeypatch.setattr(event_chunks, "_inflate", counting)
     monkeypatch.setattr(event_chunks, "BLOCK_BYTES", SMALL_BLOCK)
-    with pytest.raises(event_chunks.Unstreamable):
+    with pytest.raises(event_chunks.MalformedEvent) as raised:
         list(event_chunks.EventChunks(path.read_bytes(), path))
+    assert (raised.value.index, raised.value.at) == (bad, "ts")
     size = len(gzip.decompress(path.read_bytes()))
     assert sum(inflated) < (0.6 if where == "middle" else 1.01) * size
 

@@ -9,7 +9,8 @@ Where to cut is found by the decoder itself. A chunk starts at a boundary betwee
 candidate end (a ``}`` followed by ``,``, latest first) is right exactly when ``[`` + chunk + ``]``
 decodes, since a parser that starts at a boundary can only reach the end of the text between two
 events. A wrong cut fails as a syntax error; a type error is a real event's (a parser that starts at a
-boundary reads real fields until it fails), and the file is then read whole, which names that event. The document around the events (``deviceProperties``, ``baseTimeNanoseconds``, ...) is
+boundary reads real fields until it fails), and is reported as :class:`MalformedEvent`, named by its index
+as the whole-document reader names it. The document around the events (``deviceProperties``, ``baseTimeNanoseconds``, ...) is
 decoded once the array is closed, as the document with an empty ``traceEvents``.
 
 Anything this reader does not expect (no ``traceEvents`` near the top, an event larger than the
@@ -48,6 +49,29 @@ class Unstreamable(Exception):
     """This file is read whole instead (the whole-document reader reports any problem)."""
 
 
+class MalformedEvent(Exception):
+    """An event of valid JSON whose fields have the wrong types: ``index`` in the document, msgspec's
+    ``what``, and the field ``at``. Reported as it is: reading the file whole would name the same event,
+    at the cost of holding the whole document."""
+
+    def __init__(self, index: int, what: str, at: str) -> None:
+        super().__init__(f"event #{index}: {what} at {at}")
+        self.index, self.what, self.at = index, what, at
+
+
+_AT_EVENT = re.compile(r"^\$\[(\d+)\]\.?(.*)$")
+
+
+def _malformed(err: msgspec.ValidationError, first: int) -> Exception:
+    """The type error of a chunk's event as :class:`MalformedEvent` (its index counted from ``first``, the
+    chunk's first event), or :class:`Unstreamable` where msgspec's path names no event."""
+    what, _, where = str(err).partition(" - at ")
+    found = _AT_EVENT.match(where.strip("`"))
+    if found is None:
+        return Unstreamable("a malformed event")
+    return MalformedEvent(first + int(found.group(1)), what, found.group(2) or "the event")
+
+
 class EventChunks:
     """Iterate to get each chunk's events (``list[KinetoEvent]``); ``meta`` is set once they are exhausted.
     When the whole document inflates to one block, ``whole`` holds it and nothing is to be iterated."""
@@ -61,6 +85,7 @@ class EventChunks:
         self.whole: bytes | None = first if second is None else None
         self._read = [first] if second is None else [first, second]
         self.meta: dict[str, Any] | None = None
+        self._count = 0  # events handed out so far: a malformed one is named by its index in the document
 
     def __iter__(self) -> Iterator[list[KinetoEvent]]:
         blocks = self._blocks_in_order()
@@ -113,12 +138,12 @@ class EventChunks:
             first = _skip(buf, 0)
             pos = _after_separator(buf, first)
             if exhausted:
-                events, self.meta = _close(buf, pos, head)
+                events, self.meta = _close(buf, pos, head, self._count)
                 del buf
                 if events:
                     yield events
                 return
-            cut = _cut(buf, pos)
+            cut = _cut(buf, pos, self._count)
             if cut is None:  # no boundary yet: an event longer than what is buffered
                 if len(buf) > _MAX_BUFFER:
                     raise Unstreamable("an event larger than the buffer")
@@ -133,6 +158,7 @@ class EventChunks:
             del buf
             pending, pending_bytes, next_look = [rest], len(rest), 0
             del rest
+            self._count += len(events)
             yield events
             del events
 
@@ -172,9 +198,9 @@ def _after_separator(buf: bytes, pos: int) -> int:
     return i
 
 
-def _cut(buf: bytes, pos: int) -> tuple[list[KinetoEvent], int] | None:
+def _cut(buf: bytes, pos: int, first: int) -> tuple[list[KinetoEvent], int] | None:
     """The whole events in buf[pos:] up to a boundary near its end, and where the rest starts; None when
-    no boundary is found."""
+    no boundary is found. ``first``: the index of the first of them in the document."""
     end = len(buf)
     view = memoryview(buf)
     for _ in range(_CUT_TRIES):
@@ -185,8 +211,8 @@ def _cut(buf: bytes, pos: int) -> tuple[list[KinetoEvent], int] | None:
         if buf[after:after + 1] == b",":
             try:
                 return _EVENTS.decode(b"[" + view[pos:brace + 1] + b"]"), brace + 1
-            except msgspec.ValidationError:
-                raise Unstreamable("a malformed event") from None
+            except msgspec.ValidationError as err:
+                raise _malformed(err, first) from None
             except msgspec.DecodeError:
                 pass
             except (RecursionError, MemoryError):
@@ -195,8 +221,9 @@ def _cut(buf: bytes, pos: int) -> tuple[list[KinetoEvent], int] | None:
     return None
 
 
-def _close(buf: bytes, pos: int, head: bytes) -> tuple[list[KinetoEvent], dict[str, Any]]:
-    """At the end of the input: the last events, and the document around them (as ``_decode``'s meta)."""
+def _close(buf: bytes, pos: int, head: bytes, first: int) -> tuple[list[KinetoEvent], dict[str, Any]]:
+    """At the end of the input: the last events, and the document around them (as ``_decode``'s meta).
+    ``first``: the index of the first of them in the document."""
     view = memoryview(buf)
     # The array closes at a ']' right after an event's '}' (or at once, when it is empty). Forward, because
     # what follows it (Kineto's "traceLog" lines) may hold many ']'.
@@ -204,9 +231,16 @@ def _close(buf: bytes, pos: int, head: bytes) -> tuple[list[KinetoEvent], dict[s
     for bracket in itertools.islice(ends, _CUT_TRIES):
         try:
             events = _EVENTS.decode(b"[" + view[pos:bracket] + b"]")
+        except msgspec.ValidationError as err:
+            raise _malformed(err, first) from None
+        except msgspec.DecodeError:
+            continue
+        except (RecursionError, MemoryError):
+            raise Unstreamable("nested too deeply, or too large") from None
+        try:
             doc = _DOCUMENT.decode(head + b":[]" + view[bracket + 1:])
         except msgspec.ValidationError:
-            raise Unstreamable("a malformed event or document") from None
+            raise Unstreamable("a malformed document") from None
         except msgspec.DecodeError:
             continue
         except (RecursionError, MemoryError):

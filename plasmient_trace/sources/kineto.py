@@ -30,7 +30,7 @@ from msgspec import UNSET
 
 from ..memory import LARGE_ROWS, cyclic_gc_paused, release_arrow_cache, trim_heap
 from ..records import TABLE_SCHEMAS, RecordSet, is_collective_kernel, table_from_columns
-from .event_chunks import EventChunks, Unstreamable
+from .event_chunks import EventChunks, MalformedEvent, Unstreamable
 from .kineto_meta import INT64_MAX, as_int, clock_anchor, devices_of, resource_of
 from .kineto_schema import DOCUMENT, EVENT, TOP_LEVEL_KEYS, KinetoArgs, KinetoEvent
 from .rawinput import InputError, inflate_whole, is_gzip, read_file_bytes
@@ -226,6 +226,8 @@ def read_kineto(path: str | Path) -> RecordSet:
                     del chunks, data  # the compressed bytes too: the tables are built without them
             except Unstreamable:
                 pass  # read whole below, which names the problem if there is one
+            except MalformedEvent as err:  # in the words _collect uses for an event read whole
+                raise TraceFormatError(f"{path}: event #{err.index}: malformed event ({err.what} at {err.at})") from None
         if columns is None or meta is None:
             if raw is None:
                 try:
