@@ -211,3 +211,24 @@ def test_a_cut_list_marks_the_rows_it_may_have_shorted():
         copy_s=0.0, wasted_s=0.0, charged_s=0.0, idle_s=0.0, price_per_hour=1.0, bandwidth=1.0).to_json().items()}
     assert doc["culprits_left_out_s"] is None
     assert math.isnan(fleet.RankSummary.from_json(doc).culprits_left_out_s)
+
+
+def test_culprit_rows_are_strict_json_with_unknowns_as_null():
+    """plasmient.culprits is read by collectors and UIs with strict JSON parsers: an unknown (None, or a NaN
+    that reached a row) is null, never the bare NaN that Python's json module writes; numpy numbers are
+    plain numbers."""
+    import numpy as np
+    import orjson
+
+    from plasmient_trace.stitch.culprits import culprit_columns
+
+    rows = [{"kernel": "k", "op": "aten::mm", "module": "l.*", "rank": np.int64(3), "wasted_s": float("nan"),
+             "bound": "memory", "suggestion": None, "calls": 2, "layers": np.int64(1), "lower_bound": False},
+            {"kernel": "ü", "op": None, "module": None, "rank": 3, "wasted_s": np.float64(0.25), "bound": None,
+             "suggestion": None, "calls": 1, "layers": 0, "lower_bound": True}]
+    cols = culprit_columns(3, {1: rows}, {1: 0.0})
+    texts = cols["plasmient.culprits"].to_pylist()
+    assert texts[0] is None and texts[2] is None
+    parsed = orjson.loads(texts[1])  # orjson refuses NaN
+    assert parsed[0]["wasted_s"] is None and parsed[0]["rank"] == 3 and parsed[0]["layers"] == 1
+    assert parsed[1] == {**rows[1], "rank": 3, "wasted_s": 0.25}

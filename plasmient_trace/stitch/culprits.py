@@ -10,11 +10,11 @@ The step span, the terminal summary and the HTML report all read the same list (
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, Iterable, NamedTuple
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -417,7 +417,7 @@ def culprit_columns(n: int, lists: dict[int, list[dict[str, Any]]], left_out: di
         done = texts_of.get(id(lists[i]))
         if done is None:
             shown, rest = cut_culprits(lists[i], left_out.get(i, float("nan")), limit)
-            done = texts_of[id(lists[i])] = (json.dumps(shown, separators=(",", ":")), rest)
+            done = texts_of[id(lists[i])] = (orjson.dumps(shown, option=orjson.OPT_SERIALIZE_NUMPY).decode(), rest)
         texts.append(done[0])
         left.append(done[1])
     out["plasmient.culprits"] = cv.scatter_rows(pa.array(texts, pa.string()), rows, n)
