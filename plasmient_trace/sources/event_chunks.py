@@ -9,9 +9,10 @@ Where to cut is found by the decoder itself. A chunk starts at a boundary betwee
 candidate end (a ``}`` followed by ``,``, latest first) is right exactly when ``[`` + chunk + ``]``
 decodes, since a parser that starts at a boundary can only reach the end of the text between two
 events. A wrong cut fails as a syntax error; a type error is a real event's (a parser that starts at a
-boundary reads real fields until it fails), and is reported as :class:`MalformedEvent`, named by its index
-as the whole-document reader names it. The document around the events (``deviceProperties``, ``baseTimeNanoseconds``, ...) is
-decoded once the array is closed, as the document with an empty ``traceEvents``.
+boundary reads real fields until it fails), and is reported as :class:`MalformedEvent`, named by its
+index as the whole-document reader names it. The document around the events (``deviceProperties``,
+``baseTimeNanoseconds``, ...) is decoded once the array is closed, as the document with an empty
+``traceEvents``.
 
 Anything this reader does not expect (no ``traceEvents`` near the top, an event larger than the
 buffer allows, a closing it cannot place, a corrupt or capped stream) raises :class:`Unstreamable`,
