@@ -210,16 +210,23 @@ def _cut(buf: bytes, pos: int, first: int) -> tuple[list[KinetoEvent], int] | No
             return None
         after = _skip(buf, brace + 1)
         if buf[after:after + 1] == b",":
-            try:
-                return _EVENTS.decode(b"[" + view[pos:brace + 1] + b"]"), brace + 1
-            except msgspec.ValidationError as err:
-                raise _malformed(err, first) from None
-            except msgspec.DecodeError:
-                pass
-            except (RecursionError, MemoryError):
-                raise Unstreamable("nested too deeply, or too large") from None
+            events = _decode_events(b"[" + view[pos:brace + 1] + b"]", first)
+            if events is not None:
+                return events, brace + 1
         end = brace
     return None
+
+
+def _decode_events(text: bytes, first: int) -> list[KinetoEvent] | None:
+    """``text`` (``[`` + a candidate chunk + ``]``) as typed events; None when it is not JSON (a wrong cut)."""
+    try:
+        return _EVENTS.decode(text)
+    except msgspec.ValidationError as err:
+        raise _malformed(err, first) from None
+    except msgspec.DecodeError:
+        return None
+    except (RecursionError, MemoryError):
+        raise Unstreamable("nested too deeply, or too large") from None
 
 
 def _close(buf: bytes, pos: int, head: bytes, first: int) -> tuple[list[KinetoEvent], dict[str, Any]]:
@@ -230,14 +237,9 @@ def _close(buf: bytes, pos: int, head: bytes, first: int) -> tuple[list[KinetoEv
     # what follows it (Kineto's "traceLog" lines) may hold many ']'.
     ends = itertools.chain([pos] if buf[pos:pos + 1] == b"]" else [], (m.end() - 1 for m in _CLOSING.finditer(buf, pos)))
     for bracket in itertools.islice(ends, _CUT_TRIES):
-        try:
-            events = _EVENTS.decode(b"[" + view[pos:bracket] + b"]")
-        except msgspec.ValidationError as err:
-            raise _malformed(err, first) from None
-        except msgspec.DecodeError:
+        events = _decode_events(b"[" + view[pos:bracket] + b"]", first)
+        if events is None:
             continue
-        except (RecursionError, MemoryError):
-            raise Unstreamable("nested too deeply, or too large") from None
         try:
             doc = _DOCUMENT.decode(head + b":[]" + view[bracket + 1:])
         except msgspec.ValidationError:
