@@ -29,7 +29,7 @@ from typing import Any
 
 import msgspec
 
-from .kineto_schema import KinetoDocument, KinetoEvent
+from .kineto_schema import KinetoDocument, KinetoEvent, MalformedEvent, malformed_event
 from .rawinput import InputError, inflate_blocks
 
 # Inflated per step; a chunk of events is about this size. Decoded into typed events (some 2.5x the
@@ -50,27 +50,10 @@ class Unstreamable(Exception):
     """This file is read whole instead (the whole-document reader reports any problem)."""
 
 
-class MalformedEvent(Exception):
-    """An event of valid JSON whose fields have the wrong types: ``index`` in the document, msgspec's
-    ``what``, and the field ``at``. Reported as it is: reading the file whole would name the same event,
-    at the cost of holding the whole document."""
-
-    def __init__(self, index: int, what: str, at: str) -> None:
-        super().__init__(f"event #{index}: {what} at {at}")
-        self.index, self.what, self.at = index, what, at
-
-
-_AT_EVENT = re.compile(r"^\$\[(\d+)\]\.?(.*)$")
-
-
-def _malformed(err: msgspec.ValidationError, first: int) -> Exception:
+def _malformed(err: msgspec.ValidationError, first: int) -> MalformedEvent | Unstreamable:
     """The type error of a chunk's event as :class:`MalformedEvent` (its index counted from ``first``, the
     chunk's first event), or :class:`Unstreamable` where msgspec's path names no event."""
-    what, _, where = str(err).partition(" - at ")
-    found = _AT_EVENT.match(where.strip("`"))
-    if found is None:
-        return Unstreamable("a malformed event")
-    return MalformedEvent(first + int(found.group(1)), what, found.group(2) or "the event")
+    return malformed_event(err, first, in_list=True) or Unstreamable("a malformed event")
 
 
 class EventChunks:

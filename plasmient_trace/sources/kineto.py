@@ -30,9 +30,17 @@ from msgspec import UNSET
 
 from ..memory import LARGE_ROWS, cyclic_gc_paused, release_arrow_cache, trim_heap
 from ..records import TABLE_SCHEMAS, RecordSet, is_collective_kernel, table_from_columns
-from .event_chunks import EventChunks, MalformedEvent, Unstreamable
+from .event_chunks import EventChunks, Unstreamable
 from .kineto_meta import INT64_MAX, as_int, clock_anchor, devices_of, resource_of
-from .kineto_schema import DOCUMENT, EVENT, TOP_LEVEL_KEYS, KinetoArgs, KinetoEvent
+from .kineto_schema import (
+    DOCUMENT,
+    EVENT,
+    TOP_LEVEL_KEYS,
+    KinetoArgs,
+    KinetoEvent,
+    MalformedEvent,
+    malformed_event,
+)
 from .rawinput import InputError, inflate_whole, is_gzip, read_file_bytes
 from .validate import TimeChecker
 
@@ -226,8 +234,8 @@ def read_kineto(path: str | Path) -> RecordSet:
                     del chunks, data  # the compressed bytes too: the tables are built without them
             except Unstreamable:
                 pass  # read whole below, which names the problem if there is one
-            except MalformedEvent as err:  # in the words _collect uses for an event read whole
-                raise TraceFormatError(f"{path}: event #{err.index}: malformed event ({err.what} at {err.at})") from None
+            except MalformedEvent as err:  # named where the streamed read found it, as _collect names one
+                raise TraceFormatError(f"{path}: {err}") from None
         if columns is None or meta is None:
             if raw is None:
                 try:
@@ -413,9 +421,7 @@ def _collect(path: Path, events: list[msgspec.Raw] | list[KinetoEvent], cols: _C
                 m_pid.append(_id(e.pid)); m_tid.append(_id(e.tid))
                 m_ts.append(e.ts); m_dur.append(e.dur); m_name.append(name[len(_MODULE_PREFIX):])
     except msgspec.ValidationError as err:
-        what, _, where = str(err).partition(" - at ")
-        at = where.strip("`").lstrip("$").lstrip(".") or "the event"
-        raise TraceFormatError(f"{path}: event #{index}: malformed event ({what} at {at})") from None
+        raise TraceFormatError(f"{path}: {malformed_event(err, index, in_list=False)}") from None
     except msgspec.DecodeError as err:
         # the event at ``index`` did not decode: ``e`` is still the one before it, so no label
         raise TraceFormatError(f"{path}: event #{index}: malformed event ({err})") from None

@@ -11,6 +11,7 @@ previous dict-based parser did, and numpy rejects what is not a number.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
@@ -81,3 +82,27 @@ class KinetoDocument(Struct, gc=False):
 DOCUMENT = msgspec.json.Decoder(KinetoDocument | list[msgspec.Raw])
 EVENT = msgspec.json.Decoder(KinetoEvent)
 TOP_LEVEL_KEYS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+class MalformedEvent(Exception):
+    """An event of valid JSON whose fields have the wrong types: ``index`` in the document, msgspec's
+    ``what``, and the field ``at``."""
+
+    def __init__(self, index: int, what: str, at: str) -> None:
+        super().__init__(f"event #{index}: malformed event ({what} at {at})")
+        self.index, self.what, self.at = index, what, at
+
+
+_AT = re.compile(r"^\$(?:\[(\d+)\])?\.?(.*)$")
+
+
+def malformed_event(err: msgspec.ValidationError, first: int, in_list: bool) -> MalformedEvent | None:
+    """msgspec's type error as the event it names: decoding one event (``$.field``), the event numbered
+    ``first``; decoding a list of events (``$[i].field``), the i-th after ``first``. None where the path
+    names no event of the list."""
+    what, _, where = str(err).partition(" - at ")
+    found = _AT.match(where.strip("`"))
+    item, field = (found.group(1), found.group(2)) if found else (None, "")
+    if in_list and item is None:
+        return None
+    return MalformedEvent(first + (int(item) if in_list else 0), what, field or "the event")
